@@ -1,0 +1,24 @@
+"""stager: a striped data-staging service for AI training.
+
+``stager.Client`` / ``stager.AsyncClient`` talk to a cluster; see the README.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = ["AsyncClient", "Client", "__version__"]
+
+if TYPE_CHECKING:
+    from .client import AsyncClient, Client
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so that servers importing stager.errors do not pull in the client.
+    if name in ("AsyncClient", "Client"):
+        from . import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'stager' has no attribute {name!r}")

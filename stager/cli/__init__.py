@@ -1,0 +1,1 @@
+"""The stager command line."""

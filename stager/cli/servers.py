@@ -1,0 +1,82 @@
+"""``stager meta`` and ``stager data``: one server each, for real deployments."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ..config import Config, load_config
+from ..web.server import run, serve
+
+
+def add_server_flags(p: argparse.ArgumentParser, default_port: int) -> None:
+    p.add_argument("--root", help="state directory (default: ./.stager)")
+    p.add_argument("--host", help="bind address (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None,
+                   help=f"port (default: {default_port}; 0 picks a free one)")
+    p.add_argument("--advertise-url", help="URL others use to reach this server")
+    p.add_argument("--config", help="TOML configuration file")
+    p.add_argument("--ready-file", help="write {url, pid} here once listening "
+                                        "(default: ROOT/server.json)")
+    p.add_argument("--event-loop", choices=("auto", "uvloop", "asyncio"))
+
+
+def server_config(args: argparse.Namespace, default_port: int, **extra: Any) -> Config:
+    flags = {"root": args.root, "host": args.host, "advertise_url": args.advertise_url,
+             "port": args.port, "event_loop": args.event_loop, **extra}
+    return load_config(flags, path=args.config, defaults={"port": default_port})
+
+
+def _ready_file(args: argparse.Namespace, config: Config) -> Path:
+    return Path(args.ready_file) if args.ready_file else Path(config.root) / "server.json"
+
+
+def run_meta(args: argparse.Namespace) -> int:
+    from ..meta.app import make_meta_app
+
+    config = server_config(args, 7070, chunk_size=args.chunk_size,
+                           stripe_count=args.stripe_count, replicas=args.replicas)
+
+    async def main() -> None:
+        await serve(make_meta_app(config), config, ready_file=_ready_file(args, config))
+
+    run(main(), "uvloop" if config.event_loop == "auto" else config.event_loop)
+    return 0
+
+
+def run_data(args: argparse.Namespace) -> int:
+    from ..data.app import SERVICE, make_data_app
+    from ..data.registration import register_and_heartbeat
+    from .main import meta_url
+
+    config = server_config(args, 0, meta_url=meta_url(args), node=args.node,
+                           target_id=args.target_id, capacity=args.capacity)
+
+    async def main() -> None:
+        app = make_data_app(config)
+
+        async def announce(url: str) -> None:
+            await register_and_heartbeat(app[SERVICE], config, url)
+
+        await serve(app, config, after_bind=announce, ready_file=_ready_file(args, config))
+
+    # The stock asyncio loop has a zero-copy sendfile; uvloop does not.
+    run(main(), "asyncio" if config.event_loop == "auto" else config.event_loop)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("meta", help="run one metadata server")
+    add_server_flags(p, 7070)
+    p.add_argument("--chunk-size", help="default chunk size (e.g. 4MiB)")
+    p.add_argument("--stripe-count", type=int, help="default stripe count (0 = all, max 8)")
+    p.add_argument("--replicas", type=int, help="default replicas")
+    p.set_defaults(func=run_meta)
+
+    p = sub.add_parser("data", help="run one data server (one storage target)")
+    add_server_flags(p, 0)
+    p.add_argument("--node", help="node name (default: the host name)")
+    p.add_argument("--target-id", help="stable target id (default: generated once, kept)")
+    p.add_argument("--capacity", help="bytes to offer (default: the file system's size)")
+    p.set_defaults(func=run_data)

@@ -1,0 +1,187 @@
+"""``stager up``: a whole local cluster (metadata + N data servers) in the foreground.
+
+Each server is its own process, so every core works.  Each data server gets its
+own node name (``node0``, ``node1``, …) so replicas land on distinct "nodes"
+even on one machine.  The endpoints go to ``ROOT/cluster.json``.  SIGINT or
+SIGTERM stops every server cleanly; started again on the same root the cluster
+comes back with every committed file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..web.server import write_json_atomic
+
+READY_TIMEOUT = 30.0
+
+
+@dataclass
+class Server:
+    role: str
+    root: Path
+    proc: subprocess.Popen[bytes]
+    node: str = ""
+    url: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"url": self.url, "pid": self.proc.pid, "root": str(self.root)}
+        if self.role == "data":
+            body["node"] = self.node
+            body["target_id"] = _target_id(self.root)
+        return body
+
+
+def _target_id(root: Path) -> str:
+    try:
+        return str(json.loads((root / "target.json").read_text())["target_id"])
+    except (OSError, ValueError, KeyError):
+        return ""
+
+
+def _die_with_parent() -> None:
+    """Children get SIGTERM if `stager up` itself dies (even by SIGKILL)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _spawn(role: str, root: Path, argv: list[str], log: Path) -> Server:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "server.json").unlink(missing_ok=True)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "stager", *argv], stdout=out,
+                                stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
+                                start_new_session=True)
+    return Server(role, root, proc)
+
+
+def _wait_ready(server: Server, deadline: float) -> None:
+    ready = server.root / "server.json"
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"{server.role} server exited with {server.proc.returncode}; "
+                               f"see {server.root}/server.log")
+        if ready.exists():
+            server.url = json.loads(ready.read_text())["url"]
+            return
+        time.sleep(0.02)
+    raise RuntimeError(f"{server.role} server at {server.root} not ready in time")
+
+
+def _wait_targets(meta_url: str, want: int, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{meta_url}/v1/targets", timeout=2) as resp:
+                targets = json.load(resp)["targets"]
+            if sum(t["state"] == "up" for t in targets) >= want:
+                return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"fewer than {want} data servers registered in time")
+
+
+def start_cluster(args: argparse.Namespace, started: list[Server]) -> tuple[Server, list[Server]]:
+    """Start every server; each is added to ``started`` as soon as it is spawned."""
+    root = Path(args.root)
+    root.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + READY_TIMEOUT
+    meta_argv = ["meta", "--root", str(root / "meta"), "--host", args.host,
+                 "--port", str(args.port), "--replicas", str(args.replicas)]
+    if args.chunk_size:
+        meta_argv += ["--chunk-size", args.chunk_size]
+    meta = _spawn("meta", root / "meta", meta_argv, root / "meta" / "server.log")
+    started.append(meta)
+    _wait_ready(meta, deadline)
+    data = []
+    for i in range(args.data_servers):
+        droot = root / f"data{i}"
+        argv = ["--meta", meta.url, "data", "--root", str(droot), "--host", args.host,
+                "--port", "0", "--node", f"node{i}"]
+        server = _spawn("data", droot, argv, droot / "server.log")
+        server.node = f"node{i}"
+        data.append(server)
+        started.insert(0, server)
+    for server in data:
+        _wait_ready(server, deadline)
+    _wait_targets(meta.url, args.data_servers, deadline)
+    return meta, data
+
+
+def stop_servers(servers: list[Server], timeout: float = 10.0) -> None:
+    for s in servers:
+        if s.proc.poll() is None:
+            s.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for s in servers:
+        try:
+            s.proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            s.proc.kill()
+            s.proc.wait()
+
+
+def run_up(args: argparse.Namespace) -> int:
+    stopping = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    root = Path(args.root)
+    servers: list[Server] = []
+    try:
+        meta, data = start_cluster(args, servers)
+        cluster = {"meta": meta.to_json(), "data": [d.to_json() for d in data],
+                   "pid": os.getpid(), "replicas": args.replicas}
+        write_json_atomic(root / "cluster.json", cluster)
+        print(f"stager cluster up: metadata server {meta.url}", flush=True)
+        for d in data:
+            print(f"  data server {d.url}  node {d.node}  target {_target_id(d.root)}",
+                  flush=True)
+        print(f"endpoints written to {root / 'cluster.json'}; Ctrl-C stops", flush=True)
+        while not stopping:
+            for s in servers:
+                if s.proc.poll() is not None:
+                    print(f"stager up: {s.role} server {s.url} exited with "
+                          f"{s.proc.returncode}", file=sys.stderr, flush=True)
+                    if s.role == "meta":
+                        return 1
+                    servers.remove(s)
+                    break
+            time.sleep(0.2)
+        return 0
+    except RuntimeError as exc:
+        print(f"stager up: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        # Only servers we started; the data servers first so no heartbeat fails noisily.
+        stop_servers(servers)
+        (root / "cluster.json").unlink(missing_ok=True)
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("up", help="run a whole local cluster in the foreground")
+    p.add_argument("--root", default=".stager", help="state directory (default: ./.stager)")
+    p.add_argument("--data-servers", type=int, default=4, help="data servers (default: 4)")
+    p.add_argument("--port", type=int, default=7070,
+                   help="metadata server port (default: 7070; 0 picks a free one)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
+    p.add_argument("--replicas", type=int, default=1, help="default replicas (default: 1)")
+    p.add_argument("--chunk-size", help="default chunk size (default: 4MiB)")
+    p.set_defaults(func=run_up)

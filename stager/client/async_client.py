@@ -1,0 +1,354 @@
+"""``AsyncClient``: the one async core every other way of use is built on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+from ..aio import gather_or_cancel
+from ..config import Config, load_config
+from ..dataplane import DataPlane, PlaneOptions, StripedReader, StripedWriter, make_session
+from ..dataplane.transport import TargetCounters
+from ..errors import IsADirectory, NotFound, StagerError, Unavailable, error_from_wire
+from ..protocol import paths
+from ..protocol.models import FileInfo, LayoutSpec, TargetInfo
+from .files import AsyncReadFile, AsyncWriteFile
+
+LOCAL_PIECE = 8 << 20      # bytes per read/write of a local file
+
+
+def _quote(path: str) -> str:
+    return quote(paths.normalize(path).lstrip("/"), safe="/")
+
+
+class AsyncClient:
+    """Talks to one stager cluster.  Use ``async with AsyncClient(...) as c``.
+
+    ``meta_url`` defaults to ``config.meta_url`` (``STAGER_META_URL``, else
+    ``http://127.0.0.1:7070``).  All chunk traffic goes through one
+    :class:`~stager.dataplane.DataPlane`, so per-target counters cover
+    everything this client read and wrote.
+    """
+
+    def __init__(self, meta_url: str | None = None, *, config: Config | None = None) -> None:
+        self.config = config or load_config()
+        self.meta_url = (meta_url or self.config.meta_url).rstrip("/")
+        self.options = PlaneOptions(
+            connect_timeout=self.config.connect_timeout,
+            request_timeout=self.config.request_timeout,
+            connections_per_target=self.config.connections_per_target,
+            retries=self.config.retries)
+        self._session: aiohttp.ClientSession | None = None
+        self._plane: DataPlane | None = None
+        self._limit: asyncio.Semaphore | None = None
+        self._stat_cache: dict[str, tuple[float, FileInfo]] = {}
+
+    # -- lifecycle ----------------------------------------------------------------
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+        self._session = self._plane = self._limit = None
+
+    @property
+    def plane(self) -> DataPlane:
+        if self._plane is None:
+            self._session = make_session(self.options)
+            self._plane = DataPlane(self._session, self.options)
+            self._limit = asyncio.Semaphore(self.config.client_concurrency)
+        return self._plane
+
+    @property
+    def limit(self) -> asyncio.Semaphore:
+        self.plane  # noqa: B018 - creates the semaphore with the session
+        assert self._limit is not None
+        return self._limit
+
+    def target_counters(self) -> dict[str, TargetCounters]:
+        return dict(self.plane.counters)
+
+    # -- metadata requests -----------------------------------------------------------
+    async def _meta(self, method: str, route: str, *, body: Any = None,
+                    params: Mapping[str, Any] | None = None) -> Any:
+        session = self.plane.session
+        data = json.dumps(body).encode() if body is not None else None
+        hdrs = {"Content-Type": "application/json"} if data is not None else {}
+        attempts = self.config.retries + 1 if method == "GET" else 1
+        for attempt in range(attempts):
+            try:
+                async with session.request(method, self.meta_url + route, data=data,
+                                           params=params, headers=hdrs) as resp:
+                    payload = await resp.json(content_type=None)
+                    if resp.status >= 400:
+                        raise error_from_wire(resp.status, payload)
+                    return payload
+            except StagerError:
+                raise
+            except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
+                if attempt + 1 < attempts:
+                    await asyncio.sleep(0.1 * 2 ** attempt)
+                    continue
+                raise Unavailable(f"metadata server {self.meta_url} unreachable: "
+                                  f"{type(exc).__name__}: {exc}", url=self.meta_url) from exc
+
+    def _forget(self, *names: str) -> None:
+        for name in names:
+            name = paths.normalize(name)
+            for key in [k for k in self._stat_cache if paths.is_within(k, name)]:
+                del self._stat_cache[key]
+
+    # -- namespace -------------------------------------------------------------------
+    async def stat(self, path: str, *, cached: bool = True) -> FileInfo:
+        """The file's or directory's info; reused for ``stat_cache_ttl`` seconds."""
+        path = paths.normalize(path)
+        hit = self._stat_cache.get(path)
+        now = time.monotonic()
+        if cached and hit is not None and now - hit[0] < self.config.stat_cache_ttl:
+            return hit[1]
+        info = FileInfo.from_json(await self._meta("GET", f"/v1/stat/{_quote(path)}"))
+        self._stat_cache[path] = (now, info)
+        return info
+
+    async def exists(self, path: str) -> bool:
+        try:
+            await self.stat(path, cached=False)
+            return True
+        except NotFound:
+            return False
+
+    async def iter_dir(self, path: str, *, page_size: int | None = None
+                       ) -> AsyncIterator[FileInfo]:
+        """Every entry of a directory, one page request at a time."""
+        after: str | None = ""
+        while after is not None:
+            params: dict[str, Any] = {"after": after}
+            if page_size:
+                params["limit"] = page_size
+            page = await self._meta("GET", f"/v1/list/{_quote(path)}", params=params)
+            for entry in page["entries"]:
+                yield FileInfo.from_json(entry)
+            after = page.get("next")
+
+    async def ls(self, path: str = "/") -> list[FileInfo]:
+        return [e async for e in self.iter_dir(path)]
+
+    async def walk(self, path: str) -> AsyncIterator[FileInfo]:
+        """Every file below ``path`` (or ``path`` itself when it is a file)."""
+        info = await self.stat(path, cached=False)
+        if not info.is_dir:
+            yield info
+            return
+        async for entry in self.iter_dir(path):
+            if entry.is_dir:
+                async for sub in self.walk(entry.path):
+                    yield sub
+            else:
+                yield entry
+
+    async def mkdir(self, path: str, *, parents: bool = True, exist_ok: bool = True,
+                    layout: LayoutSpec | None = None) -> FileInfo:
+        body: dict[str, Any] = {"path": paths.normalize(path), "parents": parents,
+                                "exist_ok": exist_ok}
+        if layout is not None:
+            body["layout"] = layout.to_json()
+        return FileInfo.from_json(await self._meta("POST", "/v1/mkdir", body=body))
+
+    async def set_layout(self, path: str, layout: LayoutSpec) -> FileInfo:
+        """The default layout new files below directory ``path`` inherit."""
+        return FileInfo.from_json(await self._meta(
+            "POST", "/v1/layout", body={"path": paths.normalize(path),
+                                        "layout": layout.to_json()}))
+
+    async def rename(self, src: str, dst: str, *, overwrite: bool = False) -> FileInfo:
+        self._forget(src, dst)
+        return FileInfo.from_json(await self._meta(
+            "POST", "/v1/rename", body={"src": paths.normalize(src), "dst": paths.normalize(dst),
+                                        "overwrite": overwrite}))
+
+    async def rm(self, path: str, *, recursive: bool = False) -> int:
+        """Delete a file or directory; returns how many files went."""
+        self._forget(path)
+        result = await self._meta("POST", "/v1/remove",
+                                  body={"path": paths.normalize(path), "recursive": recursive})
+        return int(result["removed"])
+
+    async def status(self) -> dict[str, Any]:
+        return dict(await self._meta("GET", "/v1/status"))
+
+    async def targets(self) -> list[TargetInfo]:
+        body = await self._meta("GET", "/v1/targets")
+        return [TargetInfo.from_json(t) for t in body["targets"]]
+
+    # -- reading ---------------------------------------------------------------------
+    def reader(self, info: FileInfo) -> StripedReader:
+        if info.is_dir:
+            raise IsADirectory(f"{info.path} is a directory", path=info.path)
+        return StripedReader(self.plane, info, concurrency=self.limit,
+                             readahead=self.config.readahead_chunks, retries=self.config.retries)
+
+    async def cat(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
+        """The bytes of ``path`` in ``[start, end)``; negative values count from the end."""
+        info = await self.stat(path)
+        reader = self.reader(info)
+        lo, hi = _span(info.size, start, end)
+        return bytes(await reader.read(lo, hi))
+
+    async def read_into(self, path: str, out: memoryview, offset: int = 0) -> int:
+        """Fill ``out`` from ``offset`` (clipped at the end); returns bytes read."""
+        info = await self.stat(path)
+        n = max(0, min(len(out), info.size - offset))
+        await self.reader(info).read_into(offset, out[:n])
+        return n
+
+    async def get(self, src: str, dst: str | os.PathLike[str]) -> int:
+        """Copy a file or a directory tree to the local file system; returns bytes."""
+        info = await self.stat(src, cached=False)
+        if not info.is_dir:
+            return await self._get_file(info, Path(dst))
+        jobs = []
+        sem = asyncio.Semaphore(8)
+
+        async def one(entry: FileInfo) -> int:
+            async with sem:
+                rel = entry.path[len(info.path):].lstrip("/")
+                return await self._get_file(entry, Path(dst) / rel)
+
+        Path(dst).mkdir(parents=True, exist_ok=True)
+        async for entry in self.walk(src):
+            jobs.append(one(entry))
+        return sum(await gather_or_cancel(jobs))
+
+    async def _get_file(self, info: FileInfo, dst: Path) -> int:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(f".{dst.name}.stager-tmp")
+        fh = await asyncio.to_thread(open, tmp, "wb")
+        try:
+            async for piece in self.reader(info).stream():
+                await asyncio.to_thread(fh.write, piece)
+            await asyncio.to_thread(fh.close)
+            await asyncio.to_thread(os.replace, tmp, dst)
+        except BaseException:
+            fh.close()
+            tmp.unlink(missing_ok=True)
+            raise
+        return info.size
+
+    # -- writing ---------------------------------------------------------------------
+    async def create(self, path: str, *, layout: LayoutSpec | None = None,
+                     overwrite: bool = True) -> tuple[str, StripedWriter]:
+        """Begin a write; returns the file id and a writer.  See :meth:`commit`."""
+        body: dict[str, Any] = {"path": paths.normalize(path), "overwrite": overwrite}
+        if layout is not None:
+            body["layout"] = layout.to_json()
+        upload = await self._meta("POST", "/v1/create", body=body)
+        info = FileInfo.from_json({"path": upload["path"], "type": "file",
+                                   "layout": upload["layout"],
+                                   "locations": upload["locations"]})
+        assert info.layout is not None
+        writer = StripedWriter(self.plane, upload["file_id"], info.layout, info.locations,
+                               max_in_flight=self.config.readahead_chunks)
+        return upload["file_id"], writer
+
+    async def commit(self, file_id: str, writer: StripedWriter, *,
+                     mtime: float | None = None) -> FileInfo:
+        size, checksums = await writer.close()
+        body: dict[str, Any] = {"file_id": file_id, "size": size,
+                                "checksums": [f"{c:08x}" for c in checksums]}
+        if mtime is not None:
+            body["mtime"] = mtime
+        info = FileInfo.from_json(await self._meta("POST", "/v1/commit", body=body))
+        self._forget(info.path)
+        return info
+
+    async def abort(self, file_id: str, writer: StripedWriter | None = None) -> None:
+        if writer is not None:
+            await writer.abort()
+        try:
+            await self._meta("POST", "/v1/abort", body={"file_id": file_id})
+        except (NotFound, Unavailable):
+            pass  # committed, already collected, or the server will collect it
+
+    async def write_stream(self, path: str, source: AsyncIterator[bytes], *,
+                           layout: LayoutSpec | None = None, overwrite: bool = True,
+                           mtime: float | None = None) -> FileInfo:
+        """Write everything ``source`` yields; visible at ``path`` only when complete."""
+        file_id, writer = await self.create(path, layout=layout, overwrite=overwrite)
+        try:
+            async for data in source:
+                await writer.write(data)
+            return await self.commit(file_id, writer, mtime=mtime)
+        except BaseException:
+            await asyncio.shield(self.abort(file_id, writer))
+            raise
+
+    async def pipe(self, path: str, data: bytes | bytearray | memoryview, *,
+                   layout: LayoutSpec | None = None, overwrite: bool = True) -> FileInfo:
+        async def one() -> AsyncIterator[bytes]:
+            yield data  # type: ignore[misc]
+
+        return await self.write_stream(path, one(), layout=layout, overwrite=overwrite)
+
+    async def put(self, src: str | os.PathLike[str], dst: str, *,
+                  layout: LayoutSpec | None = None, overwrite: bool = True,
+                  files_in_flight: int = 4) -> list[FileInfo]:
+        """Copy a local file, or a directory tree, into the namespace."""
+        src = Path(src)
+        if not src.is_dir():
+            return [await self._put_file(src, dst, layout, overwrite)]
+        sem = asyncio.Semaphore(files_in_flight)
+
+        async def one(local: Path) -> FileInfo:
+            async with sem:
+                rel = local.relative_to(src).as_posix()
+                return await self._put_file(local, paths.join(dst, rel), layout, overwrite)
+
+        await self.mkdir(dst, exist_ok=True)
+        files = sorted(p for p in src.rglob("*") if p.is_file())
+        return await gather_or_cancel(one(p) for p in files)
+
+    async def _put_file(self, src: Path, dst: str, layout: LayoutSpec | None,
+                        overwrite: bool) -> FileInfo:
+        fh = await asyncio.to_thread(open, src, "rb")
+        try:
+            mtime = os.fstat(fh.fileno()).st_mtime
+
+            async def pieces() -> AsyncIterator[bytes]:
+                while data := await asyncio.to_thread(fh.read, LOCAL_PIECE):
+                    yield data
+
+            return await self.write_stream(dst, pieces(), layout=layout, overwrite=overwrite,
+                                           mtime=mtime)
+        finally:
+            fh.close()
+
+    # -- files -----------------------------------------------------------------------
+    async def open(self, path: str, mode: str = "rb", *, layout: LayoutSpec | None = None,
+                   overwrite: bool = True) -> AsyncReadFile | AsyncWriteFile:
+        """A file object: ``"rb"`` reads with striped readahead; ``"wb"`` commits on close."""
+        if mode == "rb":
+            return AsyncReadFile(self, await self.stat(path, cached=False))
+        if mode in ("wb", "xb"):
+            file_id, writer = await self.create(path, layout=layout,
+                                                overwrite=overwrite and mode == "wb")
+            return AsyncWriteFile(self, file_id, writer)
+        raise ValueError(f"unsupported mode {mode!r}: use 'rb', 'wb' or 'xb'")
+
+
+def _span(size: int, start: int | None, end: int | None) -> tuple[int, int]:
+    lo = 0 if start is None else (size + start if start < 0 else start)
+    hi = size if end is None else (size + end if end < 0 else end)
+    lo, hi = max(0, min(lo, size)), max(0, min(hi, size))
+    return lo, max(lo, hi)

@@ -1,0 +1,163 @@
+"""``Client``: the blocking twin of :class:`AsyncClient`, made from it.
+
+Coroutines run on fsspec's IO thread (one event loop for the whole process,
+shared with the ``stager://`` filesystem).  After ``fork`` fsspec starts a new
+IO thread in the child and this client opens a new session there, so PyTorch
+DataLoader workers can use a client made before they were forked.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import os
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from fsspec.asyn import get_loop, sync
+
+from ..config import Config
+from .async_client import AsyncClient
+from .files import AsyncReadFile, AsyncWriteFile
+
+T = TypeVar("T")
+
+MIRRORED = ("stat", "exists", "ls", "mkdir", "set_layout", "rename", "rm", "status",
+            "targets", "cat", "read_into", "get", "put", "pipe")
+
+
+class Client:
+    """Blocking client; every method is the AsyncClient method of the same name."""
+
+    def __init__(self, meta_url: str | None = None, *, config: Config | None = None) -> None:
+        self._args = (meta_url, config)
+        self._pid = os.getpid()
+        self._async = AsyncClient(meta_url, config=config)
+
+    @property
+    def aio(self) -> AsyncClient:
+        """The async client behind this one (re-created in a forked child)."""
+        if self._pid != os.getpid():
+            meta_url, config = self._args
+            self._async = AsyncClient(meta_url, config=config)
+            self._pid = os.getpid()
+        return self._async
+
+    @property
+    def meta_url(self) -> str:
+        return self.aio.meta_url
+
+    def _run(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any, **kwargs: Any) -> T:
+        return sync(get_loop(), fn, *args, **kwargs)
+
+    def close(self) -> None:
+        if self._pid == os.getpid():
+            self._run(self._async.close)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def walk(self, path: str) -> list[Any]:
+        async def collect() -> list[Any]:
+            return [e async for e in self.aio.walk(path)]
+        return self._run(collect)
+
+    def open(self, path: str, mode: str = "rb", **kwargs: Any) -> SyncReadFile | SyncWriteFile:
+        f = self._run(self.aio.open, path, mode, **kwargs)
+        if isinstance(f, AsyncReadFile):
+            return SyncReadFile(self, f)
+        return SyncWriteFile(self, f)
+
+
+def _mirror(name: str) -> Callable[..., Any]:
+    method = getattr(AsyncClient, name)
+
+    @functools.wraps(method)
+    def blocking(self: Client, *args: Any, **kwargs: Any) -> Any:
+        return self._run(getattr(self.aio, name), *args, **kwargs)
+
+    return blocking
+
+
+for _name in MIRRORED:
+    setattr(Client, _name, _mirror(_name))
+
+
+class SyncReadFile(io.RawIOBase):
+    """A readable, seekable binary file; reads block on the IO thread."""
+
+    def __init__(self, client: Client, f: AsyncReadFile) -> None:
+        super().__init__()
+        self._client, self._f = client, f
+        self.name = f.path
+
+    @property
+    def size(self) -> int:
+        return self._f.size
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self._f.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def readinto(self, buffer: Any) -> int:
+        return self._client._run(self._f.readinto, memoryview(buffer).cast("B"))
+
+    def read(self, size: int = -1) -> bytes:
+        return self._client._run(self._f.read, size)
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._client._run(self._f.close)
+        super().close()
+
+
+class SyncWriteFile(io.RawIOBase):
+    """A write-only binary file; the file appears when ``close`` returns."""
+
+    def __init__(self, client: Client, f: AsyncWriteFile) -> None:
+        super().__init__()
+        self._client, self._f = client, f
+
+    @property
+    def info(self) -> Any:
+        return self._f.info
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def write(self, data: Any) -> int:
+        return self._client._run(self._f.write, memoryview(data).cast("B"))
+
+    def __exit__(self, exc_type: type | None, *exc: object) -> None:
+        if exc_type is not None:
+            self.discard()
+        self.close()
+
+    def discard(self) -> None:
+        if not self.closed:
+            self._client._run(self._f.discard)
+            super().close()
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                self._client._run(self._f.close)
+            finally:
+                super().close()

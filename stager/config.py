@@ -1,0 +1,135 @@
+"""Configuration: one frozen object built from defaults ← file ← ``STAGER_*`` ← flags.
+
+Every field has a default here.  A TOML file (``--config`` or ``STAGER_CONFIG``)
+may set any field by name; so may the environment (``STAGER_CHUNK_SIZE=8MiB``);
+command-line flags win over both.  The result is passed explicitly to whatever
+needs it; nothing reads the environment behind its back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from .errors import BadRequest
+
+DEFAULT_META_URL = "http://127.0.0.1:7070"
+MiB = 1 << 20
+GiB = 1 << 30
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(value: str | int) -> int:
+    """``"4MiB"`` → 4194304.  Binary units whether or not the ``i`` is written."""
+    if isinstance(value, int):
+        return value
+    m = _SIZE_RE.match(str(value))
+    if not m:
+        raise BadRequest(f"not a size: {value!r}")
+    unit = (m.group(2) or "").upper().rstrip("B").rstrip("I")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+@dataclass(frozen=True)
+class Config:
+    # where the cluster is
+    meta_url: str = DEFAULT_META_URL
+    # servers
+    host: str = "127.0.0.1"
+    port: int = 7070
+    advertise_url: str = ""          # URL other machines use; default http://host:port
+    root: str = ".stager"
+    node: str = ""                   # node name of a data server; default: hostname
+    target_id: str = ""              # stable id of a data server's target; default: generated once
+    capacity: int = 0                # bytes a target offers; 0 = the file system's size
+    event_loop: str = "auto"         # "uvloop", "asyncio" or "auto" (per server role)
+    # layout defaults
+    chunk_size: int = 4 * MiB
+    stripe_count: int = 0            # 0 = all healthy targets, at most max_stripe_count
+    max_stripe_count: int = 8
+    replicas: int = 1
+    # limits
+    max_chunk_size: int = 256 * MiB
+    max_upload_size: int = 1 << 40   # whole-file PUT through the gateway
+    max_json_body: int = 16 * MiB
+    list_page_size: int = 1000
+    # health
+    heartbeat_interval: float = 2.0
+    target_timeout: float = 10.0     # a target silent this long is marked down
+    upload_grace: float = 3600.0     # abandoned uploads are collected after this
+    gc_interval: float = 5.0
+    # client
+    client_concurrency: int = 16     # chunk requests in flight per client
+    connections_per_target: int = 8
+    readahead_chunks: int = 8
+    connect_timeout: float = 5.0
+    request_timeout: float = 60.0
+    retries: int = 3
+    stat_cache_ttl: float = 1.0
+
+    def replace(self, **changes: Any) -> Config:
+        return dataclasses.replace(self, **_coerce(changes))
+
+    @property
+    def public_url(self) -> str:
+        return self.advertise_url or f"http://{self.host}:{self.port}"
+
+
+_FIELDS = {f.name: f for f in fields(Config)}
+_SIZE_FIELDS = {"chunk_size", "max_chunk_size", "max_upload_size", "max_json_body", "capacity"}
+
+
+def _coerce(values: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, raw in values.items():
+        if raw is None:
+            continue
+        if name not in _FIELDS:
+            raise BadRequest(f"unknown configuration key: {name}")
+        kind = type(getattr(Config(), name))
+        try:
+            if name in _SIZE_FIELDS:
+                value: Any = parse_size(raw)
+            elif kind is bool:
+                value = raw if isinstance(raw, bool) else str(raw).lower() in {"1", "true", "yes"}
+            else:
+                value = kind(raw)
+        except (TypeError, ValueError) as exc:
+            raise BadRequest(f"bad value for {name}: {raw!r}") from exc
+        out[name] = value
+    return out
+
+
+def load_config(
+    flags: Mapping[str, Any] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    path: str | os.PathLike[str] | None = None,
+    defaults: Mapping[str, Any] | None = None,
+) -> Config:
+    """Build the configuration: defaults ← file ← environment ← flags.
+
+    ``defaults`` replaces built-in defaults for one role (a data server's port is 0).
+    """
+    env = os.environ if env is None else env
+    layers: dict[str, Any] = dict(defaults or {})
+    file_path = path or env.get("STAGER_CONFIG")
+    if file_path:
+        with open(Path(file_path), "rb") as fh:
+            layers.update(tomllib.load(fh))
+    for name in _FIELDS:
+        key = "STAGER_" + name.upper()
+        if key in env:
+            layers[name] = env[key]
+    for name, value in (flags or {}).items():
+        if value is not None:
+            layers[name] = value
+    return Config(**_coerce(layers))

@@ -1,0 +1,1 @@
+"""The data server: one storage target of chunk files."""

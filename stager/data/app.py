@@ -1,0 +1,157 @@
+"""The data server's aiohttp application: thin handlers over DataService."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from ..checksum import from_hex, to_hex
+from ..config import Config
+from ..errors import BadRequest, PayloadTooLarge, RangeNotSatisfiable
+from ..protocol import headers as H
+from ..protocol.models import ReadItem, field_of, parse_chunk_id
+from ..protocol.ranges import content_range, parse_range, unsatisfied_range
+from ..web.metrics import ServerMetrics
+from ..web.middleware import METRICS_KEY, error_response, json_response
+from ..web.requests import read_json
+from ..web.sendfile import send_region
+from ..web.server import add_routes, base_app
+from .service import DataService
+
+SERVICE = web.AppKey("service", DataService)
+CONFIG = web.AppKey("config", Config)
+
+
+def make_data_app(config: Config) -> web.Application:
+    service = DataService(config)
+
+    async def usage_gauges(metrics: ServerMetrics) -> None:
+        usage = await service.usage()
+        metrics.gauge("stager_target_capacity_bytes", "bytes this target offers").set(
+            usage.capacity)
+        metrics.gauge("stager_target_used_bytes", "bytes of chunks stored").set(usage.used)
+        metrics.gauge("stager_target_chunks", "chunks stored").set(usage.chunks)
+
+    app = base_app("data", client_max_size=config.max_chunk_size,
+                   identity={"id": service.identity.target_id, "node": service.identity.node},
+                   refresh_metrics=usage_gauges)
+    app[CONFIG] = config
+    app[SERVICE] = service
+    add_routes(app, "data", HANDLERS)
+    return app
+
+
+def _chunk(request: web.Request) -> str:
+    chunk = request.match_info["chunk"]
+    parse_chunk_id(chunk)
+    return chunk
+
+
+def _svc(request: web.Request) -> DataService:
+    return request.app[SERVICE]
+
+
+def _count(request: web.Request, sent: int = 0, received: int = 0) -> None:
+    metrics = request.app[METRICS_KEY]
+    target = _svc(request).identity.target_id
+    if sent:
+        metrics.bytes_out.labels(target).inc(sent)
+    if received:
+        metrics.bytes_in.labels(target).inc(received)
+
+
+async def put_chunk(request: web.Request) -> web.Response:
+    chunk = _chunk(request)
+    raw_crc = request.headers.get(H.CRC32C)
+    if raw_crc is None:
+        raise BadRequest(f"the {H.CRC32C} header is required")
+    try:
+        crc = from_hex(raw_crc)
+    except ValueError:
+        raise BadRequest(f"{H.CRC32C} must be 8 hex digits") from None
+    limit = request.app[CONFIG].max_chunk_size
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLarge(f"chunk over the limit of {limit} bytes", limit=limit)
+    data = await request.read()
+    await _svc(request).put(chunk, data, crc)
+    _count(request, received=len(data))
+    return json_response({"chunk": chunk, "size": len(data), "crc32c": to_hex(crc)},
+                         status=201)
+
+
+def _chunk_headers(request: web.Request, size: int, crc: int) -> dict[str, str]:
+    return {H.CRC32C: to_hex(crc), H.CHUNK_SIZE: str(size), "Accept-Ranges": "bytes",
+            H.TARGET: _svc(request).identity.target_id,
+            "Content-Type": "application/octet-stream"}
+
+
+async def get_chunk(request: web.Request) -> web.StreamResponse:
+    oc = await _svc(request).open(_chunk(request))
+    try:
+        size = oc.meta.data_len
+        headers = _chunk_headers(request, size, oc.meta.crc)
+        try:
+            span = parse_range(request.headers.get("Range"), size)
+        except RangeNotSatisfiable as exc:
+            return error_response(exc, headers={"Content-Range": unsatisfied_range(size)})
+        if span is None:
+            # The whole chunk: zero-copy; the reader checks the CRC end to end.
+            response = web.StreamResponse(status=200, headers=headers)
+            response.content_length = size
+            await response.prepare(request)
+            await send_region(request, response, oc.fd, 0, size)
+            await response.write_eof()
+            _count(request, sent=size)
+            return response
+        # A part: verified here, block by block, before it leaves.
+        start, stop = span
+        data = await asyncio.to_thread(oc.read, start, stop - start)
+        headers["Content-Range"] = content_range(start, stop, size)
+        _count(request, sent=len(data))
+        return web.Response(status=206, body=data, headers=headers)
+    finally:
+        oc.close()
+
+
+async def head_chunk(request: web.Request) -> web.Response:
+    oc = await _svc(request).open(_chunk(request))
+    try:
+        response = web.Response(headers=_chunk_headers(request, oc.meta.data_len, oc.meta.crc))
+        response.content_length = oc.meta.data_len
+        return response
+    finally:
+        oc.close()
+
+
+async def delete_chunk(request: web.Request) -> web.Response:
+    deleted = await _svc(request).delete(_chunk(request))
+    return json_response({"deleted": deleted})
+
+
+async def batch_read(request: web.Request) -> web.StreamResponse:
+    body = await read_json(request, request.app[CONFIG].max_json_body)
+    items = [ReadItem.from_json(i) for i in field_of(body, "items", list)]
+    total = await _svc(request).plan_batch(items)
+    response = web.StreamResponse(headers={"Content-Type": "application/octet-stream",
+                                           H.TARGET: _svc(request).identity.target_id})
+    response.content_length = total
+    await response.prepare(request)
+    async for data in _svc(request).batch(items):
+        await response.write(data)
+    await response.write_eof()
+    _count(request, sent=total)
+    return response
+
+
+async def purge(request: web.Request) -> web.Response:
+    body = await read_json(request, request.app[CONFIG].max_json_body)
+    file_ids = field_of(body, "file_ids", list)
+    return json_response({"removed": await _svc(request).purge(file_ids)})
+
+
+HANDLERS = {
+    "put_chunk": put_chunk, "get_chunk": get_chunk, "head_chunk": head_chunk,
+    "delete_chunk": delete_chunk, "batch_read": batch_read, "purge": purge,
+}
+

@@ -1,0 +1,188 @@
+"""Chunk requests to data servers: the one place chunk bytes cross the wire.
+
+Both the client library and the metadata server's whole-file gateway use this
+module, so there is one read path and one write path.  Foreign exceptions
+(aiohttp, timeouts, OS errors) are mapped to stager errors here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from ..checksum import to_hex
+from ..errors import (
+    BadRequest,
+    CorruptChunk,
+    StagerError,
+    TargetUnavailable,
+    error_from_wire,
+)
+from ..protocol import headers
+from ..protocol.models import ReadItem
+
+READ_BUFSIZE = 1 << 20
+
+
+@dataclass
+class TargetCounters:
+    """What one client saw of one target: for telemetry and for failover."""
+
+    requests: int = 0
+    errors: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    seconds: float = 0.0
+    failed_at: float = 0.0           # monotonic time of the last connection failure
+
+    def to_json(self) -> dict[str, Any]:
+        return {"requests": self.requests, "errors": self.errors,
+                "bytes_read": self.bytes_read, "bytes_written": self.bytes_written,
+                "seconds": round(self.seconds, 6)}
+
+
+@dataclass
+class PlaneOptions:
+    connect_timeout: float = 5.0
+    request_timeout: float = 60.0
+    connections_per_target: int = 8
+    retries: int = 3
+    avoid_failed_for: float = 5.0    # seconds a failed target is tried last
+
+
+def make_session(options: PlaneOptions, *, limit: int = 0) -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=options.connections_per_target,
+                                     ttl_dns_cache=300, enable_cleanup_closed=False)
+    timeout = aiohttp.ClientTimeout(total=None, connect=options.connect_timeout,
+                                    sock_read=options.request_timeout)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
+                                 read_bufsize=READ_BUFSIZE, raise_for_status=False)
+
+
+@dataclass
+class DataPlane:
+    """Chunk operations against data servers over one shared HTTP session."""
+
+    session: aiohttp.ClientSession
+    options: PlaneOptions = field(default_factory=PlaneOptions)
+    counters: dict[str, TargetCounters] = field(default_factory=dict)
+
+    def counter(self, target: str) -> TargetCounters:
+        c = self.counters.get(target)
+        if c is None:
+            c = self.counters[target] = TargetCounters()
+        return c
+
+    def order_replicas(self, targets: Sequence[str]) -> list[str]:
+        """Replicas in layout order, but recently failed targets last."""
+        now = time.monotonic()
+        avoid = self.options.avoid_failed_for
+
+        def recently_failed(t: str) -> bool:
+            c = self.counters.get(t)
+            return c is not None and now - c.failed_at < avoid
+
+        return sorted(targets, key=recently_failed)
+
+    @asynccontextmanager
+    async def _request(self, target: str, url: str, method: str, path: str,
+                       **kwargs: Any) -> AsyncIterator[aiohttp.ClientResponse]:
+        counter = self.counter(target)
+        counter.requests += 1
+        start = time.perf_counter()
+        try:
+            async with self.session.request(method, url + path, **kwargs) as resp:
+                if resp.status >= 400:
+                    raise await _wire_error(resp)
+                yield resp
+        except StagerError:
+            counter.errors += 1
+            raise
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            counter.errors += 1
+            counter.failed_at = time.monotonic()
+            raise TargetUnavailable(f"target {target} at {url} unreachable: "
+                                    f"{type(exc).__name__}: {exc}",
+                                    target=target, url=url) from exc
+        finally:
+            counter.seconds += time.perf_counter() - start
+
+    async def put_chunk(self, target: str, url: str, chunk: str, data: bytes | memoryview,
+                        crc: int) -> None:
+        """Store one chunk on one target; retried (PUT is idempotent)."""
+        hdrs = {headers.CRC32C: to_hex(crc), "Content-Type": "application/octet-stream"}
+        for attempt in range(self.options.retries + 1):
+            try:
+                async with self._request(target, url, "PUT", f"/v1/chunks/{chunk}",
+                                         data=data, headers=hdrs):
+                    self.counter(target).bytes_written += len(data)
+                    return
+            except TargetUnavailable:
+                if attempt == self.options.retries:
+                    raise
+                await asyncio.sleep(0.05 * 2 ** attempt)
+
+    async def read_chunk_into(self, target: str, url: str, chunk: str, offset: int,
+                              out: memoryview, *, whole: bool = False) -> int | None:
+        """Read ``len(out)`` bytes of ``chunk`` at ``offset`` into ``out``.
+
+        Returns the chunk's CRC32C from the server when ``whole`` (the caller
+        checks it against the committed checksum), else ``None``; ranged reads
+        are verified block by block on the server.
+        """
+        hdrs = {} if whole else {"Range": f"bytes={offset}-{offset + len(out) - 1}"}
+        async with self._request(target, url, "GET", f"/v1/chunks/{chunk}",
+                                 headers=hdrs) as resp:
+            await _read_exactly(resp, out, target, chunk)
+            self.counter(target).bytes_read += len(out)
+            crc = resp.headers.get(headers.CRC32C)
+            return int(crc, 16) if whole and crc else None
+
+    async def batch_read_into(self, target: str, url: str, items: Sequence[ReadItem],
+                              out: memoryview) -> None:
+        """Many pieces from one target in one request, concatenated into ``out``."""
+        body = json.dumps({"items": [i.to_json() for i in items]}).encode()
+        async with self._request(target, url, "POST", "/v1/read", data=body,
+                                 headers={"Content-Type": "application/json"}) as resp:
+            await _read_exactly(resp, out, target, "batch")
+            self.counter(target).bytes_read += len(out)
+
+    async def purge(self, target: str, url: str, file_ids: Sequence[str]) -> int:
+        body = json.dumps({"file_ids": list(file_ids)}).encode()
+        async with self._request(target, url, "POST", "/v1/purge", data=body,
+                                 headers={"Content-Type": "application/json"}) as resp:
+            return int((await resp.json()).get("removed", 0))
+
+
+async def _read_exactly(resp: aiohttp.ClientResponse, out: memoryview, target: str,
+                        what: str) -> None:
+    pos = 0
+    want = len(out)
+    async for data in resp.content.iter_any():
+        end = pos + len(data)
+        if end > want:
+            raise CorruptChunk(f"target {target} sent more bytes than asked for {what}",
+                               target=target)
+        out[pos:end] = data
+        pos = end
+    if pos != want:
+        raise TargetUnavailable(f"target {target} sent {pos} of {want} bytes of {what}",
+                                target=target)
+
+
+async def _wire_error(resp: aiohttp.ClientResponse) -> StagerError:
+    try:
+        body = await resp.json(content_type=None)
+    except (ValueError, aiohttp.ClientError):
+        body = None
+    if body is None:
+        return BadRequest(f"HTTP {resp.status}") if resp.status < 500 else \
+            error_from_wire(resp.status, {})
+    return error_from_wire(resp.status, body)

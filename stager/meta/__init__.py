@@ -1,0 +1,1 @@
+"""The metadata server: namespace, layouts, targets."""

@@ -1,0 +1,283 @@
+"""The metadata server's aiohttp application: thin handlers over MetaService."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from email.utils import formatdate
+from pathlib import Path
+
+from aiohttp import web
+
+from ..checksum import from_hex
+from ..config import Config
+from ..dataplane import DataPlane, PlaneOptions, make_session
+from ..errors import BadRequest, PayloadTooLarge, RangeNotSatisfiable
+from ..protocol.models import LayoutSpec, TargetInfo, check_file_id, field_of
+from ..protocol.ranges import content_range, parse_range, unsatisfied_range
+from ..web.metrics import ServerMetrics
+from ..web.middleware import METRICS_KEY, error_response, json_response
+from ..web.requests import path_arg, query_bool, query_int, read_json
+from ..web.server import add_routes, base_app
+from .gateway import Gateway
+from .service import MetaService
+from .sqlite import SQLiteStore
+
+log = logging.getLogger("stager.meta")
+SERVICE = web.AppKey("service", MetaService)
+GATEWAY = web.AppKey("gateway", Gateway)
+CONFIG = web.AppKey("config", Config)
+STREAM_PIECE = 1 << 20
+
+
+def plane_options(config: Config) -> PlaneOptions:
+    return PlaneOptions(connect_timeout=config.connect_timeout,
+                        request_timeout=config.request_timeout,
+                        connections_per_target=config.connections_per_target,
+                        retries=config.retries)
+
+
+def make_meta_app(config: Config) -> web.Application:
+    root = Path(config.root)
+    service = MetaService(SQLiteStore(root / "meta.sqlite3"), config)
+
+    async def cluster_gauges(metrics: ServerMetrics) -> None:
+        targets = service.list_targets()
+        metrics.gauge("stager_targets_up", "storage targets answering heartbeats").set(
+            sum(t.up for t in targets))
+        metrics.gauge("stager_targets_down", "storage targets marked down").set(
+            sum(not t.up for t in targets))
+
+    app = base_app("meta", client_max_size=config.max_json_body, identity={},
+                   refresh_metrics=cluster_gauges)
+    app[CONFIG] = config
+    app[SERVICE] = service
+    add_routes(app, "meta", HANDLERS)
+    app.cleanup_ctx.append(_data_plane)
+    app.cleanup_ctx.append(_background)
+    return app
+
+
+async def _data_plane(app: web.Application) -> AsyncIterator[None]:
+    config = app[CONFIG]
+    session = make_session(plane_options(config))
+    app[GATEWAY] = Gateway(app[SERVICE], DataPlane(session, plane_options(config)), config)
+    yield
+    await session.close()
+    app[SERVICE].close()
+
+
+async def _background(app: web.Application) -> AsyncIterator[None]:
+    """Health checks and garbage collection, for as long as the server runs."""
+    service, gateway, config = app[SERVICE], app[GATEWAY], app[CONFIG]
+
+    async def purge(target: TargetInfo, file_ids: list[str]) -> int:
+        return await gateway.plane.purge(target.id, target.url, file_ids)
+
+    async def loop() -> None:
+        while True:
+            await asyncio.sleep(min(config.gc_interval, config.heartbeat_interval))
+            service.refresh_health()
+            try:
+                await service.collect_garbage(purge)
+            except Exception:
+                log.exception("garbage collection failed; will retry")
+
+    task = asyncio.create_task(loop())
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def _svc(request: web.Request) -> MetaService:
+    return request.app[SERVICE]
+
+
+async def _body(request: web.Request) -> dict[str, object]:
+    return await read_json(request, request.app[CONFIG].max_json_body)
+
+
+# -- cluster ---------------------------------------------------------------------------
+async def status(request: web.Request) -> web.Response:
+    return json_response(await _svc(request).status())
+
+
+async def list_targets(request: web.Request) -> web.Response:
+    return json_response({"targets": [t.to_json() for t in _svc(request).list_targets()]})
+
+
+async def register_target(request: web.Request) -> web.Response:
+    target = TargetInfo.from_json(await _body(request))
+    return json_response((await _svc(request).register_target(target)).to_json())
+
+
+async def heartbeat(request: web.Request) -> web.Response:
+    body = await _body(request)
+    target = await _svc(request).heartbeat(
+        request.match_info["target_id"], capacity=field_of(body, "capacity", int, 0),
+        used=field_of(body, "used", int, 0), chunks=field_of(body, "chunks", int, 0))
+    return json_response(target.to_json())
+
+
+# -- namespace -------------------------------------------------------------------------
+async def stat(request: web.Request) -> web.Response:
+    return json_response((await _svc(request).stat(path_arg(request))).to_json())
+
+
+async def list_dir(request: web.Request) -> web.Response:
+    path = path_arg(request)
+    entries, nxt = await _svc(request).list(path, after=request.query.get("after", ""),
+                                            limit=query_int(request, "limit"))
+    detail = query_bool(request, "detail", True)
+    return json_response({
+        "path": path,
+        "entries": [e.to_json() if detail else {"path": e.path, "type": e.type}
+                    for e in entries],
+        "next": nxt,
+    })
+
+
+async def mkdir(request: web.Request) -> web.Response:
+    body = await _body(request)
+    info = await _svc(request).mkdir(
+        field_of(body, "path", str), parents=field_of(body, "parents", bool, False),
+        exist_ok=field_of(body, "exist_ok", bool, False),
+        layout=LayoutSpec.from_json(body.get("layout")) if body.get("layout") else None)
+    return json_response(info.to_json())
+
+
+async def set_layout(request: web.Request) -> web.Response:
+    body = await _body(request)
+    info = await _svc(request).set_layout(field_of(body, "path", str),
+                                          LayoutSpec.from_json(field_of(body, "layout", dict)))
+    return json_response(info.to_json())
+
+
+async def create(request: web.Request) -> web.Response:
+    body = await _body(request)
+    upload, info = await _svc(request).create(
+        field_of(body, "path", str), layout=LayoutSpec.from_json(body.get("layout")),
+        overwrite=field_of(body, "overwrite", bool, True),
+        parents=field_of(body, "parents", bool, True))
+    assert info.layout is not None
+    return json_response({"file_id": upload.file_id, "path": upload.path,
+                          "layout": info.layout.to_json(), "locations": info.locations})
+
+
+async def commit(request: web.Request) -> web.Response:
+    body = await _body(request)
+    raw = field_of(body, "checksums", list)
+    try:
+        checksums = tuple(from_hex(c) for c in raw)
+    except (TypeError, ValueError):
+        raise BadRequest("checksums must be 8-digit hex strings") from None
+    mtime = field_of(body, "mtime", (int, float), None)
+    info = await _svc(request).commit(check_file_id(field_of(body, "file_id", str)),
+                                      size=field_of(body, "size", int), checksums=checksums,
+                                      mtime=float(mtime) if mtime is not None else None)
+    return json_response(info.to_json())
+
+
+async def abort(request: web.Request) -> web.Response:
+    body = await _body(request)
+    await _svc(request).abort(check_file_id(field_of(body, "file_id", str)))
+    return json_response({"aborted": True})
+
+
+async def rename(request: web.Request) -> web.Response:
+    body = await _body(request)
+    info = await _svc(request).rename(field_of(body, "src", str), field_of(body, "dst", str),
+                                      overwrite=field_of(body, "overwrite", bool, False))
+    return json_response(info.to_json())
+
+
+async def remove(request: web.Request) -> web.Response:
+    body = await _body(request)
+    removed = await _svc(request).remove(field_of(body, "path", str),
+                                         recursive=field_of(body, "recursive", bool, False))
+    return json_response({"removed": removed})
+
+
+# -- whole-file gateway ----------------------------------------------------------------
+def _file_headers(size: int, mtime: float, file_id: str | None) -> dict[str, str]:
+    return {"Accept-Ranges": "bytes", "Last-Modified": formatdate(mtime, usegmt=True),
+            "ETag": f'"{file_id}"', "Content-Type": "application/octet-stream"}
+
+
+async def gateway_get(request: web.Request) -> web.StreamResponse:
+    path = path_arg(request)
+    info = await _svc(request).stat(path)
+    if info.is_dir:
+        return await list_dir(request)
+    try:
+        span = parse_range(request.headers.get("Range"), info.size)
+    except RangeNotSatisfiable as exc:
+        return error_response(exc, headers={"Content-Range": unsatisfied_range(info.size)})
+    start, stop = span or (0, info.size)
+    headers = _file_headers(info.size, info.mtime, info.file_id)
+    response = web.StreamResponse(status=206 if span else 200, headers=headers)
+    if span:
+        response.headers["Content-Range"] = content_range(start, stop, info.size)
+    response.content_length = stop - start
+    pieces = request.app[GATEWAY].reader(info).stream(start, stop)
+    # Fetch the first piece before sending headers, so a dead target is still a 503.
+    first = await anext(pieces, None)
+    await response.prepare(request)
+    sent = 0
+    if first is not None:
+        await response.write(first)
+        sent += len(first)
+        async for piece in pieces:
+            await response.write(piece)
+            sent += len(piece)
+    request.app[METRICS_KEY].bytes_out.labels("gateway").inc(sent)
+    await response.write_eof()
+    return response
+
+
+async def gateway_head(request: web.Request) -> web.StreamResponse:
+    info = await _svc(request).stat(path_arg(request))
+    if info.is_dir:
+        return web.Response(headers={"Content-Type": "application/json"})
+    response = web.Response(headers=_file_headers(info.size, info.mtime, info.file_id))
+    response.content_length = info.size
+    return response
+
+
+async def gateway_put(request: web.Request) -> web.Response:
+    config = request.app[CONFIG]
+    if request.content_length is not None and request.content_length > config.max_upload_size:
+        raise PayloadTooLarge(f"body over the limit of {config.max_upload_size} bytes",
+                              limit=config.max_upload_size)
+    spec = LayoutSpec(chunk_size=query_int(request, "chunk_size"),
+                      stripe_count=query_int(request, "stripe_count"),
+                      replicas=query_int(request, "replicas"))
+    spec.validate(config.max_chunk_size)
+
+    async def body() -> AsyncIterator[bytes]:
+        async for piece in request.content.iter_chunked(STREAM_PIECE):
+            yield piece
+
+    info = await request.app[GATEWAY].write(path_arg(request), body(), layout=spec,
+                                            max_size=config.max_upload_size)
+    request.app[METRICS_KEY].bytes_in.labels("gateway").inc(info.size)
+    return json_response(info.to_json(), status=201)
+
+
+async def gateway_delete(request: web.Request) -> web.Response:
+    removed = await _svc(request).remove(path_arg(request),
+                                         recursive=query_bool(request, "recursive"))
+    return json_response({"removed": removed})
+
+
+HANDLERS = {
+    "status": status, "list_targets": list_targets, "register_target": register_target,
+    "heartbeat": heartbeat, "stat": stat, "list": list_dir, "mkdir": mkdir,
+    "set_layout": set_layout, "create": create, "commit": commit, "abort": abort,
+    "rename": rename, "remove": remove, "gateway_get": gateway_get,
+    "gateway_head": gateway_head, "gateway_put": gateway_put,
+    "gateway_delete": gateway_delete,
+}

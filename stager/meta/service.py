@@ -1,0 +1,252 @@
+"""The metadata service: namespace, layouts, uploads, targets.  Knows nothing of HTTP.
+
+Store calls are blocking; they run one at a time on the store's own thread,
+so the event loop never waits on SQLite or on an fsync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace as _with
+from typing import Any, ParamSpec, TypeVar
+
+from ..config import Config
+from ..errors import (
+    AlreadyExists,
+    BadRequest,
+    IsADirectory,
+    NotADirectory,
+    NotFound,
+    StagerError,
+)
+from ..layout import choose_layout
+from ..protocol import paths
+from ..protocol.models import FileInfo, LayoutSpec, TargetInfo
+from .store import Entry, MetaStore, Upload
+
+log = logging.getLogger("stager.meta")
+P = ParamSpec("P")
+R = TypeVar("R")
+
+Purger = Callable[[TargetInfo, list[str]], Awaitable[int]]
+
+
+class MetaService:
+    def __init__(self, store: MetaStore, config: Config,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.config = config
+        self.clock = clock
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="meta-store")
+        # Liveness is soft state: kept in memory, registration is persisted.
+        now = clock()
+        self.targets: dict[str, TargetInfo] = {
+            t.id: _with(t, last_heartbeat=now) for t in store.list_targets()}
+
+    async def _run(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+        self.store.close()
+
+    # -- namespace ------------------------------------------------------------------
+    def _info(self, entry: Entry) -> FileInfo:
+        locations = {}
+        if entry.layout is not None:
+            locations = {t: self.targets[t].url for t in entry.layout.targets
+                         if t in self.targets}
+        return FileInfo(path=entry.path, type=entry.kind, size=entry.size, mtime=entry.mtime,
+                        file_id=entry.file_id, layout=entry.layout,
+                        default_layout=entry.default_layout, checksums=entry.checksums,
+                        locations=locations)
+
+    async def stat(self, path: str) -> FileInfo:
+        return self._info(await self._run(self.store.stat, paths.normalize(path)))
+
+    async def list(self, path: str, *, after: str = "", limit: int | None = None
+                   ) -> tuple[list[FileInfo], str | None]:
+        """One page of a directory; the second value is the ``after`` of the next page."""
+        limit = self.config.list_page_size if limit is None else limit
+        if not 1 <= limit <= 100_000:
+            raise BadRequest("limit must be between 1 and 100000")
+        entries = await self._run(self.store.list_dir, paths.normalize(path), after=after,
+                                  limit=limit)
+        infos = [self._info(e) for e in entries]
+        return infos, (entries[-1].path.rsplit("/", 1)[-1] if len(entries) == limit else None)
+
+    async def mkdir(self, path: str, *, parents: bool = False, exist_ok: bool = False,
+                    layout: LayoutSpec | None = None) -> FileInfo:
+        if layout is not None:
+            layout.validate(self.config.max_chunk_size)
+        return self._info(await self._run(self.store.mkdir, paths.normalize(path),
+                                          parents=parents, exist_ok=exist_ok,
+                                          now=self.clock(), layout=layout))
+
+    async def set_layout(self, path: str, layout: LayoutSpec) -> FileInfo:
+        layout.validate(self.config.max_chunk_size)
+        return self._info(await self._run(self.store.set_layout, paths.normalize(path), layout))
+
+    async def rename(self, src: str, dst: str, *, overwrite: bool = False) -> FileInfo:
+        return self._info(await self._run(self.store.rename, src, dst, overwrite=overwrite,
+                                          now=self.clock()))
+
+    async def remove(self, path: str, *, recursive: bool = False) -> int:
+        return await self._run(self.store.remove, path, recursive=recursive, now=self.clock())
+
+    # -- writes ---------------------------------------------------------------------
+    async def create(self, path: str, *, layout: LayoutSpec | None = None,
+                     overwrite: bool = True, parents: bool = True) -> tuple[Upload, FileInfo]:
+        """Begin a write.  Returns the upload and a FileInfo carrying layout and locations."""
+        path = paths.normalize(path)
+        if path == "/":
+            raise IsADirectory("the root is a directory", path=path)
+        await self._check_creatable(path, overwrite=overwrite, parents=parents)
+        spec = await self.resolve_layout(path, layout or LayoutSpec())
+        file_id = uuid.uuid4().hex
+        chosen = choose_layout(
+            self.healthy_targets(), chunk_size=spec.chunk_size or self.config.chunk_size,
+            stripe_count=spec.stripe_count or 0, replicas=spec.replicas or 1,
+            max_stripe_count=self.config.max_stripe_count, start=int(file_id[:8], 16))
+        upload = Upload(file_id, path, chosen, overwrite, parents, self.clock())
+        await self._run(self.store.begin_upload, upload)
+        info = self._info(Entry(path, "file", 0, upload.created, file_id, chosen))
+        return upload, info
+
+    async def resolve_layout(self, path: str, spec: LayoutSpec) -> LayoutSpec:
+        """The request's layout, then the nearest directory's, then the defaults."""
+        spec.validate(self.config.max_chunk_size)
+        inherited = await self._run(self.store.inherited_layout, path)
+        defaults = LayoutSpec(self.config.chunk_size, self.config.stripe_count,
+                              self.config.replicas)
+        return spec.merged_over(inherited).merged_over(defaults)
+
+    async def _check_creatable(self, path: str, *, overwrite: bool, parents: bool) -> None:
+        try:
+            existing = await self._run(self.store.stat, path, checksums=False)
+        except NotFound:
+            parent = paths.split(path)[0]
+            try:
+                entry = await self._run(self.store.stat, parent, checksums=False)
+            except NotFound:
+                if not parents:
+                    raise NotFound(f"parent directory {parent} does not exist",
+                                   path=path) from None
+                return
+            if not entry.is_dir:
+                raise NotADirectory(f"{parent} is not a directory", path=path) from None
+            return
+        if existing.is_dir:
+            raise IsADirectory(f"{path} is a directory", path=path)
+        if not overwrite:
+            raise AlreadyExists(f"{path} already exists", path=path)
+
+    async def commit(self, file_id: str, *, size: int, checksums: tuple[int, ...],
+                     mtime: float | None = None) -> FileInfo:
+        upload = await self._run(self.store.get_upload, file_id)
+        if size < 0:
+            raise BadRequest("size must not be negative")
+        expected = upload.layout.chunk_count(size)
+        if len(checksums) != expected:
+            raise BadRequest(f"a {size}-byte file has {expected} chunks, "
+                             f"got {len(checksums)} checksums")
+        now = self.clock()
+        entry = await self._run(self.store.commit_upload, file_id, size=size,
+                                checksums=checksums, mtime=mtime or now, now=now)
+        return self._info(entry)
+
+    async def abort(self, file_id: str) -> None:
+        await self._run(self.store.abort_upload, file_id, now=self.clock())
+
+    # -- targets --------------------------------------------------------------------
+    async def register_target(self, target: TargetInfo) -> TargetInfo:
+        for other in self.targets.values():
+            if other.url == target.url and other.id != target.id and other.up:
+                raise AlreadyExists(f"{target.url} is already registered as {other.id}",
+                                    url=target.url, target=other.id)
+        target = _with(target, state="up", last_heartbeat=self.clock())
+        await self._run(self.store.upsert_target, target)
+        self.targets[target.id] = target
+        log.info("target %s (node %s) registered at %s", target.id, target.node, target.url)
+        return target
+
+    async def heartbeat(self, target_id: str, *, capacity: int, used: int,
+                        chunks: int) -> TargetInfo:
+        old = self.targets.get(target_id)
+        if old is None:
+            raise NotFound(f"target {target_id} is not registered", target=target_id)
+        target = _with(old, capacity=capacity, used=used, chunks=chunks, state="up",
+                       last_heartbeat=self.clock())
+        self.targets[target_id] = target
+        if not old.up:
+            log.info("target %s is back up", target_id)
+            await self._run(self.store.upsert_target, target)
+        return target
+
+    def refresh_health(self) -> None:
+        """Mark targets that missed their heartbeats down."""
+        now = self.clock()
+        for t in list(self.targets.values()):
+            stale = now - t.last_heartbeat > self.config.target_timeout
+            if stale and t.up:
+                log.warning("target %s missed heartbeats for %.1fs: marked down", t.id,
+                            now - t.last_heartbeat)
+                self.targets[t.id] = _with(t, state="down")
+
+    def list_targets(self) -> list[TargetInfo]:
+        self.refresh_health()
+        return sorted(self.targets.values(), key=lambda t: t.id)
+
+    def healthy_targets(self) -> list[TargetInfo]:
+        return [t for t in self.list_targets() if t.up]
+
+    async def status(self) -> dict[str, Any]:
+        targets = self.list_targets()
+        files, dirs, size = await self._run(self.store.counts)
+        return {
+            "targets": [t.to_json() for t in targets],
+            "nodes": len({t.node for t in targets}),
+            "targets_up": sum(t.up for t in targets),
+            "capacity": sum(t.capacity for t in targets),
+            "used": sum(t.used for t in targets),
+            "files": files,
+            "directories": dirs,
+            "bytes": size,
+        }
+
+    # -- garbage collection -----------------------------------------------------------
+    async def collect_garbage(self, purge: Purger, *, limit: int = 256) -> int:
+        """Purge chunks of deleted, replaced and abandoned files; returns files finished."""
+        expired = await self._run(self.store.expired_uploads,
+                                  self.clock() - self.config.upload_grace)
+        for upload in expired:
+            log.info("upload %s of %s abandoned: collecting", upload.file_id, upload.path)
+            await self.abort(upload.file_id)
+        garbage = await self._run(self.store.take_garbage, limit)
+        if not garbage:
+            return 0
+        by_target: dict[str, list[str]] = {}
+        for g in garbage:
+            for t in set(g.layout.targets):
+                by_target.setdefault(t, []).append(g.file_id)
+        failed: set[str] = set()
+        for target_id, file_ids in by_target.items():
+            target = self.targets.get(target_id)
+            try:
+                if target is None or not target.up:
+                    raise NotFound(f"target {target_id} is not up")
+                await purge(target, file_ids)
+            except (StagerError, OSError) as exc:
+                log.debug("purge on %s deferred: %s", target_id, exc)
+                failed.update(file_ids)
+        done = [g.file_id for g in garbage if g.file_id not in failed]
+        if done:
+            await self._run(self.store.drop_garbage, done)
+        return len(done)
+

@@ -1,0 +1,384 @@
+"""The embedded metadata store: one SQLite file, WAL, fsync on every commit."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from ..errors import (
+    AlreadyExists,
+    DirectoryNotEmpty,
+    InvalidPath,
+    IsADirectory,
+    NotADirectory,
+    NotFound,
+    UploadNotFound,
+)
+from ..protocol import paths
+from ..protocol.models import Layout, LayoutSpec, TargetInfo
+from .store import Entry, Garbage, MetaStore, Upload
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS entries (
+    id        INTEGER PRIMARY KEY,
+    parent    INTEGER NOT NULL,
+    name      TEXT    NOT NULL,
+    kind      TEXT    NOT NULL CHECK (kind IN ('file', 'directory')),
+    size      INTEGER NOT NULL DEFAULT 0,
+    mtime     REAL    NOT NULL,
+    file_id   TEXT,
+    layout    TEXT,
+    checksums BLOB,
+    UNIQUE (parent, name)
+);
+CREATE TABLE IF NOT EXISTS uploads (
+    file_id   TEXT PRIMARY KEY,
+    path      TEXT NOT NULL,
+    layout    TEXT NOT NULL,
+    overwrite INTEGER NOT NULL,
+    parents   INTEGER NOT NULL,
+    created   REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS garbage (
+    file_id   TEXT PRIMARY KEY,
+    layout    TEXT NOT NULL,
+    size      INTEGER NOT NULL,
+    since     REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS targets (
+    id             TEXT PRIMARY KEY,
+    node           TEXT NOT NULL,
+    url            TEXT NOT NULL,
+    capacity       INTEGER NOT NULL,
+    used           INTEGER NOT NULL,
+    chunks         INTEGER NOT NULL,
+    last_heartbeat REAL NOT NULL,
+    state          TEXT NOT NULL
+);
+"""
+
+ROOT_ID = 1
+_COLS = "id, kind, size, mtime, file_id, layout"
+
+
+def _pack(checksums: tuple[int, ...]) -> bytes:
+    return struct.pack(f"<{len(checksums)}I", *checksums)
+
+
+def _unpack(blob: bytes | None) -> tuple[int, ...]:
+    if not blob:
+        return ()
+    return struct.unpack(f"<{len(blob) // 4}I", blob)
+
+
+class SQLiteStore(MetaStore):
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")   # fsync on every commit
+        self.db.execute("PRAGMA foreign_keys=ON")
+        self.db.executescript(SCHEMA)
+        self.db.execute(
+            "INSERT OR IGNORE INTO entries (id, parent, name, kind, mtime) "
+            "VALUES (?, 0, '', 'directory', strftime('%s','now'))", (ROOT_ID,))
+
+    def close(self) -> None:
+        self.db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.db
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    # -- path resolution --------------------------------------------------------
+    def _child(self, parent_id: int, name: str) -> sqlite3.Row | tuple[Any, ...] | None:
+        return self.db.execute(
+            f"SELECT {_COLS} FROM entries WHERE parent = ? AND name = ?",
+            (parent_id, name)).fetchone()
+
+    def _resolve(self, path: str) -> tuple[Any, ...]:
+        """The row at ``path``; NotFound or NotADirectory when it is not there."""
+        row: tuple[Any, ...] = self.db.execute(
+            f"SELECT {_COLS} FROM entries WHERE id = ?", (ROOT_ID,)).fetchone()
+        walked = ""
+        for part in paths.parts(path):
+            if row[1] != "directory":
+                raise NotADirectory(f"{walked} is not a directory", path=path)
+            child = self._child(row[0], part)
+            walked += "/" + part
+            if child is None:
+                raise NotFound(f"no such file or directory: {walked}", path=path)
+            row = child
+        return row
+
+    def _resolve_dir(self, path: str) -> int:
+        row = self._resolve(path)
+        if row[1] != "directory":
+            raise NotADirectory(f"{path} is not a directory", path=path)
+        return int(row[0])
+
+    def _entry(self, path: str, row: tuple[Any, ...], checksums: bool) -> Entry:
+        entry_id, kind, size, mtime, file_id, layout = row
+        if kind == "file":
+            sums = None
+            if checksums:
+                blob = self.db.execute("SELECT checksums FROM entries WHERE id = ?",
+                                       (entry_id,)).fetchone()[0]
+                sums = _unpack(blob)
+            return Entry(path, kind, size, mtime, file_id,
+                         layout=Layout.from_json(json.loads(layout)), checksums=sums)
+        spec = LayoutSpec.from_json(json.loads(layout)) if layout else None
+        return Entry(path, kind, 0, mtime, default_layout=spec)
+
+    def _touch(self, dir_id: int, now: float) -> None:
+        self.db.execute("UPDATE entries SET mtime = ? WHERE id = ?", (now, dir_id))
+
+    # -- namespace --------------------------------------------------------------
+    def stat(self, path: str, *, checksums: bool = True) -> Entry:
+        path = paths.normalize(path)
+        return self._entry(path, self._resolve(path), checksums)
+
+    def list_dir(self, path: str, *, after: str, limit: int) -> list[Entry]:
+        path = paths.normalize(path)
+        row = self._resolve(path)
+        if row[1] != "directory":
+            raise NotADirectory(f"{path} is not a directory", path=path)
+        rows = self.db.execute(
+            f"SELECT name, {_COLS} FROM entries WHERE parent = ? AND name > ? "
+            "ORDER BY name LIMIT ?", (row[0], after, limit)).fetchall()
+        return [self._entry(paths.join(path, r[0]), r[1:], False) for r in rows]
+
+    def _mkdirs(self, path: str, *, parents: bool, exist_ok: bool, now: float) -> int:
+        """Create the directory ``path`` (and parents); returns its id.  In a transaction."""
+        current = ROOT_ID
+        walked = ""
+        names = paths.parts(path)
+        for i, part in enumerate(names):
+            walked += "/" + part
+            last = i == len(names) - 1
+            child = self._child(current, part)
+            if child is None:
+                if not last and not parents:
+                    raise NotFound(f"parent directory {walked} does not exist", path=path)
+                cur = self.db.execute(
+                    "INSERT INTO entries (parent, name, kind, mtime) VALUES (?, ?, 'directory', ?)",
+                    (current, part, now))
+                self._touch(current, now)
+                current = int(cur.lastrowid or 0)
+                continue
+            if child[1] != "directory":
+                if last:
+                    raise AlreadyExists(f"{walked} exists and is a file", path=path)
+                raise NotADirectory(f"{walked} is not a directory", path=path)
+            if last and not exist_ok:
+                raise AlreadyExists(f"directory {walked} already exists", path=path)
+            current = int(child[0])
+        return current
+
+    def mkdir(self, path: str, *, parents: bool, exist_ok: bool, now: float,
+              layout: LayoutSpec | None = None) -> Entry:
+        path = paths.normalize(path)
+        if path == "/":
+            if not exist_ok:
+                raise AlreadyExists("the root always exists", path=path)
+        with self._tx():
+            dir_id = self._mkdirs(path, parents=parents, exist_ok=exist_ok, now=now)
+            if layout is not None and layout.to_json():
+                self.db.execute("UPDATE entries SET layout = ? WHERE id = ?",
+                                (json.dumps(layout.to_json()), dir_id))
+        return self.stat(path)
+
+    def set_layout(self, path: str, layout: LayoutSpec) -> Entry:
+        path = paths.normalize(path)
+        with self._tx():
+            dir_id = self._resolve_dir(path)
+            value = json.dumps(layout.to_json()) if layout.to_json() else None
+            self.db.execute("UPDATE entries SET layout = ? WHERE id = ?", (value, dir_id))
+        return self.stat(path)
+
+    def inherited_layout(self, path: str) -> LayoutSpec:
+        spec = LayoutSpec()
+        row = self.db.execute(f"SELECT {_COLS} FROM entries WHERE id = ?", (ROOT_ID,)).fetchone()
+        chain = [row]
+        for part in paths.parts(paths.normalize(path))[:-1]:
+            row = self._child(row[0], part)
+            if row is None or row[1] != "directory":
+                break
+            chain.append(row)
+        for row in reversed(chain):          # nearest directory wins, field by field
+            if row[5]:
+                spec = spec.merged_over(LayoutSpec.from_json(json.loads(row[5])))
+        return spec
+
+    def _garbage_file(self, row: tuple[Any, ...], now: float) -> None:
+        entry_id, kind, size, _, file_id, layout = row
+        self.db.execute("INSERT OR REPLACE INTO garbage VALUES (?, ?, ?, ?)",
+                        (file_id, layout, size, now))
+
+    def rename(self, src: str, dst: str, *, overwrite: bool, now: float) -> Entry:
+        src, dst = paths.normalize(src), paths.normalize(dst)
+        if src == "/" or dst == "/":
+            raise InvalidPath("cannot rename the root")
+        with self._tx():
+            row = self._resolve(src)
+            if src == dst:
+                return self._entry(dst, row, False)
+            if row[1] == "directory" and paths.is_within(dst, src):
+                raise InvalidPath(f"cannot move {src} inside itself", src=src, dst=dst)
+            dst_parent, dst_name = paths.split(dst)
+            parent_id = self._resolve_dir(dst_parent)
+            existing = self._child(parent_id, dst_name)
+            if existing is not None:
+                self._replace_for_rename(row, existing, dst, overwrite, now)
+            src_parent = self._resolve_dir(paths.split(src)[0])
+            self.db.execute("UPDATE entries SET parent = ?, name = ? WHERE id = ?",
+                            (parent_id, dst_name, row[0]))
+            self._touch(src_parent, now)
+            self._touch(parent_id, now)
+        return self.stat(dst, checksums=False)
+
+    def _replace_for_rename(self, row: tuple[Any, ...], existing: tuple[Any, ...], dst: str,
+                            overwrite: bool, now: float) -> None:
+        if existing[1] == "directory":
+            if row[1] != "directory":
+                raise IsADirectory(f"{dst} is a directory", path=dst)
+            has_child = self.db.execute("SELECT 1 FROM entries WHERE parent = ? LIMIT 1",
+                                        (existing[0],)).fetchone()
+            if has_child:
+                raise DirectoryNotEmpty(f"{dst} is not empty", path=dst)
+        elif row[1] == "directory":
+            raise NotADirectory(f"{dst} is a file", path=dst)
+        elif not overwrite:
+            raise AlreadyExists(f"{dst} already exists", path=dst)
+        else:
+            self._garbage_file(existing, now)
+        self.db.execute("DELETE FROM entries WHERE id = ?", (existing[0],))
+
+    def remove(self, path: str, *, recursive: bool, now: float) -> int:
+        path = paths.normalize(path)
+        if path == "/":
+            raise InvalidPath("cannot remove the root")
+        with self._tx():
+            row = self._resolve(path)
+            parent_id = self._resolve_dir(paths.split(path)[0])
+            if row[1] == "file":
+                self._garbage_file(row, now)
+                self.db.execute("DELETE FROM entries WHERE id = ?", (row[0],))
+                self._touch(parent_id, now)
+                return 1
+            has_child = self.db.execute("SELECT 1 FROM entries WHERE parent = ? LIMIT 1",
+                                        (row[0],)).fetchone()
+            if has_child and not recursive:
+                raise DirectoryNotEmpty(f"{path} is not empty", path=path)
+            subtree = ("WITH RECURSIVE sub(id) AS (SELECT ? UNION ALL "
+                       "SELECT e.id FROM entries e JOIN sub ON e.parent = sub.id) ")
+            files = self.db.execute(
+                subtree + "INSERT OR REPLACE INTO garbage "
+                "SELECT file_id, layout, size, ? FROM entries "
+                "WHERE id IN (SELECT id FROM sub) AND kind = 'file'", (row[0], now)).rowcount
+            self.db.execute(subtree + "DELETE FROM entries WHERE id IN (SELECT id FROM sub)",
+                            (row[0],))
+            self._touch(parent_id, now)
+            return max(files, 0)
+
+    def counts(self) -> tuple[int, int, int]:
+        files, size = self.db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM entries WHERE kind = 'file'").fetchone()
+        dirs = self.db.execute(
+            "SELECT COUNT(*) FROM entries WHERE kind = 'directory'").fetchone()[0]
+        return int(files), int(dirs), int(size)
+
+    # -- uploads ----------------------------------------------------------------
+    def begin_upload(self, upload: Upload) -> None:
+        with self._tx():
+            self.db.execute("INSERT INTO uploads VALUES (?, ?, ?, ?, ?, ?)", (
+                upload.file_id, upload.path, json.dumps(upload.layout.to_json()),
+                int(upload.overwrite), int(upload.parents), upload.created))
+
+    def get_upload(self, file_id: str) -> Upload:
+        row = self.db.execute("SELECT * FROM uploads WHERE file_id = ?", (file_id,)).fetchone()
+        if row is None:
+            raise UploadNotFound(f"no pending upload {file_id}", file_id=file_id)
+        return Upload(row[0], row[1], Layout.from_json(json.loads(row[2])), bool(row[3]),
+                      bool(row[4]), row[5])
+
+    def commit_upload(self, file_id: str, *, size: int, checksums: tuple[int, ...],
+                      mtime: float, now: float) -> Entry:
+        with self._tx():
+            upload = self.get_upload(file_id)
+            parent, name = paths.split(upload.path)
+            parent_id = self._mkdirs(parent, parents=upload.parents, exist_ok=True, now=now) \
+                if parent != "/" else ROOT_ID
+            existing = self._child(parent_id, name)
+            if existing is not None:
+                if existing[1] == "directory":
+                    raise IsADirectory(f"{upload.path} is a directory", path=upload.path)
+                if not upload.overwrite:
+                    raise AlreadyExists(f"{upload.path} already exists", path=upload.path)
+                self._garbage_file(existing, now)
+                self.db.execute("DELETE FROM entries WHERE id = ?", (existing[0],))
+            self.db.execute(
+                "INSERT INTO entries (parent, name, kind, size, mtime, file_id, layout, checksums)"
+                " VALUES (?, ?, 'file', ?, ?, ?, ?, ?)",
+                (parent_id, name, size, mtime, file_id, json.dumps(upload.layout.to_json()),
+                 _pack(checksums)))
+            self.db.execute("DELETE FROM uploads WHERE file_id = ?", (file_id,))
+            self._touch(parent_id, now)
+        return Entry(upload.path, "file", size, mtime, file_id, upload.layout,
+                     checksums=checksums)
+
+    def abort_upload(self, file_id: str, *, now: float) -> None:
+        with self._tx():
+            upload = self.get_upload(file_id)
+            self.db.execute("DELETE FROM uploads WHERE file_id = ?", (file_id,))
+            self.db.execute("INSERT OR REPLACE INTO garbage VALUES (?, ?, ?, ?)",
+                            (file_id, json.dumps(upload.layout.to_json()), 0, now))
+
+    def expired_uploads(self, before: float) -> list[Upload]:
+        ids = self.db.execute("SELECT file_id FROM uploads WHERE created < ?",
+                              (before,)).fetchall()
+        return [self.get_upload(r[0]) for r in ids]
+
+    def take_garbage(self, limit: int) -> list[Garbage]:
+        rows = self.db.execute("SELECT * FROM garbage ORDER BY since LIMIT ?",
+                               (limit,)).fetchall()
+        return [Garbage(r[0], Layout.from_json(json.loads(r[1])), r[2], r[3]) for r in rows]
+
+    def drop_garbage(self, file_ids: list[str]) -> None:
+        with self._tx():
+            self.db.executemany("DELETE FROM garbage WHERE file_id = ?",
+                                [(f,) for f in file_ids])
+
+    # -- targets ----------------------------------------------------------------
+    def upsert_target(self, target: TargetInfo) -> None:
+        with self._tx():
+            self.db.execute(
+                "INSERT OR REPLACE INTO targets VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (target.id, target.node, target.url, target.capacity, target.used,
+                 target.chunks, target.last_heartbeat, target.state))
+
+    def get_target(self, target_id: str) -> TargetInfo:
+        row = self.db.execute("SELECT * FROM targets WHERE id = ?", (target_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"no target {target_id}", target=target_id)
+        return _target(row)
+
+    def list_targets(self) -> list[TargetInfo]:
+        return [_target(r) for r in self.db.execute("SELECT * FROM targets ORDER BY id")]
+
+
+def _target(row: tuple[Any, ...]) -> TargetInfo:
+    return TargetInfo(id=row[0], node=row[1], url=row[2], capacity=row[3], used=row[4],
+                      chunks=row[5], last_heartbeat=row[6], state=row[7])

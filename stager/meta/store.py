@@ -1,0 +1,123 @@
+"""The metadata store interface.  SQLite is the first implementation.
+
+Every method is blocking and runs on the store's own thread (see
+:class:`~stager.meta.service.MetaService`); implementations may assume one
+caller at a time.  No SQL lives outside the implementations.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from ..protocol.models import Layout, LayoutSpec, TargetInfo
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A namespace entry as stored."""
+
+    path: str
+    kind: str                        # "file" or "directory"
+    size: int = 0
+    mtime: float = 0.0
+    file_id: str | None = None
+    layout: Layout | None = None     # files
+    default_layout: LayoutSpec | None = None  # directories
+    checksums: tuple[int, ...] | None = None
+
+    @property
+    def is_dir(self) -> bool:
+        return self.kind == "directory"
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A write in progress: created, not yet committed."""
+
+    file_id: str
+    path: str
+    layout: Layout
+    overwrite: bool
+    parents: bool
+    created: float
+
+
+@dataclass(frozen=True)
+class Garbage:
+    """Chunks of a deleted, replaced or abandoned file, waiting to be purged."""
+
+    file_id: str
+    layout: Layout
+    size: int
+    since: float
+
+
+class MetaStore(ABC):
+    # -- namespace -------------------------------------------------------------
+    @abstractmethod
+    def stat(self, path: str, *, checksums: bool = True) -> Entry:
+        """The entry at ``path``; NotFound / NotADirectory when it is not there."""
+
+    @abstractmethod
+    def list_dir(self, path: str, *, after: str, limit: int) -> list[Entry]:
+        """Up to ``limit`` children of a directory, by name, after ``after``."""
+
+    @abstractmethod
+    def mkdir(self, path: str, *, parents: bool, exist_ok: bool, now: float,
+              layout: LayoutSpec | None = None) -> Entry: ...
+
+    @abstractmethod
+    def set_layout(self, path: str, layout: LayoutSpec) -> Entry: ...
+
+    @abstractmethod
+    def inherited_layout(self, path: str) -> LayoutSpec:
+        """The default layout a new file at ``path`` inherits from its ancestors."""
+
+    @abstractmethod
+    def rename(self, src: str, dst: str, *, overwrite: bool, now: float) -> Entry: ...
+
+    @abstractmethod
+    def remove(self, path: str, *, recursive: bool, now: float) -> int:
+        """Remove a file or directory; returns how many files were removed."""
+
+    @abstractmethod
+    def counts(self) -> tuple[int, int, int]:
+        """(files, directories, bytes) in the namespace."""
+
+    # -- writes ----------------------------------------------------------------
+    @abstractmethod
+    def begin_upload(self, upload: Upload) -> None: ...
+
+    @abstractmethod
+    def get_upload(self, file_id: str) -> Upload: ...
+
+    @abstractmethod
+    def commit_upload(self, file_id: str, *, size: int, checksums: tuple[int, ...],
+                      mtime: float, now: float) -> Entry:
+        """Make the upload visible at its path (replacing a file if allowed)."""
+
+    @abstractmethod
+    def abort_upload(self, file_id: str, *, now: float) -> None: ...
+
+    @abstractmethod
+    def expired_uploads(self, before: float) -> list[Upload]: ...
+
+    @abstractmethod
+    def take_garbage(self, limit: int) -> list[Garbage]: ...
+
+    @abstractmethod
+    def drop_garbage(self, file_ids: list[str]) -> None: ...
+
+    # -- targets ---------------------------------------------------------------
+    @abstractmethod
+    def upsert_target(self, target: TargetInfo) -> None: ...
+
+    @abstractmethod
+    def get_target(self, target_id: str) -> TargetInfo: ...
+
+    @abstractmethod
+    def list_targets(self) -> list[TargetInfo]: ...
+
+    @abstractmethod
+    def close(self) -> None: ...

@@ -1,0 +1,7 @@
+"""Header names of the stager protocol."""
+
+CRC32C = "X-Stager-Crc32c"          # hex CRC32C of a chunk's bytes (PUT: of the body)
+CHUNK_SIZE = "X-Stager-Chunk-Size"  # full size of the chunk a ranged GET reads from
+TARGET = "X-Stager-Target"          # id of the target that served the request
+AUTHORIZATION = "Authorization"     # reserved for capability tokens
+FILE_ID = "X-Stager-File-Id"

@@ -1,0 +1,113 @@
+"""The OpenAPI 3.1 document of each server, generated from :data:`ROUTES`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import __version__
+from .routes import Route, routes_for
+
+_INT = {"type": "integer"}
+_STR = {"type": "string"}
+_NUM = {"type": "number"}
+_BOOL = {"type": "boolean"}
+
+
+def _obj(props: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {"type": "object", "properties": props, "required": list(required)}
+
+
+def _ref(name: str) -> dict[str, Any]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+LAYOUT_SPEC = _obj({"chunk_size": _INT, "stripe_count": _INT, "replicas": _INT})
+
+SCHEMAS: dict[str, Any] = {
+    "Error": _obj({"error": _STR, "message": _STR, "details": {"type": "object"}},
+                  ("error", "message")),
+    "Health": _obj({"ok": _BOOL, "role": _STR, "version": _STR, "id": _STR}, ("ok", "role")),
+    "LayoutSpec": LAYOUT_SPEC,
+    "Layout": _obj({"chunk_size": _INT, "stripe_count": _INT, "replicas": _INT,
+                    "targets": {"type": "array", "items": _STR},
+                    "nodes": {"type": "array", "items": _STR}},
+                   ("chunk_size", "stripe_count", "replicas", "targets", "nodes")),
+    "FileInfo": _obj({"path": _STR, "type": {"enum": ["file", "directory"]}, "size": _INT,
+                      "mtime": _NUM, "file_id": _STR, "layout": _ref("Layout"),
+                      "default_layout": _ref("LayoutSpec"),
+                      "checksums": {"type": "array", "items": _STR},
+                      "locations": {"type": "object", "additionalProperties": _STR}},
+                     ("path", "type", "size", "mtime")),
+    "Listing": _obj({"path": _STR, "entries": {"type": "array", "items": _ref("FileInfo")},
+                     "next": {"type": ["string", "null"]}}, ("entries",)),
+    "Target": _obj({"id": _STR, "node": _STR, "url": _STR, "capacity": _INT, "used": _INT,
+                    "state": _STR, "last_heartbeat": _NUM, "chunks": _INT},
+                   ("id", "node", "url")),
+    "TargetList": _obj({"targets": {"type": "array", "items": _ref("Target")}}),
+    "Heartbeat": _obj({"capacity": _INT, "used": _INT, "chunks": _INT}),
+    "Status": _obj({"targets": {"type": "array", "items": _ref("Target")}, "nodes": _INT,
+                    "capacity": _INT, "used": _INT, "files": _INT, "bytes": _INT}),
+    "MkdirRequest": _obj({"path": _STR, "parents": _BOOL, "exist_ok": _BOOL,
+                          "layout": _ref("LayoutSpec")}, ("path",)),
+    "SetLayoutRequest": _obj({"path": _STR, "layout": _ref("LayoutSpec")}, ("path", "layout")),
+    "CreateRequest": _obj({"path": _STR, "layout": _ref("LayoutSpec"), "overwrite": _BOOL},
+                          ("path",)),
+    "Upload": _obj({"file_id": _STR, "path": _STR, "layout": _ref("Layout"),
+                    "locations": {"type": "object", "additionalProperties": _STR}},
+                   ("file_id", "path", "layout", "locations")),
+    "CommitRequest": _obj({"file_id": _STR, "size": _INT, "mtime": _NUM,
+                           "checksums": {"type": "array", "items": _STR}},
+                          ("file_id", "size", "checksums")),
+    "AbortRequest": _obj({"file_id": _STR}, ("file_id",)),
+    "RenameRequest": _obj({"src": _STR, "dst": _STR, "overwrite": _BOOL}, ("src", "dst")),
+    "RemoveRequest": _obj({"path": _STR, "recursive": _BOOL}, ("path",)),
+    "RemoveResult": _obj({"removed": _INT}),
+    "ChunkInfo": _obj({"chunk": _STR, "size": _INT, "crc32c": _STR}),
+    "ReadRequest": _obj({"items": {"type": "array", "items": {
+        "type": "array", "prefixItems": [_STR, _INT, _INT], "minItems": 3, "maxItems": 3}}},
+        ("items",)),
+    "PurgeRequest": _obj({"file_ids": {"type": "array", "items": _STR}}, ("file_ids",)),
+}
+
+
+def _content(schema: str) -> dict[str, Any]:
+    if schema == "binary":
+        return {"application/octet-stream": {"schema": {"type": "string",
+                                                        "format": "binary"}}}
+    if schema == "text":
+        return {"text/plain": {"schema": _STR}}
+    if schema == "object":
+        return {"application/json": {"schema": {"type": "object"}}}
+    return {"application/json": {"schema": _ref(schema)}}
+
+
+def _operation(route: Route) -> dict[str, Any]:
+    op: dict[str, Any] = {"operationId": route.op, "summary": route.summary,
+                          "responses": {}}
+    if route.params:
+        op["parameters"] = [
+            {"name": p.name, "in": p.where, "required": p.required or p.where == "path",
+             "description": p.description, "schema": {"type": p.type}}
+            for p in route.params
+        ]
+    if route.body:
+        op["requestBody"] = {"required": True, "content": _content(route.body)}
+    for status, schema in sorted(route.responses.items()):
+        op["responses"][str(status)] = {"description": str(status), "content": _content(schema)}
+    if "500" not in op["responses"]:
+        op["responses"]["500"] = {"description": "server error", "content": _content("Error")}
+    return op
+
+
+def openapi_document(role: str) -> dict[str, Any]:
+    """The OpenAPI document of a ``"meta"`` or ``"data"`` server."""
+    paths: dict[str, Any] = {}
+    for route in routes_for(role):
+        path = route.path.replace(":.*}", "}")
+        paths.setdefault(path, {})[route.method.lower()] = _operation(route)
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": f"stager {role} server", "version": __version__},
+        "paths": paths,
+        "components": {"schemas": SCHEMAS},
+    }

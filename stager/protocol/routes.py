@@ -1,0 +1,127 @@
+"""Every HTTP route of every stager server, in one table.
+
+The servers register their handlers from this table (by ``op``), and the
+OpenAPI document is generated from it, so the document cannot miss a route.
+Clients build URLs from the same constants.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    where: str = "query"          # "query", "path" or "header"
+    type: str = "string"
+    description: str = ""
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str                     # aiohttp pattern; {path:.*} matches the rest
+    op: str                       # operation id = handler name
+    summary: str
+    role: str                     # "common", "meta" or "data"
+    params: tuple[Param, ...] = ()
+    body: str | None = None       # a schema name, or "binary"
+    responses: dict[int, str] = field(default_factory=dict)  # status → schema / "binary"
+
+
+P_PATH = Param("path", "path", description="namespace path, / separated", required=True)
+P_RANGE = Param("Range", "header", description="a single bytes=START-END range (RFC 9110)")
+P_CHUNK = Param("chunk", "path", description="chunk id: FILE_ID.INDEX", required=True)
+P_TARGET = Param("target_id", "path", required=True)
+LAYOUT_Q = (
+    Param("chunk_size", type="integer", description="bytes per chunk"),
+    Param("stripe_count", type="integer", description="targets to stripe over (0 = all)"),
+    Param("replicas", type="integer", description="copies of each chunk, on distinct nodes"),
+)
+
+ERR = {400: "Error", 404: "Error", 409: "Error", 413: "Error", 503: "Error"}
+
+ROUTES: tuple[Route, ...] = (
+    # every server
+    Route("GET", "/v1/health", "health", "liveness and identity", "common",
+          responses={200: "Health"}),
+    Route("GET", "/openapi.json", "openapi", "this document", "common", responses={200: "object"}),
+    Route("GET", "/metrics", "metrics", "Prometheus metrics (text format)", "common",
+          responses={200: "text"}),
+    # metadata server: cluster
+    Route("GET", "/v1/status", "status", "cluster status: targets, nodes, capacity, health",
+          "meta", responses={200: "Status"}),
+    Route("GET", "/v1/targets", "list_targets", "registered storage targets", "meta",
+          responses={200: "TargetList"}),
+    Route("POST", "/v1/targets", "register_target", "a data server registers a target", "meta",
+          body="Target", responses={200: "Target", 400: "Error"}),
+    Route("POST", "/v1/targets/{target_id}/heartbeat", "heartbeat",
+          "a data server reports it is alive", "meta", params=(P_TARGET,), body="Heartbeat",
+          responses={200: "Target", 404: "Error"}),
+    # metadata server: namespace
+    Route("GET", "/v1/stat/{path:.*}", "stat", "stat a file or directory", "meta",
+          params=(P_PATH,), responses={200: "FileInfo", 400: "Error", 404: "Error"}),
+    Route("GET", "/v1/list/{path:.*}", "list", "list a directory, one page at a time", "meta",
+          params=(P_PATH, Param("limit", type="integer"), Param("after"),
+                  Param("detail", type="boolean")),
+          responses={200: "Listing", 404: "Error", 409: "Error"}),
+    Route("POST", "/v1/mkdir", "mkdir", "make a directory (with parents: mkdir -p)", "meta",
+          body="MkdirRequest", responses={200: "FileInfo", **ERR}),
+    Route("POST", "/v1/layout", "set_layout",
+          "set the default layout new files in a directory inherit (like lfs setstripe)", "meta",
+          body="SetLayoutRequest", responses={200: "FileInfo", **ERR}),
+    Route("POST", "/v1/create", "create", "begin a write: returns the file id and layout", "meta",
+          body="CreateRequest", responses={200: "Upload", **ERR}),
+    Route("POST", "/v1/commit", "commit", "finish a write: the file becomes visible", "meta",
+          body="CommitRequest", responses={200: "FileInfo", **ERR}),
+    Route("POST", "/v1/abort", "abort", "abandon a write; its chunks are collected", "meta",
+          body="AbortRequest", responses={200: "object", 404: "Error"}),
+    Route("POST", "/v1/rename", "rename", "rename a file or directory", "meta",
+          body="RenameRequest", responses={200: "FileInfo", **ERR}),
+    Route("POST", "/v1/remove", "remove", "delete a file, or a directory (recursive)", "meta",
+          body="RemoveRequest", responses={200: "RemoveResult", **ERR}),
+    # metadata server: whole-file gateway for plain HTTP clients
+    Route("GET", "/v1/files/{path:.*}", "gateway_get",
+          "read a whole file (Range honoured) or list a directory", "meta",
+          params=(P_PATH, P_RANGE, Param("limit", type="integer"), Param("after")),
+          responses={200: "binary", 206: "binary", 404: "Error", 416: "Error", 503: "Error"}),
+    Route("HEAD", "/v1/files/{path:.*}", "gateway_head", "size and type of a file", "meta",
+          params=(P_PATH,), responses={200: "binary", 404: "Error"}),
+    Route("PUT", "/v1/files/{path:.*}", "gateway_put", "write a whole file from the body", "meta",
+          params=(P_PATH, *LAYOUT_Q), body="binary", responses={201: "FileInfo", **ERR}),
+    Route("DELETE", "/v1/files/{path:.*}", "gateway_delete", "delete a file or directory",
+          "meta", params=(P_PATH, Param("recursive", type="boolean")),
+          responses={200: "RemoveResult", **ERR}),
+    # data server
+    Route("PUT", "/v1/chunks/{chunk}", "put_chunk",
+          "store a chunk durably (X-Stager-Crc32c verified)", "data",
+          params=(P_CHUNK, Param("X-Stager-Crc32c", "header", required=True)), body="binary",
+          responses={201: "ChunkInfo", 400: "Error", 413: "Error", 507: "Error"}),
+    Route("GET", "/v1/chunks/{chunk}", "get_chunk", "read a chunk (Range honoured)", "data",
+          params=(P_CHUNK, P_RANGE),
+          responses={200: "binary", 206: "binary", 404: "Error", 416: "Error"}),
+    Route("HEAD", "/v1/chunks/{chunk}", "head_chunk", "size and checksum of a chunk", "data",
+          params=(P_CHUNK,), responses={200: "binary", 404: "Error"}),
+    Route("DELETE", "/v1/chunks/{chunk}", "delete_chunk", "delete a chunk", "data",
+          params=(P_CHUNK,), responses={200: "object"}),
+    Route("POST", "/v1/read", "batch_read",
+          "many (chunk, offset, length) pieces in one streamed response", "data",
+          body="ReadRequest", responses={200: "binary", 400: "Error", 404: "Error",
+                                         416: "Error"}),
+    Route("POST", "/v1/purge", "purge", "delete every chunk of the given files", "data",
+          body="PurgeRequest", responses={200: "object"}),
+)
+
+
+def routes_for(role: str) -> tuple[Route, ...]:
+    return tuple(r for r in ROUTES if r.role in ("common", role))
+
+
+def url_path(route_path: str, **values: str) -> str:
+    """Fill a route pattern: ``url_path("/v1/stat/{path:.*}", path="a/b")``."""
+    out = route_path
+    for name, value in values.items():
+        out = out.replace("{" + name + ":.*}", value).replace("{" + name + "}", value)
+    return out

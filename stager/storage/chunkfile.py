@@ -1,0 +1,98 @@
+"""The on-disk format of one chunk: raw bytes, then a checksum trailer.
+
+::
+
+    [ data: data_len bytes ][ block CRC32Cs: u32 LE × ceil(data_len / block) ][ footer: 24 B ]
+    footer = magic "STGC" | u32 block_size | u64 data_len | u32 crc32c(data) | u32 crc32c(trailer)
+
+The data comes first so a whole-chunk GET is one ``sendfile`` of
+``[0, data_len)``; the per-block CRCs let a ranged read verify only the blocks
+it touches.  The footer's own CRC covers the block table and the footer, so a
+torn or flipped trailer is detected too.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+
+from ..checksum import crc32c
+from ..errors import CorruptChunk
+
+MAGIC = b"STGC"
+BLOCK_SIZE = 64 * 1024
+_FOOTER = struct.Struct("<4sIQII")
+FOOTER_SIZE = _FOOTER.size
+
+
+@dataclass(frozen=True)
+class ChunkMeta:
+    data_len: int
+    crc: int
+    block_size: int
+    block_crcs: tuple[int, ...]
+
+    @property
+    def file_size(self) -> int:
+        return self.data_len + 4 * len(self.block_crcs) + FOOTER_SIZE
+
+
+def build_trailer(data: memoryview | bytes, crc: int, block_size: int = BLOCK_SIZE) -> bytes:
+    view = memoryview(data)
+    blocks = [crc32c(view[i:i + block_size]) for i in range(0, len(view), block_size)]
+    table = struct.pack(f"<{len(blocks)}I", *blocks)
+    head = _FOOTER.pack(MAGIC, block_size, len(view), crc, 0)[:-4]
+    return table + head + struct.pack("<I", crc32c(table + head))
+
+
+def read_meta(fd: int, file_size: int, name: str = "") -> ChunkMeta:
+    """Parse and check the trailer of an open chunk file."""
+    if file_size < FOOTER_SIZE:
+        raise CorruptChunk(f"chunk {name} is truncated", chunk=name)
+    footer = os.pread(fd, FOOTER_SIZE, file_size - FOOTER_SIZE)
+    magic, block_size, data_len, crc, trailer_crc = _FOOTER.unpack(footer)
+    if magic != MAGIC or block_size <= 0:
+        raise CorruptChunk(f"chunk {name} has no valid trailer", chunk=name)
+    nblocks = -(-data_len // block_size)
+    if data_len + 4 * nblocks + FOOTER_SIZE != file_size:
+        raise CorruptChunk(f"chunk {name} has the wrong length", chunk=name)
+    table = os.pread(fd, 4 * nblocks, data_len) if nblocks else b""
+    if crc32c(table + footer[:-4]) != trailer_crc:
+        raise CorruptChunk(f"chunk {name} has a damaged trailer", chunk=name)
+    blocks = struct.unpack(f"<{nblocks}I", table)
+    return ChunkMeta(data_len=data_len, crc=crc, block_size=block_size, block_crcs=blocks)
+
+
+def read_verified(fd: int, meta: ChunkMeta, offset: int, length: int, name: str = "") -> bytes:
+    """``length`` bytes at ``offset``, after checking every block they touch."""
+    if length <= 0:
+        return b""
+    bs = meta.block_size
+    first, last = offset // bs, (offset + length - 1) // bs
+    start = first * bs
+    stop = min((last + 1) * bs, meta.data_len)
+    raw = os.pread(fd, stop - start, start)
+    if len(raw) != stop - start:
+        raise CorruptChunk(f"chunk {name} is truncated", chunk=name)
+    view = memoryview(raw)
+    for i, block in enumerate(range(first, last + 1)):
+        piece = view[i * bs:(i + 1) * bs]
+        if crc32c(piece) != meta.block_crcs[block]:
+            raise CorruptChunk(f"chunk {name} failed its checksum at block {block}",
+                               chunk=name, block=block)
+    return bytes(view[offset - start:offset - start + length])
+
+
+def verify_all(fd: int, meta: ChunkMeta, name: str = "") -> None:
+    """Read the whole chunk and check every block and the whole-chunk CRC."""
+    crc = 0
+    bs = meta.block_size
+    for block, expected in enumerate(meta.block_crcs):
+        piece = os.pread(fd, bs, block * bs)
+        if crc32c(piece) != expected:
+            raise CorruptChunk(f"chunk {name} failed its checksum at block {block}",
+                               chunk=name, block=block)
+        crc = crc32c(piece, crc)
+    if crc != meta.crc:
+        raise CorruptChunk(f"chunk {name} failed its checksum", chunk=name)

@@ -1,0 +1,228 @@
+"""A storage target: a directory of chunk files with fan-out subdirectories.
+
+Everything here is blocking file I/O; the data service calls it through
+``asyncio.to_thread``.  Writes are durable before they return: temporary file,
+``fsync``, ``rename``, ``fsync`` of the directory.  A crash leaves at most a
+``*.tmp`` file, which is removed at the next start; never a chunk that looks
+whole and is not.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..checksum import crc32c
+from ..errors import ChecksumMismatch, ChunkNotFound, InsufficientStorage, StorageError
+from ..protocol.models import parse_chunk_id
+from . import chunkfile
+from .chunkfile import ChunkMeta
+
+TMP_SUFFIX = ".tmp"
+
+
+@dataclass(frozen=True)
+class Usage:
+    capacity: int
+    used: int
+    chunks: int
+    free: int
+
+
+class OpenChunk:
+    """An open chunk file; use as a context manager."""
+
+    def __init__(self, path: Path, name: str) -> None:
+        try:
+            self.fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise ChunkNotFound(f"no chunk {name}", chunk=name) from None
+        try:
+            self.meta: ChunkMeta = chunkfile.read_meta(self.fd, os.fstat(self.fd).st_size, name)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.name = name
+
+    def read(self, offset: int, length: int) -> bytes:
+        return chunkfile.read_verified(self.fd, self.meta, offset, length, self.name)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def __enter__(self) -> OpenChunk:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ChunkStore:
+    """One target directory.  Thread-safe; every method blocks."""
+
+    def __init__(self, root: str | os.PathLike[str], capacity: int = 0) -> None:
+        self.root = Path(root)
+        self.chunks_dir = self.root / "chunks"
+        self.chunks_dir.mkdir(parents=True, exist_ok=True)
+        self._capacity = capacity
+        self._lock = threading.Lock()
+        self._used = 0
+        self._count = 0
+        self._scan()
+
+    # -- paths ---------------------------------------------------------------
+    def _dir_of(self, file_id: str) -> Path:
+        return self.chunks_dir / file_id[:2] / file_id[2:4]
+
+    def path_of(self, chunk: str) -> Path:
+        file_id, _ = parse_chunk_id(chunk)
+        return self._dir_of(file_id) / chunk
+
+    def _scan(self) -> None:
+        """Count what is stored and remove temporary files a crash left behind."""
+        used = count = 0
+        for dirpath, _, names in os.walk(self.chunks_dir):
+            for name in names:
+                path = os.path.join(dirpath, name)
+                if name.endswith(TMP_SUFFIX):
+                    os.unlink(path)
+                    continue
+                used += os.stat(path).st_size
+                count += 1
+        self._used, self._count = used, count
+
+    # -- write ---------------------------------------------------------------
+    def put(self, chunk: str, data: bytes | memoryview, crc: int) -> None:
+        """Store ``data`` as ``chunk`` durably; idempotent for the same bytes."""
+        actual = crc32c(data)
+        if actual != crc:
+            raise ChecksumMismatch(
+                f"chunk {chunk}: body CRC32C {actual:08x} != declared {crc:08x}",
+                chunk=chunk, expected=f"{crc:08x}", actual=f"{actual:08x}")
+        path = self.path_of(chunk)
+        trailer = chunkfile.build_trailer(data, crc)
+        size = len(data) + len(trailer)
+        if self._capacity and self._used + size > self._capacity:
+            raise InsufficientStorage(f"target full: {self._used} of {self._capacity} bytes used",
+                                      capacity=self._capacity, used=self._used)
+        old = self._existing_size(path)
+        try:
+            self._ensure_dir(path.parent)
+            tmp = path.with_name(f".{chunk}.{uuid.uuid4().hex[:8]}{TMP_SUFFIX}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                _write_all(fd, data)
+                _write_all(fd, trailer)
+                os.fsync(fd)
+            except BaseException:
+                os.close(fd)
+                _unlink_quietly(tmp)
+                raise
+            os.close(fd)
+            os.replace(tmp, path)
+            _fsync_dir(path.parent)
+        except OSError as exc:
+            raise _storage_error(exc, chunk) from exc
+        with self._lock:
+            self._used += size - (old or 0)
+            self._count += 0 if old is not None else 1
+
+    def _ensure_dir(self, directory: Path) -> None:
+        if directory.is_dir():
+            return
+        directory.mkdir(parents=True, exist_ok=True)
+        _fsync_dir(directory.parent)
+        _fsync_dir(directory.parent.parent)
+
+    @staticmethod
+    def _existing_size(path: Path) -> int | None:
+        try:
+            return path.stat().st_size
+        except FileNotFoundError:
+            return None
+
+    # -- read ----------------------------------------------------------------
+    def open(self, chunk: str) -> OpenChunk:
+        return OpenChunk(self.path_of(chunk), chunk)
+
+    def read(self, chunk: str, offset: int, length: int) -> bytes:
+        with self.open(chunk) as oc:
+            return oc.read(offset, length)
+
+    def verify(self, chunk: str) -> ChunkMeta:
+        with self.open(chunk) as oc:
+            chunkfile.verify_all(oc.fd, oc.meta, chunk)
+            return oc.meta
+
+    # -- delete --------------------------------------------------------------
+    def delete(self, chunk: str) -> bool:
+        path = self.path_of(chunk)
+        size = self._existing_size(path)
+        if size is None:
+            return False
+        _unlink_quietly(path)
+        with self._lock:
+            self._used -= size
+            self._count -= 1
+        return True
+
+    def purge(self, file_id: str) -> int:
+        """Delete every chunk of ``file_id``; returns how many were removed."""
+        directory = self._dir_of(file_id)
+        removed = 0
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return 0
+        prefix = file_id + "."
+        for name in names:
+            if name.startswith(prefix) and self.delete(name):
+                removed += 1
+        return removed
+
+    def list_chunks(self) -> list[str]:
+        out = []
+        for _, _, names in os.walk(self.chunks_dir):
+            out.extend(n for n in names if not n.endswith(TMP_SUFFIX))
+        return sorted(out)
+
+    # -- space ---------------------------------------------------------------
+    def usage(self) -> Usage:
+        st = os.statvfs(self.chunks_dir)
+        fs_total = st.f_blocks * st.f_frsize
+        fs_free = st.f_bavail * st.f_frsize
+        capacity = self._capacity or fs_total
+        free = min(fs_free, capacity - self._used) if self._capacity else fs_free
+        return Usage(capacity=capacity, used=self._used, chunks=self._count, free=max(free, 0))
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _storage_error(exc: OSError, chunk: str) -> Exception:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return InsufficientStorage(f"target full while writing chunk {chunk}", chunk=chunk)
+    return StorageError(f"I/O error writing chunk {chunk}: {exc.strerror}", chunk=chunk)

@@ -1,0 +1,1 @@
+"""aiohttp pieces shared by every stager server: middleware, metrics, serving."""

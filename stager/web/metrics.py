@@ -1,0 +1,32 @@
+"""Per-server Prometheus metrics: requests, latencies and bytes, per route and target."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class ServerMetrics:
+    """The metrics one server exposes on ``GET /metrics``."""
+
+    def __init__(self, role: str) -> None:
+        self.role = role
+        self.registry = CollectorRegistry()
+        self.requests = Counter("stager_requests", "HTTP requests served",
+                                ["op", "status"], registry=self.registry)
+        self.latency = Histogram("stager_request_seconds", "time to serve a request",
+                                 ["op"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.bytes_in = Counter("stager_received_bytes", "request body bytes received",
+                                ["target"], registry=self.registry)
+        self.bytes_out = Counter("stager_sent_bytes", "response body bytes sent",
+                                 ["target"], registry=self.registry)
+        self.gauges: dict[str, Gauge] = {}
+
+    def gauge(self, name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
+        if name not in self.gauges:
+            self.gauges[name] = Gauge(name, doc, list(labels), registry=self.registry)
+        return self.gauges[name]
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,92 @@
+"""Middlewares every stager server runs: errors as JSON, metrics, authorisation.
+
+``error_middleware`` is the one place a server turns an exception into a
+response, through :data:`stager.errors.ERROR_TABLE`.  ``auth_middleware`` is
+where capability tokens will be checked; today it admits every request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from ..errors import InternalError, MethodNotAllowed, NotFound, PayloadTooLarge, StagerError
+from .metrics import ServerMetrics
+
+log = logging.getLogger("stager.web")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+METRICS_KEY = web.AppKey("metrics", ServerMetrics)
+
+
+def json_response(body: object, status: int = 200, headers: dict[str, str] | None = None
+                  ) -> web.Response:
+    return web.Response(body=json.dumps(body, separators=(",", ":")).encode(), status=status,
+                        content_type="application/json", headers=headers)
+
+
+def error_response(exc: StagerError, headers: dict[str, str] | None = None) -> web.Response:
+    return json_response(exc.to_json(), status=exc.status, headers=headers)
+
+
+def _from_http(exc: web.HTTPException) -> StagerError:
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
+        return PayloadTooLarge("request body too large")
+    if isinstance(exc, web.HTTPNotFound):
+        return NotFound("no such route")
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        return MethodNotAllowed(f"method not allowed; allowed: {sorted(exc.allowed_methods)}")
+    err = StagerError(exc.reason or exc.text or f"HTTP {exc.status}")
+    err.status, err.code = exc.status, "http_" + str(exc.status)
+    return err
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except StagerError as exc:
+        return error_response(exc)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_response(_from_http(exc), headers={
+            k: v for k, v in exc.headers.items() if k.lower() == "allow"})
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return error_response(InternalError("internal server error; see the server log"))
+
+
+@web.middleware
+async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    metrics = request.app[METRICS_KEY]
+    route = request.match_info.route
+    op = route.handler.__name__ if route.resource is not None else "unmatched"
+    start = time.perf_counter()
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    finally:
+        metrics.requests.labels(op, str(status)).inc()
+        metrics.latency.labels(op).observe(time.perf_counter() - start)
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    # Capability tokens (scoped to file, chunk range and operation) will be
+    # verified here.  Until then every request is admitted.
+    return await handler(request)
+
+
+MIDDLEWARES = (metrics_middleware, error_middleware, auth_middleware)

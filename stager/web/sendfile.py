@@ -1,0 +1,37 @@
+"""Send a region of an open file as the body of a prepared response.
+
+On the standard asyncio loop this is the kernel's ``sendfile`` (zero copy);
+where the loop has no native sendfile (uvloop) it falls back to reads in a
+worker thread and ordinary writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from aiohttp import web
+
+FALLBACK_PIECE = 1 << 20
+
+
+async def send_region(request: web.Request, response: web.StreamResponse, fd: int,
+                      offset: int, count: int) -> None:
+    """``count`` bytes of ``fd`` from ``offset``; ``response`` must be prepared."""
+    transport = request.transport
+    if transport is None:
+        raise ConnectionResetError("connection lost")
+    loop = asyncio.get_running_loop()
+    with open(fd, "rb", buffering=0, closefd=False) as fileobj:
+        try:
+            await loop.sendfile(transport, fileobj, offset, count, fallback=False)
+            return
+        except (NotImplementedError, asyncio.SendfileNotAvailableError):
+            pass
+    end = offset + count
+    while offset < end:
+        data = await asyncio.to_thread(os.pread, fd, min(FALLBACK_PIECE, end - offset), offset)
+        if not data:
+            raise ConnectionResetError("file shrank while sending")
+        await response.write(data)
+        offset += len(data)

@@ -1,0 +1,129 @@
+"""Building and running a stager server: common routes, binding, signals."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from .. import __version__
+from ..config import Config
+from ..protocol.openapi import openapi_document
+from ..protocol.routes import routes_for
+from .metrics import ServerMetrics
+from .middleware import METRICS_KEY, MIDDLEWARES, json_response
+
+log = logging.getLogger("stager.server")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def base_app(role: str, *, client_max_size: int, identity: Mapping[str, Any],
+             refresh_metrics: Callable[[ServerMetrics], Awaitable[None]] | None = None,
+             ) -> web.Application:
+    """An application with the middlewares and the routes every server has."""
+    app = web.Application(middlewares=MIDDLEWARES, client_max_size=client_max_size)
+    app[METRICS_KEY] = ServerMetrics(role)
+    document = openapi_document(role)
+
+    async def health(request: web.Request) -> web.Response:
+        return json_response({"ok": True, "role": role, "version": __version__, **identity})
+
+    async def openapi(request: web.Request) -> web.Response:
+        return json_response(document)
+
+    async def metrics(request: web.Request) -> web.Response:
+        if refresh_metrics is not None:
+            await refresh_metrics(request.app[METRICS_KEY])
+        return web.Response(body=request.app[METRICS_KEY].render(),
+                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    app.router.add_get("/v1/health", health, allow_head=False)
+    app.router.add_get("/openapi.json", openapi, allow_head=False)
+    app.router.add_get("/metrics", metrics, allow_head=False)
+    return app
+
+
+def add_routes(app: web.Application, role: str, handlers: Mapping[str, Handler]) -> None:
+    """Register ``handlers[op]`` for every route of ``role`` in the route table."""
+    for route in routes_for(role):
+        if route.role == "common":
+            continue
+        app.router.add_route(route.method, route.path, handlers[route.op])
+
+
+async def serve(
+    app: web.Application,
+    config: Config,
+    *,
+    after_bind: Callable[[str], Coroutine[Any, Any, None]] | None = None,
+    ready_file: str | os.PathLike[str] | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Serve ``app`` on ``config.host:config.port`` until ``stop`` is set or a signal comes."""
+    runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                           shutdown_timeout=5.0)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port, backlog=1024, reuse_address=True)
+    await site.start()
+    host, port = _bound_address(runner)
+    url = config.advertise_url or f"http://{_url_host(config.host, host)}:{port}"
+    log.info("listening on %s (advertised %s)", f"{host}:{port}", url)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass  # not the main thread (tests run servers in threads)
+    background: asyncio.Task[None] | None = None
+    try:
+        if after_bind is not None:
+            background = asyncio.create_task(after_bind(url))
+        if ready_file:
+            write_json_atomic(Path(ready_file), {"url": url, "pid": os.getpid()})
+        await stop.wait()
+    finally:
+        if background is not None:
+            background.cancel()
+            await asyncio.gather(background, return_exceptions=True)
+        await runner.cleanup()
+
+
+def _bound_address(runner: web.AppRunner) -> tuple[str, int]:
+    address = runner.addresses[0]
+    return str(address[0]), int(address[1])
+
+
+def _url_host(configured: str, bound: str) -> str:
+    host = configured if configured not in ("0.0.0.0", "::", "") else "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
+def write_json_atomic(path: Path, body: object) -> None:
+    """Write JSON to ``path`` through a temporary file and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(body, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def run(main: Coroutine[Any, Any, None], loop_kind: str = "auto") -> None:
+    """Run ``main`` to completion on uvloop (``uvloop``/``auto`` when installed) or asyncio."""
+    factory: Callable[[], asyncio.AbstractEventLoop] | None = None
+    if loop_kind in ("uvloop", "auto"):
+        try:
+            import uvloop
+        except ImportError:
+            if loop_kind == "uvloop":
+                raise
+        else:
+            factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(main)
