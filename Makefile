@@ -1,0 +1,50 @@
+# stager: the two commands of the quick start are `make demo` and `make test`.
+# Each creates .venv and installs what it needs when missing.
+
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+PIP     := $(BIN)/python -m pip
+# Debian packages the tests use (FUSE mounts, nginx baselines, network namespaces).
+APT_PACKAGES ?=
+
+.PHONY: demo test test-fast lint sysdeps bench-quick clean
+
+$(BIN)/python:
+	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "stager needs Python 3.11 or newer")'
+	$(PY) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(PIP) install -q -e .
+	@touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
+	$(PIP) install -q -e '.[dev]'
+	@touch $@ $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(BIN)/python -m stager.demo
+
+test: $(VENV)/.installed-dev sysdeps
+	$(BIN)/python -m pytest -q
+
+test-fast: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check stager tests bench clients
+
+# Installs missing Debian packages when running as root with apt; otherwise says
+# what is missing and carries on (the tests that need them skip, saying why).
+sysdeps:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing:$$missing"; \
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	else echo "not root or no apt-get; missing Debian packages:$$missing (their tests will skip)"; fi
+
+clean:
+	rm -rf $(VENV) .stager .pytest_cache

@@ -1,0 +1,242 @@
+"""Real clusters for tests and benchmarks: in-process (threads) or as processes.
+
+:class:`ThreadCluster` runs a metadata server and N data servers on one event
+loop in a background thread, on ``127.0.0.1:0``: quick to start, and a data
+server can be stopped and started again on the same root.
+:class:`ProcessCluster` runs ``stager up`` as a subprocess, for tests that
+kill servers with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Coroutine
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import Config, load_config
+
+FAST = {"heartbeat_interval": 0.2, "target_timeout": 1.5, "gc_interval": 0.2,
+        "connect_timeout": 2.0, "request_timeout": 10.0}
+
+
+@dataclass
+class _Server:
+    stop: asyncio.Event
+    done: Future[None]
+    url: str = ""
+    root: Path = field(default_factory=Path)
+    node: str = ""
+
+
+class ThreadCluster:
+    """A metadata server and ``data_servers`` data servers in one background thread."""
+
+    def __init__(self, root: str | os.PathLike[str], data_servers: int = 3,
+                 **overrides: Any) -> None:
+        self.root = Path(root)
+        self.n = data_servers
+        self.config = load_config({**FAST, **overrides}, env={})
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="stager-cluster",
+                                       daemon=True)
+        self.meta: _Server | None = None
+        self.data: list[_Server | None] = [None] * data_servers
+
+    # -- lifecycle ---------------------------------------------------------------
+    def __enter__(self) -> ThreadCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _call(self, coro: Coroutine[Any, Any, Any], timeout: float = 30) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def start(self) -> None:
+        self.thread.start()
+        self.start_meta()
+        for i in range(self.n):
+            self.start_data(i)
+        self.wait_targets(self.n)
+
+    def stop(self) -> None:
+        for i in range(self.n):
+            self.stop_data(i)
+        if self.meta is not None:
+            self._stop_server(self.meta)
+            self.meta = None
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+    @property
+    def meta_url(self) -> str:
+        assert self.meta is not None
+        return self.meta.url
+
+    def data_config(self, i: int) -> Config:
+        return self.config.replace(root=str(self.root / f"data{i}"), port=0, node=f"node{i}",
+                                   meta_url=self.meta_url)
+
+    # -- servers -------------------------------------------------------------------
+    def _serve(self, make_app: Any, config: Config, after_bind: Any = None) -> _Server:
+        from ..web.server import serve
+
+        ready = Path(config.root) / "server.json"
+        ready.unlink(missing_ok=True)
+
+        async def begin() -> _Server:
+            stop = asyncio.Event()
+            app = make_app(config)
+            task = asyncio.ensure_future(serve(app, config, stop=stop, ready_file=ready,
+                                               after_bind=after_bind(app) if after_bind
+                                               else None))
+            done: Future[None] = Future()
+            task.add_done_callback(lambda t: _settle(t, done))
+            return _Server(stop=stop, done=done, root=Path(config.root), node=config.node)
+
+        server: _Server = self._call(begin())
+        deadline = time.monotonic() + 10
+        while not ready.exists():
+            if server.done.done():
+                server.done.result()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server at {config.root} did not start")
+            time.sleep(0.01)
+        server.url = json.loads(ready.read_text())["url"]
+        return server
+
+    def start_meta(self, port: int = 0) -> None:
+        from ..meta.app import make_meta_app
+
+        self.meta = self._serve(make_meta_app, self.config.replace(
+            root=str(self.root / "meta"), port=port))
+
+    def stop_meta(self) -> None:
+        if self.meta is not None:
+            self._stop_server(self.meta)
+            self.meta = None
+
+    def start_data(self, i: int) -> None:
+        from ..data.app import SERVICE, make_data_app
+        from ..data.registration import register_and_heartbeat
+
+        config = self.data_config(i)
+
+        def announce(app: Any) -> Any:
+            return lambda url: register_and_heartbeat(app[SERVICE], config, url)
+
+        self.data[i] = self._serve(make_data_app, config, after_bind=announce)
+
+    def stop_data(self, i: int) -> None:
+        server = self.data[i]
+        if server is not None:
+            self._stop_server(server)
+            self.data[i] = None
+
+    def _stop_server(self, server: _Server) -> None:
+        self.loop.call_soon_threadsafe(server.stop.set)
+        server.done.result(30)
+
+    def target_id(self, i: int) -> str:
+        return str(json.loads((self.root / f"data{i}" / "target.json").read_text())["target_id"])
+
+    def wait_targets(self, up: int, timeout: float = 15) -> None:
+        wait_for_targets(self.meta_url, up, timeout)
+
+
+def _settle(task: asyncio.Task[None], done: Future[None]) -> None:
+    exc = None if task.cancelled() else task.exception()
+    if exc is not None:
+        done.set_exception(exc)
+    else:
+        done.set_result(None)
+
+
+def wait_for_targets(meta_url: str, up: int, timeout: float = 15, *, exact: bool = False) -> None:
+    """Wait until the metadata server lists ``up`` healthy targets."""
+    deadline = time.monotonic() + timeout
+    seen = -1
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{meta_url}/v1/targets", timeout=2) as resp:
+                seen = sum(t["state"] == "up" for t in json.load(resp)["targets"])
+            if seen == up or (seen >= up and not exact):
+                return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"{seen} targets up, wanted {up}")
+
+
+class ProcessCluster:
+    """``stager up`` in a subprocess; servers can be killed with SIGKILL."""
+
+    def __init__(self, root: str | os.PathLike[str], data_servers: int = 3,
+                 replicas: int = 1, env: dict[str, str] | None = None) -> None:
+        self.root = Path(root)
+        self.n = data_servers
+        self.replicas = replicas
+        self.env = {**os.environ, **{f"STAGER_{k.upper()}": str(v) for k, v in FAST.items()},
+                    **(env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.info: dict[str, Any] = {}
+
+    def __enter__(self) -> ProcessCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self, timeout: float = 60) -> None:
+        (self.root / "cluster.json").unlink(missing_ok=True)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "stager", "up", "--root", str(self.root), "--port", "0",
+             "--data-servers", str(self.n), "--replicas", str(self.replicas)],
+            env=self.env, stdout=open(self.root / "up.log", "ab"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while not (self.root / "cluster.json").exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"stager up exited: {(self.root / 'up.log').read_text()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError("stager up did not start in time")
+            time.sleep(0.05)
+        self.info = json.loads((self.root / "cluster.json").read_text())
+
+    def stop(self, timeout: float = 20) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        code = self.proc.returncode
+        self.proc = None
+        return code
+
+    @property
+    def meta_url(self) -> str:
+        return str(self.info["meta"]["url"])
+
+    def data_pid(self, i: int) -> int:
+        return int(self.info["data"][i]["pid"])
+
+    def kill_data(self, i: int) -> None:
+        os.kill(self.data_pid(i), signal.SIGKILL)
