@@ -60,6 +60,7 @@ class Config:
     max_chunk_size: int = 256 * MiB
     max_upload_size: int = 1 << 40   # whole-file PUT through the gateway
     max_json_body: int = 16 * MiB
+    max_manifest_size: int = 256 * MiB
     list_page_size: int = 1000
     # health
     heartbeat_interval: float = 2.0
@@ -84,7 +85,8 @@ class Config:
 
 
 _FIELDS = {f.name: f for f in fields(Config)}
-_SIZE_FIELDS = {"chunk_size", "max_chunk_size", "max_upload_size", "max_json_body", "capacity"}
+_SIZE_FIELDS = {"chunk_size", "max_chunk_size", "max_upload_size", "max_json_body",
+                "max_manifest_size", "capacity"}
 
 
 def _coerce(values: Mapping[str, Any]) -> dict[str, Any]:

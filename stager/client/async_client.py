@@ -19,6 +19,7 @@ from ..dataplane import DataPlane, PlaneOptions, StripedReader, StripedWriter, m
 from ..dataplane.transport import TargetCounters
 from ..errors import IsADirectory, NotFound, StagerError, Unavailable, error_from_wire
 from ..protocol import paths
+from ..protocol.manifest import Manifest
 from ..protocol.models import FileInfo, LayoutSpec, TargetInfo
 from .files import AsyncReadFile, AsyncWriteFile
 
@@ -184,6 +185,22 @@ class AsyncClient:
         result = await self._meta("POST", "/v1/remove",
                                   body={"path": paths.normalize(path), "recursive": recursive})
         return int(result["removed"])
+
+    async def put_manifest(self, manifest: Manifest) -> int:
+        """Record ``manifest`` on its directory; returns the number of files."""
+        body = await self._meta("PUT", f"/v1/manifest/{_quote(manifest.path)}",
+                                body=manifest.to_json())
+        return int(body["files"])
+
+    async def get_manifest(self, path: str) -> Manifest | None:
+        """The dataset manifest of directory ``path``, resolved; ``None`` if none recorded."""
+        try:
+            body = await self._meta("GET", f"/v1/manifest/{_quote(path)}")
+        except NotFound:
+            if not (await self.stat(path, cached=False)).is_dir:
+                raise
+            return None
+        return Manifest.from_json(body)
 
     async def status(self) -> dict[str, Any]:
         return dict(await self._meta("GET", "/v1/status"))

@@ -23,7 +23,7 @@ from .files import AsyncReadFile, AsyncWriteFile
 T = TypeVar("T")
 
 MIRRORED = ("stat", "exists", "ls", "mkdir", "set_layout", "rename", "rm", "status",
-            "targets", "cat", "read_into", "get", "put", "pipe")
+            "targets", "cat", "read_into", "get", "put", "pipe", "put_manifest", "get_manifest")
 
 
 class Client:

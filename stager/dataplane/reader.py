@@ -102,10 +102,10 @@ class StripedReader:
                     continue
                 try:
                     async with self.limit:
-                        await self.plane.read_chunk_into(target, url, name, piece.offset, out,
-                                                         whole=whole)
+                        stored = await self.plane.read_chunk_into(target, url, name,
+                                                                  piece.offset, out, whole=whole)
                     if whole:
-                        self._verify(piece.index, out, target)
+                        self._verify(piece.index, out, target, stored)
                     return
                 except FAILOVER_ERRORS as exc:
                     errors.append(exc)
@@ -115,15 +115,19 @@ class StripedReader:
                 await asyncio.sleep(0.1 * 2 ** attempt)
         raise _final_error(name, errors)
 
-    def _verify(self, index: int, out: memoryview, target: str) -> None:
+    def _verify(self, index: int, out: memoryview, target: str, stored: int | None) -> None:
+        """Check a whole chunk end to end: against the CRC committed with the file,
+        or, when the caller has no checksums, the one the target stored at write."""
         sums = self.info.checksums
-        if sums is None or index >= len(sums):
-            return
+        expected = sums[index] if sums is not None and index < len(sums) else stored
+        if expected is None:
+            raise CorruptChunk(f"target {target} sent chunk {index} without a checksum",
+                               target=target)
         actual = crc32c(out)
-        if actual != sums[index]:
+        if actual != expected:
             raise CorruptChunk(
                 f"chunk {index} of {self.info.path} from target {target}: CRC32C {actual:08x},"
-                f" committed {sums[index]:08x}", path=self.info.path, chunk=index, target=target)
+                f" expected {expected:08x}", path=self.info.path, chunk=index, target=target)
 
 
 def _final_error(name: str, errors: list[StagerError]) -> StagerError:

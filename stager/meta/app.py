@@ -201,6 +201,16 @@ async def remove(request: web.Request) -> web.Response:
     return json_response({"removed": removed})
 
 
+async def put_manifest(request: web.Request) -> web.Response:
+    body = await read_json(request, request.app[CONFIG].max_manifest_size)
+    count = await _svc(request).put_manifest(path_arg(request), body)
+    return json_response({"path": path_arg(request), "files": count})
+
+
+async def get_manifest(request: web.Request) -> web.Response:
+    return json_response(await _svc(request).get_manifest(path_arg(request)))
+
+
 # -- whole-file gateway ----------------------------------------------------------------
 def _file_headers(size: int, mtime: float, file_id: str | None) -> dict[str, str]:
     return {"Accept-Ranges": "bytes", "Last-Modified": formatdate(mtime, usegmt=True),
@@ -277,7 +287,8 @@ HANDLERS = {
     "status": status, "list_targets": list_targets, "register_target": register_target,
     "heartbeat": heartbeat, "stat": stat, "list": list_dir, "mkdir": mkdir,
     "set_layout": set_layout, "create": create, "commit": commit, "abort": abort,
-    "rename": rename, "remove": remove, "gateway_get": gateway_get,
+    "rename": rename, "remove": remove, "put_manifest": put_manifest,
+    "get_manifest": get_manifest, "gateway_get": gateway_get,
     "gateway_head": gateway_head, "gateway_put": gateway_put,
     "gateway_delete": gateway_delete,
 }

@@ -7,9 +7,11 @@ so the event loop never waits on SQLite or on an fsync.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
+import zlib
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace as _with
@@ -26,7 +28,8 @@ from ..errors import (
 )
 from ..layout import choose_layout
 from ..protocol import paths
-from ..protocol.models import FileInfo, LayoutSpec, TargetInfo
+from ..protocol.manifest import Manifest
+from ..protocol.models import FileInfo, Layout, LayoutSpec, TargetInfo
 from .store import Entry, MetaStore, Upload
 
 log = logging.getLogger("stager.meta")
@@ -99,6 +102,36 @@ class MetaService:
 
     async def remove(self, path: str, *, recursive: bool = False) -> int:
         return await self._run(self.store.remove, path, recursive=recursive, now=self.clock())
+
+    # -- manifests ------------------------------------------------------------------
+    async def put_manifest(self, path: str, body: dict[str, Any]) -> int:
+        """Record a dataset manifest on directory ``path``; returns its file count."""
+        manifest = Manifest.from_json(body, paths.normalize(path))
+        blob = zlib.compress(json.dumps(manifest.to_json()).encode(), 1)
+        await self._run(self.store.put_manifest, path, blob, now=self.clock())
+        return len(manifest.files)
+
+    async def get_manifest(self, path: str) -> dict[str, Any]:
+        """The manifest of ``path`` resolved against the live namespace (see
+        :mod:`stager.protocol.manifest`)."""
+        path = paths.normalize(path)
+        blob, created = await self._run(self.store.get_manifest, path)
+        stored = json.loads(zlib.decompress(blob))
+        live = await self._run(self.store.subtree_files, path)
+        layouts: dict[Layout, int] = {}
+        files = []
+        for f in stored["files"]:
+            entry = live.get(f["path"])
+            if entry is None or entry.file_id != f["file_id"] or entry.layout is None:
+                files.append({**f, "stale": True})
+                continue
+            index = layouts.setdefault(entry.layout, len(layouts))
+            files.append({**f, "layout": index,
+                          "checksums": [f"{c:08x}" for c in entry.checksums or ()]})
+        targets = {t for layout in layouts for t in layout.targets}
+        return {**stored, "path": path, "created": created, "files": files,
+                "layouts": [layout.to_json() for layout in layouts],
+                "locations": {t: self.targets[t].url for t in targets if t in self.targets}}
 
     # -- writes ---------------------------------------------------------------------
     async def create(self, path: str, *, layout: LayoutSpec | None = None,

@@ -50,6 +50,11 @@ CREATE TABLE IF NOT EXISTS garbage (
     size      INTEGER NOT NULL,
     since     REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS manifests (
+    dir_id    INTEGER PRIMARY KEY REFERENCES entries (id) ON DELETE CASCADE,
+    body      BLOB NOT NULL,
+    created   REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS targets (
     id             TEXT PRIMARY KEY,
     node           TEXT NOT NULL,
@@ -63,7 +68,7 @@ CREATE TABLE IF NOT EXISTS targets (
 """
 
 ROOT_ID = 1
-_COLS = "id, kind, size, mtime, file_id, layout"
+_COLS = "id, kind, size, mtime, file_id, layout, checksums"
 
 
 def _pack(checksums: tuple[int, ...]) -> bytes:
@@ -130,15 +135,11 @@ class SQLiteStore(MetaStore):
         return int(row[0])
 
     def _entry(self, path: str, row: tuple[Any, ...], checksums: bool) -> Entry:
-        entry_id, kind, size, mtime, file_id, layout = row
+        _, kind, size, mtime, file_id, layout, blob = row
         if kind == "file":
-            sums = None
-            if checksums:
-                blob = self.db.execute("SELECT checksums FROM entries WHERE id = ?",
-                                       (entry_id,)).fetchone()[0]
-                sums = _unpack(blob)
             return Entry(path, kind, size, mtime, file_id,
-                         layout=Layout.from_json(json.loads(layout)), checksums=sums)
+                         layout=Layout.from_json(json.loads(layout)),
+                         checksums=_unpack(blob) if checksums else None)
         spec = LayoutSpec.from_json(json.loads(layout)) if layout else None
         return Entry(path, kind, 0, mtime, default_layout=spec)
 
@@ -158,7 +159,7 @@ class SQLiteStore(MetaStore):
         rows = self.db.execute(
             f"SELECT name, {_COLS} FROM entries WHERE parent = ? AND name > ? "
             "ORDER BY name LIMIT ?", (row[0], after, limit)).fetchall()
-        return [self._entry(paths.join(path, r[0]), r[1:], False) for r in rows]
+        return [self._entry(paths.join(path, r[0]), r[1:], True) for r in rows]
 
     def _mkdirs(self, path: str, *, parents: bool, exist_ok: bool, now: float) -> int:
         """Create the directory ``path`` (and parents); returns its id.  In a transaction."""
@@ -223,7 +224,7 @@ class SQLiteStore(MetaStore):
         return spec
 
     def _garbage_file(self, row: tuple[Any, ...], now: float) -> None:
-        entry_id, kind, size, _, file_id, layout = row
+        _, _, size, _, file_id, layout, _ = row
         self.db.execute("INSERT OR REPLACE INTO garbage VALUES (?, ?, ?, ?)",
                         (file_id, layout, size, now))
 
@@ -299,6 +300,41 @@ class SQLiteStore(MetaStore):
         dirs = self.db.execute(
             "SELECT COUNT(*) FROM entries WHERE kind = 'directory'").fetchone()[0]
         return int(files), int(dirs), int(size)
+
+    def subtree_files(self, path: str) -> dict[str, Entry]:
+        path = paths.normalize(path)
+        dir_id = self._resolve_dir(path)
+        rows = self.db.execute(
+            "WITH RECURSIVE sub(id, rel, kind) AS ("
+            " SELECT id, name, kind FROM entries WHERE parent = ?"
+            " UNION ALL SELECT e.id, sub.rel || '/' || e.name, e.kind"
+            " FROM entries e JOIN sub ON e.parent = sub.id WHERE sub.kind = 'directory')"
+            " SELECT sub.rel, e.size, e.mtime, e.file_id, e.layout, e.checksums"
+            " FROM sub JOIN entries e ON e.id = sub.id WHERE sub.kind = 'file'",
+            (dir_id,)).fetchall()
+        layouts: dict[str, Layout] = {}
+        out = {}
+        for rel, size, mtime, file_id, layout, blob in rows:
+            if layout not in layouts:
+                layouts[layout] = Layout.from_json(json.loads(layout))
+            out[rel] = Entry(paths.join(path, rel), "file", size, mtime, file_id,
+                             layout=layouts[layout], checksums=_unpack(blob))
+        return out
+
+    # -- manifests --------------------------------------------------------------
+    def put_manifest(self, path: str, body: bytes, *, now: float) -> None:
+        with self._tx():
+            dir_id = self._resolve_dir(paths.normalize(path))
+            self.db.execute("INSERT OR REPLACE INTO manifests VALUES (?, ?, ?)",
+                            (dir_id, body, now))
+
+    def get_manifest(self, path: str) -> tuple[bytes, float]:
+        path = paths.normalize(path)
+        row = self.db.execute("SELECT body, created FROM manifests WHERE dir_id = ?",
+                              (self._resolve_dir(path),)).fetchone()
+        if row is None:
+            raise NotFound(f"no manifest recorded for {path}", path=path)
+        return bytes(row[0]), float(row[1])
 
     # -- uploads ----------------------------------------------------------------
     def begin_upload(self, upload: Upload) -> None:

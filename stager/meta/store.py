@@ -85,6 +85,19 @@ class MetaStore(ABC):
     def counts(self) -> tuple[int, int, int]:
         """(files, directories, bytes) in the namespace."""
 
+    @abstractmethod
+    def subtree_files(self, path: str) -> dict[str, Entry]:
+        """Every file below directory ``path``, by path relative to it, with checksums."""
+
+    # -- manifests ---------------------------------------------------------------
+    @abstractmethod
+    def put_manifest(self, path: str, body: bytes, *, now: float) -> None:
+        """Attach a manifest to directory ``path`` (it goes when the directory goes)."""
+
+    @abstractmethod
+    def get_manifest(self, path: str) -> tuple[bytes, float]:
+        """The manifest of directory ``path`` and when it was stored; NotFound if none."""
+
     # -- writes ----------------------------------------------------------------
     @abstractmethod
     def begin_upload(self, upload: Upload) -> None: ...

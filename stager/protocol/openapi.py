@@ -66,6 +66,15 @@ SCHEMAS: dict[str, Any] = {
     "ReadRequest": _obj({"items": {"type": "array", "items": {
         "type": "array", "prefixItems": [_STR, _INT, _INT], "minItems": 3, "maxItems": 3}}},
         ("items",)),
+    "Manifest": _obj({"version": _INT, "path": _STR, "source": _STR, "created": _NUM,
+                      "extra": {"type": "object"},
+                      "files": {"type": "array", "items": _obj(
+                          {"path": _STR, "size": _INT, "mtime": _NUM, "file_id": _STR,
+                           "layout": _INT, "checksums": {"type": "array", "items": _STR},
+                           "stale": _BOOL}, ("path", "size", "file_id"))},
+                      "layouts": {"type": "array", "items": _ref("Layout")},
+                      "locations": {"type": "object", "additionalProperties": _STR}},
+                     ("files",)),
     "PurgeRequest": _obj({"file_ids": {"type": "array", "items": _STR}}, ("file_ids",)),
 }
 

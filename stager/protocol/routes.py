@@ -82,6 +82,12 @@ ROUTES: tuple[Route, ...] = (
           body="RenameRequest", responses={200: "FileInfo", **ERR}),
     Route("POST", "/v1/remove", "remove", "delete a file, or a directory (recursive)", "meta",
           body="RemoveRequest", responses={200: "RemoveResult", **ERR}),
+    Route("PUT", "/v1/manifest/{path:.*}", "put_manifest",
+          "record a dataset manifest on a directory (staging does this)", "meta",
+          params=(P_PATH,), body="Manifest", responses={200: "object", **ERR}),
+    Route("GET", "/v1/manifest/{path:.*}", "get_manifest",
+          "a directory's dataset manifest, resolved: layouts, checksums, stale files", "meta",
+          params=(P_PATH,), responses={200: "Manifest", 404: "Error"}),
     # metadata server: whole-file gateway for plain HTTP clients
     Route("GET", "/v1/files/{path:.*}", "gateway_get",
           "read a whole file (Range honoured) or list a directory", "meta",
