@@ -185,12 +185,14 @@ class ProcessCluster:
     """``stager up`` in a subprocess; servers can be killed with SIGKILL."""
 
     def __init__(self, root: str | os.PathLike[str], data_servers: int = 3,
-                 replicas: int = 1, env: dict[str, str] | None = None) -> None:
+                 replicas: int = 1, env: dict[str, str] | None = None,
+                 fast: bool = True) -> None:
+        """``fast`` shortens heartbeats and timeouts, for tests."""
         self.root = Path(root)
         self.n = data_servers
         self.replicas = replicas
-        self.env = {**os.environ, **{f"STAGER_{k.upper()}": str(v) for k, v in FAST.items()},
-                    **(env or {})}
+        tuned = {f"STAGER_{k.upper()}": str(v) for k, v in FAST.items()} if fast else {}
+        self.env = {**os.environ, **tuned, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
         self.info: dict[str, Any] = {}
 
