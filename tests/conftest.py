@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from email.message import Message
+from http.client import HTTPConnection
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -91,6 +97,37 @@ def payload() -> callable:  # type: ignore[valid-type]
 
         return random.Random(size).randbytes(size)
     return make
+
+
+@dataclass
+class Reply:
+    """One raw HTTP exchange's answer (see the ``http`` fixture)."""
+
+    status: int
+    headers: Message
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def raw_http(base_url: str, method: str, path: str, body: bytes | None = None,
+             headers: dict[str, str] | None = None, timeout: float = 30) -> Reply:
+    """Send ``path`` exactly as written (no URL normalisation), read the whole answer."""
+    url = urlsplit(base_url)
+    conn = HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        return Reply(resp.status, resp.headers, resp.read())
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def http() -> Callable[..., Reply]:
+    """``http(base_url, method, raw_path, body=None, headers=None)`` → :class:`Reply`."""
+    return raw_http
 
 
 def pytest_configure(config: pytest.Config) -> None:

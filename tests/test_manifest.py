@@ -1,12 +1,16 @@
+import time
+
 from stager import Client
 from stager.protocol.manifest import Manifest, ManifestFile
-import time
+
+
 def test_manifest(client: Client, ns: str) -> None:
     files = []
     for i in range(5):
         info = client.pipe(f"{ns}/ds/sub/f{i}", bytes([i]) * (i * 1000))
         files.append(ManifestFile(f"sub/f{i}", info.size, info.mtime, info.file_id))
-    assert client.put_manifest(Manifest(f"{ns}/ds", tuple(files), source="test", created=time.time())) == 5
+    manifest = Manifest(f"{ns}/ds", tuple(files), source="test", created=time.time())
+    assert client.put_manifest(manifest) == 5
     m = client.get_manifest(f"{ns}/ds")
     assert [f.path for f in m.files] == [f"sub/f{i}" for i in range(5)]
     assert not any(f.stale for f in m.files)

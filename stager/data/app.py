@@ -117,9 +117,10 @@ async def get_chunk(request: web.Request) -> web.StreamResponse:
 async def head_chunk(request: web.Request) -> web.Response:
     oc = await _svc(request).open(_chunk(request))
     try:
-        response = web.Response(headers=_chunk_headers(request, oc.meta.data_len, oc.meta.crc))
-        response.content_length = oc.meta.data_len
-        return response
+        # web.Response refuses a content_length assignment; an explicit header is kept.
+        headers = _chunk_headers(request, oc.meta.data_len, oc.meta.crc)
+        headers["Content-Length"] = str(oc.meta.data_len)
+        return web.Response(headers=headers)
     finally:
         oc.close()
 
@@ -136,9 +137,18 @@ async def batch_read(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "application/octet-stream",
                                            H.TARGET: _svc(request).identity.target_id})
     response.content_length = total
-    await response.prepare(request)
-    async for data in _svc(request).batch(items):
-        await response.write(data)
+    slices = _svc(request).batch(items)
+    try:
+        # The first slice is read (and verified) before the headers go, so a corrupt
+        # chunk there is still a JSON error; a later one can only cut the body short.
+        first = await anext(slices, None)
+        await response.prepare(request)
+        if first is not None:
+            await response.write(first)
+        async for data in slices:
+            await response.write(data)
+    finally:
+        await slices.aclose()  # type: ignore[attr-defined]
     await response.write_eof()
     _count(request, sent=total)
     return response

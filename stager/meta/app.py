@@ -252,9 +252,10 @@ async def gateway_head(request: web.Request) -> web.StreamResponse:
     info = await _svc(request).stat(path_arg(request))
     if info.is_dir:
         return web.Response(headers={"Content-Type": "application/json"})
-    response = web.Response(headers=_file_headers(info.size, info.mtime, info.file_id))
-    response.content_length = info.size
-    return response
+    # web.Response refuses a content_length assignment; an explicit header is kept on HEAD.
+    headers = _file_headers(info.size, info.mtime, info.file_id)
+    headers["Content-Length"] = str(info.size)
+    return web.Response(headers=headers)
 
 
 async def gateway_put(request: web.Request) -> web.Response:

@@ -285,10 +285,14 @@ class SQLiteStore(MetaStore):
                 raise DirectoryNotEmpty(f"{path} is not empty", path=path)
             subtree = ("WITH RECURSIVE sub(id) AS (SELECT ? UNION ALL "
                        "SELECT e.id FROM entries e JOIN sub ON e.parent = sub.id) ")
-            files = self.db.execute(
+            # Python's sqlite3 gives rowcount -1 for a statement that begins with
+            # WITH, so count the garbage rows through total_changes instead.
+            before = self.db.total_changes
+            self.db.execute(
                 subtree + "INSERT OR REPLACE INTO garbage "
                 "SELECT file_id, layout, size, ? FROM entries "
-                "WHERE id IN (SELECT id FROM sub) AND kind = 'file'", (row[0], now)).rowcount
+                "WHERE id IN (SELECT id FROM sub) AND kind = 'file'", (row[0], now))
+            files = self.db.total_changes - before
             self.db.execute(subtree + "DELETE FROM entries WHERE id IN (SELECT id FROM sub)",
                             (row[0],))
             self._touch(parent_id, now)

@@ -23,7 +23,7 @@ def normalize(path: str) -> str:
     if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH:
         raise InvalidPath("path too long", length=len(path))
     body = path[1:] if path.startswith("/") else path
-    if body.endswith("/"):
+    if body.endswith("/") and body != "/":     # one trailing slash is fine; "//" is not
         body = body[:-1]
     if not body:
         return "/"

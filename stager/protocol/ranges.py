@@ -6,6 +6,7 @@ import re
 
 from ..errors import RangeNotSatisfiable
 
+_UNIT = re.compile(r"^bytes\s*=", re.IGNORECASE)
 _RANGE = re.compile(r"^\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*$", re.IGNORECASE)
 
 
@@ -20,7 +21,7 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
     if header is None:
         return None
     text = header.strip()
-    if not text.lower().startswith("bytes"):
+    if not _UNIT.match(text):   # another unit ("items=", "bytesx=") is not ours to parse
         return None
     if "," in text:
         return None

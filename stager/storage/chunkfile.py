@@ -89,7 +89,8 @@ def verify_all(fd: int, meta: ChunkMeta, name: str = "") -> None:
     crc = 0
     bs = meta.block_size
     for block, expected in enumerate(meta.block_crcs):
-        piece = os.pread(fd, bs, block * bs)
+        start = block * bs
+        piece = os.pread(fd, min(bs, meta.data_len - start), start)   # not into the trailer
         if crc32c(piece) != expected:
             raise CorruptChunk(f"chunk {name} failed its checksum at block {block}",
                                chunk=name, block=block)

@@ -206,10 +206,11 @@ class ProcessCluster:
     def start(self, timeout: float = 60) -> None:
         (self.root / "cluster.json").unlink(missing_ok=True)
         self.root.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "stager", "up", "--root", str(self.root), "--port", "0",
-             "--data-servers", str(self.n), "--replicas", str(self.replicas)],
-            env=self.env, stdout=open(self.root / "up.log", "ab"), stderr=subprocess.STDOUT)
+        with open(self.root / "up.log", "ab") as log:   # the child keeps its own copy
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "stager", "up", "--root", str(self.root), "--port", "0",
+                 "--data-servers", str(self.n), "--replicas", str(self.replicas)],
+                env=self.env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while not (self.root / "cluster.json").exists():
             if self.proc.poll() is not None:

@@ -45,11 +45,34 @@ def _from_http(exc: web.HTTPException) -> StagerError:
     return err
 
 
+def _started(request: web.Request) -> bool:
+    """True once bytes of a response went out (the test aiohttp itself uses)."""
+    writer = request.writer
+    return writer is not None and writer.output_size > 0
+
+
+def _cut_short(request: web.Request, exc: StagerError) -> web.StreamResponse:
+    """A streamed response failed after it began: no error response can follow.
+
+    Appending a JSON error would put its bytes into the body the client reads, so
+    the connection is closed instead and the client sees a short body (its
+    Content-Length is not met).  The stand-in response returned fails to write on
+    the closed transport, which aiohttp treats as a client that went away.
+    """
+    log.warning("%s %s failed after its response began; connection closed: %s",
+                request.method, request.path, exc)
+    if request.transport is not None:
+        request.transport.close()
+    return web.StreamResponse(status=exc.status)
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except StagerError as exc:
+        if _started(request):
+            return _cut_short(request, exc)
         return error_response(exc)
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -60,7 +83,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         raise
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
-        return error_response(InternalError("internal server error; see the server log"))
+        err = InternalError("internal server error; see the server log")
+        if _started(request):
+            return _cut_short(request, err)
+        return error_response(err)
 
 
 @web.middleware

@@ -7,7 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..errors import BadRequest, PayloadTooLarge
+from ..errors import BadRequest, InvalidPath, PayloadTooLarge
 from ..protocol import paths
 
 
@@ -28,7 +28,14 @@ async def read_json(request: web.Request, max_size: int) -> dict[str, Any]:
 
 
 def path_arg(request: web.Request) -> str:
-    """The namespace path from the URL (already percent-decoded), checked."""
+    """The namespace path from the URL (already percent-decoded), checked.
+
+    An encoded slash (``%2F``) is refused: decoded it would silently become a
+    separator, so ``a%2Fb`` and ``a/b`` would name the same file.
+    """
+    if "%2f" in request.rel_url.raw_path.lower():
+        raise InvalidPath("an encoded slash (%2F) is not allowed in a path",
+                          path=request.rel_url.raw_path)
     return paths.normalize("/" + request.match_info.get("path", ""))
 
 
