@@ -19,6 +19,7 @@
     ├── PayloadTooLarge (ValueError) .............. 413 too_large
     ├── RangeNotSatisfiable (ValueError) .......... 416 range_not_satisfiable
     ├── InsufficientStorage (OSError ENOSPC) ...... 507 no_space
+    ├── SourceError (OSError EIO) ................. 502 source_error
     ├── Unavailable (ConnectionError) ............. 503 unavailable
     │   ├── NoTargets ............................. 503 no_targets
     │   └── TargetUnavailable ..................... 503 target_unavailable
@@ -65,6 +66,8 @@ class StagerError(Exception):
 
 class BadRequest(StagerError, ValueError):
     """The request is malformed."""
+
+    errno_value = errno.EINVAL
 
 
 class InvalidPath(BadRequest):
@@ -141,6 +144,12 @@ class InsufficientStorage(StagerError, OSError):
     errno_value = errno.ENOSPC
 
 
+class SourceError(StagerError, OSError):
+    """A staging source (any fsspec URL) could not be listed or read."""
+
+    errno_value = errno.EIO
+
+
 class Unavailable(StagerError, ConnectionError):
     """A server needed for this request cannot be reached."""
 
@@ -191,6 +200,7 @@ ERROR_TABLE: tuple[tuple[type[StagerError], int, str], ...] = (
     (InternalError, 500, "internal"),
     (CorruptChunk, 500, "chunk_corrupt"),
     (StorageError, 500, "io_error"),
+    (SourceError, 502, "source_error"),
     (Unavailable, 503, "unavailable"),
     (NoTargets, 503, "no_targets"),
     (TargetUnavailable, 503, "target_unavailable"),

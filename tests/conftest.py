@@ -19,8 +19,9 @@ import pytest
 from stager import AsyncClient, Client
 from stager.config import load_config
 from stager.testing import ThreadCluster
+from stager.testing.mount import Mounted
 
-SLOW_CALLBACK = 0.25  # seconds a server callback may hold the loop before a test fails
+SLOW_CALLBACK = 0.5  # seconds a server callback may hold the loop before a test fails
 
 
 class _SlowCallbacks(logging.Handler):
@@ -128,6 +129,21 @@ def raw_http(base_url: str, method: str, path: str, body: bytes | None = None,
 def http() -> Callable[..., Reply]:
     """``http(base_url, method, raw_path, body=None, headers=None)`` → :class:`Reply`."""
     return raw_http
+
+
+@pytest.fixture(scope="module")
+def mnt(cluster: ThreadCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mounted]:
+    """The cluster's whole namespace mounted read-write (``stager mount``) for a module;
+    always unmounted, whatever happened."""
+    with Mounted(cluster.meta_url, tmp_path_factory.mktemp("fuse") / "mnt") as m:
+        yield m
+
+
+@pytest.fixture
+def here(mnt: Mounted, client: Client, ns: str) -> Path:
+    """This test's own directory ``ns``, seen through the mount."""
+    client.mkdir(ns)
+    return mnt.mountpoint / ns.lstrip("/")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -8,7 +8,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import aiohttp
@@ -16,14 +16,26 @@ import aiohttp
 from ..aio import gather_or_cancel
 from ..config import Config, load_config
 from ..dataplane import DataPlane, PlaneOptions, StripedReader, StripedWriter, make_session
-from ..dataplane.transport import TargetCounters
-from ..errors import IsADirectory, NotFound, StagerError, Unavailable, error_from_wire
+from ..dataplane.transport import ChunkBody, TargetCounters
+from ..errors import (
+    IsADirectory,
+    NoTargets,
+    NotFound,
+    StagerError,
+    Unavailable,
+    error_from_wire,
+)
 from ..protocol import paths
 from ..protocol.manifest import Manifest
 from ..protocol.models import FileInfo, LayoutSpec, TargetInfo
 from .files import AsyncReadFile, AsyncWriteFile
 
+if TYPE_CHECKING:
+    from ..stage import StageReport
+
 LOCAL_PIECE = 8 << 20      # bytes per read/write of a local file
+# scrub and fsck answer when they are done: minutes on big targets
+_LONG = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=None)
 
 
 def _quote(path: str) -> str:
@@ -46,7 +58,7 @@ class AsyncClient:
             connect_timeout=self.config.connect_timeout,
             request_timeout=self.config.request_timeout,
             connections_per_target=self.config.connections_per_target,
-            retries=self.config.retries)
+            retries=self.config.retries, failover_timeout=self.config.failover_timeout)
         self._session: aiohttp.ClientSession | None = None
         self._plane: DataPlane | None = None
         self._limit: asyncio.Semaphore | None = None
@@ -83,15 +95,18 @@ class AsyncClient:
 
     # -- metadata requests -----------------------------------------------------------
     async def _meta(self, method: str, route: str, *, body: Any = None,
-                    params: Mapping[str, Any] | None = None) -> Any:
+                    params: Mapping[str, Any] | None = None,
+                    timeout: aiohttp.ClientTimeout | None = None) -> Any:
         session = self.plane.session
-        data = json.dumps(body).encode() if body is not None else None
+        # ChunkBody: a large manifest is megabytes; raw bytes of that size make aiohttp warn.
+        data = ChunkBody(json.dumps(body).encode()) if body is not None else None
         hdrs = {"Content-Type": "application/json"} if data is not None else {}
         attempts = self.config.retries + 1 if method == "GET" else 1
+        extra = {"timeout": timeout} if timeout is not None else {}
         for attempt in range(attempts):
             try:
                 async with session.request(method, self.meta_url + route, data=data,
-                                           params=params, headers=hdrs) as resp:
+                                           params=params, headers=hdrs, **extra) as resp:
                     payload = await resp.json(content_type=None)
                     if resp.status >= 400:
                         raise error_from_wire(resp.status, payload)
@@ -205,6 +220,22 @@ class AsyncClient:
     async def status(self) -> dict[str, Any]:
         return dict(await self._meta("GET", "/v1/status"))
 
+    # -- administration (stager/meta/reliability.py) ----------------------------------
+    async def remove_target(self, target_id: str) -> TargetInfo:
+        """Declare a target lost: its chunks are re-replicated onto other targets."""
+        return TargetInfo.from_json(await self._meta(
+            "POST", f"/v1/targets/{quote(target_id, safe='')}/remove", body={}))
+
+    async def scrub(self, *, rate: int | None = None) -> dict[str, Any]:
+        """Every up target verifies all its chunks now; corrupt copies are repaired."""
+        body = {"rate": rate} if rate is not None else {}
+        return dict(await self._meta("POST", "/v1/scrub", body=body, timeout=_LONG))
+
+    async def fsck(self, *, repair: bool = False) -> dict[str, Any]:
+        """Namespace against chunks: missing and orphan copies (``repair`` fixes them)."""
+        return dict(await self._meta("POST", "/v1/fsck", body={"repair": repair},
+                                     timeout=_LONG))
+
     async def targets(self) -> list[TargetInfo]:
         body = await self._meta("GET", "/v1/targets")
         return [TargetInfo.from_json(t) for t in body["targets"]]
@@ -313,10 +344,24 @@ class AsyncClient:
 
     async def pipe(self, path: str, data: bytes | bytearray | memoryview, *,
                    layout: LayoutSpec | None = None, overwrite: bool = True) -> FileInfo:
+        """Write ``data`` at ``path``.  The bytes are in memory, so a write that failed
+        because a server was unreachable is sent again, as a new upload whose layout
+        the metadata server picks from the targets up by then, with backoff
+        (``write_retries`` times; only with ``overwrite``, which makes it idempotent)."""
         async def one() -> AsyncIterator[bytes]:
             yield data  # type: ignore[misc]
 
-        return await self.write_stream(path, one(), layout=layout, overwrite=overwrite)
+        retries = self.config.write_retries if overwrite else 0
+        for attempt in range(retries + 1):
+            try:
+                return await self.write_stream(path, one(), layout=layout, overwrite=overwrite)
+            except NoTargets:
+                raise           # a layout no set of healthy targets can give
+            except Unavailable:
+                if attempt == retries:
+                    raise
+                await asyncio.sleep(min(0.25 * 2 ** attempt, 4.0))
+        raise AssertionError("unreachable")
 
     async def put(self, src: str | os.PathLike[str], dst: str, *,
                   layout: LayoutSpec | None = None, overwrite: bool = True,
@@ -350,6 +395,15 @@ class AsyncClient:
                                            mtime=mtime)
         finally:
             fh.close()
+
+    # -- staging ---------------------------------------------------------------------
+    async def stage(self, src: str, dst: str, **options: Any) -> StageReport:
+        """Copy a dataset from any fsspec URL into the stager path ``dst`` (or a
+        ``stager://`` path out to any URL), in parallel and resumably; ``options``
+        are :class:`stager.stage.StageOptions` fields."""
+        from ..stage import StageOptions, stage
+
+        return await stage(self, src, dst, StageOptions(**options))
 
     # -- files -----------------------------------------------------------------------
     async def open(self, path: str, mode: str = "rb", *, layout: LayoutSpec | None = None,

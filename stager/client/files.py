@@ -67,9 +67,7 @@ class AsyncReadFile:
         n = max(0, min(len(out), self.size - self.pos))
         if n == 0:
             return 0
-        # A second read that continues the previous one, or one large read,
-        # means a sequential reader: serve it from a readahead stream.
-        sequential = self.pos == self._last_end or n >= self.reader.layout.chunk_size
+        sequential = self._sequential(n)
         if self._stream is not None and self._stream_pos == self.pos:
             await self._from_stream(out[:n])
         elif sequential and self.pos + n < self.size:
@@ -80,6 +78,12 @@ class AsyncReadFile:
         self.pos += n
         self._last_end = self.pos
         return n
+
+    def _sequential(self, n: int) -> bool:
+        """Whether a read of ``n`` bytes at ``pos`` should start a readahead stream."""
+        # A second read that continues the previous one, or one large read,
+        # means a sequential reader: serve it from a readahead stream.
+        return self.pos == self._last_end or n >= self.reader.layout.chunk_size
 
     async def _start_stream(self) -> None:
         await self._stop_stream()

@@ -21,9 +21,11 @@ from .async_client import AsyncClient
 from .files import AsyncReadFile, AsyncWriteFile
 
 T = TypeVar("T")
+_FORKED: list[AsyncClient] = []     # clients inherited through fork (see Client.aio)
 
 MIRRORED = ("stat", "exists", "ls", "mkdir", "set_layout", "rename", "rm", "status",
-            "targets", "cat", "read_into", "get", "put", "pipe", "put_manifest", "get_manifest")
+            "targets", "cat", "read_into", "get", "put", "pipe", "put_manifest", "get_manifest",
+            "stage", "remove_target", "scrub", "fsck")
 
 
 class Client:
@@ -38,6 +40,9 @@ class Client:
     def aio(self) -> AsyncClient:
         """The async client behind this one (re-created in a forked child)."""
         if self._pid != os.getpid():
+            # The parent's client belongs to the parent's loop: keep the copy alive,
+            # unused, so collecting it here does not report its session as unclosed.
+            _FORKED.append(self._async)
             meta_url, config = self._args
             self._async = AsyncClient(meta_url, config=config)
             self._pid = os.getpid()

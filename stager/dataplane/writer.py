@@ -41,7 +41,13 @@ class StripedWriter:
             raise ValueError("write to a closed writer")
         view = memoryview(data).cast("B")
         total = len(view)
+        chunk = len(self._buf)
         while view:
+            if not self._fill and len(view) >= chunk and isinstance(data, bytes):
+                # Whole chunks of immutable bytes go out as they are: no copy.
+                await self._send(view[:chunk])
+                view = view[chunk:]
+                continue
             n = min(len(view), len(self._buf) - self._fill)
             self._buf[self._fill:self._fill + n] = view[:n]
             self._fill += n
@@ -68,10 +74,14 @@ class StripedWriter:
 
     async def _send_buffer(self) -> None:
         data = memoryview(self._buf)[:self._fill]
-        index = self._index
-        self._index += 1
         self._buf = bytearray(self.layout.chunk_size)
         self._fill = 0
+        await self._send(data)
+
+    async def _send(self, data: memoryview) -> None:
+        """Start the PUTs of the next chunk, once fewer than ``max_in_flight`` are out."""
+        index = self._index
+        self._index += 1
         while len(self._tasks) >= self.max_in_flight:
             await self._wait_one()
         self._tasks.add(asyncio.ensure_future(self._put(index, data)))

@@ -37,6 +37,9 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 Purger = Callable[[TargetInfo, list[str]], Awaitable[int]]
+# Targets whose chunks are re-replicated elsewhere (stager/meta/rebuild.py): "lost"
+# after target_lost_after seconds down, "removed" by `stager target remove`.
+GONE_STATES = frozenset({"lost", "removed"})
 
 
 class MetaService:
@@ -50,6 +53,12 @@ class MetaService:
         now = clock()
         self.targets: dict[str, TargetInfo] = {
             t.id: _with(t, last_heartbeat=now) for t in store.list_targets()}
+        # Lost targets whose chunks are still being re-replicated: they stay lost even
+        # if they heartbeat again (stager/meta/rebuild.py removes them when done).
+        self.retiring: set[str] = {t.id for t in self.targets.values()
+                                   if t.state in GONE_STATES}
+        # More sections of `status` (rebuild, scrub, fsck: stager/meta/reliability.py).
+        self.status_extras: list[Callable[[], dict[str, Any]]] = []
 
     async def _run(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         loop = asyncio.get_running_loop()
@@ -106,32 +115,23 @@ class MetaService:
     # -- manifests ------------------------------------------------------------------
     async def put_manifest(self, path: str, body: dict[str, Any]) -> int:
         """Record a dataset manifest on directory ``path``; returns its file count."""
-        manifest = Manifest.from_json(body, paths.normalize(path))
-        blob = zlib.compress(json.dumps(manifest.to_json()).encode(), 1)
+        def encode() -> tuple[int, bytes]:
+            manifest = Manifest.from_json(body, paths.normalize(path))
+            return len(manifest.files), zlib.compress(json.dumps(manifest.to_json()).encode(), 1)
+
+        # A 20,000-file manifest takes a third of a second to check and pack: off the loop.
+        count, blob = await asyncio.to_thread(encode)
         await self._run(self.store.put_manifest, path, blob, now=self.clock())
-        return len(manifest.files)
+        return count
 
     async def get_manifest(self, path: str) -> dict[str, Any]:
         """The manifest of ``path`` resolved against the live namespace (see
         :mod:`stager.protocol.manifest`)."""
         path = paths.normalize(path)
         blob, created = await self._run(self.store.get_manifest, path)
-        stored = json.loads(zlib.decompress(blob))
         live = await self._run(self.store.subtree_files, path)
-        layouts: dict[Layout, int] = {}
-        files = []
-        for f in stored["files"]:
-            entry = live.get(f["path"])
-            if entry is None or entry.file_id != f["file_id"] or entry.layout is None:
-                files.append({**f, "stale": True})
-                continue
-            index = layouts.setdefault(entry.layout, len(layouts))
-            files.append({**f, "layout": index,
-                          "checksums": [f"{c:08x}" for c in entry.checksums or ()]})
-        targets = {t for layout in layouts for t in layout.targets}
-        return {**stored, "path": path, "created": created, "files": files,
-                "layouts": [layout.to_json() for layout in layouts],
-                "locations": {t: self.targets[t].url for t in targets if t in self.targets}}
+        urls = {t.id: t.url for t in self.targets.values()}    # a snapshot for the thread
+        return await asyncio.to_thread(_resolve_manifest, path, blob, created, live, urls)
 
     # -- writes ---------------------------------------------------------------------
     async def create(self, path: str, *, layout: LayoutSpec | None = None,
@@ -203,7 +203,8 @@ class MetaService:
             if other.url == target.url and other.id != target.id and other.up:
                 raise AlreadyExists(f"{target.url} is already registered as {other.id}",
                                     url=target.url, target=other.id)
-        target = _with(target, state="up", last_heartbeat=self.clock())
+        target = _with(target, state=self._contact_state(target.id),
+                       last_heartbeat=self.clock())
         await self._run(self.store.upsert_target, target)
         self.targets[target.id] = target
         log.info("target %s (node %s) registered at %s", target.id, target.node, target.url)
@@ -214,13 +215,22 @@ class MetaService:
         old = self.targets.get(target_id)
         if old is None:
             raise NotFound(f"target {target_id} is not registered", target=target_id)
-        target = _with(old, capacity=capacity, used=used, chunks=chunks, state="up",
-                       last_heartbeat=self.clock())
+        target = _with(old, capacity=capacity, used=used, chunks=chunks,
+                       state=self._contact_state(target_id), last_heartbeat=self.clock())
         self.targets[target_id] = target
-        if not old.up:
-            log.info("target %s is back up", target_id)
+        if target.state != old.state:
+            log.info("target %s is %s again", target_id, target.state)
             await self._run(self.store.upsert_target, target)
         return target
+
+    def _contact_state(self, target_id: str) -> str:
+        """The state of a target that just registered or heartbeat: up, unless an
+        operator removed it, or it was lost and its chunks are still being copied
+        elsewhere (a lost target rejoins, empty, once that is done)."""
+        old = self.targets.get(target_id)
+        if old is not None and old.state == "removed":
+            return "removed"
+        return "lost" if target_id in self.retiring else "up"
 
     def refresh_health(self) -> None:
         """Mark targets that missed their heartbeats down."""
@@ -251,6 +261,7 @@ class MetaService:
             "files": files,
             "directories": dirs,
             "bytes": size,
+            **{k: v for extra in self.status_extras for k, v in extra().items()},
         }
 
     # -- garbage collection -----------------------------------------------------------
@@ -271,6 +282,8 @@ class MetaService:
         failed: set[str] = set()
         for target_id, file_ids in by_target.items():
             target = self.targets.get(target_id)
+            if target is not None and target.state in GONE_STATES:
+                continue    # its chunks are gone; any that come back are orphans (fsck)
             try:
                 if target is None or not target.up:
                     raise NotFound(f"target {target_id} is not up")
@@ -283,3 +296,23 @@ class MetaService:
             await self._run(self.store.drop_garbage, done)
         return len(done)
 
+
+def _resolve_manifest(path: str, blob: bytes, created: float, live: dict[str, Entry],
+                      urls: dict[str, str]) -> dict[str, Any]:
+    """Unpack a stored manifest and resolve it against the live files (CPU work: runs
+    in a thread, so a large manifest never holds the event loop)."""
+    stored = json.loads(zlib.decompress(blob))
+    layouts: dict[Layout, int] = {}
+    files = []
+    for f in stored["files"]:
+        entry = live.get(f["path"])
+        if entry is None or entry.file_id != f["file_id"] or entry.layout is None:
+            files.append({**f, "stale": True})
+            continue
+        index = layouts.setdefault(entry.layout, len(layouts))
+        files.append({**f, "layout": index,
+                      "checksums": [f"{c:08x}" for c in entry.checksums or ()]})
+    targets = {t for layout in layouts for t in layout.targets}
+    return {**stored, "path": path, "created": created, "files": files,
+            "layouts": [layout.to_json() for layout in layouts],
+            "locations": {t: urls[t] for t in targets if t in urls}}

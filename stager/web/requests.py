@@ -15,9 +15,15 @@ async def read_json(request: web.Request, max_size: int) -> dict[str, Any]:
     """The body as a JSON object, or BadRequest / PayloadTooLarge."""
     if request.content_length is not None and request.content_length > max_size:
         raise PayloadTooLarge(f"JSON body over {max_size} bytes", limit=max_size)
-    raw = await request.content.read(max_size + 1)
-    if len(raw) > max_size:
-        raise PayloadTooLarge(f"JSON body over {max_size} bytes", limit=max_size)
+    # read(n) returns what has arrived, up to n bytes: loop until the end of the body.
+    parts: list[bytes] = []
+    size = 0
+    while data := await request.content.read(max_size + 1 - size):
+        parts.append(data)
+        size += len(data)
+        if size > max_size:
+            raise PayloadTooLarge(f"JSON body over {max_size} bytes", limit=max_size)
+    raw = b"".join(parts)
     try:
         body = json.loads(raw or b"{}")
     except (ValueError, UnicodeDecodeError) as exc:

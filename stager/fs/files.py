@@ -1,0 +1,149 @@
+"""File objects of the ``stager://`` filesystem.
+
+Reading (:class:`StagerReadFile`): every read asks the client's file for
+exactly the bytes it touches.  Once reads continue each other
+(``SEQUENTIAL_RUN`` in a row), they are served by a striped readahead stream:
+the next chunks are already in flight on their targets.  A Parquet reader's
+footer and column-chunk reads therefore fetch only what they need, while a
+loop of ``f.read(1 << 20)`` streams at the speed of all targets together.
+
+Writing (:class:`StagerWriteFile`): the upload is created when the file is
+opened (so ``"xb"`` fails at once on an existing file), each full chunk is
+sent as it fills, and ``close`` commits.  An exception inside ``with``,
+``discard()``, or a file dropped without ``close`` aborts the upload: nothing
+becomes visible.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fsspec.spec import AbstractBufferedFile
+
+from ..client import AsyncClient, AsyncReadFile
+from ..dataplane import StripedWriter
+from ..protocol.models import FileInfo
+from .info import to_fsspec
+
+if TYPE_CHECKING:
+    from .filesystem import StagerFileSystem
+
+SEQUENTIAL_RUN = 2            # reads continuing each other before readahead starts
+WRITE_BLOCK = 4 << 20         # bytes buffered before they go to the striped writer
+
+
+class _RunAwareReadFile(AsyncReadFile):
+    """The client's read file, streaming only after a run of contiguous reads."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._run = 0
+
+    async def readinto(self, out: memoryview) -> int:
+        self._run = self._run + 1 if self.pos == self._last_end else 0
+        return await super().readinto(out)
+
+    def _sequential(self, n: int) -> bool:
+        # One large read is already fetched piece by piece in parallel; a stream
+        # only pays off when more reads will follow, which a run predicts.
+        return self._run >= SEQUENTIAL_RUN
+
+
+class StagerReadFile(AbstractBufferedFile):
+    """A seekable read-only file; fsspec's cache is off by default (see the module doc)."""
+
+    def __init__(self, fs: StagerFileSystem, path: str, info: FileInfo, *,
+                 block_size: int | None = None, cache_type: str = "none",
+                 cache_options: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        self._afile: _RunAwareReadFile = fs._run(self._make, fs, info)
+        super().__init__(fs, path, "rb", block_size=block_size, cache_type=cache_type,
+                         cache_options=cache_options, size=info.size, **kwargs)
+        self.details = to_fsspec(info)
+
+    @staticmethod
+    async def _make(fs: StagerFileSystem, info: FileInfo) -> _RunAwareReadFile:
+        return _RunAwareReadFile(fs.client, info)
+
+    def _fetch_range(self, start: int, end: int) -> bytes:
+        return self.fs._run(self._pread, start, end)
+
+    async def _pread(self, start: int, end: int) -> bytes:
+        self._afile.seek(start)
+        return await self._afile.read(max(0, end - start))
+
+    def close(self) -> None:
+        if not self.closed:
+            super().close()
+            self.fs._schedule(self._afile.close)
+
+
+class StagerWriteFile(AbstractBufferedFile):
+    """A write-only file that becomes visible when ``close`` (or ``commit``) succeeds."""
+
+    def __init__(self, fs: StagerFileSystem, path: str, mode: str, *,
+                 block_size: int | None = None, autocommit: bool = True,
+                 layout: Any = None, **kwargs: Any) -> None:
+        super().__init__(fs, path, mode, block_size=block_size or WRITE_BLOCK,
+                         autocommit=autocommit, **kwargs)
+        self._ended = True            # until the upload exists: nothing to abort
+
+        async def create() -> tuple[AsyncClient, str, StripedWriter]:
+            client = fs.client
+            return (client, *await client.create(path, layout=layout, overwrite=mode == "wb"))
+
+        self._client, self._file_id, self._writer = fs._run(create)
+        self._ended = False
+        self.info_after: FileInfo | None = None
+
+    def _initiate_upload(self) -> None:
+        """Nothing to do: the upload was created when the file was opened."""
+
+    def _upload_chunk(self, final: bool = False) -> bool:
+        view = self.buffer.getbuffer()
+        try:
+            if view.nbytes:
+                self._guard(lambda: self._writer.write(view))
+        finally:
+            view.release()
+        if final and self.autocommit:
+            self.commit()
+        return True
+
+    def commit(self) -> None:
+        """Wait for every chunk, then make the file visible."""
+        if not self._ended:
+            self.info_after = self._guard(
+                lambda: self._client.commit(self._file_id, self._writer))
+            self._ended = True
+
+    def discard(self) -> None:
+        """Abandon the write; nothing becomes visible, and the file is closed."""
+        self.closed = True
+        if not self._ended:
+            self._ended = True
+            self.fs._run(lambda: self._client.abort(self._file_id, self._writer))
+
+    def _guard(self, make: Any) -> Any:
+        """Run ``make()`` on the loop; on failure abort the upload, then raise."""
+        try:
+            return self.fs._run(make)
+        except BaseException:
+            self.discard()
+            raise
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        self.discard()
+
+    def __del__(self) -> None:
+        # Never commit from the garbage collector: a file nobody closed may be
+        # half-written.  It may also run on the IO thread, where we cannot wait.
+        if not getattr(self, "_ended", True):
+            self._ended = True
+            self.closed = True
+            try:
+                self.fs._schedule(lambda: self._client.abort(self._file_id, self._writer))
+            except RuntimeError:
+                pass   # no loop any more (interpreter exit): the server collects the upload

@@ -1,0 +1,373 @@
+"""``StagerFileSystem``: the ``stager://`` protocol for fsspec, pandas, pyarrow, zarr, dask.
+
+Only the ``_`` coroutines are written here, over :class:`~stager.AsyncClient`;
+fsspec's ``mirror_sync_methods`` makes the blocking twins, which run on
+fsspec's IO thread.  ``stager://HOST:PORT/path`` names the cluster (its
+metadata server); ``stager:///path`` takes it from ``STAGER_META_URL``.
+
+Errors are stager's, which are also the built-ins fsspec callers expect
+(``FileNotFoundError``, ``FileExistsError``, ``IsADirectoryError``, …).
+The filesystem is safe to use after ``fork``: the child gets fsspec's fresh IO
+loop and its own client (see :mod:`stager.fs.session`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+import stat
+import weakref
+from collections.abc import Callable, Coroutine, Iterable
+from glob import has_magic
+from typing import Any, TypeVar
+
+from fsspec.asyn import AsyncFileSystem, get_loop, sync, sync_wrapper
+from fsspec.callbacks import DEFAULT_CALLBACK
+from fsspec.utils import stringify_path
+
+from ..aio import gather_or_cancel
+from ..client import AsyncClient
+from ..config import Config, load_config, parse_size
+from ..errors import IsADirectory, NotADirectory
+from ..protocol import paths
+from ..protocol.models import FileInfo, LayoutSpec
+from .files import StagerReadFile, StagerWriteFile
+from .info import to_fsspec
+from .ranges import read_ranges
+from .session import ClientHolder
+
+T = TypeVar("T")
+_BACKGROUND: set[asyncio.Future[Any]] = set()      # started by _schedule, kept until done
+LAYOUT_KEYS = ("chunk_size", "stripe_count", "replicas")
+
+
+class StagerFileSystem(AsyncFileSystem):
+    """fsspec filesystem over a stager cluster.
+
+    ``meta_url``: the metadata server (default: ``config.meta_url``, i.e.
+    ``STAGER_META_URL``); ``config``: a :class:`~stager.config.Config`.
+    Writes take layout keywords (``chunk_size``, ``stripe_count``,
+    ``replicas``), e.g. ``fs.pipe(path, data, chunk_size="1MiB")``.
+    """
+
+    protocol = "stager"
+    root_marker = "/"
+    async_impl = True
+
+    def __init__(self, meta_url: str | None = None, *, config: Config | None = None,
+                 asynchronous: bool = False, loop: Any = None, batch_size: int | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(asynchronous=asynchronous, loop=loop, batch_size=batch_size, **kwargs)
+        self.config = config or load_config()
+        self.meta_url = (meta_url or self.config.meta_url).rstrip("/")
+        self._holder = ClientHolder(self.meta_url, self.config)
+        # Close the session when the filesystem goes (or at exit), from any thread.
+        self._finalizer = weakref.finalize(self, self._holder.close)
+
+    # -- process, loop and client -----------------------------------------------------
+    @property
+    def loop(self) -> Any:
+        """fsspec's IO loop; in a forked child, the child's own (fsspec starts a new one)."""
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            if not self.asynchronous:
+                self._loop = get_loop()
+        return self._loop
+
+    @property
+    def client(self) -> AsyncClient:
+        """The client of this process and loop (use inside a coroutine)."""
+        return self._holder.get()
+
+    def _run(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any, **kwargs: Any) -> T:
+        return sync(self.loop, fn, *args, **kwargs)
+
+    def _schedule(self, fn: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+        """Start ``fn()`` on the loop without waiting (safe on the loop's own thread and
+        in a finalizer); nothing happens when the loop is gone."""
+        loop = self.loop
+        if loop is None or loop.is_closed() or not loop.is_running():
+            return
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            task = asyncio.ensure_future(fn())
+            _BACKGROUND.add(task)
+            task.add_done_callback(_BACKGROUND.discard)
+        else:
+            asyncio.run_coroutine_threadsafe(fn(), loop)
+
+    async def aclose(self) -> None:
+        """Close this filesystem's clients (the running loop's one awaited)."""
+        await self._holder.aclose()
+
+    def close(self) -> None:
+        """Close this filesystem's clients; they are made again if it is used again."""
+        self._holder.close()
+
+    # -- URLs ------------------------------------------------------------------------
+    @classmethod
+    def _strip_protocol(cls, path: Any) -> Any:
+        """``stager://host:port/a/b/``, ``stager:///a/b`` and ``a/b`` all give ``/a/b``."""
+        if isinstance(path, list):
+            return [cls._strip_protocol(p) for p in path]
+        path = stringify_path(path)
+        if path.startswith("stager://"):
+            rest = path[len("stager://"):]
+            path = rest if rest.startswith("/") else "/" + rest.partition("/")[2]
+        elif path.startswith("stager::"):
+            path = path[len("stager::"):]
+        return "/" + "/".join(p for p in path.split("/") if p)
+
+    @staticmethod
+    def _get_kwargs_from_urls(path: str) -> dict[str, Any]:
+        if path.startswith("stager://"):
+            netloc = path[len("stager://"):].partition("/")[0]
+            if netloc:
+                return {"meta_url": f"http://{netloc}"}
+        return {}
+
+    def unstrip_protocol(self, name: str) -> str:
+        if name.startswith("stager://"):
+            return name
+        netloc = self.meta_url.removeprefix("http://") if self.meta_url.startswith(
+            "http://") else ""
+        return f"stager://{netloc}{self._strip_protocol(name)}"
+
+    @property
+    def fsid(self) -> str:
+        return f"stager-{self.meta_url}"
+
+    # -- namespace ---------------------------------------------------------------------
+    async def _stat(self, path: str) -> FileInfo:
+        return await self.client.stat(self._strip_protocol(path), cached=False)
+
+    async def _info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        return to_fsspec(await self._stat(path))
+
+    async def _ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
+        path = self._strip_protocol(path)
+        try:
+            entries = await self.client.ls(path)
+        except NotADirectory:
+            entries = [await self.client.stat(path, cached=False)]
+        out = [to_fsspec(e) for e in entries]
+        return out if detail else [e["name"] for e in out]
+
+    async def _mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
+        await self.client.mkdir(self._strip_protocol(path), parents=create_parents,
+                                exist_ok=False, layout=_layout(kwargs))
+
+    async def _makedirs(self, path: str, exist_ok: bool = False) -> None:
+        await self.client.mkdir(self._strip_protocol(path), parents=True, exist_ok=exist_ok)
+
+    async def _rmdir(self, path: str) -> None:
+        info = await self._stat(path)
+        if not info.is_dir:
+            raise NotADirectory(f"{info.path} is not a directory", path=info.path)
+        await self.client.rm(info.path, recursive=False)
+
+    async def _rm_file(self, path: str, **kwargs: Any) -> None:
+        await self.client.rm(self._strip_protocol(path))
+
+    async def _rm(self, path: Any, recursive: bool = False, batch_size: int | None = None,
+                  maxdepth: int | None = None, **kwargs: Any) -> None:
+        """Globs expanded here; each directory goes in one server-side request."""
+        if maxdepth is not None:
+            await super()._rm(path, recursive=recursive, maxdepth=maxdepth)
+            return
+        found = await self._expand_path(path, recursive=False)
+        tops = _outermost(found) if recursive else sorted(found, reverse=True)
+        if recursive:
+            await gather_or_cancel(self.client.rm(p, recursive=True) for p in tops)
+            return
+        for p in tops:            # deepest first, so emptied directories can go too
+            await self.client.rm(p, recursive=False)
+
+    async def _mv(self, path1: Any, path2: Any, recursive: bool = False,
+                  maxdepth: int | None = None, **kwargs: Any) -> None:
+        """A rename on the metadata server when one path moves; copy and remove otherwise."""
+        if isinstance(path1, str) and isinstance(path2, str) and not has_magic(path1):
+            src, dst = self._strip_protocol(path1), self._strip_protocol(path2)
+            if src == dst:
+                return
+            if path2.endswith("/") or await self._isdir(dst):
+                dst = paths.join(dst, src.rsplit("/", 1)[-1])
+            parent = paths.split(dst)[0]
+            await self.client.mkdir(parent, parents=True, exist_ok=True)
+            await self.client.rename(src, dst, overwrite=True)
+            return
+        await self._copy(path1, path2, recursive=recursive, maxdepth=maxdepth)
+        await self._rm(path1, recursive=recursive)
+
+    async def _mv_file(self, path1: str, path2: str, **kwargs: Any) -> None:
+        await self._mv(path1, path2)
+
+    async def _modified(self, path: str) -> dt.datetime:
+        return dt.datetime.fromtimestamp((await self._stat(path)).mtime, tz=dt.UTC)
+
+    def ukey(self, path: str) -> str:
+        info = self.info(path)
+        return f"{info.get('file_id')}:{info.get('checksum')}:{info['size']}"
+
+    mv = sync_wrapper(_mv)
+    rmdir = sync_wrapper(_rmdir)
+    modified = sync_wrapper(_modified)
+
+    # -- reading -----------------------------------------------------------------------
+    async def _cat_file(self, path: str, start: int | None = None, end: int | None = None,
+                        **kwargs: Any) -> bytes:
+        return await self.client.cat(self._strip_protocol(path), start, end)
+
+    async def _cat_ranges(self, paths_: list[str], starts: Any, ends: Any,
+                          max_gap: int | None = None, batch_size: int | None = None,
+                          on_error: str = "return", **kwargs: Any) -> list[Any]:
+        """Every range at once: coalesced per chunk, one batch per target (see ranges.py)."""
+        if not isinstance(paths_, list):
+            raise TypeError("paths must be a list")
+        n = len(paths_)
+        starts = list(starts) if isinstance(starts, Iterable) else [starts] * n
+        ends = list(ends) if isinstance(ends, Iterable) else [ends] * n
+        if len(starts) != n or len(ends) != n:
+            raise ValueError("paths, starts and ends must have the same length")
+        names = [self._strip_protocol(p) for p in paths_]
+        unique = sorted(set(names))
+        stats = await asyncio.gather(*(self.client.stat(p) for p in unique),
+                                     return_exceptions=True)
+        infos = dict(zip(unique, stats, strict=True))
+        out: list[Any] = [None] * n
+        wanted: list[tuple[int, tuple[FileInfo, int, int]]] = []
+        for i, (name, start, end) in enumerate(zip(names, starts, ends, strict=True)):
+            info = infos[name]
+            if isinstance(info, BaseException):
+                out[i] = info
+            elif info.is_dir:
+                out[i] = IsADirectory(f"{name} is a directory", path=name)
+            else:
+                wanted.append((i, (info, *_bounds(info.size, start, end))))
+        got = await read_ranges(self.client, [w for _, w in wanted], max_gap=max_gap or 0)
+        for (i, _), data in zip(wanted, got, strict=True):
+            out[i] = data
+        if on_error != "return":
+            for item in out:
+                if isinstance(item, BaseException):
+                    raise item
+        return out
+
+    async def _get_file(self, rpath: str, lpath: str, callback: Any = DEFAULT_CALLBACK,
+                        **kwargs: Any) -> None:
+        from ..stage.copy import copy_out
+
+        info = await self._stat(rpath)
+        if info.is_dir:
+            await asyncio.to_thread(os.makedirs, lpath, exist_ok=True)
+            return
+        callback.set_size(info.size)
+        await copy_out(self.client, info, _local_fs(), os.fspath(lpath),
+                       on_bytes=callback.relative_update)
+
+    def _open(self, path: str, mode: str = "rb", block_size: int | None = None,
+              autocommit: bool = True, cache_options: dict[str, Any] | None = None,
+              **kwargs: Any) -> StagerReadFile | StagerWriteFile:
+        path = self._strip_protocol(path)
+        kwargs.pop("size", None)          # a reopened (unpickled) file: stat again anyway
+        if mode == "rb":
+            info = self._run(self._stat, path)
+            if info.is_dir:
+                raise IsADirectory(f"{path} is a directory", path=path)
+            return StagerReadFile(self, path, info, block_size=block_size,
+                                  cache_options=cache_options, **kwargs)
+        if mode in ("wb", "xb"):
+            layout = _layout(kwargs)
+            return StagerWriteFile(self, path, mode, block_size=block_size,
+                                   autocommit=autocommit, layout=layout, **kwargs)
+        raise NotImplementedError(f"mode {mode!r}: stager files are read ('rb') or written "
+                                  "whole ('wb', 'xb'); there is no append")
+
+    # -- writing -----------------------------------------------------------------------
+    async def _pipe_file(self, path: str, value: bytes, mode: str = "overwrite",
+                         **kwargs: Any) -> None:
+        await self.client.pipe(self._strip_protocol(path), value, layout=_layout(kwargs),
+                               overwrite=mode == "overwrite")
+
+    async def _put_file(self, lpath: str, rpath: str, callback: Any = DEFAULT_CALLBACK,
+                        mode: str = "overwrite", **kwargs: Any) -> None:
+        from ..stage.copy import copy_in
+
+        rpath = self._strip_protocol(rpath)
+        st = await asyncio.to_thread(os.stat, lpath)
+        if stat.S_ISDIR(st.st_mode):
+            await self._makedirs(rpath, exist_ok=True)
+            return
+        source = _local_source()
+        callback.set_size(st.st_size)
+        await copy_in(self.client, source, os.fspath(lpath), st.st_size, rpath,
+                      layout=_layout(kwargs), mtime=st.st_mtime, overwrite=mode == "overwrite",
+                      on_bytes=callback.relative_update)
+
+    async def _cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
+        info = await self._stat(path1)
+        if info.is_dir:
+            await self._makedirs(path2, exist_ok=True)
+            return
+
+        async def body() -> Any:
+            async for piece in self.client.reader(info).stream():
+                yield piece
+
+        await self.client.write_stream(self._strip_protocol(path2), body(),
+                                       layout=_layout(kwargs))
+
+
+def _bounds(size: int, start: int | None, end: int | None) -> tuple[int, int]:
+    """fsspec's ``start``/``end`` (``None``, negative from the end) clipped to ``size``."""
+    lo = 0 if start is None else (size + start if start < 0 else start)
+    hi = size if end is None else (size + end if end < 0 else end)
+    lo, hi = max(0, min(lo, size)), max(0, min(hi, size))
+    return lo, max(lo, hi)
+
+
+def _outermost(found: list[str]) -> list[str]:
+    """The paths not below another one of them."""
+    out: list[str] = []
+    for p in sorted(found):
+        if not any(paths.is_within(p, top) for top in out):
+            out.append(p)
+    return out
+
+
+def _layout(kwargs: dict[str, Any]) -> LayoutSpec | None:
+    """Layout keywords of a write (``chunk_size="1MiB"``, ``stripe_count``, ``replicas``)."""
+    spec = kwargs.pop("layout", None)
+    if isinstance(spec, dict):
+        spec = LayoutSpec.from_json(spec)
+    values = {k: kwargs.pop(k) for k in LAYOUT_KEYS if kwargs.get(k) is not None}
+    if not values:
+        return spec
+    if "chunk_size" in values:
+        values["chunk_size"] = parse_size(values["chunk_size"])
+    merged = LayoutSpec(**values).merged_over(spec or LayoutSpec())
+    merged.validate()
+    return merged
+
+
+def _local_fs() -> Any:
+    from fsspec.implementations.local import LocalFileSystem
+
+    return LocalFileSystem()
+
+
+_LOCAL_SOURCES: dict[int, Any] = {}
+
+
+def _local_source() -> Any:
+    """One thread pool for local reads per process (``put`` may run many files at once)."""
+    from ..stage.source import ThreadSource
+
+    pid = os.getpid()
+    if pid not in _LOCAL_SOURCES:
+        _LOCAL_SOURCES[pid] = ThreadSource("file://", _local_fs(), "/")
+    return _LOCAL_SOURCES[pid]

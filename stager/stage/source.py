@@ -1,0 +1,224 @@
+"""Staging sources: any fsspec URL, read natively when its filesystem is async.
+
+:func:`open_source` turns a URL into a :class:`Source`.  An async filesystem
+(http, s3, gcs, stager) gets its own instance on the running loop and is
+awaited directly; a blocking one (local, memory, …) runs in a thread pool.
+Foreign exceptions become stager errors here and nowhere else: a missing path
+is :class:`~stager.errors.NotFound`, anything else that goes wrong reading the
+source is :class:`~stager.errors.SourceError`, and both name the URL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import email.utils
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+from urllib.parse import unquote
+
+import aiohttp
+import fsspec
+from fsspec.core import split_protocol, url_to_fs
+
+from ..errors import BadRequest, NotFound, SourceError, StagerError
+
+T = TypeVar("T")
+THREADS = 32          # blocking sources: reads in flight at once
+INFO_CONCURRENCY = 64  # HEAD-like info requests in flight while listing
+
+
+def filesystem_class(url: str) -> type[fsspec.AbstractFileSystem]:
+    """The fsspec class for ``url``'s protocol, or a clear error naming the cause."""
+    protocol = split_protocol(url)[0] or "file"
+    try:
+        return fsspec.get_filesystem_class(protocol)
+    except ValueError:
+        raise BadRequest(f"unknown protocol {protocol!r} in {url!r}: not an fsspec protocol "
+                         f"({len(fsspec.available_protocols())} are known, e.g. file, http, "
+                         "memory, s3, gs)", url=url) from None
+    except ImportError as exc:
+        raise BadRequest(f"protocol {protocol!r} of {url!r} needs a package that is not "
+                         f"installed: {exc}", url=url) from None
+
+
+def open_source(url: str, **storage_options: Any) -> Source:
+    cls = filesystem_class(url)
+    if "::" not in url and getattr(cls, "async_impl", False):
+        loop = asyncio.get_running_loop()
+        fs = cls(asynchronous=True, loop=loop, skip_instance_cache=True,
+                 **{**cls._get_kwargs_from_urls(url), **storage_options})
+        return AsyncSource(url, fs, cls._strip_protocol(url))
+    fs, path = url_to_fs(url, **storage_options)
+    return ThreadSource(url, fs, path)
+
+
+class Source:
+    """One fsspec filesystem, read from one root path (``root``)."""
+
+    def __init__(self, url: str, fs: fsspec.AbstractFileSystem, root: str) -> None:
+        self.url = url
+        self.fs = fs
+        self.root = root.rstrip("/") or root
+        protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+        self._quoted = bool({"http", "https"} & set(protocols))   # listings are URLs
+
+    # -- what subclasses provide --------------------------------------------------
+    async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        pass
+
+    # -- the interface -------------------------------------------------------------
+    def name(self, path: str) -> str:
+        """A URL naming ``path`` for messages."""
+        return self.fs.unstrip_protocol(path)
+
+    def relative(self, path: str) -> str:
+        """``path`` relative to the root, ``/``-separated, percent-decoded for http."""
+        rel = path[len(self.root):].lstrip("/") if path.startswith(self.root) else path
+        return unquote(rel) if self._quoted else rel
+
+    async def info(self, path: str) -> dict[str, Any]:
+        return dict(await self._guard(path, self._call("info", path)))
+
+    async def files(self) -> dict[str, dict[str, Any]]:
+        """Every file below the root (or the root itself when it is a file), with info.
+
+        Raises :class:`NotFound` when the root does not exist.
+        """
+        if not await self._guard(self.root, self._call("exists", self.root)):
+            raise NotFound(f"source {self.url} does not exist", url=self.url)
+        # on_error="raise": a directory that cannot be listed must not be skipped silently
+        found: dict[str, dict[str, Any]] = await self._guard(
+            self.root, self._call("find", self.root, detail=True, on_error="raise"))
+        limit = asyncio.Semaphore(INFO_CONCURRENCY)
+
+        async def complete(path: str, info: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+            if info.get("size") is not None and info.get("type") == "file":
+                return path, info
+            async with limit:                 # http listings carry no sizes
+                return path, {**info, **await self.info(path)}
+
+        done = await asyncio.gather(*(complete(p, i) for p, i in found.items()))
+        return {p: i for p, i in done if i.get("type", "file") == "file"}
+
+    async def read(self, path: str, start: int, end: int) -> bytes:
+        return bytes(await self._guard(path, self._call("cat_file", path, start=start, end=end)))
+
+    async def read_all(self, path: str) -> bytes:
+        return bytes(await self._guard(path, self._call("cat_file", path)))
+
+    async def stream(self, path: str, piece: int) -> AsyncIterator[bytes]:
+        """The file from its start, one sequential read at a time (no byte ranges)."""
+        f = await self._guard(path, self._call("open", path, "rb"))
+        try:
+            while data := await self._guard(path, self._read_file(f, piece)):
+                yield bytes(data)
+        finally:
+            await self._close_file(f)
+
+    async def _read_file(self, f: Any, n: int) -> bytes:
+        raise NotImplementedError
+
+    async def _close_file(self, f: Any) -> None:
+        raise NotImplementedError
+
+    async def _guard(self, path: str, work: Awaitable[T]) -> T:
+        """Await ``work``, turning foreign errors into ones that name the source."""
+        try:
+            return await work
+        except StagerError:
+            raise
+        except FileNotFoundError as exc:
+            # fsspec's http filesystem reports any failed request (a 403, say) as a
+            # missing file; the HTTP answer underneath names the real cause.
+            cause = exc.__cause__
+            if isinstance(cause, aiohttp.ClientResponseError) and cause.status != 404:
+                raise SourceError(f"cannot read source {self.name(path)}: HTTP {cause.status} "
+                                  f"{cause.message}", url=self.name(path)) from exc
+            raise NotFound(f"source {self.name(path)}: no such file", url=self.name(path)) \
+                from exc
+        except (OSError, ValueError, TypeError, aiohttp.ClientError, TimeoutError,
+                NotImplementedError, RuntimeError) as exc:
+            raise SourceError(f"cannot read source {self.name(path)}: "
+                              f"{type(exc).__name__}: {exc}", url=self.name(path)) from exc
+
+
+class AsyncSource(Source):
+    """An async fsspec filesystem, awaited on the running loop."""
+
+    async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "open":
+            return await self.fs.open_async(*args, **kwargs)
+        return await getattr(self.fs, "_" + name)(*args, **kwargs)
+
+    async def _read_file(self, f: Any, n: int) -> bytes:
+        return bytes(await f.read(n))
+
+    async def _close_file(self, f: Any) -> None:
+        await f.close()
+
+    async def close(self) -> None:
+        closer: Callable[[], Awaitable[None]] | None = getattr(self.fs, "aclose", None)
+        if closer is not None:
+            await closer()
+        for value in list(vars(self.fs).values()):   # http, gcs: an aiohttp session
+            if isinstance(value, aiohttp.ClientSession) and not value.closed:
+                await value.close()
+
+
+class ThreadSource(Source):
+    """A blocking fsspec filesystem, called from a pool of threads."""
+
+    def __init__(self, url: str, fs: fsspec.AbstractFileSystem, root: str) -> None:
+        super().__init__(url, fs, root)
+        self._pool = ThreadPoolExecutor(THREADS, thread_name_prefix="stage-source")
+
+    async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+
+    async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        return await self._run(getattr(self.fs, name), *args, **kwargs)
+
+    async def _read_file(self, f: Any, n: int) -> bytes:
+        return bytes(await self._run(f.read, n))
+
+    async def _close_file(self, f: Any) -> None:
+        await self._run(f.close)
+
+    async def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def source_mtime(info: dict[str, Any]) -> float | None:
+    """The modification time an fsspec info dict reports, as a Unix time."""
+    for key in ("mtime", "LastModified", "last_modified", "Last-Modified", "updated",
+                "modified", "created"):
+        value = info.get(key)
+        if value is None:
+            continue
+        if isinstance(value, int | float):
+            return float(value)
+        if isinstance(value, dt.datetime):
+            return value.timestamp()
+        if isinstance(value, str):
+            try:
+                return email.utils.parsedate_to_datetime(value).timestamp()
+            except (TypeError, ValueError):
+                try:
+                    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+                except ValueError:
+                    continue
+    return None
+
+
+def source_etag(info: dict[str, Any]) -> str | None:
+    for key in ("ETag", "etag", "md5Hash"):
+        value = info.get(key)
+        if value:
+            return str(value)
+    return None
