@@ -5,10 +5,11 @@ PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 PIP     := $(BIN)/python -m pip
-# Debian packages the tests use (FUSE mounts, nginx baselines, network namespaces).
-APT_PACKAGES ?=
+# Debian packages the tests use (FUSE mounts, nginx baselines, network namespaces,
+# fault injection: fiu-run).
+APT_PACKAGES ?= iproute2 nginx-light iperf3 fuse3 libfuse3-dev pkg-config fio fiu-utils
 
-.PHONY: demo test test-fast lint sysdeps bench-quick clean
+.PHONY: demo test test-fast lint sysdeps bench bench-quick clean
 
 $(BIN)/python:
 	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "stager needs Python 3.11 or newer")'
@@ -19,8 +20,11 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(PIP) install -q -e .
 	@touch $@
 
-$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(PIP) install -q -e '.[dev]'
+# The fuse extra (pyfuse3) compiles against libfuse3, so it comes after sysdeps;
+# where it cannot build, the FUSE tests skip and say why.
+$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python sysdeps
+	$(PIP) install -q -e '.[dev,bench,torch]'
+	$(PIP) install -q -e '.[fuse]' || echo "pyfuse3 did not build (needs libfuse3-dev and pkg-config): the FUSE tests will skip"
 	@touch $@ $(VENV)/.installed
 
 demo: $(VENV)/.installed
@@ -45,6 +49,14 @@ sysdeps:
 		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	else echo "not root or no apt-get; missing Debian packages:$$missing (their tests will skip)"; fi
+
+# The benchmarks (see bench/RESULTS.md); bench-quick is the smoke-test size and
+# writes to .stager/bench-quick so the committed results stay as they are.
+bench: $(VENV)/.installed-dev sysdeps
+	$(BIN)/python -m bench
+
+bench-quick: $(VENV)/.installed-dev sysdeps
+	$(BIN)/python -m bench --quick --out .stager/bench-quick
 
 clean:
 	rm -rf $(VENV) .stager .pytest_cache

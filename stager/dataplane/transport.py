@@ -28,6 +28,7 @@ from ..errors import (
 )
 from ..protocol import headers
 from ..protocol.models import ReadItem
+from . import rawhttp
 
 READ_BUFSIZE = 1 << 20
 
@@ -68,11 +69,29 @@ class PlaneOptions:
     connections_per_target: int = 8
     retries: int = 3
     avoid_failed_for: float = 5.0    # seconds a failed target is tried last
+    raw_reads: bool = True           # reads land in their buffers by recv_into (rawhttp)
+    failover_timeout: float | None = None  # silence after which a read gives a replica up
+
+
+class _PlaneConnector(aiohttp.TCPConnector):
+    """aiohttp's connector, carrying the raw read connections, which close with it."""
+
+    def __init__(self, raw: rawhttp.RawPool, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.raw = raw
+
+    def close(self, *, abort_ssl: bool = False) -> Any:
+        self.raw.close()
+        return super().close(abort_ssl=abort_ssl)
 
 
 def make_session(options: PlaneOptions, *, limit: int = 0) -> aiohttp.ClientSession:
-    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=options.connections_per_target,
-                                     ttl_dns_cache=300, enable_cleanup_closed=False)
+    raw = rawhttp.RawPool(limit=options.connections_per_target,
+                          connect_timeout=options.connect_timeout,
+                          read_timeout=options.request_timeout)
+    connector = _PlaneConnector(raw, limit=limit,
+                                limit_per_host=options.connections_per_target,
+                                ttl_dns_cache=300, enable_cleanup_closed=False)
     timeout = aiohttp.ClientTimeout(total=None, connect=options.connect_timeout,
                                     sock_read=options.request_timeout)
     return aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
@@ -142,36 +161,112 @@ class DataPlane:
                     raise
                 await asyncio.sleep(0.05 * 2 ** attempt)
 
+    def read_timeout(self, patient: bool) -> float:
+        """Silence (connect included) after which a read is given up: short when
+        another replica can be tried (``failover_timeout``), else ``request_timeout``."""
+        fast = self.options.failover_timeout
+        if patient or not fast:
+            return self.options.request_timeout
+        return min(fast, self.options.request_timeout)
+
     async def read_chunk_into(self, target: str, url: str, chunk: str, offset: int,
-                              out: memoryview, *, whole: bool = False) -> int | None:
+                              out: memoryview, *, whole: bool = False,
+                              patient: bool = False) -> int | None:
         """Read ``len(out)`` bytes of ``chunk`` at ``offset`` into ``out``.
 
         Returns the chunk's CRC32C from the server when ``whole`` (the caller
         checks it against the committed checksum), else ``None``; ranged reads
-        are verified block by block on the server.
+        are verified block by block on the server.  ``patient``: no replica is
+        left to try, so wait ``request_timeout`` (see :meth:`read_timeout`).
         """
         hdrs = {} if whole else {"Range": f"bytes={offset}-{offset + len(out) - 1}"}
+        timeout = self.read_timeout(patient)
+        pool = self._raw_pool()
+        if pool is not None:
+            try:
+                got = await self._read_raw(pool, target, url, "GET", f"/v1/chunks/{chunk}",
+                                           hdrs, None, out, chunk, timeout)
+            except rawhttp.Unsupported:
+                pass    # a response the raw client does not frame: aiohttp reads it below
+            else:
+                crc = got.get(headers.CRC32C.lower())
+                return int(crc, 16) if whole and crc else None
         async with self._request(target, url, "GET", f"/v1/chunks/{chunk}",
-                                 headers=hdrs) as resp:
+                                 headers=hdrs, timeout=_client_timeout(timeout)) as resp:
             await _read_exactly(resp, out, target, chunk)
             self.counter(target).bytes_read += len(out)
             crc = resp.headers.get(headers.CRC32C)
             return int(crc, 16) if whole and crc else None
 
     async def batch_read_into(self, target: str, url: str, items: Sequence[ReadItem],
-                              out: memoryview) -> None:
+                              out: memoryview, *, patient: bool = False) -> None:
         """Many pieces from one target in one request, concatenated into ``out``."""
         body = json.dumps({"items": [i.to_json() for i in items]}).encode()
+        timeout = self.read_timeout(patient)
+        pool = self._raw_pool()
+        if pool is not None:
+            try:
+                await self._read_raw(pool, target, url, "POST", "/v1/read",
+                                     {"Content-Type": "application/json"}, body, out, "batch",
+                                     timeout)
+                return
+            except rawhttp.Unsupported:
+                pass    # a response the raw client does not frame: aiohttp reads it below
         async with self._request(target, url, "POST", "/v1/read", data=body,
-                                 headers={"Content-Type": "application/json"}) as resp:
+                                 headers={"Content-Type": "application/json"},
+                                 timeout=_client_timeout(timeout)) as resp:
             await _read_exactly(resp, out, target, "batch")
             self.counter(target).bytes_read += len(out)
+
+    def _raw_pool(self) -> rawhttp.RawPool | None:
+        pool = getattr(self.session.connector, "raw", None)
+        return pool if self.options.raw_reads and not self.session.closed else None
+
+    async def _read_raw(self, pool: rawhttp.RawPool, target: str, url: str, method: str,
+                        path: str, hdrs: dict[str, str], body: bytes | None, out: memoryview,
+                        what: str, timeout: float | None = None) -> dict[str, str]:
+        """One read through :mod:`rawhttp` into ``out``, counted and mapped as
+        :meth:`_request` does; returns the response headers (lower-case names)."""
+        counter = self.counter(target)
+        counter.requests += 1
+        start = time.perf_counter()
+        try:
+            resp = await pool.request(url, method, path, hdrs, body, out, timeout=timeout)
+            if resp.status >= 400:
+                raise _error_of(resp.status, _json_or_none(resp.body))
+        except rawhttp.Unsupported:
+            counter.requests -= 1   # the caller sends it again through aiohttp
+            raise
+        except rawhttp.LengthMismatch as exc:
+            counter.errors += 1
+            if exc.length > exc.want:
+                raise CorruptChunk(f"target {target} sent more bytes than asked for {what}",
+                                   target=target) from None
+            raise TargetUnavailable(f"target {target} sent {exc.length} of {exc.want} bytes "
+                                    f"of {what}", target=target) from None
+        except StagerError:
+            counter.errors += 1
+            raise
+        except OSError as exc:      # connection errors and timeouts
+            counter.errors += 1
+            counter.failed_at = time.monotonic()
+            raise TargetUnavailable(f"target {target} at {url} unreachable: "
+                                    f"{type(exc).__name__}: {exc}",
+                                    target=target, url=url) from exc
+        finally:
+            counter.seconds += time.perf_counter() - start
+        counter.bytes_read += len(out)
+        return resp.headers
 
     async def purge(self, target: str, url: str, file_ids: Sequence[str]) -> int:
         body = json.dumps({"file_ids": list(file_ids)}).encode()
         async with self._request(target, url, "POST", "/v1/purge", data=body,
                                  headers={"Content-Type": "application/json"}) as resp:
             return int((await resp.json()).get("removed", 0))
+
+
+def _client_timeout(seconds: float) -> aiohttp.ClientTimeout:
+    return aiohttp.ClientTimeout(total=None, sock_connect=seconds, sock_read=seconds)
 
 
 async def _read_exactly(resp: aiohttp.ClientResponse, out: memoryview, target: str,
@@ -195,7 +290,17 @@ async def _wire_error(resp: aiohttp.ClientResponse) -> StagerError:
         body = await resp.json(content_type=None)
     except (ValueError, aiohttp.ClientError):
         body = None
+    return _error_of(resp.status, body)
+
+
+def _json_or_none(raw: bytes) -> Any:
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return None
+
+
+def _error_of(status: int, body: Any) -> StagerError:
     if body is None:
-        return BadRequest(f"HTTP {resp.status}") if resp.status < 500 else \
-            error_from_wire(resp.status, {})
-    return error_from_wire(resp.status, body)
+        return BadRequest(f"HTTP {status}") if status < 500 else error_from_wire(status, {})
+    return error_from_wire(status, body)

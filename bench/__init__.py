@@ -1,0 +1,16 @@
+"""stager's benchmarks: ``python -m bench [NAME…] [--quick] [--out DIR]``.
+
+Each benchmark is a module ``bench/bench_<name>.py`` with ``run(quick: bool) -> dict``
+returning::
+
+    {"title": str, "command": str, "columns": [str], "rows": [[...]],
+     "ratios": {name: float}, "aims": {name: {"value": float, "aim": str, "met": bool}},
+     "notes": [str],
+     "plot": {"kind": "bar" | "line", "x": column, "y": [column, ...],   # optional
+              "ylabel": str, "logy": bool}}
+
+The runner (:mod:`bench.runner`) adds the machine's facts and writes
+``results/<name>.json``; :mod:`bench.report` renders ``RESULTS.md`` and one PNG
+per benchmark from every result file present.  Baselines are measured side by
+side with stager in the same run, so the ratios hold even on a busy machine.
+"""

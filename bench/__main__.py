@@ -1,0 +1,5 @@
+"""``python -m bench``: run the benchmarks, write results, render RESULTS.md and plots."""
+
+from .runner import main
+
+raise SystemExit(main())

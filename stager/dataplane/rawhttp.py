@@ -1,0 +1,292 @@
+"""Chunk reads straight into the caller's buffer: a small HTTP/1.1 client for the hot path.
+
+aiohttp hands a response body over as a fresh ``bytes`` object per socket read,
+which the reader then copies into its buffer; at loopback rates that allocation,
+the copy and the per-piece Python work were about half of the client's CPU
+(profiled with py-spy; figures in bench/RESULTS.md).  Here an
+``asyncio.BufferedProtocol`` hands the kernel the destination itself
+(``recv_into``), so a body is copied once: from the socket to its final place.
+
+Only the responses stager's data servers send are understood: a status line,
+headers, and a body framed by ``Content-Length``.  Anything else raises
+:class:`Unsupported` before a byte of the body is used, and the caller repeats
+the request through aiohttp.  Connections are kept alive and reused, at most
+``limit`` per target; a connection the server closed while idle is retried once
+on a fresh one (only reads go this way, and they are idempotent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+HEAD_BUF = 8192                 # the first recv of a response: status line and headers
+MAX_HEAD = 64 * 1024
+MAX_ERROR_BODY = 1 << 20
+
+
+class Unsupported(Exception):
+    """A response this client does not frame (no Content-Length, chunked, not HTTP/1.x)."""
+
+
+class LengthMismatch(Exception):
+    """The response's body is not the size of the buffer it was asked into."""
+
+    def __init__(self, length: int, want: int) -> None:
+        super().__init__(f"{length} bytes, {want} asked for")
+        self.length, self.want = length, want
+
+
+@dataclass
+class RawResponse:
+    status: int
+    headers: dict[str, str]                     # lower-case names
+    body: bytes = b""                           # error responses only; success fills ``dest``
+
+
+class _Conn(asyncio.BufferedProtocol):
+    """One keep-alive connection; one request at a time."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.reusable = True
+        self.progress = 0               # bytes received, for the inactivity timer
+        self._scratch = bytearray(HEAD_BUF)
+        self._head = bytearray()
+        self._waiter: asyncio.Future[RawResponse] | None = None
+        self._dest = memoryview(b"")
+        self._body: memoryview | None = None    # where the body goes, once the head is parsed
+        self._pos = 0
+        self._resp: RawResponse | None = None
+
+    # -- asyncio callbacks -------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._fail(exc or ConnectionResetError("connection closed by the server"))
+
+    def eof_received(self) -> bool:
+        return False                    # close our side too
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._body is not None:
+            return self._body[self._pos:]
+        return memoryview(self._scratch)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.progress += nbytes
+        if self._waiter is None or self._waiter.done():
+            self.abort(ConnectionError("data from the server while idle"))
+        elif self._body is not None:
+            self._pos += nbytes
+            if self._pos == len(self._body):
+                self._finish()
+        else:
+            self._head += self._scratch[:nbytes]
+            try:
+                self._parse_head()
+            except (Unsupported, LengthMismatch) as exc:
+                self.abort(exc)
+            except ValueError as exc:
+                self.abort(Unsupported(f"unparsable response head: {exc}"))
+
+    # -- one request -------------------------------------------------------------------
+    def start(self, request: bytes, dest: memoryview) -> asyncio.Future[RawResponse]:
+        assert self.transport is not None and not self.closed
+        loop = asyncio.get_running_loop()
+        self._waiter = loop.create_future()
+        self._dest, self._body, self._pos, self._resp = dest, None, 0, None
+        self._head.clear()
+        self.transport.write(request)
+        return self._waiter
+
+    def _parse_head(self) -> None:
+        end = self._head.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self._head) > MAX_HEAD:
+                raise Unsupported("response head too large")
+            return
+        lines = bytes(self._head[:end]).decode("latin-1").split("\r\n")
+        version, _, rest = lines[0].partition(" ")
+        if not version.startswith("HTTP/1."):
+            raise Unsupported(f"not an HTTP/1.x response: {lines[0]!r}")
+        status = int(rest.split(" ", 1)[0])
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if not sep:
+                raise Unsupported(f"bad header line {line!r}")
+            headers[name.strip().lower()] = value.strip()
+        if "transfer-encoding" in headers or "content-length" not in headers:
+            raise Unsupported("the body is not framed by Content-Length")
+        length = int(headers["content-length"])
+        if headers.get("connection", "").lower() == "close" or version == "HTTP/1.0":
+            self.reusable = False
+        self._resp = RawResponse(status, headers)
+        if status < 400:
+            if length != len(self._dest):
+                raise LengthMismatch(length, len(self._dest))
+            self._body = self._dest
+        elif length <= MAX_ERROR_BODY:
+            self._body = memoryview(bytearray(length))
+        else:
+            raise Unsupported("error body too large")
+        extra = self._head[end + 4:]
+        if len(extra) > length:
+            raise Unsupported("more bytes than the response's length")
+        self._body[:len(extra)] = extra
+        self._pos = len(extra)
+        if self._pos == length:
+            self._finish()
+
+    def _finish(self) -> None:
+        assert self._resp is not None and self._waiter is not None
+        if self._resp.status >= 400 and self._body is not None:
+            self._resp.body = bytes(self._body)
+        self._release()
+        self._waiter.set_result(self._resp)
+
+    def _release(self) -> None:
+        # Drop every reference to the caller's buffer, so that it can be resized
+        # or freed while this connection waits in the pool.
+        self._body = None
+        self._dest = memoryview(b"")
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_exception(exc)
+        self._release()
+
+    def abort(self, exc: BaseException) -> None:
+        self.reusable = False
+        self._fail(exc)
+        self.close()
+
+    def close(self) -> None:
+        self.reusable = False
+        if self.transport is not None and not self.closed:
+            self.closed = True
+            self.transport.close()
+
+
+@dataclass
+class _Target:
+    limit: asyncio.Semaphore
+    idle: list[_Conn] = field(default_factory=list)
+
+
+class RawPool:
+    """Keep-alive connections to data servers, ``limit`` per target."""
+
+    def __init__(self, *, limit: int, connect_timeout: float, read_timeout: float) -> None:
+        self.limit = limit
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self._targets: dict[tuple[str, int], _Target] = {}
+        self._all: weakref.WeakSet[_Conn] = weakref.WeakSet()   # open ones stay referenced
+        self.closed = False
+
+    async def request(self, url: str, method: str, path: str, headers: Mapping[str, str],
+                      body: bytes | None, dest: memoryview, *,
+                      timeout: float | None = None) -> RawResponse:
+        """Send one request; a success's body lands in ``dest``, which it must fill
+        exactly (else :class:`LengthMismatch`).  ``timeout`` (default: the pool's
+        ``read_timeout``) bounds the connect and every silence of the server."""
+        if self.closed:
+            raise ConnectionError("the connection pool is closed")
+        parts = urlsplit(url)
+        if parts.scheme != "http":
+            raise Unsupported(f"{parts.scheme}: only plain http is read this way")
+        host, port = parts.hostname or "127.0.0.1", parts.port or 80
+        target = self._targets.get((host, port))
+        if target is None:
+            target = self._targets[(host, port)] = _Target(asyncio.Semaphore(self.limit))
+        request = _request_bytes(method, f"{parts.path.rstrip('/')}{path}", parts.netloc,
+                                 headers, body)
+        async with target.limit:
+            for attempt in (0, 1):
+                conn, reused = await self._conn(target, host, port, timeout)
+                try:
+                    resp = await self._exchange(conn, request, dest, timeout)
+                except ConnectionResetError:
+                    conn.close()
+                    if reused and attempt == 0 and conn.progress == 0:
+                        continue    # the server closed it while idle: once more, fresh
+                    raise
+                except BaseException:
+                    conn.close()    # cancelled or failed mid-response: never reuse it
+                    raise
+                if conn.reusable and not conn.closed and not self.closed:
+                    target.idle.append(conn)
+                else:
+                    conn.close()
+                return resp
+        raise AssertionError("unreachable")
+
+    async def _conn(self, target: _Target, host: str, port: int,
+                    timeout: float | None = None) -> tuple[_Conn, bool]:
+        while target.idle:
+            conn = target.idle.pop()
+            if not conn.closed:
+                conn.progress = 0
+                return conn, True
+        loop = asyncio.get_running_loop()
+        limit = min(self.connect_timeout, timeout) if timeout else self.connect_timeout
+        _, conn = await asyncio.wait_for(loop.create_connection(_Conn, host, port), limit)
+        self._all.add(conn)
+        return conn, False
+
+    async def _exchange(self, conn: _Conn, request: bytes, dest: memoryview,
+                        timeout: float | None = None) -> RawResponse:
+        """Wait for the response, failing after ``timeout`` seconds without a byte."""
+        limit = timeout or self.read_timeout
+        waiter = conn.start(request, dest)
+        loop = asyncio.get_running_loop()
+        seen, seen_at = 0, loop.time()
+
+        # Looked at four times per limit, so a silent server is given up between
+        # limit and 1.25 × limit after its last byte (failover stays bounded).
+        def check() -> None:
+            nonlocal seen, seen_at, timer
+            if waiter.done():
+                return
+            now = loop.time()
+            if conn.progress != seen:
+                seen, seen_at = conn.progress, now
+            elif now - seen_at >= limit:
+                conn.abort(TimeoutError(f"no data for {limit} s"))
+                return
+            timer = loop.call_later(limit / 4, check)
+
+        timer = loop.call_later(limit / 4, check)
+        try:
+            return await waiter
+        finally:
+            timer.cancel()
+
+    def close(self) -> None:
+        """Close every connection (idle or not); later requests fail."""
+        self.closed = True
+        for conn in list(self._all):
+            try:
+                conn.close()
+            except RuntimeError:
+                pass            # its loop is already closed: nothing left to close on
+        self._all.clear()
+        self._targets.clear()
+
+
+def _request_bytes(method: str, path: str, host: str, headers: Mapping[str, str],
+                   body: bytes | None) -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    if body is not None:
+        lines.append(f"Content-Length: {len(body)}")
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    return head + body if body else head

@@ -1,0 +1,188 @@
+"""The raw read path (stager.dataplane.rawhttp) against real servers that misbehave.
+
+Each server here is real and listens on 127.0.0.1:0: an aiohttp application, or
+a bare asyncio server for framing aiohttp would never produce.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+from aiohttp import web
+
+from stager.dataplane import DataPlane, PlaneOptions, make_session
+from stager.errors import ChunkNotFound, CorruptChunk, TargetUnavailable
+from stager.web.middleware import error_response
+
+CHUNK = "0123456789abcdef0123456789abcdef.0"
+DATA = bytes(range(256)) * 4096          # 1 MiB
+
+
+async def _serve(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                 ) -> AsyncIterator[tuple[str, set[tuple[str, int]]]]:
+    peers: set[tuple[str, int]] = set()
+
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        peers.add(request.transport.get_extra_info("peername"))  # type: ignore[union-attr]
+        return await handler(request)
+
+    app = web.Application()
+    app.router.add_route("*", "/v1/chunks/{chunk}", wrapped)
+    app.router.add_post("/v1/read", wrapped)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}", peers
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def plane() -> AsyncIterator[DataPlane]:
+    options = PlaneOptions(request_timeout=0.5, connect_timeout=2.0)
+    async with make_session(options) as session:
+        yield DataPlane(session, options)
+
+
+async def test_body_lands_in_the_buffer_over_one_reused_connection(plane: DataPlane) -> None:
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(body=DATA, headers={"X-Stager-Crc32c": "0000abcd"})
+
+    async for url, peers in _serve(handler):
+        buf = bytearray(len(DATA))
+        for _ in range(3):
+            crc = await plane.read_chunk_into("t0", url, CHUNK, 0, memoryview(buf), whole=True)
+            assert bytes(buf) == DATA and crc == 0xABCD
+        assert len(peers) == 1                    # kept alive and reused
+        buf.extend(b"x")                          # no reference to the buffer is kept
+        counter = plane.counters["t0"]
+        assert (counter.requests, counter.errors, counter.bytes_read) == (3, 0, 3 * len(DATA))
+
+
+async def test_chunked_response_is_read_through_aiohttp(plane: DataPlane) -> None:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()            # no length: chunked transfer encoding
+        await response.prepare(request)
+        for i in range(0, len(DATA), 100_000):
+            await response.write(DATA[i:i + 100_000])
+        await response.write_eof()
+        return response
+
+    async for url, _ in _serve(handler):
+        buf = bytearray(len(DATA))
+        await plane.read_chunk_into("t0", url, CHUNK, 0, memoryview(buf))
+        assert bytes(buf) == DATA and plane.counters["t0"].requests == 1
+
+
+@pytest.mark.parametrize(("size", "error"), [(len(DATA) + 1, CorruptChunk),
+                                             (len(DATA) - 1, TargetUnavailable)])
+async def test_wrong_length_is_an_error_and_drops_the_connection(
+        plane: DataPlane, size: int, error: type[Exception]) -> None:
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(body=(DATA + b"!")[:size])
+
+    async for url, peers in _serve(handler):
+        buf = bytearray(len(DATA))
+        for _ in range(2):
+            with pytest.raises(error):
+                await plane.read_chunk_into("t0", url, CHUNK, 0, memoryview(buf))
+        assert len(peers) == 2 and plane.counters["t0"].errors == 2
+
+
+async def test_error_body_becomes_the_stager_error(plane: DataPlane) -> None:
+    async def handler(request: web.Request) -> web.Response:
+        return error_response(ChunkNotFound(f"no chunk {CHUNK}", chunk=CHUNK))
+
+    async for url, _ in _serve(handler):
+        with pytest.raises(ChunkNotFound, match="no chunk"):
+            await plane.read_chunk_into("t0", url, CHUNK, 0, memoryview(bytearray(10)))
+
+
+async def test_batched_read_posts_its_items(plane: DataPlane) -> None:
+    async def handler(request: web.Request) -> web.Response:
+        body = await request.json()
+        assert request.method == "POST" and body["items"][0][0] == CHUNK
+        return web.Response(body=DATA[:1000])
+
+    from stager.protocol.models import ReadItem
+
+    async for url, _ in _serve(handler):
+        buf = bytearray(1000)
+        await plane.batch_read_into("t0", url, [ReadItem(CHUNK, 0, 1000)], memoryview(buf))
+        assert bytes(buf) == DATA[:1000]
+
+
+async def _bare_server(answer: Callable[[asyncio.StreamReader, asyncio.StreamWriter],
+                                        Awaitable[None]]) -> tuple[asyncio.Server, str]:
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{port}"
+
+
+async def _read_request(reader: asyncio.StreamReader) -> bytes:
+    return await reader.readuntil(b"\r\n\r\n")
+
+
+async def test_connection_closed_while_idle_is_retried_on_a_fresh_one(
+        plane: DataPlane) -> None:
+    connections = 0
+
+    async def one_request_then_close(reader: asyncio.StreamReader,
+                                     writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        try:
+            await _read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+            await writer.drain()
+        finally:
+            writer.close()      # no "Connection: close": the client learns it later
+
+    server, url = await _bare_server(one_request_then_close)
+    async with server:
+        buf = bytearray(5)
+        await plane.read_chunk_into("t0", url, CHUNK, 0, memoryview(buf))
+        await asyncio.sleep(0.05)
+        await plane.read_chunk_into("t0", url, CHUNK, 0, memoryview(buf))
+        assert bytes(buf) == b"hello" and connections == 2
+        assert plane.counters["t0"].errors == 0
+
+
+async def test_silent_server_times_out_as_unavailable(plane: DataPlane) -> None:
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await _read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")   # then silence
+            await writer.drain()
+            await reader.read()         # until the client gives up and closes
+        finally:
+            writer.close()
+
+    server, url = await _bare_server(never_answer)
+    async with server:
+        start = time.monotonic()
+        with pytest.raises(TargetUnavailable, match="TimeoutError"):
+            await plane.read_chunk_into("t0", url, CHUNK, 0, memoryview(bytearray(10)))
+        assert time.monotonic() - start < 2.5
+        assert plane.counters["t0"].failed_at > 0
+
+
+async def test_raw_reads_can_be_turned_off() -> None:
+    options = PlaneOptions(raw_reads=False)
+    async with make_session(options) as session:
+        plane = DataPlane(session, options)
+
+        async def handler(request: web.Request) -> web.Response:
+            return web.Response(body=DATA)
+
+        async for url, _ in _serve(handler):
+            buf = bytearray(len(DATA))
+            await plane.read_chunk_into("t0", url, CHUNK, 0, memoryview(buf))
+            assert bytes(buf) == DATA
+    assert plane._raw_pool() is None
