@@ -75,6 +75,17 @@ class Config:
     request_timeout: float = 60.0
     retries: int = 3
     stat_cache_ttl: float = 1.0
+    failover_timeout: float = 1.0    # a replica silent this long (connect included) is left
+                                     # for the next one; the last one tried gets request_timeout
+    write_retries: int = 6           # whole-write retries of in-memory data (pipe) with backoff
+    # reliability (see stager/meta/rebuild.py, stager/data/scrub.py, stager/meta/fsck.py)
+    target_lost_after: float = 600.0  # a target down this long is lost: its chunks re-replicated
+    rebuild_rate: int = 256 * MiB    # bytes/s copied by rebuild and repair; 0 = unlimited
+    rebuild_concurrency: int = 4     # chunk copies in flight
+    scrub_interval: float = 86400.0  # seconds between background scrub passes; 0 = off
+    scrub_rate: int = 64 * MiB       # bytes/s a background scrub pass verifies; 0 = unlimited
+    fsck_interval: float = 3600.0    # seconds between background fsck sweeps; 0 = off
+    orphan_grace: float = 3600.0     # an unreferenced chunk is deleted once seen this long
 
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **_coerce(changes))
@@ -86,7 +97,7 @@ class Config:
 
 _FIELDS = {f.name: f for f in fields(Config)}
 _SIZE_FIELDS = {"chunk_size", "max_chunk_size", "max_upload_size", "max_json_body",
-                "max_manifest_size", "capacity"}
+                "max_manifest_size", "capacity", "rebuild_rate", "scrub_rate"}
 
 
 def _coerce(values: Mapping[str, Any]) -> dict[str, Any]:

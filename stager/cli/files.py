@@ -187,13 +187,16 @@ def print_status(status: dict[str, Any]) -> None:
     print(f"{status['targets_up']}/{len(targets)} targets up on {status['nodes']} node(s); "
           f"{status['files']} files, {human(status['bytes'])}; "
           f"used {human(status['used'])} of {human(status['capacity'])}")
-    print(f"{'target':<16} {'node':<10} {'state':<6} {'used':>10} {'capacity':>10} "
+    print(f"{'target':<16} {'node':<10} {'state':<7} {'used':>10} {'capacity':>10} "
           f"{'chunks':>8}  url")
     now = time.time()
     for t in targets:
         age = now - t["last_heartbeat"]
-        print(f"{t['id']:<16} {t['node']:<10} {t['state']:<6} {human(t['used']):>10} "
+        print(f"{t['id']:<16} {t['node']:<10} {t['state']:<7} {human(t['used']):>10} "
               f"{human(t['capacity']):>10} {t['chunks']:>8}  {t['url']}  (seen {age:.0f}s ago)")
+    from .admin import print_reliability
+
+    print_reliability(status)
 
 
 def add_layout_flags(p: argparse.ArgumentParser) -> None:

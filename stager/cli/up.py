@@ -18,11 +18,12 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..web.server import write_json_atomic
+from .supervise import restart
 
 READY_TIMEOUT = 30.0
 
@@ -34,6 +35,8 @@ class Server:
     proc: subprocess.Popen[bytes]
     node: str = ""
     url: str = ""
+    argv: list[str] = field(default_factory=list)
+    log: Path | None = None
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {"url": self.url, "pid": self.proc.pid, "root": str(self.root)}
@@ -65,7 +68,7 @@ def _spawn(role: str, root: Path, argv: list[str], log: Path) -> Server:
         proc = subprocess.Popen([sys.executable, "-m", "stager", *argv], stdout=out,
                                 stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
                                 start_new_session=True)
-    return Server(role, root, proc)
+    return Server(role, root, proc, argv=argv, log=log)
 
 
 def _wait_ready(server: Server, deadline: float) -> None:
@@ -160,6 +163,9 @@ def run_up(args: argparse.Namespace) -> int:
                 if s.proc.poll() is not None:
                     print(f"stager up: {s.role} server {s.url} exited with "
                           f"{s.proc.returncode}", file=sys.stderr, flush=True)
+                    if args.restart:
+                        _restart(s, servers, cluster, root)
+                        break
                     if s.role == "meta":
                         return 1
                     servers.remove(s)
@@ -175,6 +181,27 @@ def run_up(args: argparse.Namespace) -> int:
         (root / "cluster.json").unlink(missing_ok=True)
 
 
+def _restart(old: Server, servers: list[Server], cluster: dict[str, Any], root: Path) -> None:
+    """``--restart``: start ``old`` again (same root and port), update cluster.json."""
+    try:
+        new = restart(old, _spawn, _wait_ready)
+    except RuntimeError as exc:
+        print(f"stager up: restarting the {old.role} server failed: {exc}; will retry",
+              file=sys.stderr, flush=True)
+        time.sleep(1.0)
+        return
+    servers[servers.index(old)] = new
+    if new.role == "meta":
+        cluster["meta"] = new.to_json()
+    else:
+        cluster["data"] = [new.to_json() if d["root"] == str(new.root) else d
+                           for d in cluster["data"]]
+    cluster["restarts"] = cluster.get("restarts", 0) + 1
+    write_json_atomic(root / "cluster.json", cluster)
+    print(f"stager up: {new.role} server restarted at {new.url} (pid {new.proc.pid})",
+          flush=True)
+
+
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("up", help="run a whole local cluster in the foreground")
     p.add_argument("--root", default=".stager", help="state directory (default: ./.stager)")
@@ -184,4 +211,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
     p.add_argument("--replicas", type=int, default=1, help="default replicas (default: 1)")
     p.add_argument("--chunk-size", help="default chunk size (default: 4MiB)")
+    p.add_argument("--restart", action="store_true",
+                   help="start a server that exits (crash, kill -9) again, same root and port")
     p.set_defaults(func=run_up)

@@ -17,6 +17,7 @@ from ..web.middleware import METRICS_KEY, error_response, json_response
 from ..web.requests import read_json
 from ..web.sendfile import send_region
 from ..web.server import add_routes, base_app
+from . import maintenance
 from .service import DataService
 
 SERVICE = web.AppKey("service", DataService)
@@ -39,6 +40,7 @@ def make_data_app(config: Config) -> web.Application:
     app[CONFIG] = config
     app[SERVICE] = service
     add_routes(app, "data", HANDLERS)
+    maintenance.install(app, service, config)   # chunk listing, scrubber
     return app
 
 
@@ -163,5 +165,6 @@ async def purge(request: web.Request) -> web.Response:
 HANDLERS = {
     "put_chunk": put_chunk, "get_chunk": get_chunk, "head_chunk": head_chunk,
     "delete_chunk": delete_chunk, "batch_read": batch_read, "purge": purge,
+    **maintenance.HANDLERS,
 }
 

@@ -93,8 +93,13 @@ class StripedReader:
         whole = piece.offset == 0 and piece.length == chunk_length(
             self.layout.chunk_size, self.size, piece.index)
         errors: list[StagerError] = []
+        replicas = chunk_targets(self.layout, piece.index)
         for attempt in range(self.retries + 1):
-            for target in self.plane.order_replicas(chunk_targets(self.layout, piece.index)):
+            order = self.plane.order_replicas(replicas)
+            for j, target in enumerate(order):
+                # Give a silent replica up quickly while another can be tried.
+                patient = len(set(replicas)) == 1 or (
+                    attempt == self.retries and j == len(order) - 1)
                 url = self.info.locations.get(target)
                 if url is None:
                     errors.append(TargetUnavailable(f"target {target} is unknown",
@@ -102,8 +107,8 @@ class StripedReader:
                     continue
                 try:
                     async with self.limit:
-                        stored = await self.plane.read_chunk_into(target, url, name,
-                                                                  piece.offset, out, whole=whole)
+                        stored = await self.plane.read_chunk_into(
+                            target, url, name, piece.offset, out, whole=whole, patient=patient)
                     if whole:
                         self._verify(piece.index, out, target, stored)
                     return
@@ -125,6 +130,7 @@ class StripedReader:
                                target=target)
         actual = crc32c(out)
         if actual != expected:
+            self.plane.counter(target).errors += 1     # the target sent bad bytes
             raise CorruptChunk(
                 f"chunk {index} of {self.info.path} from target {target}: CRC32C {actual:08x},"
                 f" expected {expected:08x}", path=self.info.path, chunk=index, target=target)

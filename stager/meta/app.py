@@ -21,6 +21,7 @@ from ..web.metrics import ServerMetrics
 from ..web.middleware import METRICS_KEY, error_response, json_response
 from ..web.requests import path_arg, query_bool, query_int, read_json
 from ..web.server import add_routes, base_app
+from . import reliability
 from .gateway import Gateway
 from .service import MetaService
 from .sqlite import SQLiteStore
@@ -36,7 +37,7 @@ def plane_options(config: Config) -> PlaneOptions:
     return PlaneOptions(connect_timeout=config.connect_timeout,
                         request_timeout=config.request_timeout,
                         connections_per_target=config.connections_per_target,
-                        retries=config.retries)
+                        retries=config.retries, failover_timeout=config.failover_timeout)
 
 
 def make_meta_app(config: Config) -> web.Application:
@@ -57,6 +58,8 @@ def make_meta_app(config: Config) -> web.Application:
     add_routes(app, "meta", HANDLERS)
     app.cleanup_ctx.append(_data_plane)
     app.cleanup_ctx.append(_background)
+    # rebuild, repair, scrub, fsck: after _data_plane, whose plane they use
+    reliability.install(app, service, config, lambda: app[GATEWAY].plane)
     return app
 
 
@@ -291,5 +294,5 @@ HANDLERS = {
     "rename": rename, "remove": remove, "put_manifest": put_manifest,
     "get_manifest": get_manifest, "gateway_get": gateway_get,
     "gateway_head": gateway_head, "gateway_put": gateway_put,
-    "gateway_delete": gateway_delete,
+    "gateway_delete": gateway_delete, **reliability.HANDLERS,
 }

@@ -21,6 +21,7 @@ from ..errors import (
 )
 from ..protocol import paths
 from ..protocol.models import Layout, LayoutSpec, TargetInfo
+from .sqlite_reliability import ReliabilitySQL
 from .store import Entry, Garbage, MetaStore, Upload
 
 SCHEMA = """
@@ -55,6 +56,7 @@ CREATE TABLE IF NOT EXISTS manifests (
     body      BLOB NOT NULL,
     created   REAL NOT NULL
 );
+CREATE INDEX IF NOT EXISTS entries_file_id ON entries (file_id);
 CREATE TABLE IF NOT EXISTS targets (
     id             TEXT PRIMARY KEY,
     node           TEXT NOT NULL,
@@ -81,7 +83,7 @@ def _unpack(blob: bytes | None) -> tuple[int, ...]:
     return struct.unpack(f"<{len(blob) // 4}I", blob)
 
 
-class SQLiteStore(MetaStore):
+class SQLiteStore(ReliabilitySQL, MetaStore):
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)

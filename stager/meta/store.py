@@ -53,6 +53,17 @@ class Garbage:
     since: float
 
 
+@dataclass(frozen=True)
+class StoredFile:
+    """A committed file as rebuild, repair and fsck see it: by id, without its path."""
+
+    row: int                         # the store's row id; pages are ordered by it
+    file_id: str
+    size: int
+    layout: Layout
+    checksums: tuple[int, ...]
+
+
 class MetaStore(ABC):
     # -- namespace -------------------------------------------------------------
     @abstractmethod
@@ -121,6 +132,25 @@ class MetaStore(ABC):
 
     @abstractmethod
     def drop_garbage(self, file_ids: list[str]) -> None: ...
+
+    # -- reliability (rebuild, repair, fsck) -------------------------------------
+    @abstractmethod
+    def file_by_id(self, file_id: str) -> StoredFile | None:
+        """The committed file with this id, or ``None``."""
+
+    @abstractmethod
+    def path_of_file(self, file_id: str) -> str | None:
+        """Where the committed file with this id is in the namespace, or ``None``."""
+
+    @abstractmethod
+    def files_page(self, *, after: int, limit: int,
+                   targets: frozenset[str] | None = None) -> list[StoredFile]:
+        """Committed files with row id above ``after``, in row order; only those whose
+        layout names one of ``targets`` when given."""
+
+    @abstractmethod
+    def replace_layout(self, file_id: str, old: Layout, new: Layout) -> bool:
+        """Swap a committed file's layout if it is still ``old``; False when it is not."""
 
     # -- targets ---------------------------------------------------------------
     @abstractmethod

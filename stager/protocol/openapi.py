@@ -76,6 +76,17 @@ SCHEMAS: dict[str, Any] = {
                       "locations": {"type": "object", "additionalProperties": _STR}},
                      ("files",)),
     "PurgeRequest": _obj({"file_ids": {"type": "array", "items": _STR}}, ("file_ids",)),
+    "ScrubRequest": _obj({"rate": _INT}),
+    "ScrubReport": _obj({"target": _STR, "chunks": {"type": "array", "items": _STR}},
+                        ("target", "chunks")),
+    "ScrubResult": _obj({"targets": {"type": "object"}, "checked": _INT, "bytes": _INT,
+                         "corrupt": _INT, "repaired": _INT, "unrecoverable": _INT,
+                         "seconds": _NUM}),
+    "FsckRequest": _obj({"repair": _BOOL}),
+    "FsckResult": _obj({"clean": _BOOL, "files": _INT, "chunks_expected": _INT,
+                        "chunks_found": _INT, "missing": _INT, "orphans": _INT,
+                        "orphans_deleted": _INT, "repaired": _INT,
+                        "unreachable": {"type": "array", "items": _STR}}, ("clean",)),
 }
 
 
@@ -85,6 +96,8 @@ def _content(schema: str) -> dict[str, Any]:
                                                         "format": "binary"}}}
     if schema == "text":
         return {"text/plain": {"schema": _STR}}
+    if schema == "ndjson":
+        return {"application/x-ndjson": {"schema": _STR}}
     if schema == "object":
         return {"application/json": {"schema": {"type": "object"}}}
     return {"application/json": {"schema": _ref(schema)}}

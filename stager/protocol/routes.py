@@ -60,6 +60,19 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/targets/{target_id}/heartbeat", "heartbeat",
           "a data server reports it is alive", "meta", params=(P_TARGET,), body="Heartbeat",
           responses={200: "Target", 404: "Error"}),
+    Route("POST", "/v1/targets/{target_id}/remove", "remove_target",
+          "declare a target lost: its chunks are re-replicated onto other targets", "meta",
+          params=(P_TARGET,), responses={200: "Target", 404: "Error"}),
+    # metadata server: reliability (stager/meta/reliability.py)
+    Route("POST", "/v1/scrub", "scrub",
+          "verify every chunk on every up target now; repair corrupt copies from replicas",
+          "meta", body="ScrubRequest", responses={200: "ScrubResult", 400: "Error"}),
+    Route("POST", "/v1/scrub/report", "scrub_report",
+          "a data server reports chunks that failed verification", "meta",
+          body="ScrubReport", responses={200: "object", 400: "Error"}),
+    Route("POST", "/v1/fsck", "fsck",
+          "namespace against chunks: missing and orphan chunks (repair: fix them)", "meta",
+          body="FsckRequest", responses={200: "FsckResult", 400: "Error"}),
     # metadata server: namespace
     Route("GET", "/v1/stat/{path:.*}", "stat", "stat a file or directory", "meta",
           params=(P_PATH,), responses={200: "FileInfo", 400: "Error", 404: "Error"}),
@@ -118,6 +131,12 @@ ROUTES: tuple[Route, ...] = (
                                          416: "Error"}),
     Route("POST", "/v1/purge", "purge", "delete every chunk of the given files", "data",
           body="PurgeRequest", responses={200: "object"}),
+    Route("GET", "/v1/chunks", "list_chunks",
+          "every chunk stored, one [chunk, size, mtime] JSON array per line", "data",
+          responses={200: "ndjson"}),
+    Route("POST", "/v1/scrub", "scrub_chunks",
+          "verify every chunk's checksums now; progress lines, then the result line", "data",
+          body="ScrubRequest", responses={200: "ndjson", 400: "Error"}),
 )
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..config import Config, load_config
 
-FAST = {"heartbeat_interval": 0.2, "target_timeout": 1.5, "gc_interval": 0.2,
+FAST = {"heartbeat_interval": 0.2, "target_timeout": 3.0, "gc_interval": 0.2,
         "connect_timeout": 2.0, "request_timeout": 10.0}
 
 
@@ -186,11 +186,13 @@ class ProcessCluster:
 
     def __init__(self, root: str | os.PathLike[str], data_servers: int = 3,
                  replicas: int = 1, env: dict[str, str] | None = None,
-                 fast: bool = True) -> None:
-        """``fast`` shortens heartbeats and timeouts, for tests."""
+                 fast: bool = True, restart: bool = False) -> None:
+        """``fast`` shortens heartbeats and timeouts, for tests; ``restart`` runs
+        ``stager up --restart``, which starts a killed server again."""
         self.root = Path(root)
         self.n = data_servers
         self.replicas = replicas
+        self.restart = restart
         tuned = {f"STAGER_{k.upper()}": str(v) for k, v in FAST.items()} if fast else {}
         self.env = {**os.environ, **tuned, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
@@ -209,7 +211,8 @@ class ProcessCluster:
         with open(self.root / "up.log", "ab") as log:   # the child keeps its own copy
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "stager", "up", "--root", str(self.root), "--port", "0",
-                 "--data-servers", str(self.n), "--replicas", str(self.replicas)],
+                 "--data-servers", str(self.n), "--replicas", str(self.replicas),
+                 *(["--restart"] if self.restart else [])],
                 env=self.env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while not (self.root / "cluster.json").exists():
@@ -243,3 +246,32 @@ class ProcessCluster:
 
     def kill_data(self, i: int) -> None:
         os.kill(self.data_pid(i), signal.SIGKILL)
+
+    def kill_meta(self) -> None:
+        os.kill(int(self.info["meta"]["pid"]), signal.SIGKILL)
+
+    def reload(self) -> dict[str, Any]:
+        """Re-read ``cluster.json`` (``--restart`` rewrites it with new pids)."""
+        self.info = json.loads((self.root / "cluster.json").read_text())
+        return self.info
+
+    def wait_restarted(self, role: str, i: int, old_pid: int, timeout: float = 30) -> float:
+        """Wait until ``--restart`` brought server ``i`` of ``role`` ("meta" or "data")
+        back with a new pid; returns the seconds waited."""
+        start = time.monotonic()
+        while time.monotonic() - start < timeout:
+            try:
+                info = self.reload()
+                entry = info["meta"] if role == "meta" else info["data"][i]
+                if int(entry["pid"]) != old_pid:
+                    return time.monotonic() - start
+            except (OSError, ValueError, KeyError):
+                pass            # being rewritten
+            time.sleep(0.05)
+        raise TimeoutError(f"{role} server {i} was not restarted within {timeout}s")
+
+    def data_root(self, i: int) -> Path:
+        return self.root / f"data{i}"
+
+    def target_id(self, i: int) -> str:
+        return str(json.loads((self.data_root(i) / "target.json").read_text())["target_id"])

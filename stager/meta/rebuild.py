@@ -1,0 +1,249 @@
+"""Rebuild: when a target is lost, copy its chunks from surviving replicas elsewhere.
+
+A target is *lost* when it has been down longer than ``target_lost_after``;
+*removed* when an operator says so (``stager target remove ID``).  Either way
+its chunks must be copied elsewhere.  The state is stored, so a restarted
+metadata server carries on.  A rebuild pass then visits every
+committed file whose layout names a lost target:
+
+1. pick a replacement for each lost slot (:mod:`.replan`, policy
+   ``fewest_copies``) among the up targets;
+2. copy every chunk the new layout needs and the surviving copies lack, from a
+   replica whose bytes match the committed CRC32C (:mod:`.copier`, rate-limited);
+3. only when every copy is durable, swap the layout in one store transaction,
+   compare-and-swap on the old layout (a file deleted or replaced meanwhile is
+   left alone; the copies become orphans that fsck collects).
+
+Readers holding the old layout keep working: the swap deletes nothing, the
+surviving copies stay where they were.  Copies made for a layout not yet
+swapped in count as referenced for fsck (:attr:`Rebuilder.pending`).
+
+A file whose chunk has no good copy left is *unrecoverable*: its layout keeps
+the lost target, so that if the target ever comes back the file reads again.
+A pass that could not reach a source or destination is repeated later; once a
+pass finishes with nothing deferred, the lost targets are retired: if one of
+them heartbeats again it rejoins as an empty target (its old chunks are orphans).
+A removed target never rejoins by itself; give the data server a fresh root
+(a new target id) to add it back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from dataclasses import replace as _with
+from typing import Any
+
+from ..config import Config
+from ..errors import NotFound
+from ..protocol.models import Layout, TargetInfo, chunk_id
+from .copier import ChunkCopier, Outcome
+from .replan import REPLACEMENTS, Copy, copies_needed, replica_floor
+from .service import GONE_STATES, MetaService
+from .store import StoredFile
+
+log = logging.getLogger("stager.rebuild")
+PAGE = 500
+FILES_IN_FLIGHT = 16
+RETRY_MAX = 30.0             # seconds between passes while copies stay deferred
+MAX_LISTED = 100             # unrecoverable paths kept for status
+
+
+@dataclass
+class Progress:
+    """What ``stager status`` shows of the rebuild."""
+
+    state: str = "idle"                      # idle | running | waiting
+    lost: list[str] = field(default_factory=list)
+    passes: int = 0
+    files_total: int = 0
+    files_done: int = 0
+    files_deferred: int = 0
+    files_degraded: int = 0                  # rebuilt, but fewer nodes than replicas
+    bytes_total: int = 0
+    bytes_remaining: int = 0
+    bytes_copied: int = 0
+    chunks_copied: int = 0
+    unrecoverable: list[str] = field(default_factory=list)
+    unrecoverable_count: int = 0
+    started: float = 0.0
+    finished: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        elapsed = (self.finished or time.time()) - self.started if self.started else 0.0
+        body = dict(self.__dict__)
+        body["rate"] = round(self.bytes_copied / elapsed) if elapsed > 0 else 0
+        return body
+
+
+class Rebuilder:
+    def __init__(self, service: MetaService, copier: ChunkCopier, config: Config,
+                 policy: str = "fewest_copies") -> None:
+        self.service = service
+        self.copier = copier
+        self.config = config
+        self.replace = REPLACEMENTS[policy]
+        self.progress = Progress()
+        self.pending: dict[str, Layout] = {}     # file id → layout being copied towards
+        self._copied: dict[str, int] = {}        # file id → bytes copied in this pass
+        self._wake = asyncio.Event()
+
+    # -- declaring targets lost ------------------------------------------------------
+    async def declare_lost(self, target_id: str, reason: str, *,
+                           state: str = "lost") -> TargetInfo:
+        """Mark a target ``lost`` (or ``removed``) and start re-replicating its chunks."""
+        target = self.service.targets.get(target_id)
+        if target is None:
+            raise NotFound(f"no target {target_id}", target=target_id)
+        if target.state != state and target.state != "removed":
+            log.warning("target %s %s (%s): re-replicating its chunks", target_id, state,
+                        reason)
+            target = _with(target, state=state)
+            await self.service._run(self.service.store.upsert_target, target)
+            self.service.targets[target_id] = target
+        self.service.retiring.add(target_id)
+        self._wake.set()
+        return target
+
+    async def check_timeouts(self) -> None:
+        """Declare lost every target down for longer than ``target_lost_after``."""
+        now = self.service.clock()
+        for t in list(self.service.targets.values()):
+            if t.state == "down" and now - t.last_heartbeat > self.config.target_lost_after:
+                await self.declare_lost(t.id, f"down for {now - t.last_heartbeat:.0f}s")
+
+    # -- the loop ----------------------------------------------------------------------
+    async def run(self, tick: float) -> None:
+        """Watch for lost targets and rebuild, for as long as the server runs."""
+        delay = tick
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), delay)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                self.service.refresh_health()
+                await self.check_timeouts()
+                if not self.service.retiring:
+                    delay = tick
+                    continue
+                deferred = await self.rebuild_pass()
+                delay = min(max(delay * 2, 1.0), RETRY_MAX) if deferred else tick
+            except Exception:
+                log.exception("rebuild pass failed; will retry")
+                delay = min(max(delay * 2, 1.0), RETRY_MAX)
+
+    async def rebuild_pass(self) -> int:
+        """One pass over the files on lost targets; returns the files deferred (and
+        writes still open onto lost targets): more than 0 means another pass later."""
+        gone = frozenset(t.id for t in self.service.targets.values()
+                         if t.state in GONE_STATES)
+        retiring = set(self.service.retiring)
+        files = [f async for f in self._files_on(gone)]
+        p = self.progress = Progress(state="running", lost=sorted(gone),
+                                     passes=self.progress.passes + 1,
+                                     files_total=len(files), started=time.time())
+        candidates = self._candidates()
+        estimates = await asyncio.to_thread(
+            lambda: {f.file_id: self._estimate(f, gone, candidates) for f in files})
+        p.bytes_total = p.bytes_remaining = sum(estimates.values())
+        queue = list(reversed(files))
+
+        async def worker() -> None:
+            while queue:
+                f = queue.pop()
+                outcome = await self.rebuild_file(f.file_id, gone)
+                copied = self._copied.pop(f.file_id, 0)
+                if outcome != "deferred":   # what the estimate had and was not copied
+                    rest = estimates[f.file_id] - copied
+                    p.bytes_remaining = max(0, p.bytes_remaining - max(0, rest))
+
+        await asyncio.gather(*(worker() for _ in range(min(FILES_IN_FLIGHT, len(files)))))
+        # A write begun before the target was gone may still commit onto it: the
+        # next pass takes that file, so the target is not retired before.
+        uploads = await self.service._run(self.service.store.expired_uploads, float("inf"))
+        writing = sum(1 for u in uploads if gone & set(u.layout.targets))
+        p.finished = time.time()
+        p.state = "waiting" if p.files_deferred or writing else "idle"
+        if p.state == "idle":
+            self.service.retiring.difference_update(retiring & gone)
+        log.info("rebuild pass %d: %d files, %d rebuilt, %d deferred, %d unrecoverable, "
+                 "%d bytes copied", p.passes, p.files_total, p.files_done, p.files_deferred,
+                 p.unrecoverable_count, p.bytes_copied)
+        return p.files_deferred + writing
+
+    async def _files_on(self, gone: frozenset[str]) -> AsyncIterator[StoredFile]:
+        after = 0
+        while gone:
+            page = await self.service._run(self.service.store.files_page, after=after,
+                                           limit=PAGE, targets=gone)
+            for f in page:
+                yield f
+            if len(page) < PAGE:
+                return
+            after = page[-1].row
+
+    def _candidates(self) -> list[TargetInfo]:
+        return self.service.healthy_targets()
+
+    def _estimate(self, f: StoredFile, gone: frozenset[str],
+                  candidates: list[TargetInfo]) -> int:
+        new = self.replace(f.layout, f.size, gone, candidates)
+        if new is None:
+            return 0
+        return sum(c.length for c in copies_needed(f.layout, new, f.size, gone))
+
+    # -- one file ----------------------------------------------------------------------
+    async def rebuild_file(self, file_id: str, gone: frozenset[str]) -> str:
+        """Re-replicate one file; "done", "skipped", "deferred" or "unrecoverable"."""
+        p = self.progress
+        f = await self.service._run(self.service.store.file_by_id, file_id)
+        if f is None or not gone & set(f.layout.targets):
+            return "skipped"             # deleted, replaced or already rebuilt
+        new = self.replace(f.layout, f.size, gone, self._candidates())
+        if new is None:
+            p.files_deferred += 1        # no up target to copy to
+            return "deferred"
+        copies = copies_needed(f.layout, new, f.size, gone)
+        self.pending[file_id] = new
+        try:
+            outcomes = await asyncio.gather(*(self._copy(f, c) for c in copies))
+            if all(o is Outcome.COPIED for o in outcomes):
+                if not await self.service._run(self.service.store.replace_layout, file_id,
+                                               f.layout, new):
+                    return "skipped"
+                p.files_done += 1
+                if replica_floor(new, f.size) < new.replicas:
+                    p.files_degraded += 1
+                return "done"
+        finally:
+            del self.pending[file_id]
+        if any(o is Outcome.DEFERRED for o in outcomes):
+            p.files_deferred += 1
+            return "deferred"
+        await self._unrecoverable(file_id)
+        return "unrecoverable"
+
+    async def _copy(self, f: StoredFile, c: Copy) -> Outcome:
+        crc = f.checksums[c.index] if c.index < len(f.checksums) else None
+        outcome = await self.copier.copy(chunk_id(f.file_id, c.index), c.length, crc,
+                                         c.sources, c.dest)
+        if outcome is Outcome.COPIED:
+            p = self.progress
+            p.bytes_copied += c.length
+            p.chunks_copied += 1
+            p.bytes_remaining = max(0, p.bytes_remaining - c.length)
+            self._copied[f.file_id] = self._copied.get(f.file_id, 0) + c.length
+        return outcome
+
+    async def _unrecoverable(self, file_id: str) -> None:
+        p = self.progress
+        p.unrecoverable_count += 1
+        path = await self.service._run(self.service.store.path_of_file, file_id)
+        log.error("file %s (%s): a chunk has no good copy left", path, file_id)
+        if len(p.unrecoverable) < MAX_LISTED:
+            p.unrecoverable.append(path or file_id)

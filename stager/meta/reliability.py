@@ -1,0 +1,139 @@
+"""Rebuild, repair, scrub and fsck on the metadata server: wiring, routes, status.
+
+:func:`install` adds them to the metadata application: one chunk copier shared
+by rebuild and repair (so ``rebuild_rate`` bounds both), the background tasks
+(lost-target detection and rebuild, the repair queue, the periodic fsck), their
+sections of ``GET /v1/status``, and the handlers of ``/v1/targets/{id}/remove``,
+``/v1/scrub``, ``/v1/scrub/report`` and ``/v1/fsck``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
+
+from aiohttp import web
+
+from ..config import Config
+from ..dataplane import DataPlane
+from ..errors import BadRequest
+from ..protocol.models import TargetInfo, field_of
+from ..web.middleware import json_response
+from ..web.requests import read_json
+from .copier import ChunkCopier
+from .fsck import Fsck
+from .rebuild import Rebuilder
+from .repair import Repairer
+from .service import GONE_STATES, MetaService
+
+log = logging.getLogger("stager.meta")
+
+
+class Reliability:
+    def __init__(self, service: MetaService, config: Config,
+                 plane: Callable[[], DataPlane]) -> None:
+        self.service = service
+        self.config = config
+        self.copier = ChunkCopier(plane, service.targets.get, rate=config.rebuild_rate,
+                                  concurrency=config.rebuild_concurrency,
+                                  draining=self._answers)
+        self.rebuilder = Rebuilder(service, self.copier, config)
+        self.repairer = Repairer(service, self.copier, plane)
+        self.fsck = Fsck(service, self.rebuilder, self.repairer, plane)
+        service.status_extras.append(self.status)
+
+    def _answers(self, target: TargetInfo) -> bool:
+        """Whether a target heartbeat recently (whatever its state)."""
+        return self.service.clock() - target.last_heartbeat < self.config.target_timeout
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "targets_lost": sum(t.state in GONE_STATES
+                                for t in self.service.targets.values()),
+            "rebuild": self.rebuilder.progress.to_json(),
+            "repair": self.repairer.status(),
+            "fsck": self.fsck.status(),
+        }
+
+    async def fsck_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.fsck_interval)
+            try:
+                result = await self.fsck.run(repair=True)
+                if result["missing"] or result["orphans_deleted"]:
+                    log.info("fsck: %d missing (%d repaired), %d orphans (%d deleted)",
+                             result["missing"], result["repaired"], result["orphans"],
+                             result["orphans_deleted"])
+            except Exception:
+                log.exception("background fsck failed; will retry")
+
+    def tasks(self) -> list[Coroutine[Any, Any, None]]:
+        tick = min(self.config.gc_interval, self.config.heartbeat_interval)
+        jobs = [self.rebuilder.run(tick), self.repairer.run()]
+        if self.config.fsck_interval > 0:
+            jobs.append(self.fsck_forever())
+        return jobs
+
+
+RELIABILITY = web.AppKey("reliability", Reliability)
+
+
+def install(app: web.Application, service: MetaService, config: Config,
+            plane: Callable[[], DataPlane]) -> Reliability:
+    """Give the metadata application rebuild, repair, scrub and fsck."""
+    reliability = Reliability(service, config, plane)
+    app[RELIABILITY] = reliability
+
+    async def background(app: web.Application) -> AsyncIterator[None]:
+        tasks = [asyncio.create_task(job) for job in reliability.tasks()]
+        yield
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    app.cleanup_ctx.append(background)
+    return reliability
+
+
+def _get(request: web.Request) -> Reliability:
+    return request.app[RELIABILITY]
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    return await read_json(request, _get(request).config.max_json_body)
+
+
+async def remove_target(request: web.Request) -> web.Response:
+    target = await _get(request).rebuilder.declare_lost(
+        request.match_info["target_id"], "removed by an operator", state="removed")
+    return json_response(target.to_json())
+
+
+async def scrub(request: web.Request) -> web.Response:
+    rate = field_of(await _body(request), "rate", int, None)
+    if rate is not None and rate < 0:
+        raise BadRequest("rate must not be negative")
+    return json_response(await _get(request).repairer.scrub_cluster(rate))
+
+
+async def scrub_report(request: web.Request) -> web.Response:
+    body = await _body(request)
+    chunks = field_of(body, "chunks", list)
+    if not all(isinstance(c, str) for c in chunks):
+        raise BadRequest("chunks must be a list of chunk ids")
+    queued = _get(request).repairer.report(field_of(body, "target", str), chunks)
+    return json_response({"queued": queued})
+
+
+async def fsck(request: web.Request) -> web.Response:
+    repair = field_of(await _body(request), "repair", bool, False)
+    return json_response(await _get(request).fsck.run(repair=repair))
+
+
+HANDLERS = {"remove_target": remove_target, "scrub": scrub, "scrub_report": scrub_report,
+            "fsck": fsck}

@@ -1,0 +1,81 @@
+"""The SQL of rebuild, repair and fsck: part of the SQLite store (see :mod:`.sqlite`).
+
+Files are found by id (an index on ``entries.file_id``) and by the targets their
+layout names (SQLite's JSON1 ``json_each`` over the stored layout).  A layout is
+replaced by compare-and-swap, so a rebuild never overwrites a newer layout and
+never resurrects a file deleted while its chunks were being copied.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import struct
+from contextlib import AbstractContextManager
+from typing import Any
+
+from ..protocol.models import Layout
+from .store import StoredFile
+
+_FILE_COLS = "id, file_id, size, layout, checksums"
+
+
+def _stored(row: tuple[Any, ...]) -> StoredFile:
+    row_id, file_id, size, layout, blob = row
+    sums: tuple[int, ...] = struct.unpack(f"<{len(blob) // 4}I", blob) if blob else ()
+    return StoredFile(row=int(row_id), file_id=str(file_id), size=int(size),
+                      layout=Layout.from_json(json.loads(layout)), checksums=sums)
+
+
+def _layout_text(layout: Layout) -> str:
+    # The same encoding commit_upload stores, so the compare in replace_layout is exact.
+    return json.dumps(layout.to_json())
+
+
+class ReliabilitySQL:
+    """Mixed into :class:`~stager.meta.sqlite.SQLiteStore`, which provides these two."""
+
+    db: sqlite3.Connection
+
+    def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
+        raise NotImplementedError
+
+    def file_by_id(self, file_id: str) -> StoredFile | None:
+        row = self.db.execute(
+            f"SELECT {_FILE_COLS} FROM entries WHERE file_id = ? AND kind = 'file'",
+            (file_id,)).fetchone()
+        return _stored(row) if row is not None else None
+
+    def path_of_file(self, file_id: str) -> str | None:
+        rows = self.db.execute(
+            "WITH RECURSIVE up(id, parent, name, depth) AS ("
+            " SELECT id, parent, name, 0 FROM entries WHERE file_id = ? AND kind = 'file'"
+            " UNION ALL SELECT e.id, e.parent, e.name, up.depth + 1"
+            " FROM entries e JOIN up ON e.id = up.parent)"
+            " SELECT name FROM up ORDER BY depth DESC", (file_id,)).fetchall()
+        if not rows:
+            return None
+        return "/" + "/".join(r[0] for r in rows if r[0])
+
+    def files_page(self, *, after: int, limit: int,
+                   targets: frozenset[str] | None = None) -> list[StoredFile]:
+        if targets is None:
+            rows = self.db.execute(
+                f"SELECT {_FILE_COLS} FROM entries WHERE kind = 'file' AND id > ? "
+                "ORDER BY id LIMIT ?", (after, limit)).fetchall()
+            return [_stored(r) for r in rows]
+        if not targets:
+            return []
+        marks = ", ".join("?" for _ in targets)
+        rows = self.db.execute(
+            f"SELECT {_FILE_COLS} FROM entries WHERE kind = 'file' AND id > ? AND EXISTS "
+            f"(SELECT 1 FROM json_each(entries.layout, '$.targets') WHERE value IN ({marks})) "
+            "ORDER BY id LIMIT ?", (after, *sorted(targets), limit)).fetchall()
+        return [_stored(r) for r in rows]
+
+    def replace_layout(self, file_id: str, old: Layout, new: Layout) -> bool:
+        with self._tx():
+            cur = self.db.execute(
+                "UPDATE entries SET layout = ? WHERE file_id = ? AND kind = 'file' "
+                "AND layout = ?", (_layout_text(new), file_id, _layout_text(old)))
+            return cur.rowcount == 1

@@ -1,0 +1,1 @@
+"""The fault-injection scenarios of issue 7 (marker ``faults``)."""

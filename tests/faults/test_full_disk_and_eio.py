@@ -1,0 +1,160 @@
+"""Fault 4: a full target and an fsync that fails with EIO.
+
+A full target answers 507 (InsufficientStorage) and keeps nothing half-written;
+files already there read as before; space freed is used again.  An fsync EIO
+(injected with ``fiu-run`` from Debian's fiu-utils, into a real data server
+process) is a 500 io_error, never an acknowledgement.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import start_cluster
+from reliability_util import eventually, verify_copy
+
+from stager import Client
+from stager.config import load_config
+from stager.errors import InsufficientStorage, StorageError
+from stager.protocol.models import LayoutSpec
+from stager.testing import ThreadCluster
+
+pytestmark = pytest.mark.faults
+SMALL = 64 * 1024
+PIECE = 512 * 1024
+
+
+def chunk_files(root: Path) -> list[Path]:
+    return [p for p in (root / "chunks").rglob("*") if p.is_file()]
+
+
+def fill_until_full(c: Client, prefix: str) -> tuple[dict[str, bytes], Exception]:
+    """Write files until the target refuses; the files written and the refusal."""
+    written: dict[str, bytes] = {}
+    for i in range(1000):
+        path = f"{prefix}/f{i}.bin"
+        body = os.urandom(PIECE)
+        try:
+            c.pipe(path, body, layout=LayoutSpec(chunk_size=SMALL))
+        except OSError as exc:
+            assert not c.exists(path)                 # nothing half-written is visible
+            return written, exc
+        written[path] = body
+    raise AssertionError("the target never filled up")
+
+
+def check_target_after_full(c: Client, cluster: ThreadCluster, written: dict[str, bytes],
+                            http: Any) -> dict[str, Any]:
+    root = cluster.root / "data0"
+    files = chunk_files(root)
+    leftovers = [p for p in files if p.name.endswith(".tmp")]
+    for p in files:
+        verify_copy(p)                                 # nothing corrupt on the full disk
+    for path, body in written.items():
+        assert c.cat(path) == body                     # reads unaffected
+    r = http(cluster.meta_url, "PUT", "/v1/files/full/gateway.bin", body=os.urandom(4 * PIECE))
+    assert r.status == 507 and r.json()["error"] == "no_space", r.body[:200]
+    # space freed (rm, then garbage collection) is used again
+    c.rm(next(iter(written)))
+    eventually(lambda: len(chunk_files(root)) < len(files), 10, "the removed file's chunks")
+    c.pipe("/full/after.bin", b"a" * SMALL, layout=LayoutSpec(chunk_size=SMALL))
+    assert c.cat("/full/after.bin") == b"a" * SMALL
+    assert c.fsck()["missing"] == 0
+    return {"files_before_full": len(written), "chunk_files": len(files),
+            "tmp_leftovers": len(leftovers), "gateway_put_status": r.status}
+
+
+@pytest.fixture
+def tmpfs_root(tmp_path: Path) -> Iterator[Path]:
+    """``tmp_path/data0`` on a 4 MiB tmpfs; skipped where mounting is not allowed."""
+    where = tmp_path / "data0"
+    where.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    yield tmp_path
+    subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_a_full_tmpfs_target_answers_507_and_keeps_nothing_half_written(
+        tmpfs_root: Path, slow_callbacks, http, figures: dict[str, Any]) -> None:
+    cluster = start_cluster(tmpfs_root, 1, fsck_interval=0)
+    try:
+        with Client(cluster.meta_url, config=load_config(env={})) as c:
+            written, refusal = fill_until_full(c, "/full")
+            assert isinstance(refusal, InsufficientStorage), repr(refusal)
+            figures.update(check_target_after_full(c, cluster, written, http))
+            figures["refusal"] = type(refusal).__name__
+    finally:
+        cluster.stop()
+    assert figures["tmp_leftovers"] == 0
+
+
+def test_a_capacity_limit_answers_507_the_same_way(tmp_path: Path, slow_callbacks, http,
+                                                   figures: dict[str, Any]) -> None:
+    cluster = start_cluster(tmp_path, 1, fsck_interval=0, capacity=3 << 20)
+    try:
+        with Client(cluster.meta_url, config=load_config(env={})) as c:
+            written, refusal = fill_until_full(c, "/full")
+            assert isinstance(refusal, InsufficientStorage), repr(refusal)
+            figures.update(check_target_after_full(c, cluster, written, http))
+    finally:
+        cluster.stop()
+    assert figures["tmp_leftovers"] == 0
+
+
+FIU = shutil.which("fiu-run") and shutil.which("fiu-ctrl")
+FSYNC_EIO = "enable name=posix/io/sync/fsync,failinfo=5"     # errno 5 = EIO
+
+
+@pytest.mark.skipif(not FIU, reason="fiu-run/fiu-ctrl not installed (Debian fiu-utils)")
+def test_an_fsync_eio_is_never_acknowledged(tmp_path: Path, slow_callbacks,
+                                            figures: dict[str, Any]) -> None:
+    cluster = ThreadCluster(tmp_path, 0, fsck_interval=0)
+    cluster.start()
+    root = tmp_path / "fiu-data"
+    ready = root / "server.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STAGER_")}
+    proc = subprocess.Popen(
+        ["fiu-run", "-x", sys.executable, "-m", "stager", "--meta", cluster.meta_url, "data",
+         "--root", str(root), "--port", "0", "--node", "n0"],
+        env={**env, "STAGER_HEARTBEAT_INTERVAL": "0.2"}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    try:
+        eventually(ready.exists, 30, "the fiu-run data server")
+        cluster.wait_targets(1)
+        pid = json.loads(ready.read_text())["pid"]
+        assert pid == proc.pid                        # fiu-run execs: control that process
+        with Client(cluster.meta_url, config=load_config(env={})) as c:
+            c.pipe("/eio/before.bin", b"b" * SMALL)
+            before = set(chunk_files(root))
+            subprocess.run(["fiu-ctrl", "-c", FSYNC_EIO, str(pid)], check=True)
+            time.sleep(0.2)
+            with pytest.raises(StorageError) as err:
+                c.pipe("/eio/during.bin", b"d" * (3 * SMALL), layout=LayoutSpec(chunk_size=SMALL))
+            assert not c.exists("/eio/during.bin")
+            during = set(chunk_files(root)) - before
+            subprocess.run(["fiu-ctrl", "-c", "disable name=posix/io/sync/fsync", str(pid)],
+                           check=True)
+            time.sleep(0.2)
+            c.pipe("/eio/after.bin", b"a" * SMALL)
+            assert c.cat("/eio/before.bin") == b"b" * SMALL
+            assert c.cat("/eio/after.bin") == b"a" * SMALL
+        figures.update(error=type(err.value).__name__, errno=err.value.errno,
+                       chunk_files_from_failed_write=len(during))
+        assert err.value.errno == 5 and "io" in err.value.code
+        assert during == set()                       # nothing kept, not even a temporary
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        cluster.stop()

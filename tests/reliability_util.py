@@ -1,0 +1,91 @@
+"""Helpers for the reliability tests: chunk files on disk, polling, corruption."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from stager.layout import chunk_targets
+from stager.protocol.models import FileInfo, chunk_id
+from stager.storage import chunkfile
+
+
+def target_roots(root: Path, n: int) -> dict[str, Path]:
+    """Target id → data server root, for ``root/data{i}`` as the test clusters lay out."""
+    import json
+
+    out = {}
+    for i in range(n):
+        d = root / f"data{i}"
+        out[json.loads((d / "target.json").read_text())["target_id"]] = d
+    return out
+
+
+def chunk_path(roots: dict[str, Path], target: str, chunk: str) -> Path:
+    """Where a data server keeps ``chunk`` (the ChunkStore layout; not opened through
+    ChunkStore, whose start-up sweep would delete a live server's temporary files)."""
+    file_id = chunk.split(".", 1)[0]
+    return roots[target] / "chunks" / file_id[:2] / file_id[2:4] / chunk
+
+
+def verify_copy(path: Path) -> None:
+    """Check a chunk file's every checksum; CorruptChunk or FileNotFoundError if bad."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        meta = chunkfile.read_meta(fd, os.fstat(fd).st_size, path.name)
+        chunkfile.verify_all(fd, meta, path.name)
+    finally:
+        os.close(fd)
+
+
+def replicas_on_disk(roots: dict[str, Path], info: FileInfo) -> list[str]:
+    """Problems with the copies ``info``'s layout names: missing, corrupt, too few
+    or not on distinct nodes.  Empty when every chunk has all its verified copies."""
+    assert info.layout is not None and info.file_id is not None
+    problems = []
+    lay = info.layout
+    for index in range(lay.chunk_count(info.size)):
+        name = chunk_id(info.file_id, index)
+        holders = chunk_targets(lay, index)
+        nodes = {lay.nodes[lay.targets.index(t)] for t in holders}
+        if len(holders) != lay.replicas or len(nodes) != len(holders):
+            problems.append(f"{name}: {holders} on nodes {sorted(nodes)}")
+        for t in holders:
+            try:
+                verify_copy(chunk_path(roots, t, name))
+            except (OSError, KeyError) as exc:
+                problems.append(f"{name} on {t}: {exc}")
+    return problems
+
+
+def flip_byte(path: Path, offset: int = 100) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[min(offset, len(raw) // 2)] ^= 0xFF
+    path.write_bytes(bytes(raw))
+
+
+def truncate(path: Path, keep: int = 1000) -> None:
+    path.write_bytes(path.read_bytes()[:keep])
+
+
+def eventually(check: Callable[[], bool], timeout: float = 20, what: str = "") -> float:
+    """Wait until ``check()``; returns the seconds it took."""
+    start = time.monotonic()
+    while not check():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+async def aeventually(check: Callable[[], Awaitable[bool]], timeout: float = 20,
+                      what: str = "") -> float:
+    start = time.monotonic()
+    while not await check():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        await asyncio.sleep(0.05)
+    return time.monotonic() - start

@@ -1,0 +1,234 @@
+"""Rebuild: a lost or removed target's chunks are copied back to R from surviving replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from conftest import start_cluster
+from reliability_util import aeventually, replicas_on_disk, target_roots
+
+from stager import AsyncClient
+from stager.config import load_config
+from stager.protocol.models import FileInfo, LayoutSpec
+
+SMALL = 64 * 1024
+SIZES = [0, 1, SMALL, SMALL * 5 + 3, SMALL * 9]
+
+
+async def write_set(c: AsyncClient, prefix: str, replicas: int = 2,
+                    stripe: int = 0) -> dict[str, bytes]:
+    data = {}
+    for i, size in enumerate(SIZES * 2):
+        body = os.urandom(size)
+        await c.pipe(f"{prefix}/f{i}.bin", body,
+                     layout=LayoutSpec(chunk_size=SMALL, replicas=replicas,
+                                       stripe_count=stripe))
+        data[f"{prefix}/f{i}.bin"] = body
+    return data
+
+
+async def rebuilt(c: AsyncClient, passes: int = 1) -> dict:
+    status = await c.status()
+    rb = status["rebuild"]
+    return status if rb["passes"] >= passes and rb["state"] == "idle" else {}
+
+
+async def wait_rebuilt(c: AsyncClient, timeout: float = 30) -> dict:
+    got: dict = {}
+
+    async def done() -> bool:
+        nonlocal got
+        got = await rebuilt(c)
+        return bool(got)
+
+    await aeventually(done, timeout, "the rebuild to finish")
+    return got
+
+
+async def infos(c: AsyncClient, paths: list[str]) -> list[FileInfo]:
+    return [await c.stat(p, cached=False) for p in paths]
+
+
+def stager(meta: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STAGER_")}
+    return subprocess.run([sys.executable, "-m", "stager", "--meta", meta, *args],
+                          capture_output=True, text=True, env=env, timeout=60)
+
+
+async def test_target_remove_rebuilds_every_file_back_to_r(tmp_path: Path,
+                                                           slow_callbacks) -> None:
+    cluster = start_cluster(tmp_path, 4, replicas=2, fsck_interval=0)
+    try:
+        async with AsyncClient(cluster.meta_url, config=load_config(env={})) as c:
+            data = await write_set(c, "/rb")
+            victim = cluster.target_id(2)
+            on_victim = [i.path for i in await infos(c, list(data))
+                         if i.layout is not None and victim in i.layout.targets]
+            assert on_victim
+            out = await asyncio.to_thread(stager, cluster.meta_url, "target", "remove", victim)
+            assert out.returncode == 0 and "removed" in out.stdout, out.stderr
+            status = await wait_rebuilt(c)
+            rb = status["rebuild"]
+            print(f"rebuild: {rb['files_done']} files, {rb['chunks_copied']} chunks, "
+                  f"{rb['bytes_copied']} bytes at {rb['rate']} B/s")
+            assert rb["files_done"] == len(on_victim) and rb["bytes_remaining"] == 0
+            assert rb["bytes_copied"] == rb["bytes_total"] > 0
+            assert rb["unrecoverable_count"] == 0 and rb["lost"] == [victim]
+            roots = target_roots(tmp_path, 4)
+            for info in await infos(c, list(data)):
+                assert info.layout is not None and victim not in info.layout.targets
+                assert replicas_on_disk(roots, info) == [], info.path
+            # nothing is read from the removed target any more: stop it, read everything
+            await asyncio.to_thread(cluster.stop_data, 2)
+            for path, body in data.items():
+                assert await c.cat(path) == body
+            states = {t.id: t.state for t in await c.targets()}
+            assert states[victim] == "removed"
+        text = await asyncio.to_thread(stager, cluster.meta_url, "status")
+        assert "rebuild: idle" in text.stdout and "1 removed" not in text.stderr
+        js = json.loads((await asyncio.to_thread(stager, cluster.meta_url, "status",
+                                                 "--json")).stdout)
+        assert js["targets_lost"] == 1 and js["rebuild"]["files_done"] == len(on_victim)
+    finally:
+        cluster.stop()
+
+
+async def test_a_target_down_too_long_is_lost_rebuilt_and_rejoins_empty(
+        tmp_path: Path, slow_callbacks) -> None:
+    """Three nodes, one lost: two replicas on the two nodes left (one target takes
+    two slots).  When it comes back it rejoins empty; fsck collects its old chunks."""
+    cluster = start_cluster(tmp_path, 3, replicas=2, target_lost_after=0.5, fsck_interval=0,
+                            orphan_grace=0)
+    try:
+        async with AsyncClient(cluster.meta_url, config=load_config(env={})) as c:
+            data = await write_set(c, "/lost")
+            lost = cluster.target_id(1)
+            await asyncio.to_thread(cluster.stop_data, 1)
+            started = time.monotonic()
+            status = await wait_rebuilt(c)
+            print(f"lost after {cluster.config.target_timeout}s down + 0.5s; rebuilt "
+                  f"{status['rebuild']['files_done']} files in "
+                  f"{time.monotonic() - started:.1f}s")
+            assert status["rebuild"]["lost"] == [lost]
+            roots = target_roots(tmp_path, 3)
+            for info in await infos(c, list(data)):
+                assert info.layout is not None and lost not in info.layout.targets
+                assert replicas_on_disk(roots, info) == [], info.path
+                assert await c.cat(info.path) == data[info.path]
+            assert (await c.fsck())["clean"]
+            # back: rejoins as an empty target; its stale chunks are orphans
+            await asyncio.to_thread(cluster.start_data, 1)
+
+            async def up() -> bool:
+                return {t.id: t.state for t in await c.targets()}[lost] == "up"
+
+            await aeventually(up, 10, "the lost target to rejoin")
+            first = await c.fsck(repair=True)
+            assert first["orphans"] > 0 and first["orphans_deleted"] == first["orphans"]
+            assert first["missing"] == 0
+            second = await c.fsck()
+            assert second["clean"] and second["orphans"] == 0
+            for path, body in data.items():
+                assert await c.cat(path) == body
+            # and new files may land on it again
+            await c.pipe("/lost/new.bin", b"n" * SMALL * 3,
+                         layout=LayoutSpec(chunk_size=SMALL, stripe_count=3, replicas=2))
+            new = await c.stat("/lost/new.bin", cached=False)
+            assert new.layout is not None and lost in new.layout.targets
+    finally:
+        cluster.stop()
+
+
+async def test_rebuild_is_rate_limited_shows_progress_and_survives_a_meta_restart(
+        tmp_path: Path, slow_callbacks) -> None:
+    rate = 384 << 10
+    cluster = start_cluster(tmp_path, 4, replicas=2, fsck_interval=0, rebuild_rate=rate,
+                            rebuild_concurrency=1)
+    try:
+        async with AsyncClient(cluster.meta_url, config=load_config(env={})) as c:
+            body = os.urandom(SMALL * 48)     # 3 MiB; half its chunks have a copy on any target
+            await c.pipe("/slow/big.bin", body,
+                         layout=LayoutSpec(chunk_size=SMALL, stripe_count=4, replicas=2))
+            victim = cluster.target_id(0)
+            start = time.monotonic()
+            await c.remove_target(victim)
+            seen: list[dict] = []
+
+            async def midway() -> bool:
+                rb = (await c.status())["rebuild"]
+                seen.append(rb)
+                return rb["state"] == "running" and 0 < rb["bytes_copied"] \
+                    and rb["bytes_remaining"] > 0
+            await aeventually(midway, 10, "a rebuild in progress")
+            rb = seen[-1]
+            assert rb["bytes_copied"] + rb["bytes_remaining"] == rb["bytes_total"]
+            # the metadata server dies mid-rebuild; the new one carries on
+            port = urlsplit(cluster.meta_url).port
+            await asyncio.to_thread(cluster.stop_meta)
+            await asyncio.to_thread(cluster.start_meta, port)
+            status = await wait_rebuilt(c, 30)
+            took = time.monotonic() - start
+            info = await c.stat("/slow/big.bin", cached=False)
+            assert info.layout is not None and victim not in info.layout.targets
+            assert replicas_on_disk(target_roots(tmp_path, 4), info) == []
+            assert await c.cat("/slow/big.bin") == body
+            total = seen[-1]["bytes_total"]
+            print(f"rebuild of {total} bytes at {rate} B/s took {took:.1f}s "
+                  f"(a metadata restart included)")
+            # a second's burst per metadata server life, then paced
+            assert took >= (total - 2 * rate) / rate
+            assert status["rebuild"]["passes"] >= 1
+    finally:
+        cluster.stop()
+
+
+async def test_removing_a_running_target_drains_it_a_dead_one_is_unrecoverable(
+        tmp_path: Path, slow_callbacks) -> None:
+    """With one replica, a removed target that still runs is the source of its own
+    chunks (drained); a dead one leaves them unrecoverable, the layout kept."""
+    cluster = start_cluster(tmp_path, 3, replicas=1, fsck_interval=0)
+    try:
+        async with AsyncClient(cluster.meta_url, config=load_config(env={})) as c:
+            body = os.urandom(SMALL * 3)
+            info = await c.pipe("/one/a.bin", body,
+                                layout=LayoutSpec(chunk_size=SMALL, stripe_count=3))
+            assert info.layout is not None
+            drained = info.layout.targets[1]
+            await c.remove_target(drained)
+            status = await wait_rebuilt(c)
+            assert status["rebuild"]["files_done"] == 1
+            assert status["rebuild"]["unrecoverable_count"] == 0
+            moved = await c.stat("/one/a.bin", cached=False)
+            assert moved.layout is not None and drained not in moved.layout.targets
+            assert replicas_on_disk(target_roots(tmp_path, 3), moved) == []
+            # now a dead target: nothing to copy from
+            b = await c.pipe("/one/b.bin", body, layout=LayoutSpec(chunk_size=SMALL))
+            assert b.layout is not None and b.layout.stripe_count == 2
+            dead = b.layout.targets[0]
+            index = [cluster.target_id(i) for i in range(3)].index(dead)
+            await asyncio.to_thread(cluster.stop_data, index)
+            await c.remove_target(dead)
+            await aeventually(lambda: rebuilt(c, 2), 30, "the second rebuild")
+            status = await c.status()
+            # a.bin now lives on the two targets left too: both lost a chunk for good
+            assert status["rebuild"]["unrecoverable_count"] == 2
+            assert sorted(status["rebuild"]["unrecoverable"]) == ["/one/a.bin", "/one/b.bin"]
+            after = await c.stat("/one/b.bin", cached=False)
+            assert after.layout == b.layout       # the target's data may yet come back
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.parametrize("bad", ["no-such-target", "../x"])
+async def test_removing_an_unknown_target_is_a_clear_404(cluster, bad: str) -> None:
+    async with AsyncClient(cluster.meta_url, config=load_config(env={})) as c:
+        with pytest.raises(FileNotFoundError):
+            await c.remove_target(bad)
