@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["AsyncClient", "Client", "__version__"]
+__all__ = ["AsyncClient", "Client", "Loader", "__version__"]
 
 if TYPE_CHECKING:
     from .client import AsyncClient, Client
+    from .loader import Loader
 
 
 def __getattr__(name: str) -> Any:
@@ -21,4 +22,8 @@ def __getattr__(name: str) -> Any:
         from . import client
 
         return getattr(client, name)
+    if name == "Loader":
+        from .loader import Loader
+
+        return Loader
     raise AttributeError(f"module 'stager' has no attribute {name!r}")

@@ -1,0 +1,283 @@
+"""Fetch byte ranges of many files at once, in as few requests as the layout allows.
+
+Pieces are grouped by the data server that holds them; pieces of one chunk
+that lie close together are merged into one range; each group goes out as ONE
+batched request (``POST /v1/read``) per target (split only past
+``max_request_bytes`` so big batches still use several connections).  A failed
+request sends its pieces to their next replica; when every replica failed the
+round is retried after a pause, as the striped reader does.  Extents of at
+least ``stream_above`` bytes that consist of whole chunks (a large file per
+sample) go through :class:`~stager.dataplane.StripedReader` instead: each
+chunk by ``sendfile``, all in parallel, CRC-checked end to end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from ..aio import gather_or_cancel
+from ..checksum import crc32c
+from ..client import AsyncClient
+from ..dataplane.reader import FAILOVER_ERRORS, StripedReader
+from ..errors import CorruptChunk, StagerError, TargetUnavailable
+from ..layout import chunk_length, chunk_targets, pieces
+from ..protocol.models import FileInfo, ReadItem, chunk_id
+
+Buffer = bytes | bytearray | memoryview
+
+
+class Extent(NamedTuple):
+    """``length`` bytes of file number ``file`` (of the index's files) from ``offset``."""
+
+    file: int
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True)
+class FetchOptions:
+    stream_above: int = 512 << 10       # extents this large made of whole chunks: GET each
+    merge_gap: int = 16 << 10           # merge pieces of one chunk closer than this
+    max_request_bytes: int = 8 << 20    # split a target's batch past this
+    retries: int = 2
+
+
+class _Piece:
+    """One chunk piece of one extent (a plain slotted class: there are many per batch)."""
+
+    __slots__ = ("extent", "dest", "chunk", "offset", "length", "replicas", "crc", "alone",
+                 "tried")
+
+    def __init__(self, extent: int, dest: int, chunk: str, offset: int, length: int,
+                 replicas: tuple[str, ...], crc: int | None) -> None:
+        self.extent = extent          # index into the extents being fetched
+        self.dest = dest              # offset inside the extent's buffer
+        self.chunk = chunk
+        self.offset = offset          # offset inside the chunk
+        self.length = length
+        self.replicas = replicas
+        self.crc = crc                # expected CRC32C when the piece is a whole chunk
+        self.alone = False            # the whole extent: handed out as bytes of its own
+        self.tried: set[str] | None = None
+
+    def untried(self) -> list[str]:
+        return [t for t in self.replicas if t not in self.tried] if self.tried else \
+            list(self.replicas)
+
+    def mark(self, target: str) -> None:
+        if self.tried is None:
+            self.tried = set()
+        self.tried.add(target)
+
+
+@dataclass
+class _Run:
+    """Neighbouring pieces of one chunk, read as one range."""
+
+    chunk: str
+    start: int
+    stop: int
+    members: list[_Piece]
+
+
+class Fetcher:
+    """Reads extents of the given files; one instance per loader, shared by its fetches."""
+
+    def __init__(self, client: AsyncClient, files: Sequence[FileInfo],
+                 options: FetchOptions | None = None) -> None:
+        self.client = client
+        self.files = files
+        self.options = options or FetchOptions()
+        self._readers: dict[int, StripedReader] = {}
+        # (file, chunk index) -> (chunk id, replicas, chunk length, CRC32C or None)
+        self._where: dict[tuple[int, int], tuple[str, tuple[str, ...], int, int | None]] = {}
+        self._urls: dict[str, str] = {}
+        for f in files:
+            self._urls.update(f.locations)
+
+    async def fetch(self, extents: Sequence[Extent]) -> list[bytes]:
+        """The bytes of each extent, in order.
+
+        Each extent becomes ``bytes`` as soon as its own read is done (copied
+        out of the request or read buffer, which is freed at once), so a batch
+        never sits in memory twice and decoding needs no further copy.
+        """
+        out: list[Buffer] = [b""] * len(extents)
+        small: list[_Piece] = []
+        large: list[int] = []
+        split: set[int] = set()
+        for i, e in enumerate(extents):
+            if e.length == 0:
+                continue
+            parts = self._pieces(i, e)
+            if e.length >= self.options.stream_above and all(p.crc is not None for p in parts):
+                large.append(i)       # whole chunks: sendfile on the server, CRC end to end
+                continue
+            if len(parts) == 1:
+                parts[0].alone = True
+            else:
+                out[i] = bytearray(e.length)
+                split.add(i)
+            small.extend(parts)
+        jobs = [self._read_large(extents[i], out, i) for i in large]
+        if small:
+            jobs.append(self._read_small(small, out))
+        await gather_or_cancel(jobs)
+        for i in split:
+            out[i] = bytes(out[i])
+        return out  # type: ignore[return-value]
+
+    def _pieces(self, i: int, e: Extent) -> list[_Piece]:
+        info = self.files[e.file]
+        layout = info.layout
+        if layout is None or info.file_id is None:
+            raise ValueError(f"{info.path} is not a file")
+        if e.offset < 0 or e.offset + e.length > info.size:
+            raise ValueError(f"extent [{e.offset}, {e.offset + e.length}) is outside "
+                             f"{info.path} ({info.size} bytes)")
+        size, cs = layout.chunk_size, info.size
+        index, offset = divmod(e.offset, size)
+        if offset + e.length <= size:           # the usual case: inside one chunk
+            return [self._piece(i, 0, e.file, index, offset, e.length)]
+        return [self._piece(i, p.file_offset - e.offset, e.file, p.index, p.offset, p.length)
+                for p in pieces(size, cs, e.offset, e.offset + e.length)]
+
+    def _piece(self, i: int, dest: int, file: int, index: int, offset: int,
+               length: int) -> _Piece:
+        where = self._where.get((file, index))
+        if where is None:
+            info = self.files[file]
+            assert info.layout is not None and info.file_id is not None
+            sums = info.checksums
+            full = chunk_length(info.layout.chunk_size, info.size, index)
+            where = self._where[(file, index)] = (
+                chunk_id(info.file_id, index), tuple(chunk_targets(info.layout, index)),
+                full, sums[index] if sums and index < len(sums) else None)
+        name, replicas, full, crc = where
+        whole = offset == 0 and length == full
+        return _Piece(i, dest, name, offset, length, replicas, crc if whole else None)
+
+    async def _read_large(self, e: Extent, out: list[Buffer], i: int) -> None:
+        reader = self._readers.get(e.file)
+        if reader is None:
+            reader = self._readers[e.file] = self.client.reader(self.files[e.file])
+        buf = bytearray(e.length)
+        await reader.read_into(e.offset, memoryview(buf))
+        out[i] = bytes(buf)
+
+    # -- batched small reads ----------------------------------------------------------
+    async def _read_small(self, todo: list[_Piece], out: list[Buffer]) -> None:
+        """Every piece, each from one of its replicas; rounds of failover, then retries."""
+        errors: list[StagerError] = []
+        for attempt in range(self.options.retries + 1):
+            pending = todo
+            stuck: list[_Piece] = []
+            while pending:
+                groups: dict[str, list[_Piece]] = defaultdict(list)
+                for p in pending:
+                    left = p.untried()
+                    if left:
+                        groups[self.client.plane.order_replicas(left)[0]].append(p)
+                    else:
+                        stuck.append(p)
+                failed = await gather_or_cancel(
+                    self._read_group(t, g, out) for t, g in groups.items())
+                pending = []
+                for target, err in zip(groups, failed, strict=True):
+                    if err is not None:
+                        errors.append(err)
+                        for p in groups[target]:
+                            p.mark(target)
+                        pending.extend(groups[target])
+            if not stuck:
+                return
+            if all(isinstance(e, CorruptChunk) for e in errors):
+                break      # every replica answered, each one is bad: retrying will not help
+            for p in stuck:
+                p.tried = None
+            todo = stuck
+            if attempt < self.options.retries:
+                await asyncio.sleep(0.1 * 2 ** attempt)
+        raise _final_error(todo, errors)
+
+    async def _read_group(self, target: str, group: list[_Piece],
+                          out: list[Buffer]) -> StagerError | None:
+        """Read ``group`` from ``target``; the error when the target failed it, else None."""
+        url = self._urls.get(target)
+        if url is None:
+            return TargetUnavailable(f"target {target} is unknown", target=target)
+        try:
+            await gather_or_cancel(self._request(target, url, req, out)
+                                   for req in _requests(_runs(group, self.options.merge_gap),
+                                                        self.options.max_request_bytes))
+        except FAILOVER_ERRORS as exc:
+            return exc
+        return None
+
+    async def _request(self, target: str, url: str, runs: list[_Run],
+                       out: list[Buffer]) -> None:
+        items = [ReadItem(r.chunk, r.start, r.stop - r.start) for r in runs]
+        buf = bytearray(sum(i.length for i in items))
+        view = memoryview(buf)
+        # A piece with no other replica waits request_timeout; else a silent
+        # target is given up after failover_timeout for the next replica.
+        patient = any(len(p.replicas) == 1 for run in runs for p in run.members)
+        async with self.client.limit:
+            await self.client.plane.batch_read_into(target, url, items, view, patient=patient)
+        base = 0
+        for run in runs:
+            for p in run.members:
+                at = base + p.offset - run.start
+                data = view[at:at + p.length]
+                if p.crc is not None and crc32c(data) != p.crc:
+                    raise CorruptChunk(f"chunk {p.chunk} from target {target} failed its "
+                                       "CRC32C", chunk=p.chunk, target=target)
+                if p.alone:
+                    out[p.extent] = bytes(data)
+                else:
+                    out[p.extent][p.dest:p.dest + p.length] = data
+            base += run.stop - run.start
+
+
+def _runs(group: list[_Piece], gap: int) -> list[_Run]:
+    """Pieces sorted by place; those of one chunk within ``gap`` bytes merged."""
+    runs: list[_Run] = []
+    for p in sorted(group, key=_place):
+        last = runs[-1] if runs else None
+        if last is not None and last.chunk == p.chunk and p.offset <= last.stop + gap:
+            last.stop = max(last.stop, p.offset + p.length)
+            last.members.append(p)
+        else:
+            runs.append(_Run(p.chunk, p.offset, p.offset + p.length, [p]))
+    return runs
+
+
+def _place(p: _Piece) -> tuple[str, int]:
+    return p.chunk, p.offset
+
+
+def _requests(runs: list[_Run], limit: int) -> list[list[_Run]]:
+    """Runs cut into requests of at most ``limit`` bytes (a bigger run goes alone)."""
+    out: list[list[_Run]] = []
+    size = 0
+    for run in runs:
+        n = run.stop - run.start
+        if not out or size + n > limit:
+            out.append([])
+            size = 0
+        out[-1].append(run)
+        size += n
+    return out
+
+
+def _final_error(todo: list[_Piece], errors: list[StagerError]) -> StagerError:
+    name = todo[0].chunk if todo else "?"
+    if errors and all(isinstance(e, CorruptChunk) for e in errors):
+        return CorruptChunk(f"every replica of chunk {name} is corrupt", chunk=name)
+    last = errors[-1] if errors else None
+    return TargetUnavailable(f"chunk {name} unavailable: {last}", chunk=name,
+                             targets=sorted({p for t in todo for p in t.replicas}))

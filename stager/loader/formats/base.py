@@ -1,0 +1,59 @@
+"""What every format tells the loader: samples, the units they are read in, and decoding.
+
+A *unit* is what is fetched and decoded as a whole: a file (``files``), one
+sample's tar members (``tar``), a row group (``parquet``), a row of chunks
+along axis 0 (``zarr``).  Each unit is a list of byte extents; the loader
+fetches the extents of many units in one go, decodes each unit once (in a
+thread pool) and builds batches from the decoded units.  An index is plain
+data (picklable), so a DataLoader worker started with ``spawn`` gets it too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ...protocol.models import FileInfo
+from ..fetch import Buffer, Extent
+
+
+class Index:
+    """A dataset as samples ``0 … n-1`` in manifest order."""
+
+    format = ""
+    decodes = False          # True when units need decoding (in the thread pool)
+
+    def __init__(self, files: Sequence[FileInfo], n: int) -> None:
+        self.files = tuple(files)
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def block_starts(self) -> np.ndarray:
+        """Natural shuffle blocks (first sample of each): samples read together cheaply."""
+        return np.arange(self.n, dtype=np.int64)
+
+    def units_of(self, samples: np.ndarray) -> np.ndarray:
+        return np.asarray(samples, dtype=np.int64)
+
+    def extents(self, unit: int) -> list[Extent]:
+        raise NotImplementedError
+
+    def decode(self, unit: int, buffers: list[Buffer]) -> Any:
+        """Turn a unit's fetched extents into what :meth:`sample` reads from."""
+        return buffers
+
+    def nbytes(self, decoded: Any) -> int:
+        """Memory a decoded unit holds (for the prefetch bound)."""
+        return sum(len(b) for b in decoded)
+
+    def sample(self, sample: int, unit: int, decoded: Any) -> Any:
+        raise NotImplementedError
+
+    def batch(self, samples: np.ndarray, units: np.ndarray, decoded: Mapping[int, Any]) -> Any:
+        """The default batch: a list of samples (formats override with a columnar one)."""
+        return [self.sample(int(s), int(u), decoded[int(u)]) for s, u in zip(samples, units,
+                                                                          strict=True)]

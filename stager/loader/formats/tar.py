@@ -1,0 +1,249 @@
+"""``tar``: WebDataset-compatible shards.  Samples are runs of members sharing a key.
+
+A member ``dir/name.ext1.ext2`` belongs to sample ``dir/name`` as field
+``ext1.ext2`` (lower-cased), as WebDataset groups them.  Each shard is indexed
+once: Python's ``tarfile`` walks the headers over a windowed ranged reader (the
+next window read while this one is parsed), so only header windows are read
+and members larger than a window are skipped; the offsets are
+cached in memory and on local disk by file id (a committed file never
+changes, so the cache is always valid).  Afterwards a sample is just the byte
+ranges of its members.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import io
+import json
+import os
+import re
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...client import AsyncClient
+from ...errors import BadRequest
+from ...protocol.models import FileInfo
+from ..fetch import Extent
+from ..source import Source
+from .base import Index
+
+WINDOW = 4 << 20                 # bytes fetched per header window (one default chunk)
+INDEX_VERSION = 1
+_KEY_RE = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+_MEMORY: dict[str, list[tuple[str, int, int]]] = {}     # file id -> members
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "stager" / "tar-index"
+
+
+def split_key(name: str) -> tuple[str, str] | None:
+    """WebDataset's (key, extension) of a member name, or None when it has no extension."""
+    m = _KEY_RE.match(name)
+    return (m.group(1), m.group(2).lower()) if m else None
+
+
+class TarIndex(Index):
+    format = "tar"
+
+    def __init__(self, source: Source, members: list[list[tuple[str, int, int]]]) -> None:
+        keys: list[str] = []
+        fields: list[tuple[tuple[str, int, int], ...]] = []
+        shard: list[int] = []
+        for s, listing in enumerate(members):
+            for key, group in _group(listing, source.files[s].rel):
+                keys.append(key)
+                fields.append(group)
+                shard.append(s)
+        super().__init__([f.info for f in source.files], len(keys))
+        self.keys = keys
+        self.fields = fields
+        self.shard = np.asarray(shard, dtype=np.int32)
+
+    def block_starts(self) -> np.ndarray:
+        """A block is the samples starting in one chunk of one shard."""
+        if self.n == 0:
+            return np.zeros(0, dtype=np.int64)
+        sizes = np.array([self.files[s].layout.chunk_size  # type: ignore[union-attr]
+                          for s in self.shard], dtype=np.int64)
+        first = np.array([f[0][1] for f in self.fields], dtype=np.int64) // sizes
+        change = (np.diff(self.shard) != 0) | (np.diff(first) != 0)
+        return np.concatenate(([0], np.nonzero(change)[0] + 1)).astype(np.int64)
+
+    def extents(self, unit: int) -> list[Extent]:
+        s = int(self.shard[unit])
+        return [Extent(s, off, size) for _, off, size in self.fields[unit]]
+
+    def sample(self, sample: int, unit: int, decoded: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {"__key__": self.keys[sample], "__index__": sample,
+                               "__url__": self.files[int(self.shard[sample])].path}
+        for (ext, _, _), buf in zip(self.fields[sample], decoded, strict=True):
+            out[ext] = bytes(buf)
+        return out
+
+
+def _group(listing: list[tuple[str, int, int]], shard: str
+           ) -> list[tuple[str, tuple[tuple[str, int, int], ...]]]:
+    """Consecutive members with one key make one sample."""
+    out: list[tuple[str, tuple[tuple[str, int, int], ...]]] = []
+    current: list[tuple[str, int, int]] = []
+    key = None
+    for name, offset, size in listing:
+        split = split_key(name)
+        if split is None:
+            continue
+        k, ext = split
+        if k != key:
+            if current:
+                out.append((key, tuple(current)))  # type: ignore[arg-type]
+            key, current = k, []
+        if any(e == ext for e, _, _ in current):
+            raise BadRequest(f"tar shard {shard}: sample {k!r} has field {ext!r} twice")
+        current.append((ext, offset, size))
+    if current:
+        out.append((key, tuple(current)))  # type: ignore[arg-type]
+    return out
+
+
+class _WindowedFile(io.RawIOBase):
+    """A read-only file over a stager file, read in aligned windows from another thread."""
+
+    def __init__(self, client: AsyncClient, info: FileInfo,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self.reader = client.reader(info)
+        self.size = info.size
+        self.loop = loop
+        self.pos = 0
+        self.window_at = -1
+        self.window = b""
+        self.ahead: tuple[int, cf.Future[bytearray]] | None = None   # the next window
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def _window(self, at: int) -> None:
+        """Make ``[at, at + WINDOW)`` the current window; start reading the next one."""
+        ahead = self.ahead
+        if ahead is not None and ahead[0] == at:
+            future = ahead[1]
+        else:
+            if ahead is not None:
+                ahead[1].cancel()
+            future = self._start(at)
+        self.ahead = (at + WINDOW, self._start(at + WINDOW)) if at + WINDOW < self.size \
+            else None
+        self.window, self.window_at = bytes(future.result()), at
+
+    def _start(self, at: int) -> cf.Future[bytearray]:
+        return asyncio.run_coroutine_threadsafe(self.reader.read(at, at + WINDOW), self.loop)
+
+    def close(self) -> None:
+        if self.ahead is not None:
+            self.ahead[1].cancel()
+            self.ahead = None
+        super().close()
+
+    def readinto(self, buffer: Any) -> int:
+        out = memoryview(buffer).cast("B")
+        n = max(0, min(len(out), self.size - self.pos))
+        done = 0
+        while done < n:
+            at = (self.pos // WINDOW) * WINDOW
+            if at != self.window_at:
+                self._window(at)
+            inside = self.pos - at
+            take = min(n - done, len(self.window) - inside)
+            out[done:done + take] = self.window[inside:inside + take]
+            done += take
+            self.pos += take
+        return done
+
+
+def _scan(f: _WindowedFile, name: str) -> list[tuple[str, int, int]]:
+    members = []
+    try:
+        with tarfile.open(fileobj=f, mode="r:") as tar:  # type: ignore[call-overload]
+            for m in tar:
+                if m.isfile():
+                    members.append((m.name, m.offset_data, m.size))
+    except tarfile.TarError as exc:
+        raise BadRequest(f"{name} is not a readable tar file: {exc}") from None
+    return members
+
+
+async def index_shard(client: AsyncClient, info: FileInfo,
+                      cache: Path | None) -> list[tuple[str, int, int]]:
+    """The (name, data offset, size) of every regular member of one shard."""
+    assert info.file_id is not None
+    hit = _MEMORY.get(info.file_id)
+    if hit is not None:
+        return hit
+    path = cache / f"{info.file_id}.json" if cache is not None else None
+    if path is not None:
+        members = await asyncio.to_thread(_load_cached, path)
+        if members is not None:
+            _MEMORY[info.file_id] = members
+            return members
+    f = _WindowedFile(client, info, asyncio.get_running_loop())
+    try:
+        members = await asyncio.to_thread(_scan, f, info.path)
+    finally:
+        f.close()
+    _MEMORY[info.file_id] = members
+    if path is not None:
+        await asyncio.to_thread(_store_cached, path, members)
+    return members
+
+
+def _load_cached(path: Path) -> list[tuple[str, int, int]] | None:
+    try:
+        body = json.loads(path.read_text())
+        if body.get("version") != INDEX_VERSION:
+            return None
+        return [(str(n), int(o), int(s)) for n, o, s in body["members"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None        # missing or damaged: index again
+
+
+def _store_cached(path: Path, members: list[tuple[str, int, int]]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"version": INDEX_VERSION, "members": members}))
+        os.replace(tmp, path)
+    except OSError:
+        pass               # a cache that cannot be written costs a re-index, nothing else
+
+
+async def build_tar(client: AsyncClient, source: Source, options: dict[str, Any]) -> TarIndex:
+    shards = [f for f in source.files if f.rel.endswith(".tar")]
+    if not shards:
+        raise BadRequest(f"{source.path} holds no .tar shards")
+    kept = Source(source.path, source.is_dir, tuple(shards), source.from_manifest)
+    cache = options.get("index_cache", default_cache_dir())
+    cache = Path(cache) if cache is not None else None
+    sem = asyncio.Semaphore(8)
+
+    async def one(info: FileInfo) -> list[tuple[str, int, int]]:
+        async with sem:
+            return await index_shard(client, info, cache)
+
+    members = await asyncio.gather(*(one(f.info) for f in shards))
+    return TarIndex(kept, list(members))

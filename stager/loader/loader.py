@@ -1,0 +1,396 @@
+"""``Loader``: a deterministic, sharded, prefetching iterable of batches.
+
+::
+
+    loader = Loader("/datasets/shards", batch_size=256, rank=r, world_size=W, seed=0)
+    loader.load_state_dict(saved)           # optional: exact resume, any W
+    for epoch in range(loader.epoch, 10):
+        loader.set_epoch(epoch)
+        for batch in loader:
+            train(batch)
+            if time_to_checkpoint():
+                save(loader.state_dict())    # {seed, epoch, cursor, …}: a few numbers
+
+The global order of an epoch is ``order(seed, epoch, dataset)``; rank ``r``
+takes its positions by the partition policy; the pipeline fetches exactly
+those samples ahead of the consumer.  See :mod:`.order`, :mod:`.partition`
+and :mod:`.pipeline`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from fsspec.asyn import get_loop, sync
+
+from ..client import Client
+from ..config import Config
+from . import formats
+from .fetch import Fetcher, FetchOptions
+from .order import epoch_order, regular_blocks
+from .partition import PARTITIONS, WORKER_SPLITS, Span, cursor_after
+from .pipeline import Limits, Pipeline
+from .source import parse_source, resolve
+from .stats import Counters, copy_counters
+
+STATE_VERSION = 1
+
+
+@dataclass
+class _Stream:
+    """A running pipeline and where the next pass would start in it."""
+
+    pipeline: Pipeline
+    next: int            # its batch number of that pass's first batch
+    epoch: int           # the epoch that pass would be
+    seed: int
+_DEFAULT_CACHE = object()
+
+
+class Loader:
+    """Iterable of batches of a stager dataset for rank ``rank`` of ``world_size``.
+
+    ``source``: a path or ``stager://`` URL of a directory, staged dataset,
+    tar shard, Parquet file or zarr array.  ``format``: ``"auto"``, ``"files"``,
+    ``"tar"``, ``"parquet"`` or ``"zarr"``.  ``map`` runs on each sample and
+    ``collate`` on each batch's list of samples, both in a thread pool of
+    ``decode_threads`` (default: the cores, at most 4).  ``prefetch_batches`` /
+    ``prefetch_bytes`` bound what is read ahead.  ``output="numpy"`` gives
+    Parquet batches as dicts of arrays.
+    ``order`` names an order policy (default ``block_window`` when shuffling,
+    ``sequential`` otherwise); ``shuffle_block`` (samples per block) and
+    ``shuffle_window`` (positions per window) tune the two-level shuffle.
+    ``prefetch_next_epoch``: when a pass ends, keep prefetching the next epoch
+    from its start (what the next ``iter()`` reads unless ``set_epoch`` or
+    ``load_state_dict`` moves elsewhere; then that prefetch is dropped).
+    """
+
+    def __init__(self, source: str, *, batch_size: int, rank: int = 0, world_size: int = 1,
+                 seed: int = 0, shuffle: bool = True, format: str = "auto",
+                 drop_last: bool = True, meta_url: str | None = None,
+                 client: Client | None = None, config: Config | None = None,
+                 map: Callable[[Any], Any] | None = None,
+                 collate: Callable[[list[Any]], Any] | None = None,
+                 output: str = "arrow", order: str | None = None,
+                 shuffle_block: int | None = None, shuffle_window: int | None = None,
+                 partition: str = "interleaved", prefetch_batches: int = 6,
+                 prefetch_bytes: int = 256 << 20, decode_threads: int | None = None,
+                 fetch: FetchOptions | None = None, index_cache: Any = _DEFAULT_CACHE,
+                 prefetch_next_epoch: bool = True) -> None:
+        path, url_meta = parse_source(source)
+        if partition not in PARTITIONS:
+            raise ValueError(f"unknown partition {partition!r}; known: {sorted(PARTITIONS)}")
+        PARTITIONS[partition](0, 0, world_size, rank, batch_size, drop_last)  # checks
+        self.source, self.batch_size, self.rank, self.world_size = path, batch_size, rank, \
+            world_size
+        self.seed, self.shuffle, self.drop_last = seed, shuffle, drop_last
+        self.map, self.collate, self.partition = map, collate, partition
+        self.order = order or ("block_window" if shuffle else "sequential")
+        self.limits = Limits(max(1, prefetch_batches), max(1, prefetch_bytes))
+        self.decode_threads = max(1, decode_threads or min(4, os.cpu_count() or 1))
+        self.fetch_options = fetch or FetchOptions()
+        self._owns_client = client is None
+        self._origin_pid = os.getpid()
+        self._client = client or Client(meta_url or url_meta, config=config)
+        self._client_args = (self._client.meta_url, self._client.aio.config)
+        options: dict[str, Any] = {"output": output}
+        if index_cache is not _DEFAULT_CACHE:
+            options["index_cache"] = index_cache
+        try:
+            self.index = sync(get_loop(), self._build_index, path, format, options)
+        except BaseException:
+            if self._owns_client:
+                self._client.close()
+            raise
+        self.format = self.index.format
+        self.blocks = (regular_blocks(len(self.index), shuffle_block) if shuffle_block
+                       else self.index.block_starts())
+        mean_block = len(self.index) / max(1, len(self.blocks))
+        self.window = shuffle_window or max(1, int(round(8 * mean_block)))
+        self.workers = (0, 1)           # (worker id, worker count) inside this rank
+        self.lookahead = prefetch_next_epoch    # prefetch on into the next epoch
+        self._epoch, self._cursor, self._steps, self._finished = 0, 0, 0, False
+        self._order_cache: tuple[int, np.ndarray] | None = None
+        self._reset_process_state()
+
+    async def _build_index(self, path: str, fmt: str, options: dict[str, Any]) -> formats.Index:
+        client = self._client.aio
+        src = await resolve(client, path)
+        name = formats.detect(src) if fmt == "auto" else fmt
+        return await formats.builder(name)(client, src, options)
+
+    def _reset_process_state(self) -> None:
+        """What must not cross a fork: the pool, the pipeline, counters."""
+        self._pid = os.getpid()
+        self._pool: cf.ThreadPoolExecutor | None = None
+        self._fetcher: Fetcher | None = None
+        self._active: _Stream | None = None
+        self.counters = Counters()
+        self._targets: dict[str, Any] = {}        # the client's live per-target counters
+        self._targets_base: dict[str, Any] = {}
+
+    def _check_process(self) -> None:
+        if self._pid != os.getpid():
+            self._reset_process_state()
+
+    # -- plan -------------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch comes from."""
+        return self._next_pass()[0]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` from its beginning, unless it is already the current one
+        (so ``set_epoch`` after ``load_state_dict`` keeps the resumed position)."""
+        if epoch != self.epoch:
+            self._move_to(int(epoch), 0)
+
+    def _move_to(self, epoch: int, cursor: int) -> None:
+        self._epoch, self._cursor, self._steps, self._finished = epoch, cursor, 0, False
+
+    def _rank_plan(self, cursor: int) -> list[Span]:
+        return PARTITIONS[self.partition](len(self.index), cursor, self.world_size, self.rank,
+                                          self.batch_size, self.drop_last)
+
+    def _plan(self, cursor: int) -> list[Span]:
+        """This rank's (and worker's) batches from ``cursor``, as spans of the order."""
+        worker, count = self.workers
+        steps = self._rank_plan(cursor)
+        return steps if count == 1 else WORKER_SPLITS["round_robin"](steps, count, worker)
+
+    def _next_pass(self) -> tuple[int, int]:
+        """(epoch, cursor) where the next batch comes from."""
+        if self._finished:
+            return self._epoch + 1, 0
+        if not self._steps:
+            return self._epoch, self._cursor
+        total = len(self._rank_plan(self._cursor))
+        if self._steps >= total:
+            return self._epoch + 1, 0
+        return self._epoch, cursor_after(len(self.index), self._cursor, self.world_size,
+                                         self.batch_size, self._steps, total)
+
+    def global_order(self, epoch: int | None = None) -> np.ndarray:
+        """The epoch's sample order (the same on every rank and at every world size)."""
+        epoch = self.epoch if epoch is None else epoch
+        if self._order_cache is None or self._order_cache[0] != epoch:
+            self._order_cache = (epoch, epoch_order(self.order, len(self.index), self.blocks,
+                                                    self.seed, epoch, self.window))
+        return self._order_cache[1]
+
+    def __len__(self) -> int:
+        """Batches the next ``iter()`` yields (the whole epoch on a fresh one)."""
+        return len(self._plan(self._next_pass()[1]))
+
+    # -- state ------------------------------------------------------------------------
+    def fingerprint(self) -> str:
+        """Identifies the order: format, sample count, blocks, window, policy."""
+        h = hashlib.sha256(f"{self.format}:{len(self.index)}:{self.window}:{self.order}:"
+                           .encode())
+        h.update(np.ascontiguousarray(self.blocks, dtype=np.int64).tobytes())
+        return h.hexdigest()[:16]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the job stands: the next batch is at ``cursor`` of epoch ``epoch``.
+
+        The cursor counts positions consumed by all ranks together (every rank
+        at the same step), so the state of any rank (rank 0 by convention)
+        resumes a job of any world size.
+        """
+        epoch, cursor = self._next_pass()
+        return {"version": STATE_VERSION, "seed": self.seed, "epoch": epoch,
+                "cursor": cursor, "samples": len(self.index), "order": self.order,
+                "fingerprint": self.fingerprint()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue exactly where ``state`` was taken (any world size or batch size)."""
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"unsupported loader state version {state.get('version')!r}")
+        if state.get("fingerprint") != self.fingerprint() or state.get("order") != self.order:
+            raise ValueError("the loader state belongs to another dataset or order "
+                             f"({state.get('samples')} samples, order {state.get('order')!r})")
+        cursor = int(state["cursor"])
+        if not 0 <= cursor <= len(self.index):
+            raise ValueError(f"cursor {cursor} is outside the {len(self.index)} samples")
+        self._stop_active()
+        self.seed = int(state["seed"])
+        self._order_cache = None
+        self._move_to(int(state["epoch"]), cursor)
+
+    # -- iteration --------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:
+        self.begin_pass()
+        plan = self._plan(self._cursor)
+        order = self.global_order(self._epoch)
+        batches = [order[s.start:s.stop] for s in plan]
+        self.counters.iteration_started()
+        if not batches:
+            self._finished = True
+            return iter(())
+        # Started here, not at the first next(): the reads begin with iter().
+        return self._consume(self._stream_for(batches), batches)
+
+    def begin_pass(self) -> int:
+        """Start the next pass where the last one stopped (``iter()`` does this);
+        returns how many batches it has.  Adapters that iterate copies of this
+        loader elsewhere (DataLoader workers) call it, then :meth:`advance`."""
+        self._check_process()
+        self._move_to(*self._next_pass())
+        return len(self._plan(self._cursor))
+
+    def advance(self, batches: int = 1) -> None:
+        """Record that the consumer took ``batches`` more batches of this pass."""
+        self._steps += batches
+        if self._steps >= len(self._plan(self._cursor)):
+            self._finished = True
+
+    def _consume(self, stream: _Stream, batches: list[np.ndarray]) -> Iterator[Any]:
+        pipeline, base = stream.pipeline, stream.next
+        completed = False
+        try:
+            for j, samples in enumerate(batches):
+                start = time.perf_counter()
+                batch = pipeline.get(base + j)
+                self.counters.batch_taken(time.perf_counter() - start, len(samples))
+                # counted before the yield: a state saved while training on this
+                # batch resumes after it
+                self._steps += 1
+                self._finished = j + 1 == len(batches)
+                yield batch
+                del batch          # hold nothing while waiting for the next one
+            completed = True
+        finally:
+            if self._active is stream:      # not handed to a later pass meanwhile
+                if completed and self.lookahead:
+                    # it is already reading the next epoch: keep it for the next pass
+                    self._active = _Stream(pipeline, base + len(batches), self._epoch + 1,
+                                           self.seed)
+                else:
+                    self._stop_active()
+
+    def _stream_for(self, batches: list[np.ndarray]) -> _Stream:
+        """The pipeline that serves this pass: the one still running from the last
+        pass when it is already reading exactly this (the next epoch from its start,
+        or a pass that was begun but not read from), else a new one."""
+        stream = self._active
+        if stream is not None and (stream.epoch, stream.seed, self._cursor) == (
+                self._epoch, self.seed, 0):
+            self._active = _Stream(stream.pipeline, stream.next, stream.epoch, stream.seed)
+            return self._active
+        self._stop_active()
+        pipeline = self._pipeline(batches)
+        self._active = _Stream(pipeline, 0, self._epoch, self.seed)
+        pipeline.start()
+        return self._active
+
+    def _next_epochs(self, epoch: int, seed: int) -> Callable[[int], list[np.ndarray] | None]:
+        """Segment ``k`` of the pipeline: epoch ``epoch + k`` from its start (pure, so it
+        can be computed off the I/O loop)."""
+        plan = self._plan(0)
+        n, order, blocks, window = len(self.index), self.order, self.blocks, self.window
+
+        def segment(k: int) -> list[np.ndarray] | None:
+            if not self.lookahead:
+                return None
+            epoch_k = epoch_order(order, n, blocks, seed, epoch + k, window)
+            return [epoch_k[s.start:s.stop] for s in plan]
+        return segment
+
+    async def _prepare(self) -> Fetcher:
+        # On the I/O loop: the client's session is made on first use, and needs it.
+        client = self._client.aio
+        self._targets = client.plane.counters
+        self._targets_base = copy_counters(self._targets)
+        return Fetcher(client, self.index.files, self.fetch_options)
+
+    def _pipeline(self, batches: list[np.ndarray]) -> Pipeline:
+        if self._fetcher is None:
+            self._fetcher = sync(get_loop(), self._prepare)
+        if self._pool is None:
+            self._pool = cf.ThreadPoolExecutor(self.decode_threads,
+                                               thread_name_prefix="stager-decode")
+        return Pipeline(self.index, self._fetcher, batches, loop=get_loop(), pool=self._pool,
+                        limits=self.limits, assemble=self._assemble, counters=self.counters,
+                        segments=self._next_epochs(self._epoch, self.seed))
+
+    def _assemble(self, samples: np.ndarray, units: np.ndarray, decoded: dict[int, Any]) -> Any:
+        if self.map is None and self.collate is None:
+            return self.index.batch(samples, units, decoded)
+        items = [self.index.sample(int(s), int(u), decoded[int(u)])
+                 for s, u in zip(samples, units, strict=True)]
+        if self.map is not None:
+            items = [self.map(x) for x in items]
+        return self.collate(items) if self.collate is not None else items
+
+    # -- workers, telemetry, lifecycle ----------------------------------------------------
+    def for_worker(self, worker: int, workers: int) -> Loader:
+        """A copy of this loader that reads only worker ``worker`` of ``workers``'s steps."""
+        WORKER_SPLITS["round_robin"]([], workers, worker)  # checks the numbers
+        clone = object.__new__(Loader)
+        clone.__dict__.update(self.__dict__)
+        clone.workers = (worker, workers)
+        clone.lookahead = False         # a worker lives for one pass
+        clone._owns_client = False
+        clone._reset_process_state()
+        return clone
+
+    def stats(self) -> dict[str, Any]:
+        """Samples, batches, bytes, stall, fetch/decode time, time to first batch,
+        and per target bytes, requests and mean latency."""
+        out = self.counters.snapshot(self._targets, self._targets_base)
+        out.update(rank=self.rank, world_size=self.world_size, epoch=self.epoch,
+                   format=self.format)
+        return out
+
+    def _stop_active(self) -> None:
+        if self._active is not None:
+            self._active.pipeline.stop()
+            self._active = None
+
+    def close(self) -> None:
+        if self._pid == os.getpid():
+            self._stop_active()
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+            # A copy in a forked worker closes that process's own session.
+            if self._owns_client or self._origin_pid != os.getpid():
+                self._client.close()
+
+    def __del__(self) -> None:
+        # Forgotten without close(): stop prefetching (without waiting: this may run
+        # on any thread, the I/O loop's included).
+        stream = self.__dict__.get("_active")
+        if stream is not None and self.__dict__.get("_pid") == os.getpid():
+            stream.pipeline.stop(wait=False)
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for key in ("_pool", "_fetcher", "_active", "counters", "_order_cache", "_client",
+                    "_targets", "_targets_base"):
+            state.pop(key, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        meta_url, config = self._client_args
+        self._client = Client(meta_url, config=config)
+        self._owns_client = True
+        self._origin_pid = os.getpid()
+        self._order_cache = None
+        self._pid = -1          # makes _check_process start this process's own state
+        self._reset_process_state()
+

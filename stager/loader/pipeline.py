@@ -1,0 +1,326 @@
+"""The prefetch pipeline: fetches exactly the next batches' units on the I/O loop,
+decodes and assembles them in a thread pool, hands batches over in order.
+
+The plan is known before the first read: segment 0 is the current pass, and
+segment ``k`` (asked for when the pipeline gets there) the ``k``-th epoch after
+it, so prefetching runs on across epoch boundaries.  Batch ``j`` (numbered
+across segments) starts as soon as the window allows: fewer than
+``max_batches`` batches ahead of the consumer and the bytes held under
+``max_bytes`` (the consumer's next batch is always admitted, so one batch
+larger than the bound still goes through).
+
+A unit shared by several batches (a Parquet row group, a zarr chunk row) is
+fetched and decoded once and held while its uses follow each other within the
+prefetch window; a use further away (another epoch, a wide shuffle) fetches it
+again, so memory stays bounded whatever the order.  These runs of uses are the
+*keys* the pipeline tracks (:func:`plan_keys`).
+
+Threads: the coroutine runs on the I/O loop; decoding and ``map``/``collate``
+run in the pool; the consumer blocks only in :meth:`Pipeline.get`, and only
+when the batch it asks for is not ready yet (that wait is the *stall*).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..aio import cancel_and_wait
+from .fetch import Buffer, Extent, Fetcher
+from .formats import Index
+from .stats import Counters
+
+Assemble = Callable[[np.ndarray, np.ndarray, dict[int, Any]], Any]
+#: segment number (1, 2, …) -> the sample ids of its batches, or None when there is none
+Segments = Callable[[int], list[np.ndarray] | None]
+
+
+@dataclass
+class _Unit:
+    unit: int
+    extents: list[Extent]
+    held: int                                   # bytes counted against the bound
+    ready: asyncio.Future[Any] | None           # None once its last batch is built
+
+
+@dataclass
+class _Batch:
+    samples: np.ndarray
+    units: np.ndarray        # unit of each sample
+    keys: np.ndarray         # key (unit + run of uses) of each sample
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_batches: int = 6
+    max_bytes: int = 256 << 20
+
+
+def plan_keys(units_of: Sequence[np.ndarray], horizon: int, first_key: int
+              ) -> tuple[list[np.ndarray], dict[int, int], dict[int, list[int]]]:
+    """Keys of a segment's units: one per run of uses no more than ``horizon`` batches
+    apart.  Returns (keys per batch, key -> unit, batch -> keys it uses last)."""
+    if not units_of:
+        return [], {}, {}
+    lengths = [len(u) for u in units_of]
+    units = np.concatenate(units_of).astype(np.int64)
+    batch = np.repeat(np.arange(len(units_of), dtype=np.int64), lengths)
+    order = np.lexsort((batch, units))                  # by unit, then batch
+    su, sb = units[order], batch[order]
+    new = np.ones(len(su), dtype=bool)
+    new[1:] = (su[1:] != su[:-1]) | (sb[1:] - sb[:-1] > horizon)
+    starts = np.nonzero(new)[0]
+    key_sorted = np.cumsum(new) - 1 + first_key
+    keys = np.empty_like(key_sorted)
+    keys[order] = key_sorted
+    last_batch = np.maximum.reduceat(sb, starts)
+    unit_of = dict(zip(range(first_key, first_key + len(starts)), su[starts].tolist(),
+                       strict=True))
+    release: dict[int, list[int]] = {}
+    for key, j in zip(unit_of, last_batch.tolist(), strict=True):
+        release.setdefault(j, []).append(key)
+    return np.split(keys, np.cumsum(lengths)[:-1]), unit_of, release
+
+
+class Pipeline:
+    """Batches of ``first`` (then of further segments), fetched ahead of the consumer."""
+
+    def __init__(self, index: Index, fetcher: Fetcher, first: list[np.ndarray], *,
+                 loop: asyncio.AbstractEventLoop, pool: cf.Executor, limits: Limits,
+                 assemble: Assemble, counters: Counters,
+                 segments: Segments | None = None) -> None:
+        self.index, self.fetcher, self.first, self.segments = index, fetcher, first, segments
+        self.loop, self.pool, self.limits = loop, pool, limits
+        self.assemble, self.counters = assemble, counters
+        self._batches: dict[int, _Batch] = {}
+        self._release: dict[int, list[int]] = {}
+        self._units: dict[int, _Unit] = {}
+        self._slots: dict[int, cf.Future[Any]] = {}
+        self._lock = threading.Lock()
+        self._consumed = 0
+        self._held = 0
+        self._next_key = 0
+        self._wake: asyncio.Event | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._main: cf.Future[None] | None = None
+        self._main_task: asyncio.Task[Any] | None = None
+        self._launching = 0
+
+    # -- consumer side (any thread but the loop's) ------------------------------------
+    def start(self) -> None:
+        self._main = asyncio.run_coroutine_threadsafe(self._run(), self.loop)
+
+    def get(self, j: int) -> Any:
+        """Batch ``j``; blocks until it is ready.  Call in order, each ``j`` once."""
+        slot = self._slot(j)
+        result = slot.result()
+        with self._lock:
+            self._slots.pop(j, None)
+        self.loop.call_soon_threadsafe(self._consumed_upto, j + 1)
+        return result
+
+    def stop(self, wait: bool = True) -> None:
+        """Cancel whatever is in flight; with ``wait``, until it has stopped."""
+        main = self._main
+        if main is None:
+            return
+        self._main = None
+        if self.loop.is_closed():
+            return
+        done = asyncio.run_coroutine_threadsafe(self._shutdown(main), self.loop)
+        if wait:
+            done.result()
+
+    def _slot(self, j: int) -> cf.Future[Any]:
+        with self._lock:
+            slot = self._slots.get(j)
+            if slot is None:
+                slot = self._slots[j] = cf.Future()
+            return slot
+
+    # -- I/O loop side --------------------------------------------------------------------
+    async def _shutdown(self, main: cf.Future[None]) -> None:
+        main.cancel()
+        tasks = list(self._tasks)
+        if self._main_task is not None:
+            tasks.append(self._main_task)
+        await cancel_and_wait(tasks)
+        self._units.clear()
+        self._batches.clear()
+        self._held = 0
+        with self._lock:
+            for slot in self._slots.values():
+                slot.cancel()     # wakes a consumer blocked in another thread
+
+    async def _run(self) -> None:
+        self._wake = asyncio.Event()
+        self._main_task = asyncio.current_task()
+        base, segment, batches = 0, 0, self.first
+        try:
+            while batches:
+                # planned off the loop: an epoch of a large dataset takes a while
+                await self._plan(base, batches)
+                for j in range(base, base + len(batches)):
+                    self._launching = j
+                    await self._start_batch(j)
+                base += len(batches)
+                segment += 1
+                if self.segments is None:
+                    break
+                batches = await asyncio.to_thread(self.segments, segment) or []
+        except Exception as exc:  # a bug of ours or of the format: hand it to the consumer
+            self._fail_from(exc)
+
+    async def _plan(self, base: int, batches: list[np.ndarray]) -> None:
+        def plan() -> tuple[list[np.ndarray], list[np.ndarray], dict[int, int],
+                            dict[int, list[int]]]:
+            units_of = [self.index.units_of(b) for b in batches]
+            return units_of, *plan_keys(units_of, self.limits.max_batches, first_key)
+
+        first_key = self._next_key
+        units_of, keys_of, unit_of, release = await asyncio.to_thread(plan)
+        self._next_key += len(unit_of)
+        self._unit_of = unit_of
+        for jj, (samples, units, keys) in enumerate(zip(batches, units_of, keys_of,
+                                                       strict=True)):
+            self._batches[base + jj] = _Batch(samples, units, keys)
+        for jj, keys in release.items():
+            self._release[base + jj] = keys
+
+    async def _start_batch(self, j: int) -> None:
+        batch = self._batches[j]
+        keys = list(dict.fromkeys(batch.keys.tolist()))
+        new = [k for k in keys if k not in self._units]
+        extents = {k: self.index.extents(self._unit_of[k]) for k in new}
+        need = sum(e.length for ex in extents.values() for e in ex)
+        await self._admit(j, need)
+        for k, ex in extents.items():
+            ready = self.loop.create_future()
+            ready.add_done_callback(_retrieve)
+            self._units[k] = _Unit(self._unit_of[k], ex, sum(e.length for e in ex), ready)
+            self._held += self._units[k].held
+        self.counters.note_held(self._held)
+        if new:
+            self._spawn(self._fetch(new))
+        self._spawn(self._build(j, keys))
+
+    async def _admit(self, j: int, need: int) -> None:
+        assert self._wake is not None
+        while j > self._consumed and (
+                j - self._consumed >= self.limits.max_batches
+                or self._held + need > self.limits.max_bytes):
+            self._wake.clear()
+            await self._wake.wait()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _fetch(self, keys: list[int]) -> None:
+        units = [self._units[k] for k in keys]
+        try:
+            start = time.perf_counter()
+            buffers = await self.fetcher.fetch([e for unit in units for e in unit.extents])
+            self.counters.add_fetch(time.perf_counter() - start, sum(len(b) for b in buffers))
+            parts, at = [], 0
+            for unit in units:
+                parts.append(buffers[at:at + len(unit.extents)])
+                at += len(unit.extents)
+            del buffers
+            if self.index.decodes:
+                decoded = await asyncio.gather(*(
+                    self.loop.run_in_executor(self.pool, self._decode, unit.unit, p)
+                    for unit, p in zip(units, parts, strict=True)))
+            else:
+                decoded = parts
+        except BaseException as exc:
+            for unit in units:
+                if unit.ready is not None and not unit.ready.done():
+                    unit.ready.set_exception(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
+        for k, unit, value in zip(keys, units, decoded, strict=True):
+            if self.index.decodes and self._units.get(k) is unit:
+                size = self.index.nbytes(value)
+                self._held += size - unit.held
+                unit.held = size
+            if unit.ready is not None:
+                unit.ready.set_result(value)
+        self.counters.note_held(self._held)
+
+    def _decode(self, unit: int, buffers: list[Buffer]) -> Any:
+        start = time.perf_counter()
+        try:
+            return self.index.decode(unit, buffers)
+        finally:
+            self.counters.add_decode(time.perf_counter() - start)
+
+    async def _build(self, j: int, keys: list[int]) -> None:
+        slot = self._slot(j)
+        batch = self._batches[j]
+        # Take every future before the first await: a later batch that uses one of
+        # these keys last may finish first and drop it.
+        futures = {self._units[k].unit: self._ready(k) for k in keys}
+        try:
+            decoded = {u: await f for u, f in futures.items()}
+            result = await self.loop.run_in_executor(
+                self.pool, self._assemble, batch.samples, batch.units, decoded)
+        except asyncio.CancelledError:
+            slot.cancel()
+            raise
+        except BaseException as exc:
+            if not slot.done():
+                slot.set_exception(exc)
+            return
+        if not slot.done():
+            slot.set_result(result)
+        # The batch holds what it needs now; drop the units it used last, so memory
+        # is the batch, not the batch twice (their bytes stay counted until the
+        # consumer takes it).
+        for k in self._release.get(j, ()):
+            unit = self._units.get(k)
+            if unit is not None:
+                unit.ready = None
+
+    def _ready(self, key: int) -> asyncio.Future[Any]:
+        ready = self._units[key].ready
+        assert ready is not None, "a unit was dropped before its last batch"
+        return ready
+
+    def _assemble(self, samples: np.ndarray, units: np.ndarray, decoded: dict[int, Any]) -> Any:
+        start = time.perf_counter()
+        try:
+            return self.assemble(samples, units, decoded)
+        finally:
+            self.counters.add_decode(time.perf_counter() - start)
+
+    def _consumed_upto(self, n: int) -> None:
+        for j in range(self._consumed, n):
+            self._batches.pop(j, None)
+            for k in self._release.pop(j, ()):
+                unit = self._units.pop(k, None)
+                if unit is not None:
+                    self._held -= unit.held
+        self._consumed = max(self._consumed, n)
+        if self._wake is not None:
+            self._wake.set()
+
+    def _fail_from(self, exc: BaseException) -> None:
+        slot = self._slot(self._launching)
+        if not slot.done():
+            slot.set_exception(exc)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark a unit's error as seen: the batch that needed it reports it."""
+    if not future.cancelled():
+        future.exception()

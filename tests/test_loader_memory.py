@@ -1,0 +1,85 @@
+"""The prefetch window is bounded in bytes: memory stays under the bound on a
+dataset several times larger.  The servers run in another process (``stager
+up``), so what is measured here is the loader's memory alone."""
+
+from __future__ import annotations
+
+import time
+import tracemalloc
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from stager import Client, Loader
+from stager.testing import ProcessCluster
+
+MiB = 1 << 20
+SAMPLES = 24                 # 24 MiB per dataset, three times the bound
+BOUND = 8 * MiB
+BATCH = 2 * MiB
+
+
+@pytest.fixture(scope="module")
+def procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    root = tmp_path_factory.mktemp("mem")
+    block = bytes(range(256)) * (MiB // 256)
+    for i in range(SAMPLES):                          # 1 MiB samples: striped reads
+        (root / "big").mkdir(exist_ok=True)
+        (root / "big" / f"f{i:03d}").write_bytes(block[i:] + block[:i])
+    for i in range(8 * SAMPLES):                      # 128 KiB samples: batched requests
+        (root / "small").mkdir(exist_ok=True)
+        (root / "small" / f"f{i:04d}").write_bytes(block[i % 256:][:128 << 10])
+    cluster = ProcessCluster(root / "cluster", data_servers=2)
+    cluster.start()
+    try:
+        with Client(cluster.meta_url) as c:
+            c.put(root / "big", "/big", files_in_flight=16)
+            c.put(root / "small", "/small", files_in_flight=16)
+        yield cluster.meta_url
+    finally:
+        cluster.stop()
+
+
+def measure(meta: str, path: str, *, bound: int, batches: int, batch_size: int) -> dict:
+    """Read the whole dataset with a slow consumer; peak traced memory and RSS growth."""
+    proc = psutil.Process()
+    with Loader(path, batch_size=batch_size, meta_url=meta, prefetch_bytes=bound,
+                prefetch_batches=batches, drop_last=False) as loader:
+        tracemalloc.start()
+        try:
+            base_traced = tracemalloc.get_traced_memory()[0]
+            base_rss = proc.memory_info().rss
+            peak_rss = base_rss
+            n = 0
+            for batch in loader:
+                n += sum(len(s["data"]) for s in batch)
+                del batch
+                time.sleep(0.01)            # the consumer is slower than the reads
+                peak_rss = max(peak_rss, proc.memory_info().rss)
+            peak_traced = tracemalloc.get_traced_memory()[1] - base_traced
+        finally:
+            tracemalloc.stop()
+        stats = loader.stats()
+    return {"bytes": n, "traced": peak_traced, "rss": peak_rss - base_rss,
+            "held": stats["peak_prefetch_bytes"]}
+
+
+@pytest.mark.parametrize(("path", "batch_size"), [("/big", 2), ("/small", 16)])
+def test_memory_stays_under_the_prefetch_bound(procs: str, path: str, batch_size: int) -> None:
+    """Prefetched data stays under the bound; on top come only the batch in the
+    consumer's hands and a read buffer being turned into bytes."""
+    tight = measure(procs, path, bound=BOUND, batches=64, batch_size=batch_size)
+    assert tight["bytes"] == SAMPLES * MiB
+    assert tight["held"] <= BOUND
+    assert tight["traced"] < BOUND + BATCH + 2 * MiB, tight
+    assert tight["rss"] < BOUND + 32 * MiB, tight
+    # the measurement can tell: with a loose bound the same run holds far more
+    loose = measure(procs, path, bound=64 * MiB, batches=64, batch_size=batch_size)
+    assert loose["held"] >= 2 * BOUND and loose["traced"] > 1.8 * tight["traced"], (tight, loose)
+
+
+def test_one_batch_larger_than_the_bound_still_goes_through(procs: str) -> None:
+    with Loader("/big", batch_size=4, meta_url=procs, prefetch_bytes=MiB) as loader:
+        assert sum(len(b) for b in loader) == SAMPLES
+        assert loader.stats()["peak_prefetch_bytes"] <= 4 * MiB

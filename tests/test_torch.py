@@ -1,0 +1,174 @@
+"""stager.torch: DataLoader with workers (forked), ranks from torch.distributed, resume,
+and the device feeder (CPU path here; the CUDA path is in test_torch_gpu.py)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from loader_data import write_files, write_zarr
+
+from stager import Client
+from stager.testing import ProcessCluster
+
+torch = pytest.importorskip("torch")
+from stager.torch import (  # noqa: E402
+    DeviceFeeder,
+    StagerDataLoader,
+    StagerDataset,
+    dist_rank_world,
+    to_tensors,
+)
+
+N = 61
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """Servers in processes of their own: DataLoader workers fork this process."""
+    cluster = ProcessCluster(tmp_path_factory.mktemp("torch-cluster"), data_servers=2)
+    cluster.start()
+    try:
+        with Client(cluster.meta_url) as c:
+            write_files(c, "/torch-ds/files", N, size=300)
+            write_zarr(c, tmp_path_factory.mktemp("z") / "a", "/torch-ds/zarr")
+        yield {"meta": cluster.meta_url}
+    finally:
+        cluster.stop()
+
+
+def keys_of(batch: list[dict[str, Any]]) -> list[int]:
+    return [int(s["__index__"]) for s in batch]
+
+
+@pytest.fixture
+def make(ds: dict[str, Any]) -> Iterator[Callable[..., StagerDataset]]:
+    """Datasets over /torch-ds/files, closed after the test."""
+    made: list[StagerDataset] = []
+
+    def one(path: str = "/torch-ds/files", **kw: Any) -> StagerDataset:
+        kw.setdefault("batch_size", 4)
+        kw.setdefault("drop_last", False)
+        kw.setdefault("seed", 2)
+        made.append(StagerDataset(path, meta_url=ds["meta"], **kw))
+        return made[-1]
+
+    yield one
+    for d in made:
+        d.close()
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("workers", [0, 1, 2, 3])
+def test_dataloader_workers_read_every_sample_once_in_order(make: Any, workers: int) -> None:
+    data = make()
+    expected = [keys_of(b) for b in data.loader.for_worker(0, 1)]
+    dl = StagerDataLoader(data, num_workers=workers, multiprocessing_context="fork"
+                          if workers else None)
+    got = [keys_of(b) for b in dl]
+    assert got == expected                           # same batches, same order
+    assert sorted(i for b in got for i in b) == list(range(N))
+    assert len(dl) == len(expected)
+
+
+def test_plain_dataloader_with_two_workers(make: Any) -> None:
+    data = make()
+    dl = torch.utils.data.DataLoader(data, batch_size=None, num_workers=2,
+                                     multiprocessing_context="fork")
+    got = [i for b in dl for i in keys_of(b)]
+    assert sorted(got) == list(range(N))
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 8])
+def test_ranks_and_workers_together(make: Any, world: int) -> None:
+    seen = []
+    for rank in range(world):
+        data = make(rank=rank, world_size=world, batch_size=2)
+        dl = StagerDataLoader(data, num_workers=2, multiprocessing_context="fork")
+        seen += [i for b in dl for i in keys_of(b)]
+    assert sorted(seen) == list(range(N))           # no duplicate across ranks or workers
+
+
+def test_resume_through_the_dataloader(make: Any) -> None:
+    whole = [keys_of(b) for b in StagerDataLoader(make(), num_workers=2,
+                                                  multiprocessing_context="fork")]
+    dl = StagerDataLoader(make(), num_workers=2, multiprocessing_context="fork")
+    head = []
+    for b in dl:
+        head.append(keys_of(b))
+        if len(head) == 5:
+            state = dl.state_dict()
+            break
+    assert state["cursor"] == 20
+    again = StagerDataLoader(make(), num_workers=2, multiprocessing_context="fork")
+    again.load_state_dict(state)
+    tail = [keys_of(b) for b in again]
+    assert head + tail == whole
+    assert again.state_dict()["epoch"] == 1 and again.state_dict()["cursor"] == 0
+
+
+def test_spawned_workers_get_a_picklable_dataset(make: Any) -> None:
+    dl = StagerDataLoader(make(), num_workers=1, multiprocessing_context="spawn")
+    assert sorted(i for b in dl for i in keys_of(b)) == list(range(N))
+
+
+def test_persistent_workers_are_refused(make: Any) -> None:
+    with pytest.raises(ValueError, match="persistent_workers"):
+        StagerDataLoader(make(), num_workers=1, persistent_workers=True)
+
+
+def _rank_main(rank: int, init: str, meta: str, queue: Any) -> None:
+    torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        with StagerDataset("/torch-ds/files", meta_url=meta, batch_size=4, seed=2,
+                           drop_last=True) as data:
+            queue.put((rank, data.loader.rank, data.loader.world_size,
+                       [i for b in data for i in keys_of(b)]))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_rank_and_world_size_come_from_torch_distributed(ds: dict[str, Any],
+                                                         tmp_path: Path) -> None:
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    init = f"file://{tmp_path / 'rendezvous'}"
+    procs = [ctx.Process(target=_rank_main, args=(r, init, ds["meta"], queue))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    results = sorted(queue.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    assert [(r, lr, w) for r, lr, w, _ in results] == [(0, 0, 2), (1, 1, 2)]
+    a, b = results[0][3], results[1][3]
+    assert len(a) == len(b) == (N - N % 8) // 2 and not set(a) & set(b)
+
+
+def test_dist_rank_world_without_distributed() -> None:
+    assert dist_rank_world() == (0, 1)
+    assert dist_rank_world(3, 4) == (3, 4)
+
+
+def test_device_feeder_cpu_path_gives_tensors(make: Any) -> None:
+    data = make("/torch-ds/zarr", batch_size=10, shuffle=False)
+    batches = list(DeviceFeeder(StagerDataLoader(data), device="cpu"))
+    assert all(isinstance(b, torch.Tensor) and b.dtype == torch.float32 for b in batches)
+    got = torch.cat(batches).numpy()
+    assert np.array_equal(got, np.arange(103 * 12, dtype=np.float32).reshape(103, 3, 4))
+
+
+def test_to_tensors_keeps_bytes_and_converts_numbers() -> None:
+    import pyarrow as pa
+
+    rb = pa.RecordBatch.from_pydict({"a": [1, 2], "s": ["x", "y"]})
+    out = to_tensors({"b": b"raw", "n": np.arange(3), "rb": rb, "l": [np.ones(2)]})
+    assert out["b"] == b"raw" and torch.equal(out["n"], torch.arange(3))
+    assert torch.equal(out["rb"]["a"], torch.tensor([1, 2]))
+    assert list(out["rb"]["s"]) == ["x", "y"]
+    assert isinstance(out["l"][0], torch.Tensor)
