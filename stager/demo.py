@@ -3,7 +3,9 @@
 Starts ``stager up`` with 4 data servers under ``./.stager``, generates a
 WebDataset-style sample dataset (16 tar shards of 64 MiB; reused when present),
 writes it into the cluster, reads it back in parallel (every chunk checked
-against its CRC32C), prints what each target served, and shuts the cluster down.
+against its CRC32C), feeds one shuffled epoch of it to a simulated training
+loop through ``stager.Loader``, prints what each target served, and shuts the
+cluster down.
 """
 
 from __future__ import annotations
@@ -89,6 +91,32 @@ async def write_and_read(meta_url: str, src: Path, dst: str) -> dict[str, object
                      c.bytes_read) for tid, c in sorted(counters.items())]}
 
 
+def train_epoch(meta_url: str, dataset: str, step_seconds: float) -> dict[str, float]:
+    """One shuffled epoch of the tar shards through the Loader, ``step_seconds`` per batch."""
+    from .loader import Loader
+
+    with Loader(dataset, batch_size=32, format="tar", meta_url=meta_url, seed=0) as loader:
+        samples = 0
+        for batch in loader:
+            samples += len(batch)
+            time.sleep(step_seconds)          # the "GPU" working on the batch
+        stats = loader.stats()
+    return {"samples": samples, "samples_per_second": stats["samples_per_second"],
+            "stall_fraction": stats["stall_fraction"],
+            "time_to_first_batch": stats["time_to_first_batch"]}
+
+
+def report_training(result: dict[str, float], step_seconds: float) -> None:
+    table = Table(title=f"one epoch through stager.Loader ({step_seconds * 1e3:.0f} ms/batch)")
+    for col in ("samples", "samples/s", "first batch", "stall"):
+        table.add_column(col, justify="right")
+    table.add_row(str(result["samples"]), f"{result['samples_per_second']:.0f}",
+                  f"{result['time_to_first_batch']:.2f} s",
+                  f"{result['stall_fraction'] * 100:.1f} %")
+    console.print(table)
+    console.print("stall = the share of the loop spent waiting for data.")
+
+
 def report(result: dict[str, object]) -> None:
     gb = result["bytes"] / 1e9  # type: ignore[operator]
     table = Table(title="stager demo (4 data servers)")
@@ -126,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
             result = asyncio.run(write_and_read(cluster.meta_url, root / "sample",
                                                 "/datasets/sample"))
         report(result)
+        step = 0.02
+        with console.status("one shuffled epoch through stager.Loader…"):
+            trained = train_epoch(cluster.meta_url, "/datasets/sample", step)
+        report_training(trained, step)
     finally:
         with console.status("stopping the cluster…"):
             code = cluster.stop()
