@@ -9,9 +9,10 @@ durable (fsync, rename, fsync of the directory) before they count, ``cp -r`` and
 ``get`` write to the page cache only.  The last small-file row is the disk's own
 durable-create rate (16 KiB file, fsync, rename, fsync of the directory, 16
 threads): what each staged small file costs the data servers at least.  The
-row after it is the metadata server alone: a create and a commit per empty file,
-64 in flight (what each staged file costs the metadata server), timed on
-``META_ONLY_FILES`` files and scaled to the tree.
+rows after it are the metadata server alone: a create and a commit per empty
+file, 64 in flight (timed on ``META_ONLY_FILES`` files and scaled to the tree),
+and the same files in batches of 512 (``write_many``: one create-batch and one
+commit-batch request per batch, as staging sends small files).
 """
 
 from __future__ import annotations
@@ -107,6 +108,20 @@ async def _meta_only(meta_url: str, files: int, in_flight: int = 64) -> float:
         return seconds
 
 
+async def _meta_batched(meta_url: str, files: int, batch: int = 512) -> float:
+    """Seconds for ``files`` empty files written ``batch`` at a time with write_many:
+    a create-batch and a commit-batch request per batch, as staging sends them."""
+    async with new_client(meta_url) as client:
+        start = time.perf_counter()
+        for k in range(0, files, batch):
+            results = await client.write_many([(f"/bench-meta-b/d{i % 20:02d}/{i}", b"")
+                                               for i in range(k, min(files, k + batch))])
+            assert not any(isinstance(r, Exception) for r in results), results
+        seconds = time.perf_counter() - start
+        await client.rm("/bench-meta-b", recursive=True)
+        return seconds
+
+
 def durable_creates(directory: Path, files: int) -> float:
     """The disk's own rate for small durable files, as a data server writes a chunk."""
     directory.mkdir(parents=True)
@@ -185,6 +200,8 @@ def run(quick: bool) -> dict[str, Any]:
                     n = min(files, META_ONLY_FILES)    # the same rate, from fewer files
                     figures["metadata server alone: create + commit"] = [
                         asyncio.run(_meta_only(cluster.meta_url, n)) * files / n]
+                    figures["metadata server alone: batches of 512 (write_many)"] = [
+                        asyncio.run(_meta_batched(cluster.meta_url, files))]
                 for name, values in figures.items():
                     secs = median(values)
                     med[(tree, name)] = secs
@@ -242,13 +259,21 @@ def _result(rows: list[list[Any]], med: dict[tuple[str, str], float],
             "listing, the resume check and recording the manifest.  Large-file figures are "
             "the median of 2 interleaved rounds (1 in quick mode), small files 1 round.",
             "Every staged file costs a create and a commit on the metadata server (SQLite, "
-            "fsync) and a durable chunk write (fsync, rename, fsync of the directory) on a "
-            "data server; cp -r and fsspec get write to the page cache only.",
-            "What bounds the figures: a small file is bounded by its two metadata "
-            "transactions (the metadata-alone row), which one store thread commits one "
-            "fsync at a time; a large file's bytes are received from the source, "
-            "checksummed, sent to a data server, checksummed again and fsynced there, "
-            "while fsspec get and cp -r only copy into the page cache.",
+            "fsync; one transaction for a whole batch of small files) and a durable chunk "
+            "write (fsync, rename, fsync of the directory) on a data server; cp -r and "
+            "fsspec get write to the page cache only.",
+            "Small files go in batches (stager/stage/small.py): groups of up to 512 files, "
+            "3 in flight, each one create-batch and one commit-batch request (one "
+            "transaction, one fsync each) and one chunk batch (POST /v1/write) per data "
+            "server, whose chunks are written and fsynced concurrently, each durable "
+            "before the answer.  What bounds them now is CPU: every file still costs a "
+            "chunk file created, fsynced and renamed on a data server (with a new fan-out "
+            "directory for most files on a fresh target), one source request, and the "
+            "client's and servers' Python, all on this machine's shared cores (see the "
+            "hand-written notes in bench/RESULTS.md for the CPU split).  A large file's "
+            "bytes are received from the source, checksummed, sent to a data server, "
+            "checksummed again and fsynced there, while fsspec get and cp -r only copy "
+            "into the page cache.",
             f"Load average (1 min) before and after: {load_before:.1f}, {load_after:.1f} on "
             f"{os.cpu_count()} cores (other work on the machine shares them).",
         ],

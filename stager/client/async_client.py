@@ -6,7 +6,7 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -28,6 +28,7 @@ from ..errors import (
 from ..protocol import paths
 from ..protocol.manifest import Manifest
 from ..protocol.models import FileInfo, LayoutSpec, TargetInfo
+from .bulk import WriteItem, put_tree, write_many
 from .files import AsyncReadFile, AsyncWriteFile
 
 if TYPE_CHECKING:
@@ -370,16 +371,22 @@ class AsyncClient:
         src = Path(src)
         if not src.is_dir():
             return [await self._put_file(src, dst, layout, overwrite)]
-        sem = asyncio.Semaphore(files_in_flight)
-
-        async def one(local: Path) -> FileInfo:
-            async with sem:
-                rel = local.relative_to(src).as_posix()
-                return await self._put_file(local, paths.join(dst, rel), layout, overwrite)
-
         await self.mkdir(dst, exist_ok=True)
-        files = sorted(p for p in src.rglob("*") if p.is_file())
-        return await gather_or_cancel(one(p) for p in files)
+        # Files up to a chunk go in batches (write_many), larger ones one by one.
+        return await put_tree(self, src, dst, layout=layout, overwrite=overwrite,
+                              files_in_flight=files_in_flight)
+
+    async def write_many(self, items: Iterable[WriteItem | tuple[Any, ...]], *,
+                         layout: LayoutSpec | None = None, overwrite: bool = True
+                         ) -> list[FileInfo | StagerError]:
+        """Write many files held in memory, ``(path, data[, mtime])`` or
+        :class:`~stager.client.bulk.WriteItem` each, in batches: one create and one
+        commit request per batch, the chunks grouped per target (see
+        :mod:`stager.client.bulk`).  Returns, per item, the committed file's info or
+        the error that kept it from being written; each file is visible only once
+        committed, whole.  Bad input (an invalid path, a path twice) raises and
+        writes nothing."""
+        return await write_many(self, items, layout=layout, overwrite=overwrite)
 
     async def _put_file(self, src: Path, dst: str, layout: LayoutSpec | None,
                         overwrite: bool) -> FileInfo:

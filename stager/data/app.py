@@ -10,6 +10,7 @@ from ..checksum import from_hex, to_hex
 from ..config import Config
 from ..errors import BadRequest, PayloadTooLarge, RangeNotSatisfiable
 from ..protocol import headers as H
+from ..protocol.batch import split_chunk_batch
 from ..protocol.models import ReadItem, field_of, parse_chunk_id
 from ..protocol.ranges import content_range, parse_range, unsatisfied_range
 from ..web.metrics import ServerMetrics
@@ -82,6 +83,17 @@ async def put_chunk(request: web.Request) -> web.Response:
                          status=201)
 
 
+async def batch_write(request: web.Request) -> web.Response:
+    limit = request.app[CONFIG].max_chunk_size
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLarge(f"chunk batch over the limit of {limit} bytes", limit=limit)
+    pieces = split_chunk_batch(await request.read())
+    await _svc(request).put_many([(item.chunk, data, item.crc) for item, data in pieces])
+    received = sum(len(data) for _, data in pieces)
+    _count(request, received=received)
+    return json_response({"chunks": len(pieces), "bytes": received}, status=201)
+
+
 def _chunk_headers(request: web.Request, size: int, crc: int) -> dict[str, str]:
     return {H.CRC32C: to_hex(crc), H.CHUNK_SIZE: str(size), "Accept-Ranges": "bytes",
             H.TARGET: _svc(request).identity.target_id,
@@ -135,11 +147,11 @@ async def delete_chunk(request: web.Request) -> web.Response:
 async def batch_read(request: web.Request) -> web.StreamResponse:
     body = await read_json(request, request.app[CONFIG].max_json_body)
     items = [ReadItem.from_json(i) for i in field_of(body, "items", list)]
-    total = await _svc(request).plan_batch(items)
+    batch = await _svc(request).open_batch(items)
     response = web.StreamResponse(headers={"Content-Type": "application/octet-stream",
                                            H.TARGET: _svc(request).identity.target_id})
-    response.content_length = total
-    slices = _svc(request).batch(items)
+    response.content_length = batch.total
+    slices = batch.slices()
     try:
         # The first slice is read (and verified) before the headers go, so a corrupt
         # chunk there is still a JSON error; a later one can only cut the body short.
@@ -151,8 +163,9 @@ async def batch_read(request: web.Request) -> web.StreamResponse:
             await response.write(data)
     finally:
         await slices.aclose()  # type: ignore[attr-defined]
+        batch.close()
     await response.write_eof()
-    _count(request, sent=total)
+    _count(request, sent=batch.total)
     return response
 
 
@@ -164,7 +177,8 @@ async def purge(request: web.Request) -> web.Response:
 
 HANDLERS = {
     "put_chunk": put_chunk, "get_chunk": get_chunk, "head_chunk": head_chunk,
-    "delete_chunk": delete_chunk, "batch_read": batch_read, "purge": purge,
+    "delete_chunk": delete_chunk, "batch_read": batch_read, "batch_write": batch_write,
+    "purge": purge,
     **maintenance.HANDLERS,
 }
 

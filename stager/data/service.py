@@ -7,17 +7,17 @@ import json
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import Config
-from ..errors import BadRequest, RangeNotSatisfiable
+from ..errors import BadRequest
 from ..protocol.models import TARGET_ID_RE, ReadItem, check_file_id
 from ..storage import ChunkStore, OpenChunk, Usage
+from .batchread import BatchRead
 
 MAX_BATCH_ITEMS = 65536
-BATCH_SLICE = 4 << 20       # bytes read per thread hop in a batched read
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,10 @@ class DataService:
     async def put(self, chunk: str, data: bytes, crc: int) -> None:
         await asyncio.to_thread(self.store.put, chunk, data, crc)
 
+    async def put_many(self, items: Sequence[tuple[str, memoryview, int]]) -> None:
+        """Many chunks, each durable before this returns (see ChunkStore.put_many)."""
+        await asyncio.to_thread(self.store.put_many, items)
+
     async def open(self, chunk: str) -> OpenChunk:
         return await asyncio.to_thread(self.store.open, chunk)
 
@@ -65,48 +69,19 @@ class DataService:
     async def usage(self) -> Usage:
         return await asyncio.to_thread(self.store.usage)
 
-    async def plan_batch(self, items: Sequence[ReadItem]) -> int:
-        """Check that every piece exists and fits its chunk; returns the total length."""
+    async def open_batch(self, items: Sequence[ReadItem]) -> BatchRead:
+        """A batched read with every chunk opened once and every piece checked to fit
+        its chunk (NotFound, RangeNotSatisfiable before any byte is sent)."""
         if len(items) > MAX_BATCH_ITEMS:
             raise BadRequest(f"at most {MAX_BATCH_ITEMS} items per batched read")
-
-        def check() -> int:
-            sizes: dict[str, int] = {}
-            for item in items:
-                if item.chunk not in sizes:
-                    with self.store.open(item.chunk) as oc:
-                        sizes[item.chunk] = oc.meta.data_len
-                if item.offset + item.length > sizes[item.chunk]:
-                    raise RangeNotSatisfiable(
-                        f"{item.chunk}: [{item.offset}, {item.offset + item.length}) is past "
-                        f"its {sizes[item.chunk]} bytes", chunk=item.chunk)
-            return sum(i.length for i in items)
-
-        return await asyncio.to_thread(check)
-
-    async def batch(self, items: Sequence[ReadItem]) -> AsyncIterator[bytes]:
-        """The pieces' bytes in order, verified, a few MiB per thread hop."""
-        group: list[ReadItem] = []
-        size = 0
-        for item in items:
-            group.append(item)
-            size += item.length
-            if size >= BATCH_SLICE:
-                yield await asyncio.to_thread(self._read_group, group)
-                group, size = [], 0
-        if group:
-            yield await asyncio.to_thread(self._read_group, group)
-
-    def _read_group(self, items: list[ReadItem]) -> bytes:
-        out = bytearray()
-        opened: dict[str, OpenChunk] = {}
+        opening = asyncio.ensure_future(asyncio.to_thread(BatchRead, self.store, items))
         try:
-            for item in items:
-                oc = opened.get(item.chunk)
-                if oc is None:
-                    oc = opened[item.chunk] = self.store.open(item.chunk)
-                out += oc.read(item.offset, item.length)
-        finally:
-            for oc in opened.values():
-                oc.close()
-        return bytes(out)
+            return await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            opening.add_done_callback(_close_opened)    # no file left open
+            raise
+
+
+def _close_opened(opening: asyncio.Future[BatchRead]) -> None:
+    if not opening.cancelled() and opening.exception() is None:
+        opening.result().close()

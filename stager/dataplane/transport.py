@@ -27,6 +27,7 @@ from ..errors import (
     error_from_wire,
 )
 from ..protocol import headers
+from ..protocol.batch import ChunkItem, chunk_batch_head
 from ..protocol.models import ReadItem
 from . import rawhttp
 
@@ -155,6 +156,24 @@ class DataPlane:
                 async with self._request(target, url, "PUT", f"/v1/chunks/{chunk}",
                                          data=ChunkBody(data), headers=hdrs):
                     self.counter(target).bytes_written += len(data)
+                    return
+            except TargetUnavailable:
+                if attempt == self.options.retries:
+                    raise
+                await asyncio.sleep(0.05 * 2 ** attempt)
+
+    async def put_chunks(self, target: str, url: str,
+                         items: Sequence[tuple[str, bytes | memoryview, int]]) -> None:
+        """Store many ``(chunk, data, crc)`` on one target in one request
+        (``POST /v1/write``, see :mod:`stager.protocol.batch`); retried (idempotent)."""
+        head = chunk_batch_head([ChunkItem(c, memoryview(d).nbytes, crc) for c, d, crc in items])
+        body = b"".join([head, *(d for _, d, _ in items)])
+        hdrs = {"Content-Type": "application/octet-stream"}
+        for attempt in range(self.options.retries + 1):
+            try:
+                async with self._request(target, url, "POST", "/v1/write",
+                                         data=ChunkBody(body), headers=hdrs):
+                    self.counter(target).bytes_written += len(body) - len(head)
                     return
             except TargetUnavailable:
                 if attempt == self.options.retries:

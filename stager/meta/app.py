@@ -14,8 +14,9 @@ from aiohttp import web
 from ..checksum import from_hex
 from ..config import Config
 from ..dataplane import DataPlane, PlaneOptions, make_session
-from ..errors import BadRequest, PayloadTooLarge, RangeNotSatisfiable
-from ..protocol.models import LayoutSpec, TargetInfo, check_file_id, field_of
+from ..errors import BadRequest, PayloadTooLarge, RangeNotSatisfiable, StagerError
+from ..protocol.batch import CommitItem, CreateItem, error_json, parse_items
+from ..protocol.models import FileInfo, LayoutSpec, TargetInfo, check_file_id, field_of
 from ..protocol.ranges import content_range, parse_range, unsatisfied_range
 from ..web.metrics import ServerMetrics
 from ..web.middleware import METRICS_KEY, error_response, json_response
@@ -25,6 +26,7 @@ from . import reliability
 from .gateway import Gateway
 from .service import MetaService
 from .sqlite import SQLiteStore
+from .store import Upload
 
 log = logging.getLogger("stager.meta")
 SERVICE = web.AppKey("service", MetaService)
@@ -190,6 +192,33 @@ async def abort(request: web.Request) -> web.Response:
     return json_response({"aborted": True})
 
 
+# -- batched writes (stager/protocol/batch.py, stager/meta/batch.py) ----------------------
+async def create_batch(request: web.Request) -> web.Response:
+    items = parse_items(await _body(request), CreateItem.from_json, key=lambda i: i.path)
+    results = await _svc(request).create_many(items)
+    return json_response({"results": [
+        error_json(r) if isinstance(r, StagerError) else _upload_json(*r) for r in results]})
+
+
+async def commit_batch(request: web.Request) -> web.Response:
+    items = parse_items(await _body(request), CommitItem.from_json, key=lambda i: i.file_id)
+    results = await _svc(request).commit_many(items)
+    return json_response({"results": [
+        error_json(r) if isinstance(r, StagerError) else r.to_json() for r in results]})
+
+
+async def abort_batch(request: web.Request) -> web.Response:
+    file_ids = parse_items(await _body(request), check_file_id, key=str, name="file_ids")
+    results = await _svc(request).abort_many(file_ids)
+    return json_response({"results": [None if r is None else error_json(r) for r in results]})
+
+
+def _upload_json(upload: Upload, info: FileInfo) -> dict[str, object]:
+    assert info.layout is not None
+    return {"file_id": upload.file_id, "path": upload.path, "layout": info.layout.to_json(),
+            "locations": info.locations}
+
+
 async def rename(request: web.Request) -> web.Response:
     body = await _body(request)
     info = await _svc(request).rename(field_of(body, "src", str), field_of(body, "dst", str),
@@ -291,6 +320,7 @@ HANDLERS = {
     "status": status, "list_targets": list_targets, "register_target": register_target,
     "heartbeat": heartbeat, "stat": stat, "list": list_dir, "mkdir": mkdir,
     "set_layout": set_layout, "create": create, "commit": commit, "abort": abort,
+    "create_batch": create_batch, "commit_batch": commit_batch, "abort_batch": abort_batch,
     "rename": rename, "remove": remove, "put_manifest": put_manifest,
     "get_manifest": get_manifest, "gateway_get": gateway_get,
     "gateway_head": gateway_head, "gateway_put": gateway_put,

@@ -13,7 +13,6 @@ import time
 import uuid
 import zlib
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace as _with
 from typing import Any, ParamSpec, TypeVar
 
@@ -30,7 +29,9 @@ from ..layout import choose_layout
 from ..protocol import paths
 from ..protocol.manifest import Manifest
 from ..protocol.models import FileInfo, Layout, LayoutSpec, TargetInfo
+from .batch import BatchOps
 from .store import Entry, MetaStore, Upload
+from .storethread import StoreThread
 
 log = logging.getLogger("stager.meta")
 P = ParamSpec("P")
@@ -42,13 +43,13 @@ Purger = Callable[[TargetInfo, list[str]], Awaitable[int]]
 GONE_STATES = frozenset({"lost", "removed"})
 
 
-class MetaService:
+class MetaService(BatchOps):
     def __init__(self, store: MetaStore, config: Config,
                  clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.config = config
         self.clock = clock
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="meta-store")
+        self._store_thread = StoreThread(store)
         # Liveness is soft state: kept in memory, registration is persisted.
         now = clock()
         self.targets: dict[str, TargetInfo] = {
@@ -61,11 +62,15 @@ class MetaService:
         self.status_extras: list[Callable[[], dict[str, Any]]] = []
 
     async def _run(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+        return await self._store_thread.run(fn, *args, **kwargs)
+
+    async def _write(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """A store write that may share one transaction (one fsync) with other
+        writes queued at the same time (group commit: stager/meta/storethread.py)."""
+        return await self._store_thread.write(fn, *args, **kwargs)
 
     def close(self) -> None:
-        self._executor.shutdown(wait=True)
+        self._store_thread.close()
         self.store.close()
 
     # -- namespace ------------------------------------------------------------------
@@ -148,7 +153,7 @@ class MetaService:
             stripe_count=spec.stripe_count or 0, replicas=spec.replicas or 1,
             max_stripe_count=self.config.max_stripe_count, start=int(file_id[:8], 16))
         upload = Upload(file_id, path, chosen, overwrite, parents, self.clock())
-        await self._run(self.store.begin_upload, upload)
+        await self._write(self.store.begin_upload, upload)
         info = self._info(Entry(path, "file", 0, upload.created, file_id, chosen))
         return upload, info
 
@@ -190,12 +195,12 @@ class MetaService:
             raise BadRequest(f"a {size}-byte file has {expected} chunks, "
                              f"got {len(checksums)} checksums")
         now = self.clock()
-        entry = await self._run(self.store.commit_upload, file_id, size=size,
-                                checksums=checksums, mtime=mtime or now, now=now)
+        entry = await self._write(self.store.commit_upload, file_id, size=size,
+                                  checksums=checksums, mtime=mtime or now, now=now)
         return self._info(entry)
 
     async def abort(self, file_id: str) -> None:
-        await self._run(self.store.abort_upload, file_id, now=self.clock())
+        await self._write(self.store.abort_upload, file_id, now=self.clock())
 
     # -- targets --------------------------------------------------------------------
     async def register_target(self, target: TargetInfo) -> TargetInfo:

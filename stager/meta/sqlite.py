@@ -6,7 +6,7 @@ import json
 import sqlite3
 import struct
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from ..errors import (
 )
 from ..protocol import paths
 from ..protocol.models import Layout, LayoutSpec, TargetInfo
+from .sqlite_batch import BatchSQL
 from .sqlite_reliability import ReliabilitySQL
 from .store import Entry, Garbage, MetaStore, Upload
 
@@ -83,7 +84,7 @@ def _unpack(blob: bytes | None) -> tuple[int, ...]:
     return struct.unpack(f"<{len(blob) // 4}I", blob)
 
 
-class SQLiteStore(ReliabilitySQL, MetaStore):
+class SQLiteStore(BatchSQL, ReliabilitySQL, MetaStore):
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -101,13 +102,34 @@ class SQLiteStore(ReliabilitySQL, MetaStore):
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
+        if self.db.in_transaction:
+            # Inside a batch or a group commit: a savepoint, so this operation fails
+            # alone and the enclosing transaction's one commit covers it.
+            self.db.execute("SAVEPOINT op")
+            try:
+                yield self.db
+            except BaseException:
+                self.db.execute("ROLLBACK TO op")
+                self.db.execute("RELEASE op")
+                raise
+            self.db.execute("RELEASE op")
+            return
         self.db.execute("BEGIN IMMEDIATE")
         try:
             yield self.db
         except BaseException:
             self.db.execute("ROLLBACK")
             raise
-        self.db.execute("COMMIT")
+        try:
+            self.db.execute("COMMIT")
+        except BaseException:
+            # Never leave a failed commit open: the next operation would nest in it.
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            raise
+
+    def group(self) -> AbstractContextManager[object]:
+        return self._tx()
 
     # -- path resolution --------------------------------------------------------
     def _child(self, parent_id: int, name: str) -> sqlite3.Row | tuple[Any, ...] | None:

@@ -8,8 +8,11 @@ caller at a time.  No SQL lives outside the implementations.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
+from ..errors import StagerError
 from ..protocol.models import Layout, LayoutSpec, TargetInfo
 
 
@@ -123,6 +126,35 @@ class MetaStore(ABC):
 
     @abstractmethod
     def abort_upload(self, file_id: str, *, now: float) -> None: ...
+
+    # -- batched writes (stager/meta/batch.py): one transaction, one fsync per batch --
+    @abstractmethod
+    def check_creates(self, items: Sequence[tuple[str, bool, bool]]
+                      ) -> list[LayoutSpec | StagerError]:
+        """For each ``(path, overwrite, parents)``: the layout a new file there inherits,
+        or why it cannot be created (what a single create checks)."""
+
+    @abstractmethod
+    def begin_uploads(self, uploads: Sequence[Upload]) -> None: ...
+
+    @abstractmethod
+    def get_uploads(self, file_ids: Sequence[str]) -> list[Upload | StagerError]: ...
+
+    @abstractmethod
+    def commit_uploads(self, items: Sequence[tuple[str, int, tuple[int, ...], float]], *,
+                       now: float) -> list[Entry | StagerError]:
+        """Commit each ``(file_id, size, checksums, mtime)``; an item that fails changes
+        nothing and does not stop the others."""
+
+    @abstractmethod
+    def abort_uploads(self, file_ids: Sequence[str], *, now: float
+                      ) -> list[StagerError | None]: ...
+
+    def group(self) -> AbstractContextManager[object]:
+        """Run the operations inside in one transaction: one commit (one fsync) for all,
+        each operation still failing alone.  A store that cannot group runs them as
+        they come."""
+        return nullcontext()
 
     @abstractmethod
     def expired_uploads(self, before: float) -> list[Upload]: ...

@@ -59,6 +59,21 @@ SCHEMAS: dict[str, Any] = {
                            "checksums": {"type": "array", "items": _STR}},
                           ("file_id", "size", "checksums")),
     "AbortRequest": _obj({"file_id": _STR}, ("file_id",)),
+    "ItemError": _obj({"error": _STR, "message": _STR, "status": _INT,
+                       "details": {"type": "object"}}, ("error", "message", "status")),
+    "CreateBatchRequest": _obj({"items": {"type": "array", "items": _obj(
+        {"path": _STR, "layout": _ref("LayoutSpec"), "overwrite": _BOOL, "parents": _BOOL},
+        ("path",))}}, ("items",)),
+    "CreateBatchResult": _obj({"results": {"type": "array", "items": {
+        "oneOf": [_ref("Upload"), _ref("ItemError")]}}}, ("results",)),
+    "CommitBatchRequest": _obj({"items": {"type": "array", "items": _ref("CommitRequest")}},
+                               ("items",)),
+    "CommitBatchResult": _obj({"results": {"type": "array", "items": {
+        "oneOf": [_ref("FileInfo"), _ref("ItemError")]}}}, ("results",)),
+    "AbortBatchRequest": _obj({"file_ids": {"type": "array", "items": _STR}}, ("file_ids",)),
+    "AbortBatchResult": _obj({"results": {"type": "array", "items": {
+        "oneOf": [{"type": "null"}, _ref("ItemError")]}}}, ("results",)),
+    "ChunkBatchInfo": _obj({"chunks": _INT, "bytes": _INT}),
     "RenameRequest": _obj({"src": _STR, "dst": _STR, "overwrite": _BOOL}, ("src", "dst")),
     "RemoveRequest": _obj({"path": _STR, "recursive": _BOOL}, ("path",)),
     "RemoveResult": _obj({"removed": _INT}),

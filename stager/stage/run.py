@@ -24,6 +24,7 @@ from ..protocol.models import FileInfo, LayoutSpec
 from . import plan
 from .copy import PART, WINDOW, copy_in
 from .progress import Progress, make_progress
+from .small import copy_small
 from .source import Source, open_source, source_etag, source_mtime
 
 if TYPE_CHECKING:
@@ -196,9 +197,20 @@ async def _copy_all(client: AsyncClient, source: Source, todo: list[plan.SourceF
             raise _naming(exc, source.name(f.path), dst) from exc
         progress.file_done()
 
+    def destination(f: plan.SourceFile) -> str:
+        return dst_root if single else paths.join(dst_root, f.rel)
+
+    async def small_files(files: list[plan.SourceFile]) -> None:
+        # in batches: one create, one commit and a chunk request per target per batch
+        copied.update(await copy_small(
+            client, source, files, destination, layout=options.layout,
+            files_in_flight=options.small_files_in_flight, on_bytes=progress.advance,
+            on_file=progress.file_done,
+            naming=lambda exc, f: _naming(exc, source.name(f.path), destination(f))))
+
     small = [f for f in todo if f.size <= options.part_size]
     large = sorted((f for f in todo if f.size > options.part_size), key=lambda f: -f.size)
-    await gather_or_cancel([run_pool(small, options.small_files_in_flight, one),
+    await gather_or_cancel([small_files(small),
                             run_pool(large, options.large_files_in_flight, one)])
     return copied
 

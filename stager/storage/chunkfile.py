@@ -84,6 +84,33 @@ def read_verified(fd: int, meta: ChunkMeta, offset: int, length: int, name: str 
     return bytes(view[offset - start:offset - start + length])
 
 
+def block_span(meta: ChunkMeta, offset: int, length: int) -> tuple[int, int]:
+    """``[start, stop)`` of the whole blocks a read of ``length`` at ``offset`` touches."""
+    bs = meta.block_size
+    first, last = offset // bs, (offset + max(length, 1) - 1) // bs
+    return first * bs, min((last + 1) * bs, meta.data_len)
+
+
+def read_verified_into(fd: int, meta: ChunkMeta, offset: int, out: memoryview,
+                       scratch: memoryview, name: str = "") -> None:
+    """Fill ``out`` from ``offset`` after checking every block it touches, as
+    :func:`read_verified` does, without allocating: the blocks are read into
+    ``scratch`` (at least as long as their :func:`block_span`)."""
+    if not len(out):
+        return
+    start, stop = block_span(meta, offset, len(out))
+    blocks = scratch[:stop - start]
+    if os.preadv(fd, [blocks], start) != stop - start:
+        raise CorruptChunk(f"chunk {name} is truncated", chunk=name)
+    bs = meta.block_size
+    for i in range(0, stop - start, bs):
+        block = (start + i) // bs
+        if crc32c(blocks[i:i + bs]) != meta.block_crcs[block]:
+            raise CorruptChunk(f"chunk {name} failed its checksum at block {block}",
+                               chunk=name, block=block)
+    out[:] = blocks[offset - start:offset - start + len(out)]
+
+
 def verify_all(fd: int, meta: ChunkMeta, name: str = "") -> None:
     """Read the whole chunk and check every block and the whole-chunk CRC."""
     crc = 0

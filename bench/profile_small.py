@@ -1,0 +1,260 @@
+"""Where small files and small samples spend their time: rates and CPU per process.
+
+Two drivers, each printing its rate and the CPU seconds (user + system, from
+``/proc``) every process spent, so a change can be compared with the code before
+it on a shared machine, where CPU per file moves far less than the rate::
+
+    python -m bench.profile_small stage --files 20000      # staging 16 KiB files
+    python -m bench.profile_small reads --samples 40000    # batched 16 KiB reads
+    python -m bench.profile_small http-listing             # listing an HTTP source
+    python -m bench.profile_small meta --files 2000        # create+commit rates
+    python -m bench.profile_small group-commit             # the store thread's grouping
+
+``stage``: a tree of 16 KiB files in 20 directories, served by the HTTP source
+server (its own process) and read as ``file://``, staged into a metadata server
+and 3 data servers (``stager up`` processes, fresh targets), one run per source.
+``reads``: one packed file of 16 KiB samples on 4 data servers (processes),
+read in shuffled batches of 256 with one ``POST /v1/read`` per target per batch,
+4 batches in flight (as ``bench_small_samples``).
+
+To measure the code before a change, run this file from a copy of that tree
+(``git archive REV stager bench | tar -x -C /tmp/old``, copy this file into
+``/tmp/old/bench``, then ``cd /tmp/old && PYTHONPATH=/tmp/old python -m
+bench.profile_small ...``): the servers it starts import ``stager`` from there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import resource
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import stager
+
+from .common import new_client, run_async, upload_file
+
+SMALL = 16 * 1024
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def own_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def measured(pids: dict[str, int], work: Callable[[], object]) -> tuple[float, dict[str, float]]:
+    """Run ``work``; its wall seconds and the CPU seconds of each process (and this one)."""
+    before = {k: cpu_seconds(p) for k, p in pids.items()}
+    mine = own_cpu()
+    start = time.perf_counter()
+    work()
+    wall = time.perf_counter() - start
+    used = {k: cpu_seconds(p) - before[k] for k, p in pids.items()}
+    used["client"] = own_cpu() - mine
+    return wall, used
+
+
+def report(name: str, count: int, unit: str, wall: float, used: dict[str, float],
+           per: int) -> None:
+    total = sum(used.values())
+    split = ", ".join(f"{k} {per * v / count:.3f}" for k, v in used.items())
+    print(f"{name}: {count / wall:,.0f} {unit}/s ({wall:.2f} s); CPU s per {per:,} {unit}: "
+          f"{split}; total {per * total / count:.3f} ({total / wall:.2f} cores busy); "
+          f"load {os.getloadavg()[0]:.1f}", flush=True)
+
+
+def stage_small(files: int, sources: list[str]) -> None:
+    from stager.testing.cluster import ProcessCluster
+    from stager.testing.httpserver import HttpServer
+
+    from .bench_stage import _drop, stage
+
+    with tempfile.TemporaryDirectory(prefix="profile-stage-") as tmp:
+        root = Path(tmp)
+        src = root / "src" / "small"
+        block = os.urandom(SMALL)
+        for i in range(files):
+            d = src / f"d{i % 20:02d}"
+            d.mkdir(parents=True, exist_ok=True)
+            (d / f"s{i:06d}.bin").write_bytes(block[i % 97:] + block[:i % 97])
+        with HttpServer(root / "src") as http, ProcessCluster(root / "cluster", 3) as cluster:
+            stage(cluster.meta_url, f"{http.url}/small/", "/warm", include=["d00/*"])
+            asyncio.run(_drop(cluster.meta_url, "/warm"))
+            pids = {"meta": int(cluster.info["meta"]["pid"]), "http source": http.proc.pid,
+                    **{f"data{i}": cluster.data_pid(i) for i in range(3)}}
+            for source in sources:
+                url = f"{http.url}/small/" if source == "http" else f"file://{src}"
+                copied: list[int] = []
+
+                def work(url: str = url, source: str = source,
+                         copied: list[int] = copied) -> None:
+                    copied.append(stage(cluster.meta_url, url, f"/{source}")[1])
+
+                wall, used = measured(pids, work)
+                assert copied == [files], copied
+                report(f"stage {source}", files, "files", wall, used, 1000)
+
+
+def http_listing(files: int) -> None:
+    """How long staging's listing of an HTTP source takes: its directory pages carry
+    no sizes, so every file costs a HEAD request (``Source.files``)."""
+    from stager.stage.source import open_source
+    from stager.testing.httpserver import HttpServer
+
+    with tempfile.TemporaryDirectory(prefix="profile-listing-") as tmp:
+        src = Path(tmp) / "small"
+        block = os.urandom(SMALL)
+        for i in range(files):
+            d = src / f"d{i % 20:02d}"
+            d.mkdir(parents=True, exist_ok=True)
+            (d / f"s{i:06d}.bin").write_bytes(block)
+        with HttpServer(Path(tmp)) as http:
+            async def listing() -> int:
+                source = open_source(f"{http.url}/small/")
+                try:
+                    return len(await source.files())
+                finally:
+                    await source.close()
+
+            for _ in range(2):
+                start = time.perf_counter()
+                n = asyncio.run(listing())
+                seconds = time.perf_counter() - start
+                print(f"listing {n:,} files over http: {seconds:.2f} s "
+                      f"({n / seconds:,.0f} files/s); load {os.getloadavg()[0]:.1f}", flush=True)
+
+
+def batched_reads(samples: int, rounds: int) -> None:
+    from stager.testing.nodes import NodeCluster
+
+    from .bench_small_samples import stager_batched
+
+    order = list(range(samples))
+    random.Random(1).shuffle(order)
+    with tempfile.TemporaryDirectory(prefix="profile-reads-") as tmp:
+        root = Path(tmp)
+        rng = random.Random(0)
+        with open(root / "packed.bin", "wb") as fh:
+            for _ in range(samples):
+                fh.write(rng.randbytes(SMALL))
+        with open(root / "packed.bin", "rb") as fh:
+            fh.seek(order[0] * SMALL)
+            first = fh.read(SMALL)
+        with NodeCluster(root / "cluster", 4, mode="loopback") as cluster:
+            async def load() -> None:
+                async with new_client(cluster.meta_url) as c:
+                    await upload_file(c, root / "packed.bin", "/packed.bin")
+
+            run_async(load())
+            pids = {f"data{i}": p.pid for i, p in enumerate(cluster.procs[1:])}
+            for r in range(rounds):
+                wall, used = measured(pids, lambda: run_async(
+                    stager_batched(cluster.meta_url, order, first)))
+                report(f"reads round {r}", samples, "samples", wall, used, 1_000_000)
+
+
+def metadata_rates(files: int) -> None:
+    """Empty files through the client against a metadata server process: one at a
+    time, 16 in flight, and (where the client has it) write_many batches of 256."""
+    from stager.testing.nodes import NodeCluster
+
+    from .bench_metadata import _timed
+
+    async def rates(url: str) -> None:
+        async with new_client(url) as c:
+            for name, parallel in (("1 at a time", 1), ("16 in flight", 16)):
+                t = await _timed(lambda i, p=parallel: c.pipe(f"/p{p}/f{i:06d}", b""), files,
+                                 parallel)
+                print(f"create+commit, {name}: {files / t:,.0f} files/s", flush=True)
+            if hasattr(c, "write_many"):
+                start = time.perf_counter()
+                for k in range(0, files, 256):
+                    await c.write_many([(f"/b/f{i:06d}", b"")
+                                        for i in range(k, min(files, k + 256))])
+                print(f"create+commit, batches of 256: "
+                      f"{files / (time.perf_counter() - start):,.0f} files/s", flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="profile-meta-") as tmp, \
+            NodeCluster(Path(tmp) / "cluster", 4, mode="loopback") as cluster:
+        run_async(rates(cluster.meta_url))
+    print(f"load {os.getloadavg()[0]:.1f}")
+
+
+def group_commit(files: int, writers: int = 16) -> None:
+    """The metadata service alone (real SQLite, no HTTP): ``writers`` tasks each
+    creating and committing files, with group commit off (groups of 1) and on."""
+    from stager.config import load_config
+    from stager.meta.service import MetaService
+    from stager.meta.sqlite import SQLiteStore
+    from stager.protocol.models import TargetInfo
+
+    async def one(root: Path, max_group: int) -> None:
+        service = MetaService(SQLiteStore(root / f"meta-{max_group}.sqlite3"),
+                              load_config(env={}))
+        service._store_thread.max_group = max_group
+        for i in range(3):
+            await service.register_target(TargetInfo(f"t{i}", f"n{i}", f"http://h{i}:1"))
+        todo = iter(range(files))
+
+        async def writer() -> None:
+            for i in todo:
+                upload, _ = await service.create(f"/d/f{i}")
+                await service.commit(upload.file_id, size=0, checksums=())
+
+        start = time.perf_counter()
+        await asyncio.gather(*(writer() for _ in range(writers)))
+        seconds = time.perf_counter() - start
+        thread = service._store_thread
+        print(f"group commit {'on ' if max_group > 1 else 'off'}: {files / seconds:,.0f} "
+              f"files/s ({writers} writers; {thread.grouped_calls} of the {2 * files} store "
+              f"writes shared {thread.groups} transactions)", flush=True)
+        service.close()
+
+    with tempfile.TemporaryDirectory(prefix="profile-group-") as tmp:
+        for max_group in (1, 256, 1, 256):
+            asyncio.run(one(Path(tmp), max_group))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.profile_small", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="what", required=True)
+    p = sub.add_parser("stage", help="stage 16 KiB files over http and file://")
+    p.add_argument("--files", type=int, default=20_000)
+    p.add_argument("--sources", default="http,file")
+    p = sub.add_parser("reads", help="batched reads of 16 KiB samples")
+    p.add_argument("--samples", type=int, default=40_000)
+    p.add_argument("--rounds", type=int, default=3)
+    p = sub.add_parser("http-listing", help="list an HTTP source of 16 KiB files")
+    p.add_argument("--files", type=int, default=20_000)
+    p = sub.add_parser("meta", help="create+commit rates through a metadata server")
+    p.add_argument("--files", type=int, default=2000)
+    p = sub.add_parser("group-commit", help="the metadata service with group commit off/on")
+    p.add_argument("--files", type=int, default=3000)
+    args = parser.parse_args()
+    print(f"stager from {Path(stager.__file__).parent}", flush=True)
+    if args.what == "stage":
+        stage_small(args.files, args.sources.split(","))
+    elif args.what == "reads":
+        batched_reads(args.samples, args.rounds)
+    elif args.what == "http-listing":
+        http_listing(args.files)
+    elif args.what == "meta":
+        metadata_rates(args.files)
+    else:
+        group_commit(args.files)
+
+
+if __name__ == "__main__":
+    main()

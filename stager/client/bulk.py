@@ -1,0 +1,292 @@
+"""Writing many small files at once: :meth:`AsyncClient.write_many`.
+
+One file at a time, a small file costs a create and a commit on the metadata
+server (each a transaction with an fsync) and a chunk request per replica.  Here
+a batch of files (up to :data:`~stager.protocol.batch.MAX_BATCH_ITEMS`) costs:
+
+1. one ``POST /v1/create-batch``: file ids, layouts and locations of them all;
+2. their chunks grouped by target into chunk batches (``POST /v1/write``, at most
+   :data:`CHUNK_BATCH_BYTES` each), sent to every target at once;
+3. one ``POST /v1/commit-batch`` for the files whose chunks are all stored;
+4. one ``POST /v1/abort-batch`` for the files that failed, so their chunks are
+   collected.
+
+Each file becomes visible at step 3, whole, or not at all.  A file that failed
+because a server was unreachable is written again as a new upload (its layout
+picked from the targets up by then) with backoff, ``write_retries`` times, when
+it may be overwritten, as :meth:`AsyncClient.pipe` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ..aio import gather_or_cancel
+from ..checksum import crc32c
+from ..errors import NoTargets, StagerError, TargetUnavailable, Unavailable
+from ..layout import chunk_targets
+from ..protocol import paths
+from ..protocol.batch import MAX_BATCH_ITEMS, CommitItem, CreateItem, result_of
+from ..protocol.models import FileInfo, Layout, LayoutSpec, chunk_id
+
+if TYPE_CHECKING:
+    from .async_client import AsyncClient
+
+T = TypeVar("T")
+CHUNK_BATCH_BYTES = 8 << 20      # bytes of chunks per POST /v1/write
+
+Result = FileInfo | StagerError
+
+
+@dataclass(frozen=True)
+class WriteItem:
+    """One file for :meth:`AsyncClient.write_many`: its path, bytes and mtime."""
+
+    path: str
+    data: bytes | bytearray | memoryview
+    mtime: float | None = None
+
+
+def as_item(obj: WriteItem | tuple[Any, ...]) -> WriteItem:
+    """A :class:`WriteItem` from itself or from ``(path, data[, mtime])``."""
+    return obj if isinstance(obj, WriteItem) else WriteItem(*obj)
+
+
+@dataclass
+class _Upload:
+    index: int                       # in the batch
+    file_id: str
+    layout: Layout
+    locations: dict[str, str]
+    checksums: list[int] = field(default_factory=list)
+
+
+async def write_many(client: AsyncClient, items: Iterable[WriteItem | tuple[Any, ...]], *,
+                     layout: LayoutSpec | None = None, overwrite: bool = True
+                     ) -> list[Result]:
+    """Write every item; per item, the committed file's info or the error that kept
+    it from being written (nothing of it is visible then)."""
+    todo = [as_item(i) for i in items]
+    out: list[Result] = []
+    for start in range(0, len(todo), MAX_BATCH_ITEMS):
+        out += await _with_retries(client, todo[start:start + MAX_BATCH_ITEMS], layout,
+                                   overwrite)
+    return out
+
+
+async def _with_retries(client: AsyncClient, items: list[WriteItem],
+                        layout: LayoutSpec | None, overwrite: bool) -> list[Result]:
+    results = await _write_batch(client, items, layout, overwrite)
+    retries = client.config.write_retries if overwrite else 0
+    for attempt in range(retries):
+        again = [i for i, r in enumerate(results)
+                 if isinstance(r, Unavailable) and not isinstance(r, NoTargets)]
+        if not again:
+            break
+        await asyncio.sleep(min(0.25 * 2 ** attempt, 4.0))
+        for i, r in zip(again, await _write_batch(client, [items[i] for i in again],
+                                                  layout, overwrite), strict=True):
+            results[i] = r
+    return results
+
+
+async def _write_batch(client: AsyncClient, items: Sequence[WriteItem],
+                       layout: LayoutSpec | None, overwrite: bool) -> list[Result]:
+    results: list[Result | None] = [None] * len(items)
+    uploads = await _create(client, items, layout, overwrite, results)
+    try:
+        failed = await _put_chunks(client, items, uploads)
+        for up in uploads:
+            if up.index in failed:
+                results[up.index] = failed[up.index]
+        await _commit(client, items, [u for u in uploads if u.index not in failed], results)
+    except BaseException:
+        # Cancelled or the metadata server went away: nothing was answered for these.
+        pending = [u.file_id for u in uploads if results[u.index] is None]
+        await asyncio.shield(_abort(client, pending))
+        raise
+    await _abort(client, [u.file_id for u in uploads if u.index in failed])
+    client._forget(*(items[u.index].path for u in uploads))
+    assert all(r is not None for r in results)
+    return results  # type: ignore[return-value]
+
+
+async def _create(client: AsyncClient, items: Sequence[WriteItem],
+                  layout: LayoutSpec | None, overwrite: bool,
+                  results: list[Result | None]) -> list[_Upload]:
+    body = {"items": [CreateItem(paths.normalize(i.path), layout, overwrite).to_json()
+                      for i in items]}
+    answer = await client._meta("POST", "/v1/create-batch", body=body)
+    uploads = []
+    for index, obj in enumerate(answer["results"]):
+        got = result_of(obj, _upload_of)
+        if isinstance(got, StagerError):
+            results[index] = got
+        else:
+            file_id, chosen, locations = got
+            uploads.append(_Upload(index, file_id, chosen, locations))
+    return uploads
+
+
+def _upload_of(obj: Any) -> tuple[str, Layout, dict[str, str]]:
+    return str(obj["file_id"]), Layout.from_json(obj["layout"]), dict(obj["locations"])
+
+
+async def _put_chunks(client: AsyncClient, items: Sequence[WriteItem],
+                      uploads: list[_Upload]) -> dict[int, StagerError]:
+    """Every chunk of every upload on each of its replicas; the files that failed."""
+    by_target: dict[str, list[tuple[str, memoryview, int, int]]] = defaultdict(list)
+    urls: dict[str, str] = {}
+    failed: dict[int, StagerError] = {}
+    for up in uploads:
+        data = memoryview(items[up.index].data).cast("B")
+        size = up.layout.chunk_size
+        for index in range(up.layout.chunk_count(len(data))):
+            piece = data[index * size:(index + 1) * size]
+            crc = crc32c(piece)
+            up.checksums.append(crc)
+            for target in chunk_targets(up.layout, index):
+                url = up.locations.get(target)
+                if url is None:
+                    failed[up.index] = TargetUnavailable(f"target {target} is unknown",
+                                                         target=target)
+                    continue
+                urls[target] = url
+                by_target[target].append((chunk_id(up.file_id, index), piece, crc, up.index))
+
+    async def send(target: str, batch: list[tuple[str, memoryview, int, int]]) -> None:
+        async with client.limit:
+            try:
+                await client.plane.put_chunks(target, urls[target],
+                                              [(c, d, crc) for c, d, crc, _ in batch])
+            except StagerError as exc:
+                for *_, index in batch:
+                    failed.setdefault(index, exc)
+
+    await asyncio.gather(*(send(t, b) for t, chunks in by_target.items()
+                           for b in _slices(chunks)))
+    return failed
+
+
+def _slices(chunks: list[tuple[str, memoryview, int, int]]
+            ) -> Iterable[list[tuple[str, memoryview, int, int]]]:
+    """Chunk batches of at most CHUNK_BATCH_BYTES (a bigger chunk goes alone)."""
+    batch: list[tuple[str, memoryview, int, int]] = []
+    size = 0
+    for chunk in chunks:
+        n = chunk[1].nbytes
+        if batch and (size + n > CHUNK_BATCH_BYTES or len(batch) == MAX_BATCH_ITEMS):
+            yield batch
+            batch, size = [], 0
+        batch.append(chunk)
+        size += n
+    if batch:
+        yield batch
+
+
+async def _commit(client: AsyncClient, items: Sequence[WriteItem], uploads: list[_Upload],
+                  results: list[Result | None]) -> None:
+    if not uploads:
+        return
+    body = {"items": [CommitItem(u.file_id, memoryview(items[u.index].data).nbytes,
+                                 tuple(u.checksums), items[u.index].mtime).to_json()
+                      for u in uploads]}
+    answer = await client._meta("POST", "/v1/commit-batch", body=body)
+    for up, obj in zip(uploads, answer["results"], strict=True):
+        results[up.index] = result_of(obj, FileInfo.from_json)
+
+
+async def _abort(client: AsyncClient, file_ids: list[str]) -> None:
+    if not file_ids:
+        return
+    try:
+        await client._meta("POST", "/v1/abort-batch", body={"file_ids": file_ids})
+    except StagerError:
+        pass  # the server collects abandoned uploads itself after upload_grace
+
+
+# -- local trees (AsyncClient.put of a directory) ----------------------------------------
+GROUP_FILES = 512                # small files per write_many call
+GROUP_BYTES = 32 << 20           # and at most this many bytes
+GROUPS_IN_FLIGHT = 2             # one group read while another is written
+
+
+@dataclass(frozen=True)
+class _Local:
+    path: Path
+    rel: str
+    size: int
+
+
+async def put_tree(client: AsyncClient, src: Path, dst: str, *, layout: LayoutSpec | None,
+                   overwrite: bool, files_in_flight: int) -> list[FileInfo]:
+    """Copy the local tree ``src`` into the directory ``dst``: files up to one chunk
+    (``config.chunk_size``) in batches through :func:`write_many`, larger ones one
+    by one; the infos in the order of the sorted local paths."""
+    files = await asyncio.to_thread(_listing, src)
+    small = [f for f in files if f.size <= client.config.chunk_size]
+    large = [f for f in files if f.size > client.config.chunk_size]
+    done: dict[Path, FileInfo] = {}
+
+    async def write_group(group: list[_Local]) -> None:
+        loaded = await asyncio.to_thread(_load, group)
+        results = await write_many(client, [WriteItem(paths.join(dst, f.rel), data, mtime)
+                                            for f, (data, mtime) in zip(group, loaded,
+                                                                        strict=True)],
+                                   layout=layout, overwrite=overwrite)
+        for f, result in zip(group, results, strict=True):
+            if isinstance(result, StagerError):
+                raise result
+            done[f.path] = result
+
+    async def write_large(f: _Local) -> None:
+        done[f.path] = await client._put_file(f.path, paths.join(dst, f.rel), layout,
+                                              overwrite)
+
+    await gather_or_cancel([_pool(list(_groups(small)), GROUPS_IN_FLIGHT, write_group),
+                            _pool(large, files_in_flight, write_large)])
+    return [done[f.path] for f in files]
+
+
+def _listing(src: Path) -> list[_Local]:
+    return [_Local(p, p.relative_to(src).as_posix(), p.stat().st_size)
+            for p in sorted(src.rglob("*")) if p.is_file()]
+
+
+def _load(group: list[_Local]) -> list[tuple[bytes, float]]:
+    """The bytes and mtime of each file (small local files: read in one thread)."""
+    out = []
+    for f in group:
+        with open(f.path, "rb") as fh:
+            out.append((fh.read(), os.fstat(fh.fileno()).st_mtime))
+    return out
+
+
+def _groups(files: list[_Local]) -> Iterable[list[_Local]]:
+    group: list[_Local] = []
+    size = 0
+    for f in files:
+        if group and (len(group) == GROUP_FILES or size + f.size > GROUP_BYTES):
+            yield group
+            group, size = [], 0
+        group.append(f)
+        size += f.size
+    if group:
+        yield group
+
+
+async def _pool(items: list[T], workers: int, work: Callable[[T], Awaitable[None]]) -> None:
+    """``work(item)`` for every item, ``workers`` at a time; the first error cancels."""
+    queue = iter(items)
+
+    async def worker() -> None:
+        for item in queue:
+            await work(item)
+
+    await gather_or_cancel(worker() for _ in range(max(1, min(workers, len(items)))))

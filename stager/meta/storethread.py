@@ -1,0 +1,147 @@
+"""The metadata store's one thread, with group commit.
+
+Every store call is blocking and the store assumes one caller at a time, so all
+calls run in order on one thread and the event loop never waits on SQLite or on
+an fsync.  Calls made with :meth:`StoreThread.write` that queued up while the
+thread was busy run together inside one store transaction (``store.group()``):
+one commit, one fsync, for all of them.  Each still fails alone (its own
+transaction nests as a savepoint), and every caller is answered only after the
+shared commit, so an acknowledged write is durable exactly as before.  A read
+(:meth:`StoreThread.run`) ends a group: calls never change order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ParamSpec, TypeVar
+
+from .store import MetaStore
+
+P = ParamSpec("P")
+R = TypeVar("R")
+MAX_GROUP = 256          # calls per shared transaction
+
+
+@dataclass
+class _Call:
+    fn: Callable[[], Any]
+    write: bool
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+    outcome: tuple[bool, Any] = field(default=(False, None))
+
+    def execute(self) -> None:
+        try:
+            self.outcome = (True, self.fn())
+        except BaseException as exc:     # delivered to the caller, whatever it is
+            self.outcome = (False, exc)
+
+    def answer(self) -> None:
+        try:
+            self.loop.call_soon_threadsafe(_settle, self.future, self.outcome)
+        except RuntimeError:
+            pass                 # the caller's loop is closed: nobody is waiting
+
+
+def _settle(future: asyncio.Future[Any], outcome: tuple[bool, Any]) -> None:
+    if future.done():            # the caller went away (cancelled)
+        return
+    ok, value = outcome
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)
+
+
+_STOP = object()
+
+
+class StoreThread:
+    def __init__(self, store: MetaStore, *, max_group: int = MAX_GROUP) -> None:
+        self.store = store
+        self.max_group = max_group
+        self.groups = 0              # shared transactions run (for tests and metrics)
+        self.grouped_calls = 0       # calls that ran inside one
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._work, name="meta-store", daemon=True)
+        self._thread.start()
+
+    async def run(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """``fn(*args, **kwargs)`` on the store thread, alone."""
+        return await self._submit(lambda: fn(*args, **kwargs), write=False)
+
+    async def write(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """Like :meth:`run`, but may share one transaction with other writes."""
+        return await self._submit(lambda: fn(*args, **kwargs), write=True)
+
+    async def _submit(self, fn: Callable[[], Any], *, write: bool) -> Any:
+        if self._closed:
+            raise RuntimeError("the metadata store is closed")
+        loop = asyncio.get_running_loop()
+        call = _Call(fn, write, loop, loop.create_future())
+        self._queue.put(call)
+        return await call.future
+
+    def close(self) -> None:
+        """Finish every call already queued, then stop the thread."""
+        if not self._closed:
+            self._closed = True
+            self._queue.put(_STOP)
+            self._thread.join()
+
+    # -- the thread ----------------------------------------------------------------
+    def _work(self) -> None:
+        pending: deque[Any] = deque()
+        while True:
+            if not pending:
+                pending.append(self._queue.get())
+            while True:                  # everything queued so far
+                try:
+                    pending.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            head = pending.popleft()
+            if head is _STOP:
+                self._refuse(pending)
+                return
+            group = [head]
+            while (head.write and pending and len(group) < self.max_group
+                   and isinstance(pending[0], _Call) and pending[0].write):
+                group.append(pending.popleft())
+            self._execute(group)
+
+    def _refuse(self, pending: deque[Any]) -> None:
+        """Answer calls that raced with close() instead of leaving them waiting."""
+        while True:
+            try:
+                pending.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        for call in pending:
+            if isinstance(call, _Call):
+                call.outcome = (False, RuntimeError("the metadata store is closed"))
+                call.answer()
+
+    def _execute(self, group: list[_Call]) -> None:
+        if len(group) == 1:
+            group[0].execute()
+            group[0].answer()
+            return
+        try:
+            with self.store.group():
+                for call in group:
+                    call.execute()
+        except BaseException as exc:     # the shared commit failed: none of it is durable
+            for call in group:
+                call.outcome = (False, exc)
+        else:
+            self.groups += 1
+            self.grouped_calls += len(group)
+        for call in group:
+            call.answer()

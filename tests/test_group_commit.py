@@ -1,0 +1,132 @@
+"""Group commit on the metadata store thread, and batches at the service level.
+
+Real SQLite on disk, the real MetaService; no HTTP.  Writes that queue up while
+the store thread is busy share one transaction; each still fails alone, and what
+was acknowledged is on disk when the store is opened again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from stager.config import load_config
+from stager.errors import AlreadyExists, IsADirectory, NotFound, UploadNotFound
+from stager.meta.service import MetaService
+from stager.meta.sqlite import SQLiteStore
+from stager.protocol.batch import CommitItem, CreateItem
+from stager.protocol.models import TargetInfo
+
+
+async def make_service(root: Path) -> MetaService:
+    service = MetaService(SQLiteStore(root / "meta.sqlite3"), load_config(env={}))
+    for i in range(3):
+        await service.register_target(TargetInfo(f"t{i}", f"node{i}", f"http://127.0.0.1:{i + 1}"))
+    return service
+
+
+async def hold(service: MetaService) -> threading.Event:
+    """Keep the store thread busy until the returned event is set, so that the calls
+    made meanwhile queue up behind it."""
+    release, started = threading.Event(), threading.Event()
+
+    def busy() -> None:
+        started.set()
+        release.wait(10)
+
+    asyncio.ensure_future(service._run(busy))
+    await asyncio.to_thread(started.wait, 10)
+    return release
+
+
+def commit(service: MetaService, file_id: str) -> asyncio.Future[object]:
+    """The store write of a commit (what MetaService.commit does after its checks)."""
+    return asyncio.ensure_future(service._write(service.store.commit_upload, file_id, size=0,
+                                                checksums=(), mtime=1.0, now=1.0))
+
+
+async def test_queued_writes_share_one_transaction_and_fail_alone(tmp_path: Path) -> None:
+    service = await make_service(tmp_path)
+    try:
+        await service.mkdir("/g", parents=True)
+        taken = [await service.create(f"/g/taken{i}") for i in range(2)]
+        clash = [await service.create(f"/g/taken{i}", overwrite=False) for i in range(2)]
+        for upload, _ in taken:
+            await service.commit(upload.file_id, size=0, checksums=())
+        uploads = [await service.create(f"/g/f{i}") for i in range(20)]
+        groups_before = service._store_thread.groups
+        release = await hold(service)
+        jobs = [commit(service, u.file_id) for u, _ in [*uploads[:10], *clash, *uploads[10:]]]
+        jobs.append(commit(service, "0" * 32))
+        await asyncio.sleep(0.05)
+        release.set()
+        results = await asyncio.gather(*jobs, return_exceptions=True)
+        assert service._store_thread.groups == groups_before + 1      # one transaction
+        assert service._store_thread.grouped_calls >= len(jobs)
+        assert [type(r) for r in results[10:12]] == [AlreadyExists, AlreadyExists]
+        assert isinstance(results[-1], UploadNotFound)
+        ok = results[:10] + results[12:-1]
+        assert [r.path for r in ok] == [f"/g/f{i}" for i in range(20)]  # type: ignore[attr-defined]
+        # the failed commits changed nothing: their uploads are still pending
+        for upload, _ in clash:
+            assert (await service._run(service.store.get_upload, upload.file_id)).path
+    finally:
+        service.close()
+    reopened = SQLiteStore(tmp_path / "meta.sqlite3")
+    try:
+        assert [e.path for e in reopened.list_dir("/g", after="", limit=100)] == sorted(
+            [f"/g/f{i}" for i in range(20)] + ["/g/taken0", "/g/taken1"])
+    finally:
+        reopened.close()
+
+
+async def test_a_read_ends_a_group_and_sees_the_writes_before_it(tmp_path: Path) -> None:
+    service = await make_service(tmp_path)
+    try:
+        first, _ = await service.create("/r/f")
+        second, _ = await service.create("/r/g")
+        release = await hold(service)
+        one = commit(service, first.file_id)
+        await asyncio.sleep(0.01)
+        stat = asyncio.ensure_future(service.stat("/r/f"))
+        await asyncio.sleep(0.01)
+        two = commit(service, second.file_id)
+        await asyncio.sleep(0.01)
+        groups_before = service._store_thread.groups
+        release.set()
+        assert (await stat).file_id == first.file_id
+        assert [(await one).path, (await two).path] == ["/r/f", "/r/g"]  # type: ignore[attr-defined]
+        assert service._store_thread.groups == groups_before      # none: each ran alone
+    finally:
+        service.close()
+
+
+async def test_batches_do_what_the_single_operations_do(tmp_path: Path) -> None:
+    service = await make_service(tmp_path)
+    try:
+        await service.mkdir("/b/dir", parents=True)
+        single, _ = await service.create("/b/single")
+        await service.commit(single.file_id, size=0, checksums=(), mtime=5.0)
+        created = await service.create_many([
+            CreateItem("/b/n1"), CreateItem("/b/single", overwrite=False), CreateItem("/b/dir"),
+            CreateItem("/b/missing/x", parents=False), CreateItem("/"), CreateItem("/b/n2")])
+        assert [type(r).__name__ for r in created[1:5]] == [
+            "AlreadyExists", "IsADirectory", "NotFound", "IsADirectory"]
+        n1, n2 = created[0], created[5]
+        assert not isinstance(n1, Exception) and not isinstance(n2, Exception)
+        committed = await service.commit_many([
+            CommitItem(n1[0].file_id, 0, (), 7.0), CommitItem(n2[0].file_id, 9, ())])
+        assert committed[0].mtime == 7.0                      # type: ignore[union-attr]
+        assert "checksums" in str(committed[1])
+        assert (await service.stat("/b/single")).mtime == 5.0
+        with pytest.raises(NotFound):
+            await service.stat("/b/n2")
+        aborted = await service.abort_many([n2[0].file_id, n2[0].file_id.replace("a", "b")
+                                            if "a" in n2[0].file_id else "f" * 32])
+        assert aborted[0] is None and isinstance(aborted[1], UploadNotFound)
+        assert isinstance(created[4], IsADirectory)
+    finally:
+        service.close()
