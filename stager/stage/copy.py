@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
@@ -121,15 +122,18 @@ async def copy_in(client: AsyncClient, source: Source, path: str, size: int, dst
 
 
 # -- out -------------------------------------------------------------------------------
-class Sink:
+class Sink(ABC):
     """One destination file being written; ``commit`` makes it appear whole."""
 
+    @abstractmethod
     async def write(self, data: memoryview) -> None:
         raise NotImplementedError
 
+    @abstractmethod
     async def commit(self, mtime: float) -> None:
         raise NotImplementedError
 
+    @abstractmethod
     async def discard(self) -> None:
         raise NotImplementedError
 

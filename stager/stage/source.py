@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import email.utils
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -54,7 +55,7 @@ def open_source(url: str, **storage_options: Any) -> Source:
     return ThreadSource(url, fs, path)
 
 
-class Source:
+class Source(ABC):
     """One fsspec filesystem, read from one root path (``root``)."""
 
     def __init__(self, url: str, fs: fsspec.AbstractFileSystem, root: str) -> None:
@@ -65,11 +66,12 @@ class Source:
         self._quoted = bool({"http", "https"} & set(protocols))   # listings are URLs
 
     # -- what subclasses provide --------------------------------------------------
+    @abstractmethod
     async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError
 
-    async def close(self) -> None:
-        pass
+    async def close(self) -> None:  # noqa: B027 - most sources hold nothing to close
+        """Release what the source holds (nothing, unless a subclass says so)."""
 
     # -- the interface -------------------------------------------------------------
     def name(self, path: str) -> str:
@@ -120,9 +122,11 @@ class Source:
         finally:
             await self._close_file(f)
 
+    @abstractmethod
     async def _read_file(self, f: Any, n: int) -> bytes:
         raise NotImplementedError
 
+    @abstractmethod
     async def _close_file(self, f: Any) -> None:
         raise NotImplementedError
 

@@ -10,6 +10,7 @@ data (picklable), so a DataLoader worker started with ``spawn`` gets it too.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,7 +20,7 @@ from ...protocol.models import FileInfo
 from ..fetch import Buffer, Extent
 
 
-class Index:
+class Index(ABC):
     """A dataset as samples ``0 … n-1`` in manifest order."""
 
     format = ""
@@ -39,6 +40,7 @@ class Index:
     def units_of(self, samples: np.ndarray) -> np.ndarray:
         return np.asarray(samples, dtype=np.int64)
 
+    @abstractmethod
     def extents(self, unit: int) -> list[Extent]:
         raise NotImplementedError
 
@@ -50,6 +52,7 @@ class Index:
         """Memory a decoded unit holds (for the prefetch bound)."""
         return sum(len(b) for b in decoded)
 
+    @abstractmethod
     def sample(self, sample: int, unit: int, decoded: Any) -> Any:
         raise NotImplementedError
 
