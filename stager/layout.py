@@ -12,17 +12,14 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from .errors import NoTargets
+from .policies import Registry
 from .protocol.models import Layout, TargetInfo
 
 PlacementPolicy = Callable[[Sequence[TargetInfo], int, int, int], list[TargetInfo]]
-PLACEMENTS: dict[str, PlacementPolicy] = {}
+PLACEMENTS: Registry[PlacementPolicy] = Registry("placement")
 
 
-def placement(name: str) -> Callable[[PlacementPolicy], PlacementPolicy]:
-    def register(fn: PlacementPolicy) -> PlacementPolicy:
-        PLACEMENTS[name] = fn
-        return fn
-    return register
+placement = PLACEMENTS.register
 
 
 @placement("spread")

@@ -230,3 +230,14 @@ def test_layout_json_round_trip_and_validation() -> None:
         LayoutSpec.from_json({"chunk_size": SMALL, "colour": "red"})
     assert LayoutSpec(replicas=2).merged_over(LayoutSpec(SMALL, 3, 1)) == \
         LayoutSpec(SMALL, 3, 2)
+
+
+def test_every_policy_kind_is_listed_in_one_place() -> None:
+    import stager.loader  # noqa: F401 - registers the loader's policies
+    import stager.meta.replan  # noqa: F401
+    from stager.policies import REGISTRIES
+
+    assert {"placement", "replacement", "order", "partition", "worker split"} <= set(REGISTRIES)
+    assert "spread" in REGISTRIES["placement"]
+    with pytest.raises(ValueError, match="unknown placement policy 'nope'"):
+        REGISTRIES["placement"]["nope"]

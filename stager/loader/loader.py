@@ -85,8 +85,6 @@ class Loader:
                  fetch: FetchOptions | None = None, index_cache: Any = _DEFAULT_CACHE,
                  prefetch_next_epoch: bool = True) -> None:
         path, url_meta = parse_source(source)
-        if partition not in PARTITIONS:
-            raise ValueError(f"unknown partition {partition!r}; known: {sorted(PARTITIONS)}")
         PARTITIONS[partition](0, 0, world_size, rank, batch_size, drop_last)  # checks
         self.source, self.batch_size, self.rank, self.world_size = path, batch_size, rank, \
             world_size

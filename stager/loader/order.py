@@ -21,9 +21,11 @@ from typing import Any
 
 import numpy as np
 
+from ..policies import Registry
+
 #: (n, block_starts, seed, epoch, window) -> permutation of range(n)
 OrderPolicy = Callable[[int, np.ndarray, int, int, int], np.ndarray]
-ORDERS: dict[str, OrderPolicy] = {}
+ORDERS: Registry[OrderPolicy] = Registry("order")
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -31,11 +33,7 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MASK = (1 << 64) - 1
 
 
-def order_policy(name: str) -> Callable[[OrderPolicy], OrderPolicy]:
-    def register(fn: OrderPolicy) -> OrderPolicy:
-        ORDERS[name] = fn
-        return fn
-    return register
+order_policy = ORDERS.register
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -117,10 +115,7 @@ def block_window(n: int, block_starts: np.ndarray, seed: int, epoch: int,
 
 def epoch_order(name: str, n: int, block_starts: np.ndarray, seed: int, epoch: int,
                 window: int) -> np.ndarray:
-    try:
-        policy = ORDERS[name]
-    except KeyError:
-        raise ValueError(f"unknown order {name!r}; known: {sorted(ORDERS)}") from None
+    policy = ORDERS[name]
     out = policy(n, block_starts, seed, epoch, window)
     if len(out) != n:
         raise AssertionError(f"order {name} returned {len(out)} positions for {n} samples")

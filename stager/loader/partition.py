@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ..policies import Registry
+
 
 @dataclass(frozen=True)
 class Span:
@@ -31,25 +33,17 @@ class Span:
 
 #: (total, cursor, world, rank, batch, drop_last) -> this rank's batches, in step order
 Partition = Callable[[int, int, int, int, int, bool], list[Span]]
-PARTITIONS: dict[str, Partition] = {}
+PARTITIONS: Registry[Partition] = Registry("partition")
 
 #: (steps, workers, worker) -> that worker's steps
 WorkerSplit = Callable[[Sequence[Span], int, int], list[Span]]
-WORKER_SPLITS: dict[str, WorkerSplit] = {}
+WORKER_SPLITS: Registry[WorkerSplit] = Registry("worker split")
 
 
-def partition_policy(name: str) -> Callable[[Partition], Partition]:
-    def register(fn: Partition) -> Partition:
-        PARTITIONS[name] = fn
-        return fn
-    return register
+partition_policy = PARTITIONS.register
 
 
-def worker_split(name: str) -> Callable[[WorkerSplit], WorkerSplit]:
-    def register(fn: WorkerSplit) -> WorkerSplit:
-        WORKER_SPLITS[name] = fn
-        return fn
-    return register
+worker_split = WORKER_SPLITS.register
 
 
 def check_rank(world: int, rank: int, batch: int) -> None:

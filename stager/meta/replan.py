@@ -20,17 +20,14 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 
 from ..layout import chunk_length, chunk_slots, chunk_targets
+from ..policies import Registry
 from ..protocol.models import Layout, TargetInfo
 
 Replacement = Callable[[Layout, int, Collection[str], Sequence[TargetInfo]], Layout | None]
-REPLACEMENTS: dict[str, Replacement] = {}
+REPLACEMENTS: Registry[Replacement] = Registry("replacement")
 
 
-def replacement(name: str) -> Callable[[Replacement], Replacement]:
-    def register(fn: Replacement) -> Replacement:
-        REPLACEMENTS[name] = fn
-        return fn
-    return register
+replacement = REPLACEMENTS.register
 
 
 @dataclass(frozen=True)
