@@ -25,7 +25,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..aio import gather_or_cancel
 from ..checksum import crc32c
@@ -249,7 +249,7 @@ async def put_tree(client: AsyncClient, src: Path, dst: str, *, layout: LayoutSp
         done[f.path] = await client._put_file(f.path, paths.join(dst, f.rel), layout,
                                               overwrite)
 
-    await gather_or_cancel([_pool(list(_groups(small)), GROUPS_IN_FLIGHT, write_group),
+    await gather_or_cancel([_pool(list(size_groups(small)), GROUPS_IN_FLIGHT, write_group),
                             _pool(large, files_in_flight, write_large)])
     return [done[f.path] for f in files]
 
@@ -268,11 +268,21 @@ def _load(group: list[_Local]) -> list[tuple[bytes, float]]:
     return out
 
 
-def _groups(files: list[_Local]) -> Iterable[list[_Local]]:
-    group: list[_Local] = []
+class _Sized(Protocol):
+    size: int
+
+
+S = TypeVar("S", bound=_Sized)
+
+
+def size_groups(files: Iterable[S], max_files: int = GROUP_FILES,
+                max_bytes: int = GROUP_BYTES) -> Iterable[list[S]]:
+    """Consecutive runs of files, at most ``max_files`` files and ``max_bytes`` bytes
+    each (a file bigger than ``max_bytes`` goes alone): one ``write_many`` call each."""
+    group: list[S] = []
     size = 0
     for f in files:
-        if group and (len(group) == GROUP_FILES or size + f.size > GROUP_BYTES):
+        if group and (len(group) == max_files or size + f.size > max_bytes):
             yield group
             group, size = [], 0
         group.append(f)

@@ -139,11 +139,7 @@ class DataPlane:
             counter.errors += 1
             raise
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            counter.errors += 1
-            counter.failed_at = time.monotonic()
-            raise TargetUnavailable(f"target {target} at {url} unreachable: "
-                                    f"{type(exc).__name__}: {exc}",
-                                    target=target, url=url) from exc
+            raise _unreachable(counter, target, url, exc) from exc
         finally:
             counter.seconds += time.perf_counter() - start
 
@@ -267,11 +263,7 @@ class DataPlane:
             counter.errors += 1
             raise
         except OSError as exc:      # connection errors and timeouts
-            counter.errors += 1
-            counter.failed_at = time.monotonic()
-            raise TargetUnavailable(f"target {target} at {url} unreachable: "
-                                    f"{type(exc).__name__}: {exc}",
-                                    target=target, url=url) from exc
+            raise _unreachable(counter, target, url, exc) from exc
         finally:
             counter.seconds += time.perf_counter() - start
         counter.bytes_read += len(out)
@@ -286,6 +278,15 @@ class DataPlane:
 
 def _client_timeout(seconds: float) -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout(total=None, sock_connect=seconds, sock_read=seconds)
+
+
+def _unreachable(counter: TargetCounters, target: str, url: str,
+                 exc: BaseException) -> TargetUnavailable:
+    """Count a connection failure (so failover tries the target last) and name it."""
+    counter.errors += 1
+    counter.failed_at = time.monotonic()
+    return TargetUnavailable(f"target {target} at {url} unreachable: "
+                             f"{type(exc).__name__}: {exc}", target=target, url=url)
 
 
 async def _read_exactly(resp: aiohttp.ClientResponse, out: memoryview, target: str,

@@ -29,7 +29,7 @@ from ..layout import choose_layout
 from ..protocol import paths
 from ..protocol.manifest import Manifest
 from ..protocol.models import FileInfo, Layout, LayoutSpec, TargetInfo
-from .batch import BatchOps
+from .batch import BatchOps, check_commit
 from .store import Entry, MetaStore, Upload
 from .storethread import StoreThread
 
@@ -187,13 +187,7 @@ class MetaService(BatchOps):
 
     async def commit(self, file_id: str, *, size: int, checksums: tuple[int, ...],
                      mtime: float | None = None) -> FileInfo:
-        upload = await self._run(self.store.get_upload, file_id)
-        if size < 0:
-            raise BadRequest("size must not be negative")
-        expected = upload.layout.chunk_count(size)
-        if len(checksums) != expected:
-            raise BadRequest(f"a {size}-byte file has {expected} chunks, "
-                             f"got {len(checksums)} checksums")
+        check_commit(await self._run(self.store.get_upload, file_id), size, checksums)
         now = self.clock()
         entry = await self._write(self.store.commit_upload, file_id, size=size,
                                   checksums=checksums, mtime=mtime or now, now=now)

@@ -3,7 +3,7 @@
 A small file (up to ``part_size``) is read from the source in one request; one
 at a time, writing it would cost a create and a commit on the metadata server and
 a chunk request per replica, each waiting on an fsync.  Here files go in groups
-(up to :data:`GROUP_FILES` files or :data:`GROUP_BYTES` bytes): the group's
+(up to :data:`stager.client.bulk.GROUP_FILES` files or `GROUP_BYTES` bytes): the group's
 files are read from the source, ``files_in_flight`` at a time across all groups,
 then written with one :meth:`AsyncClient.write_many` (one create batch, chunk
 batches per target, one commit batch).  A few groups are in flight, so reading
@@ -14,10 +14,11 @@ whole; the first failure cancels the run, as for large files.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..aio import gather_or_cancel
+from ..client.bulk import size_groups
 from ..errors import SourceError, StagerError
 from ..protocol.models import FileInfo, LayoutSpec
 from . import plan
@@ -26,26 +27,9 @@ from .source import Source
 if TYPE_CHECKING:
     from ..client import AsyncClient
 
-GROUP_FILES = 512
-GROUP_BYTES = 32 << 20
 GROUPS_IN_FLIGHT = 3
 
 Naming = Callable[[StagerError, plan.SourceFile], StagerError]
-
-
-def groups(files: list[plan.SourceFile]) -> Iterable[list[plan.SourceFile]]:
-    """Consecutive runs of files, at most GROUP_FILES files and GROUP_BYTES bytes each
-    (a file bigger than GROUP_BYTES goes alone)."""
-    group: list[plan.SourceFile] = []
-    size = 0
-    for f in files:
-        if group and (len(group) == GROUP_FILES or size + f.size > GROUP_BYTES):
-            yield group
-            group, size = [], 0
-        group.append(f)
-        size += f.size
-    if group:
-        yield group
 
 
 async def copy_small(client: AsyncClient, source: Source, files: list[plan.SourceFile],
@@ -82,7 +66,7 @@ async def copy_small(client: AsyncClient, source: Source, files: list[plan.Sourc
             copied[f.rel] = result
             on_file()
 
-    pending = iter(list(groups(files)))
+    pending = iter(list(size_groups(files)))
 
     async def worker() -> None:
         for group in pending:        # one shared iterator: each group goes to one worker
