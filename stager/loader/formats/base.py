@@ -10,6 +10,7 @@ data (picklable), so a DataLoader worker started with ``spawn`` gets it too.
 
 from __future__ import annotations
 
+import io
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -60,3 +61,25 @@ class Index(ABC):
         """The default batch: a list of samples (formats override with a columnar one)."""
         return [self.sample(int(s), int(u), decoded[int(u)]) for s, u in zip(samples, units,
                                                                           strict=True)]
+
+
+class SeekableRaw(io.RawIOBase):
+    """A read-only, seekable raw file of ``size`` bytes at position ``pos``;
+    subclasses provide ``readinto``."""
+
+    size: int
+    pos: int
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos

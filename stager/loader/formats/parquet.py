@@ -8,7 +8,6 @@ from a sparse file that holds only that range.
 
 from __future__ import annotations
 
-import io
 import struct
 from collections.abc import Mapping
 from typing import Any
@@ -23,32 +22,18 @@ from ...errors import BadRequest
 from ...protocol.models import FileInfo
 from ..fetch import Buffer, Extent
 from ..source import Source
-from .base import Index
+from .base import Index, SeekableRaw
 
 SUFFIXES = (".parquet", ".pq")
 
 
-class SparseFile(io.RawIOBase):
+class SparseFile(SeekableRaw):
     """A file of ``size`` bytes of which only ``[offset, offset + len(data))`` is present."""
 
     def __init__(self, size: int, offset: int, data: Buffer) -> None:
         super().__init__()
         self.size, self.offset, self.data = size, offset, memoryview(data)
         self.pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence]
-        self.pos = max(0, base + offset)
-        return self.pos
 
     def readinto(self, buffer: Any) -> int:
         out = memoryview(buffer).cast("B")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
-import io
 import json
 import os
 import re
@@ -29,7 +28,7 @@ from ...errors import BadRequest
 from ...protocol.models import FileInfo
 from ..fetch import Extent
 from ..source import Source
-from .base import Index
+from .base import Index, SeekableRaw
 
 WINDOW = 4 << 20                 # bytes fetched per header window (one default chunk)
 INDEX_VERSION = 1
@@ -110,7 +109,7 @@ def _group(listing: list[tuple[str, int, int]], shard: str
     return out
 
 
-class _WindowedFile(io.RawIOBase):
+class _WindowedFile(SeekableRaw):
     """A read-only file over a stager file, read in aligned windows from another thread."""
 
     def __init__(self, client: AsyncClient, info: FileInfo,
@@ -123,20 +122,6 @@ class _WindowedFile(io.RawIOBase):
         self.window_at = -1
         self.window = b""
         self.ahead: tuple[int, cf.Future[bytearray]] | None = None   # the next window
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence]
-        self.pos = max(0, base + offset)
-        return self.pos
 
     def _window(self, at: int) -> None:
         """Make ``[at, at + WINDOW)`` the current window; start reading the next one."""
