@@ -86,7 +86,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--large-files", type=int, default=4,
                    help="large files in flight, each read in parallel ranges (default 4)")
     p.add_argument("--part-size", default="4MiB",
-                   help="bytes per ranged read of a large file (default 4MiB)")
+                   help="bytes per ranged read of a large file, rounded to whole chunks "
+                   "(default 4MiB)")
     p.add_argument("--no-resume", action="store_true",
                    help="copy every file, even those already staged unchanged")
     p.add_argument("--no-manifest", action="store_true", help="do not record a manifest")

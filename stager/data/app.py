@@ -15,7 +15,7 @@ from ..protocol.models import ReadItem, field_of, parse_chunk_id
 from ..protocol.ranges import content_range, parse_range, unsatisfied_range
 from ..web.metrics import ServerMetrics
 from ..web.middleware import METRICS_KEY, error_response, json_response
-from ..web.requests import read_json
+from ..web.requests import BodyBuffers, read_body, read_json
 from ..web.sendfile import send_region
 from ..web.server import add_routes, base_app
 from . import maintenance
@@ -23,6 +23,8 @@ from .service import DataService
 
 SERVICE = web.AppKey("service", DataService)
 CONFIG = web.AppKey("config", Config)
+BODY_BUFFERS = web.AppKey("body_buffers", BodyBuffers)
+BODY_BUFFER_BYTES = 64 << 20    # request bodies kept for reuse, per data server
 
 
 def make_data_app(config: Config) -> web.Application:
@@ -40,6 +42,7 @@ def make_data_app(config: Config) -> web.Application:
                    refresh_metrics=usage_gauges)
     app[CONFIG] = config
     app[SERVICE] = service
+    app[BODY_BUFFERS] = BodyBuffers(BODY_BUFFER_BYTES)
     add_routes(app, "data", HANDLERS)
     maintenance.install(app, service, config)   # chunk listing, scrubber
     return app
@@ -76,9 +79,11 @@ async def put_chunk(request: web.Request) -> web.Response:
     limit = request.app[CONFIG].max_chunk_size
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(f"chunk over the limit of {limit} bytes", limit=limit)
-    data = await request.read()
+    buffers = request.app[BODY_BUFFERS]
+    data = await read_body(request, limit, buffers)
     await _svc(request).put(chunk, data, crc)
     _count(request, received=len(data))
+    buffers.give(data)      # only once stored: a failed or cancelled put may still hold it
     return json_response({"chunk": chunk, "size": len(data), "crc32c": to_hex(crc)},
                          status=201)
 
@@ -87,9 +92,12 @@ async def batch_write(request: web.Request) -> web.Response:
     limit = request.app[CONFIG].max_chunk_size
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(f"chunk batch over the limit of {limit} bytes", limit=limit)
-    pieces = split_chunk_batch(await request.read())
+    buffers = request.app[BODY_BUFFERS]
+    body = await read_body(request, limit, buffers)
+    pieces = split_chunk_batch(body)
     await _svc(request).put_many([(item.chunk, data, item.crc) for item, data in pieces])
     received = sum(len(data) for _, data in pieces)
+    buffers.give(body)      # only once stored, as in put_chunk
     _count(request, received=received)
     return json_response({"chunks": len(pieces), "bytes": received}, status=201)
 

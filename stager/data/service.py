@@ -49,7 +49,7 @@ class DataService:
         self.identity = load_identity(root, config)
         self.store = ChunkStore(root, capacity=config.capacity)
 
-    async def put(self, chunk: str, data: bytes, crc: int) -> None:
+    async def put(self, chunk: str, data: bytes | bytearray | memoryview, crc: int) -> None:
         await asyncio.to_thread(self.store.put, chunk, data, crc)
 
     async def put_many(self, items: Sequence[tuple[str, memoryview, int]]) -> None:

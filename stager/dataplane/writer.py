@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from ..aio import cancel_and_wait, gather_or_cancel
 from ..checksum import crc32c
@@ -57,6 +57,41 @@ class StripedWriter:
         self.size += total
         return total
 
+    async def write_owned(self, data: memoryview, release: Callable[[], None]) -> int:
+        """Write ``data``, sending its whole chunks from ``data`` itself, not a copy.
+
+        ``release()`` is called once nothing uses ``data`` any more: every PUT
+        sent from it answered, failed or was cancelled (also when the writer is
+        aborted), so the caller can reuse the buffer.  Only whole chunks at a
+        chunk boundary go out this way; a partial chunk (the end of a file) is
+        copied, as :meth:`write` does.
+        """
+        if self._closed:
+            raise ValueError("write to a closed writer")
+        chunk = len(self._buf)
+        view = memoryview(data).cast("B")
+        whole = 0 if self._fill else len(view) // chunk * chunk
+        holders = 1 + whole // chunk         # this call, and each PUT sent from ``data``
+
+        def let_go(_: object = None) -> None:
+            nonlocal holders
+            holders -= 1
+            if holders == 0:
+                release()
+
+        sent = 0
+        try:
+            for pos in range(0, whole, chunk):
+                await self._send(view[pos:pos + chunk], let_go)
+                sent += 1
+                self.size += chunk
+            if whole < len(view):
+                await self.write(view[whole:])
+        finally:
+            for _ in range(whole // chunk - sent + 1):     # PUTs never sent, and this call
+                let_go()
+        return len(view)
+
     async def close(self) -> tuple[int, tuple[int, ...]]:
         """Send what is buffered, wait for every chunk; returns (size, checksums)."""
         if not self._closed:
@@ -78,13 +113,18 @@ class StripedWriter:
         self._fill = 0
         await self._send(data)
 
-    async def _send(self, data: memoryview) -> None:
-        """Start the PUTs of the next chunk, once fewer than ``max_in_flight`` are out."""
+    async def _send(self, data: memoryview,
+                    on_done: Callable[[asyncio.Task[None]], None] | None = None) -> None:
+        """Start the PUTs of the next chunk, once fewer than ``max_in_flight`` are out;
+        ``on_done`` is called when they have finished, however they finished."""
         index = self._index
         self._index += 1
         while len(self._tasks) >= self.max_in_flight:
             await self._wait_one()
-        self._tasks.add(asyncio.ensure_future(self._put(index, data)))
+        task = asyncio.ensure_future(self._put(index, data))
+        if on_done is not None:
+            task.add_done_callback(on_done)
+        self._tasks.add(task)
 
     async def _wait_one(self) -> None:
         done, _ = await asyncio.wait(self._tasks, return_when=asyncio.FIRST_COMPLETED)

@@ -180,7 +180,7 @@ def chunk_batch_head(items: Sequence[ChunkItem]) -> bytes:
                       separators=(",", ":")).encode() + b"\n"
 
 
-def split_chunk_batch(body: bytes) -> list[tuple[ChunkItem, memoryview]]:
+def split_chunk_batch(body: bytes | bytearray) -> list[tuple[ChunkItem, memoryview]]:
     """The chunks of a chunk batch body, each with a view of its bytes."""
     view = memoryview(body)
     end = body.find(b"\n", 0, MAX_CHUNK_BATCH_HEAD + 1)

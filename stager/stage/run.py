@@ -22,7 +22,7 @@ from ..protocol import paths
 from ..protocol.manifest import Manifest, ManifestFile
 from ..protocol.models import FileInfo, LayoutSpec
 from . import plan
-from .copy import PART, WINDOW, copy_in
+from .copy import PART, WINDOW, buffers_for, copy_in
 from .progress import Progress, make_progress
 from .small import copy_small
 from .source import Source, open_source, source_etag, source_mtime
@@ -40,8 +40,8 @@ class StageOptions:
     layout: LayoutSpec | None = None
     small_files_in_flight: int = 64      # files up to ``part_size``, each one request
     large_files_in_flight: int = 4       # larger files, each with ``window`` reads in flight
-    part_size: int = PART
-    window: int = WINDOW
+    part_size: int = PART                # per ranged read (rounded to whole chunks)
+    window: int = WINDOW                 # ranged reads of one large file in flight
     resume: bool = True                  # skip files already staged unchanged
     manifest: bool = True                # record a dataset manifest (directories only)
     progress: bool | None = False        # None: a bar when stderr is a terminal
@@ -186,13 +186,17 @@ async def _copy_all(client: AsyncClient, source: Source, todo: list[plan.SourceF
                     dst_root: str, single: bool, options: StageOptions,
                     progress: Progress) -> dict[str, FileInfo]:
     copied: dict[str, FileInfo] = {}
+    buffers = buffers_for(options.large_files_in_flight, options.window,
+                          client.config.readahead_chunks)
 
     async def one(f: plan.SourceFile) -> None:
         dst = dst_root if single else paths.join(dst_root, f.rel)
         try:
             copied[f.rel] = await copy_in(client, source, f.path, f.size, dst,
                                           layout=options.layout, mtime=f.mtime,
-                                          on_bytes=progress.advance)
+                                          on_bytes=progress.advance,
+                                          part=options.part_size, window=options.window,
+                                          buffers=buffers)
         except StagerError as exc:
             raise _naming(exc, source.name(f.path), dst) from exc
         progress.file_done()

@@ -21,13 +21,18 @@ from urllib.parse import unquote
 
 import aiohttp
 import fsspec
+import yarl
 from fsspec.core import split_protocol, url_to_fs
+from fsspec.implementations.http import HTTPFileSystem
 
+from ..dataplane import rawhttp
 from ..errors import BadRequest, NotFound, SourceError, StagerError
 
 T = TypeVar("T")
 THREADS = 32          # blocking sources: reads in flight at once
 INFO_CONCURRENCY = 64  # HEAD-like info requests in flight while listing
+RAW_CONNECTIONS = 64   # raw ranged reads of an http source in flight, per server
+RAW_TIMEOUT = 60.0     # seconds of silence (connecting included) before a raw read fails
 
 
 def filesystem_class(url: str) -> type[fsspec.AbstractFileSystem]:
@@ -50,7 +55,10 @@ def open_source(url: str, **storage_options: Any) -> Source:
         loop = asyncio.get_running_loop()
         fs = cls(asynchronous=True, loop=loop, skip_instance_cache=True,
                  **{**cls._get_kwargs_from_urls(url), **storage_options})
-        return AsyncSource(url, fs, cls._strip_protocol(url))
+        # Raw ranged reads only where no setting of fsspec's (headers, auth,
+        # client options) has to be honoured.
+        raw = isinstance(fs, HTTPFileSystem) and not storage_options
+        return AsyncSource(url, fs, cls._strip_protocol(url), raw_http=raw)
     fs, path = url_to_fs(url, **storage_options)
     return ThreadSource(url, fs, path)
 
@@ -110,6 +118,15 @@ class Source(ABC):
     async def read(self, path: str, start: int, end: int) -> bytes:
         return bytes(await self._guard(path, self._call("cat_file", path, start=start, end=end)))
 
+    async def read_into(self, path: str, start: int, out: memoryview) -> int:
+        """Bytes from ``start`` into ``out``; returns how many the source sent: fewer
+        at the end of the file, more when it ignored the range (``out`` keeps the
+        first ``len(out)``)."""
+        data = await self.read(path, start, start + len(out))
+        n = min(len(data), len(out))
+        out[:n] = memoryview(data)[:n]
+        return len(data)
+
     async def read_all(self, path: str) -> bytes:
         return bytes(await self._guard(path, self._call("cat_file", path)))
 
@@ -152,7 +169,22 @@ class Source(ABC):
 
 
 class AsyncSource(Source):
-    """An async fsspec filesystem, awaited on the running loop."""
+    """An async fsspec filesystem, awaited on the running loop.
+
+    ``raw_http``: ranges of plain ``http://`` URLs are read by :class:`RawRanges`.
+    """
+
+    def __init__(self, url: str, fs: fsspec.AbstractFileSystem, root: str, *,
+                 raw_http: bool = False) -> None:
+        super().__init__(url, fs, root)
+        self._raw = RawRanges(fs) if raw_http else None
+
+    async def read_into(self, path: str, start: int, out: memoryview) -> int:
+        if self._raw is not None:
+            got = await self._guard(path, self._raw.read_into(path, start, out))
+            if got is not None:
+                return got
+        return await super().read_into(path, start, out)
 
     async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         if name == "open":
@@ -166,6 +198,8 @@ class AsyncSource(Source):
         await f.close()
 
     async def close(self) -> None:
+        if self._raw is not None:
+            self._raw.pool.close()
         closer: Callable[[], Awaitable[None]] | None = getattr(self.fs, "aclose", None)
         if closer is not None:
             await closer()
@@ -188,6 +222,9 @@ class ThreadSource(Source):
     async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         return await self._run(getattr(self.fs, name), *args, **kwargs)
 
+    async def read_into(self, path: str, start: int, out: memoryview) -> int:
+        return await self._guard(path, self._run(_read_into, self.fs, path, start, out))
+
     async def _read_file(self, f: Any, n: int) -> bytes:
         return bytes(await self._run(f.read, n))
 
@@ -196,6 +233,64 @@ class ThreadSource(Source):
 
     async def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _read_into(fs: fsspec.AbstractFileSystem, path: str, start: int, out: memoryview) -> int:
+    """``out`` filled from ``start`` of a blocking filesystem's file, until full or
+    the end of the file; returns the bytes read."""
+    with fs.open(path, "rb") as f:
+        f.seek(start)
+        readinto = getattr(f, "readinto", None)
+        pos = 0
+        while pos < len(out):
+            if readinto is not None:
+                n = readinto(out[pos:])
+            else:
+                data = f.read(len(out) - pos)
+                n = len(data)
+                out[pos:pos + n] = data
+            if not n:
+                break
+            pos += n
+        return pos
+
+
+class RawRanges:
+    """Ranged GETs of a plain-``http://`` source, straight into the caller's buffer.
+
+    fsspec's HTTP filesystem reads a range the way aiohttp does: a new ``bytes``
+    per socket read, joined into one more ``bytes`` at the end, which staging
+    then copied into its chunk buffer.  Here :mod:`stager.dataplane.rawhttp`
+    has the kernel write the body where it belongs.  Only an answer that is
+    exactly the range asked for (206, its ``Content-Range``, no content coding)
+    is taken; for anything else (https, credentials in the URL, a redirect, a
+    server that ignores ranges, an error) :meth:`read_into` returns ``None`` and
+    the caller asks again through fsspec, which reports it as it always did.
+    """
+
+    def __init__(self, fs: Any) -> None:
+        self.fs = fs
+        self.pool = rawhttp.RawPool(limit=RAW_CONNECTIONS, connect_timeout=RAW_TIMEOUT,
+                                    read_timeout=RAW_TIMEOUT)
+
+    async def read_into(self, path: str, start: int, out: memoryview) -> int | None:
+        encode = getattr(self.fs, "encode_url", yarl.URL)     # as fsspec sends it
+        url = encode(path)
+        if url.scheme != "http" or not url.host or url.user is not None or not len(out):
+            return None
+        last = start + len(out) - 1
+        hdrs = {"Range": f"bytes={start}-{last}", "Accept-Encoding": "identity"}
+        try:
+            resp = await self.pool.request(f"http://{url.raw_authority}", "GET",
+                                           url.raw_path_qs, hdrs, None, out)
+        except (rawhttp.Unsupported, rawhttp.LengthMismatch):
+            return None
+        if (resp.status != 206
+                or resp.headers.get("content-encoding", "identity") != "identity"
+                or not resp.headers.get("content-range", "").startswith(
+                    f"bytes {start}-{last}/")):
+            return None
+        return len(out)
 
 
 def source_mtime(info: dict[str, Any]) -> float | None:

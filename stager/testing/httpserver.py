@@ -21,6 +21,7 @@ import os
 import stat
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import quote
 
@@ -83,16 +84,22 @@ async def _main(root: Path, host: str, port: int) -> None:
 
 
 class HttpServer:
-    """The server in a subprocess; ``url`` is known once it listens."""
+    """The server in a subprocess; ``url`` is known once it listens.
 
-    def __init__(self, root: str | os.PathLike[str], host: str = "127.0.0.1") -> None:
+    ``prefix`` goes before the command, e.g. ``NetnsFabric.netns_argv(i, [])`` to
+    run it inside an emulated node (with ``host`` that node's address).
+    """
+
+    def __init__(self, root: str | os.PathLike[str], host: str = "127.0.0.1",
+                 prefix: Sequence[str] = ()) -> None:
         self.root, self.host = Path(root), host
+        self.prefix = list(prefix)
         self.proc: subprocess.Popen[str] | None = None
         self.url = ""
 
     def __enter__(self) -> HttpServer:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "stager.testing.httpserver", str(self.root),
+            [*self.prefix, sys.executable, "-m", "stager.testing.httpserver", str(self.root),
              "--host", self.host, "--port", "0"], stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         self.url = self.proc.stdout.readline().strip()

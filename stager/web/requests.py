@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections import deque
 from typing import Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from ..errors import BadRequest, InvalidPath, PayloadTooLarge
 from ..protocol import paths
@@ -30,6 +31,66 @@ async def read_json(request: web.Request, max_size: int) -> dict[str, Any]:
         raise BadRequest(f"malformed JSON: {exc}") from None
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
+    return body
+
+
+class BodyBuffers:
+    """Body buffers kept for reuse, ``keep_bytes`` at most (the oldest go first):
+    a fresh buffer costs a page fault and zeroing per page, more than the copy
+    into it.  Give a buffer back only once nothing uses it any more."""
+
+    def __init__(self, keep_bytes: int) -> None:
+        self.keep_bytes = keep_bytes
+        self._free: deque[bytearray] = deque()
+        self._kept = 0
+
+    def take(self, size: int) -> bytearray:
+        for buf in self._free:
+            if len(buf) == size:
+                self._free.remove(buf)
+                self._kept -= size
+                return buf
+        return bytearray(size)
+
+    def give(self, buf: bytearray) -> None:
+        if len(buf) > self.keep_bytes:
+            return
+        self._free.append(buf)
+        self._kept += len(buf)
+        while self._kept > self.keep_bytes:
+            self._kept -= len(self._free.popleft())
+
+
+async def read_body(request: web.Request, max_size: int,
+                    buffers: BodyBuffers | None = None) -> bytearray:
+    """The whole body, in one buffer of the request's ``Content-Length`` (taken from
+    ``buffers`` when given).
+
+    ``request.read()`` joins the received pieces into a growing buffer, then
+    copies the whole once more into ``bytes``; at chunk sizes those copies (and
+    the fresh pages they touch) were a large share of a data server's CPU.  Here
+    each piece is copied once, into its place.  A body without a length (chunked
+    encoding) is read the ordinary way.
+    """
+    length = request.content_length
+    if length is not None and length > max_size:
+        raise PayloadTooLarge(f"body over the limit of {max_size} bytes", limit=max_size)
+    if length is None or request.headers.get(hdrs.TRANSFER_ENCODING):
+        return bytearray(await request.read())
+    body = buffers.take(length) if buffers is not None else bytearray(length)
+    view = memoryview(body)
+    pos = 0
+    while True:
+        piece, _ = await request.content.readchunk()    # one received piece, never joined
+        if not piece:
+            break
+        end = pos + len(piece)
+        if end > length:
+            raise BadRequest(f"the body is longer than its Content-Length {length}")
+        view[pos:end] = piece
+        pos = end
+    if pos != length:
+        raise BadRequest(f"the body has {pos} of its {length} bytes (Content-Length)")
     return body
 
 
