@@ -316,7 +316,8 @@ def _result(results: dict[str, dict[str, dict[str, float]]], quick: bool) -> dic
             "second run, with the shard index cached by file id); for DataLoader it includes "
             "starting the workers.",
             "stager Loader: two-level shuffle (blocks = samples starting in one 4 MiB chunk, "
-            "window 8 blocks), 16 batches / 256 MiB prefetch, one POST /v1/read per data server "
+            "window 8 blocks), 16 batches / 256 MiB prefetch fetched in batch order with up to "
+            "32 MiB of reads out at once, one POST /v1/read per data server "
             "per batch for samples under 1 MiB, striped reads for 1 MiB samples.",
             "webdataset: shard shuffle + a 1000-sample shuffle buffer, shards split between "
             "the 2 workers, each shard streamed with curl from nginx.",

@@ -83,3 +83,38 @@ def test_one_batch_larger_than_the_bound_still_goes_through(procs: str) -> None:
     with Loader("/big", batch_size=4, meta_url=procs, prefetch_bytes=MiB) as loader:
         assert sum(len(b) for b in loader) == SAMPLES
         assert loader.stats()["peak_prefetch_bytes"] <= 4 * MiB
+
+
+@pytest.mark.parametrize("in_flight", [2 * MiB, 64 * MiB])
+def test_the_window_is_fetched_in_order_a_few_batches_at_a_time(
+        procs: str, monkeypatch: pytest.MonkeyPatch, in_flight: int) -> None:
+    """Reads out at once stay under ``bytes_in_flight`` (a batch is 2 MiB here), and
+    fetches start in batch order: the next batch does not share its bandwidth with
+    the whole window.  With a loose bound the same window is read all at once."""
+    from stager.loader import fetch
+
+    live = {"now": 0, "peak": 0}
+    started: list[str] = []
+    read = fetch.Fetcher.fetch
+
+    async def counting(self: fetch.Fetcher, extents: list[fetch.Extent]) -> list[bytes]:
+        size = sum(e.length for e in extents)
+        started.append(self.files[extents[0].file].path)
+        live["now"] += size
+        live["peak"] = max(live["peak"], live["now"])
+        try:
+            return await read(self, extents)
+        finally:
+            live["now"] -= size
+
+    monkeypatch.setattr(fetch.Fetcher, "fetch", counting)
+    with Loader("/big", batch_size=2, meta_url=procs, shuffle=False, prefetch_batches=12,
+                prefetch_bytes=64 * MiB, prefetch_next_epoch=False,
+                fetch=fetch.FetchOptions(bytes_in_flight=in_flight)) as loader:
+        keys = [s["__key__"] for b in loader for s in b]
+    assert keys == sorted(keys) and len(keys) == SAMPLES
+    assert started == sorted(started) and len(started) == SAMPLES // 2
+    if in_flight == 2 * MiB:
+        assert live["peak"] <= 2 * MiB, live
+    else:
+        assert live["peak"] >= 8 * MiB, live

@@ -44,6 +44,7 @@ class FetchOptions:
     merge_gap: int = 16 << 10           # merge pieces of one chunk closer than this
     max_request_bytes: int = 8 << 20    # split a target's batch past this
     retries: int = 2
+    bytes_in_flight: int = 32 << 20     # reads of the prefetch window out at once
 
 
 class _Piece:

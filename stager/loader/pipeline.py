@@ -112,6 +112,7 @@ class Pipeline:
         self._main: cf.Future[None] | None = None
         self._main_task: asyncio.Task[Any] | None = None
         self._launching = 0
+        self._fetching = 0          # bytes of reads in flight
 
     # -- consumer side (any thread but the loop's) ------------------------------------
     def start(self) -> None:
@@ -201,6 +202,8 @@ class Pipeline:
         extents = {k: self.index.extents(self._unit_of[k]) for k in new}
         need = sum(e.length for ex in extents.values() for e in ex)
         await self._admit(j, need)
+        if new:
+            await self._admit_fetch(need)
         for k, ex in extents.items():
             ready = self.loop.create_future()
             ready.add_done_callback(_retrieve)
@@ -208,7 +211,8 @@ class Pipeline:
             self._held += self._units[k].held
         self.counters.note_held(self._held)
         if new:
-            self._spawn(self._fetch(new))
+            self._fetching += need
+            self._spawn(self._fetch(new, need))
         self._spawn(self._build(j, keys))
 
     async def _admit(self, j: int, need: int) -> None:
@@ -219,16 +223,36 @@ class Pipeline:
             self._wake.clear()
             await self._wake.wait()
 
+    async def _admit_fetch(self, need: int) -> None:
+        """Wait until ``need`` more bytes of reads fit in the fetcher's
+        ``bytes_in_flight`` (or none are in flight: a batch larger than that still
+        goes).  So the window is fetched in order, a few batches at a time:
+        fetched all at once, its batches would share the bandwidth and the next
+        one would arrive as late as the last."""
+        assert self._wake is not None
+        bound = self.fetcher.options.bytes_in_flight
+        while self._fetching and self._fetching + need > bound:
+            self._wake.clear()
+            await self._wake.wait()
+
+    def _fetched(self, size: int) -> None:
+        self._fetching -= size
+        if self._wake is not None:
+            self._wake.set()
+
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _fetch(self, keys: list[int]) -> None:
+    async def _fetch(self, keys: list[int], size: int) -> None:
         units = [self._units[k] for k in keys]
         try:
             start = time.perf_counter()
-            buffers = await self.fetcher.fetch([e for unit in units for e in unit.extents])
+            try:
+                buffers = await self.fetcher.fetch([e for unit in units for e in unit.extents])
+            finally:
+                self._fetched(size)
             self.counters.add_fetch(time.perf_counter() - start, sum(len(b) for b in buffers))
             parts, at = [], 0
             for unit in units:
