@@ -86,6 +86,9 @@ class Config:
     scrub_rate: int = 64 * MiB       # bytes/s a background scrub pass verifies; 0 = unlimited
     fsck_interval: float = 3600.0    # seconds between background fsck sweeps; 0 = off
     orphan_grace: float = 3600.0     # an unreferenced chunk is deleted once seen this long
+    # loader telemetry (stager/loader/report.py): loaders of a named job report to meta
+    job: str = ""                    # job name Loaders report under ("" = no reports)
+    report_interval: float = 5.0     # seconds between a Loader's telemetry reports
 
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **_coerce(changes))

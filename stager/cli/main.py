@@ -18,7 +18,7 @@ from ..errors import StagerError
 
 COMMAND_MODULES = ("stager.cli.servers", "stager.cli.up", "stager.cli.files",
                    "stager.cli.bench", "stager.cli.mount", "stager.cli.stage",
-                   "stager.cli.admin")
+                   "stager.cli.admin", "stager.cli.jobs")
 
 
 def meta_url(args: argparse.Namespace) -> str:

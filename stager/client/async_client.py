@@ -241,6 +241,19 @@ class AsyncClient:
         body = await self._meta("GET", "/v1/targets")
         return [TargetInfo.from_json(t) for t in body["targets"]]
 
+    # -- loader telemetry (stager/meta/jobs.py) ----------------------------------------
+    async def report_job(self, job: str, rank: int, report: Mapping[str, Any], *,
+                         worker: int | None = None, timeout: float | None = None) -> None:
+        """Send one loader's telemetry (``PUT /v1/jobs/{job}/ranks/{rank}``), once."""
+        await self._meta("PUT", f"/v1/jobs/{quote(job, safe='')}/ranks/{int(rank)}",
+                         body=dict(report),
+                         params={"worker": int(worker)} if worker is not None else None,
+                         timeout=aiohttp.ClientTimeout(total=timeout) if timeout else None)
+
+    async def jobs(self) -> list[dict[str, Any]]:
+        """Live loader telemetry: every job with its ranks and summary, worst stall first."""
+        return list((await self._meta("GET", "/v1/jobs"))["jobs"])
+
     # -- reading ---------------------------------------------------------------------
     def reader(self, info: FileInfo) -> StripedReader:
         if info.is_dir:

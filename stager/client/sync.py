@@ -25,7 +25,7 @@ _FORKED: list[AsyncClient] = []     # clients inherited through fork (see Client
 
 MIRRORED = ("stat", "exists", "ls", "mkdir", "set_layout", "rename", "rm", "status",
             "targets", "cat", "read_into", "get", "put", "pipe", "put_manifest", "get_manifest",
-            "stage", "remove_target", "scrub", "fsck", "write_many")
+            "stage", "remove_target", "scrub", "fsck", "write_many", "jobs")
 
 
 class Client:

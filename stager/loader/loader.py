@@ -37,6 +37,7 @@ from .fetch import Fetcher, FetchOptions
 from .order import epoch_order, regular_blocks
 from .partition import PARTITIONS, WORKER_SPLITS, Span, cursor_after
 from .pipeline import Limits, Pipeline
+from .report import Reporter, check_interval, job_to_report
 from .source import parse_source, resolve
 from .stats import Counters, copy_counters
 
@@ -70,6 +71,15 @@ class Loader:
     ``prefetch_next_epoch``: when a pass ends, keep prefetching the next epoch
     from its start (what the next ``iter()`` reads unless ``set_epoch`` or
     ``load_state_dict`` moves elsewhere; then that prefetch is dropped).
+
+    Telemetry: ``stats()`` always; with ``job="name"`` (or ``STAGER_JOB``, or
+    ``report=True``, which names the job after the scheduler's job id) the
+    loader also reports a summary of it to the metadata server every
+    ``report_interval`` seconds (default 5) and once on ``close()``, from its
+    I/O thread, so ``stager jobs`` shows which jobs starve.  Each rank, and each
+    DataLoader worker of a rank, is one entry.  Reports that fail are counted
+    in ``stats()["reports_failed"]`` and logged once; they never raise or block
+    an iteration.  ``report=False`` turns reporting off whatever the environment.
     """
 
     def __init__(self, source: str, *, batch_size: int, rank: int = 0, world_size: int = 1,
@@ -83,7 +93,8 @@ class Loader:
                  partition: str = "interleaved", prefetch_batches: int = 6,
                  prefetch_bytes: int = 256 << 20, decode_threads: int | None = None,
                  fetch: FetchOptions | None = None, index_cache: Any = _DEFAULT_CACHE,
-                 prefetch_next_epoch: bool = True) -> None:
+                 prefetch_next_epoch: bool = True, job: str | None = None,
+                 report: bool | None = None, report_interval: float | None = None) -> None:
         path, url_meta = parse_source(source)
         PARTITIONS[partition](0, 0, world_size, rank, batch_size, drop_last)  # checks
         self.source, self.batch_size, self.rank, self.world_size = path, batch_size, rank, \
@@ -102,6 +113,10 @@ class Loader:
         if index_cache is not _DEFAULT_CACHE:
             options["index_cache"] = index_cache
         try:
+            config = self._client.aio.config
+            self.report_job = job_to_report(report, job, config.job, os.environ)
+            self.report_interval = check_interval(config.report_interval if report_interval
+                                                  is None else report_interval)
             self.index = sync(get_loop(), self._build_index, path, format, options)
         except BaseException:
             if self._owns_client:
@@ -114,6 +129,7 @@ class Loader:
         self.window = shuffle_window or max(1, int(round(8 * mean_block)))
         self.workers = (0, 1)           # (worker id, worker count) inside this rank
         self.lookahead = prefetch_next_epoch    # prefetch on into the next epoch
+        self.in_worker = False          # a copy made by for_worker (reports its worker id)
         self._epoch, self._cursor, self._steps, self._finished = 0, 0, 0, False
         self._order_cache: tuple[int, np.ndarray] | None = None
         self._reset_process_state()
@@ -133,6 +149,7 @@ class Loader:
         self.counters = Counters()
         self._targets: dict[str, Any] = {}        # the client's live per-target counters
         self._targets_base: dict[str, Any] = {}
+        self._reporter: Reporter | None = None
 
     def _check_process(self) -> None:
         if self._pid != os.getpid():
@@ -225,6 +242,12 @@ class Loader:
     # -- iteration --------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         self.begin_pass()
+        if self.report_job is not None and self._reporter is None:
+            # here, not in __init__: only a process that reads reports (not the main
+            # process of a DataLoader whose workers read)
+            self._reporter = Reporter(self, self._client, self.report_job,
+                                      self.report_interval)
+            self._reporter.start()
         plan = self._plan(self._cursor)
         order = self.global_order(self._epoch)
         batches = [order[s.start:s.stop] for s in plan]
@@ -255,7 +278,11 @@ class Loader:
         try:
             for j, samples in enumerate(batches):
                 start = time.perf_counter()
-                batch = pipeline.get(base + j)
+                self.counters.waiting_since = start
+                try:
+                    batch = pipeline.get(base + j)
+                finally:
+                    self.counters.waiting_since = None
                 self.counters.batch_taken(time.perf_counter() - start, len(samples))
                 # counted before the yield: a state saved while training on this
                 # batch resumes after it
@@ -334,6 +361,7 @@ class Loader:
         clone = object.__new__(Loader)
         clone.__dict__.update(self.__dict__)
         clone.workers = (worker, workers)
+        clone.in_worker = True
         clone.lookahead = False         # a worker lives for one pass
         clone._owns_client = False
         clone._reset_process_state()
@@ -341,10 +369,15 @@ class Loader:
 
     def stats(self) -> dict[str, Any]:
         """Samples, batches, bytes, stall, fetch/decode time, time to first batch,
-        and per target bytes, requests and mean latency."""
+        per target bytes, requests and mean latency, where the job stands (epoch,
+        cursor) and the telemetry reports sent and failed."""
         out = self.counters.snapshot(self._targets, self._targets_base)
-        out.update(rank=self.rank, world_size=self.world_size, epoch=self.epoch,
-                   format=self.format)
+        epoch, cursor = self._next_pass()
+        out.update(rank=self.rank, world_size=self.world_size, epoch=epoch, cursor=cursor,
+                   format=self.format, report_job=self.report_job, reports_sent=0,
+                   reports_failed=0, report_error=None)
+        if self._reporter is not None:
+            out.update(self._reporter.counts())
         return out
 
     def _stop_active(self) -> None:
@@ -358,6 +391,8 @@ class Loader:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
                 self._pool = None
+            if self._reporter is not None:
+                self._reporter.close()      # the final report, with everything counted
             # A copy in a forked worker closes that process's own session.
             if self._owns_client or self._origin_pid != os.getpid():
                 self._client.close()
@@ -378,7 +413,7 @@ class Loader:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         for key in ("_pool", "_fetcher", "_active", "counters", "_order_cache", "_client",
-                    "_targets", "_targets_base"):
+                    "_targets", "_targets_base", "_reporter"):
             state.pop(key, None)
         return state
 

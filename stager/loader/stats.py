@@ -34,6 +34,7 @@ class Counters:
     first_batch_at: float | None = None
     last_batch_at: float | None = None
     peak_held_bytes: int = 0
+    waiting_since: float | None = None  # the consumer is blocked in __next__ since then
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -73,6 +74,7 @@ class Counters:
         with self._lock:
             active = ((self.last_batch_at or 0.0) - self.first_batch_at
                       if self.first_batch_at is not None else 0.0)
+            waiting = self.waiting_since
             return {
                 "samples": self.samples,
                 "batches": self.batches,
@@ -87,6 +89,9 @@ class Counters:
                                        if self.started and self.last_batch_at
                                        and self.last_batch_at > self.started else 0.0),
                 "peak_prefetch_bytes": self.peak_held_bytes,
+                # a wait still in progress (not yet in stall_seconds): a loader stuck on
+                # a dead target shows here, not only once the batch finally comes
+                "waiting_seconds": time.perf_counter() - waiting if waiting else 0.0,
                 "targets": target_deltas(targets, base),
             }
 

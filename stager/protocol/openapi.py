@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import __version__
+from .jobs import SCHEMAS as JOB_SCHEMAS
 from .routes import Route, routes_for
 
 _INT = {"type": "integer"}
@@ -102,6 +103,7 @@ SCHEMAS: dict[str, Any] = {
                         "chunks_found": _INT, "missing": _INT, "orphans": _INT,
                         "orphans_deleted": _INT, "repaired": _INT,
                         "unreachable": {"type": "array", "items": _STR}}, ("clean",)),
+    **JOB_SCHEMAS,
 }
 
 

@@ -73,6 +73,18 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/fsck", "fsck",
           "namespace against chunks: missing and orphan chunks (repair: fix them)", "meta",
           body="FsckRequest", responses={200: "FsckResult", 400: "Error"}),
+    # metadata server: loader telemetry (stager/meta/jobs.py, stager/protocol/jobs.py)
+    Route("PUT", "/v1/jobs/{job}/ranks/{rank}", "report_rank",
+          "a loader (one rank, or one DataLoader worker of it) reports its telemetry; "
+          "the entry expires after 3 report intervals without news", "meta",
+          params=(Param("job", "path", description="job name", required=True),
+                  Param("rank", "path", type="integer", required=True),
+                  Param("worker", type="integer", description="DataLoader worker id")),
+          body="JobReport", responses={200: "object", 400: "Error", 413: "Error",
+                                       503: "Error"}),
+    Route("GET", "/v1/jobs", "list_jobs",
+          "live loader telemetry: every job, its ranks and a summary, worst stall first",
+          "meta", responses={200: "JobList"}),
     # metadata server: namespace
     Route("GET", "/v1/stat/{path:.*}", "stat", "stat a file or directory", "meta",
           params=(P_PATH,), responses={200: "FileInfo", 400: "Error", 404: "Error"}),

@@ -1,0 +1,185 @@
+"""Live loader telemetry on the metadata server: which training jobs starve for data.
+
+Every reporting loader (a rank, or one DataLoader worker of a rank) owns one
+entry, keyed by (job, rank, worker) and replaced by each report it sends
+(``PUT /v1/jobs/{job}/ranks/{rank}``).  ``GET /v1/jobs`` groups the entries by
+job with a job-level summary, worst stall first; ``GET /metrics`` exposes each
+entry's stall fraction and samples/s as gauges.
+
+The table lives in memory, on purpose: it is live telemetry, rebuilt by the
+loaders' next reports within seconds of a restart, and an entry expires after
+:data:`~stager.protocol.jobs.MISSED_REPORTS` report intervals without news
+(its loader ended, was killed, or cannot reach us).  Nothing here touches the
+metadata store.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from ..errors import Unavailable
+from ..protocol.jobs import MAX_REPORT_BYTES, check_entry, check_job, parse_report, ttl
+from ..web.middleware import METRICS_KEY, json_response
+from ..web.requests import read_json
+
+MAX_ENTRIES = 65536      # reporting loaders at once; bounds the table's memory (~2 KiB each)
+
+Key = tuple[str, int, int | None]
+
+
+@dataclass
+class Entry:
+    """The last report of one loader."""
+
+    job: str
+    rank: int
+    worker: int | None
+    report: dict[str, Any]
+    received: float
+    expires: float
+
+    @property
+    def state(self) -> str:
+        return "closed" if self.report.get("final") else "running"
+
+    def to_json(self, now: float) -> dict[str, Any]:
+        return {"job": self.job, "rank": self.rank, "worker": self.worker, **self.report,
+                "state": self.state, "received": self.received, "expires": self.expires,
+                "age": max(0.0, now - self.received)}
+
+
+def _stale(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """A report overtaken by a later one of the same loader (a periodic report that
+    arrives after the final one, say)."""
+    return (old.get("session") is not None and old.get("session") == new.get("session")
+            and new.get("seq", 0) <= old.get("seq", 0))
+
+
+def summarize(entries: list[Entry], now: float) -> dict[str, Any]:
+    """A job's summary: its worst stall, total samples/s, coverage, last report."""
+    worst = max(entries, key=lambda e: e.report.get("stall_fraction", 0.0))
+    running = [e for e in entries if e.state == "running"]
+    return {
+        "worst_stall_fraction": worst.report.get("stall_fraction", 0.0),
+        "worst": {"rank": worst.rank, "worker": worst.worker},
+        "worst_recent_stall_fraction": max(
+            (e.report.get("recent_stall_fraction", 0.0) for e in running), default=0.0),
+        "samples_per_second": sum((e.report.get("samples_per_second", 0.0) for e in entries),
+                                  0.0),
+        "recent_samples_per_second": sum((e.report.get("recent_samples_per_second", 0.0)
+                                          for e in running), 0.0),
+        "samples": sum(e.report.get("samples", 0) for e in entries),
+        "bytes": sum(e.report.get("bytes", 0) for e in entries),
+        "entries": len(entries),
+        "ranks": len({e.rank for e in entries}),
+        "world_size": max(e.report["world_size"] for e in entries),
+        "state": "running" if running else "closed",
+        "last_report": max(e.received for e in entries),
+    }
+
+
+class JobTable:
+    """The live entries, in memory.  Used only from the server's event loop."""
+
+    def __init__(self, clock: Callable[[], float] = time.time,
+                 max_entries: int = MAX_ENTRIES) -> None:
+        self.clock = clock
+        self.max_entries = max_entries
+        self._entries: dict[Key, Entry] = {}
+
+    def report(self, job: str, rank: int, worker: int | None,
+               report: dict[str, Any]) -> Entry:
+        """Record a checked report (see :func:`~stager.protocol.jobs.parse_report`)."""
+        now = self.clock()
+        self._expire(now)
+        key = (job, rank, worker)
+        old = self._entries.get(key)
+        if old is not None and _stale(old.report, report):
+            return old
+        if old is None and len(self._entries) >= self.max_entries:
+            raise Unavailable(f"{self.max_entries} loaders are reporting already; "
+                              "this one is not recorded", limit=self.max_entries)
+        entry = Entry(job, rank, worker, report, now, now + ttl(report["interval"]))
+        self._entries[key] = entry
+        return entry
+
+    def _expire(self, now: float) -> None:
+        for key in [k for k, e in self._entries.items() if e.expires <= now]:
+            del self._entries[key]
+
+    def live(self) -> list[Entry]:
+        self._expire(self.clock())
+        return list(self._entries.values())
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """Every job with its entries (by rank, worker) and summary; worst stall first."""
+        now = self.clock()
+        by_job: dict[str, list[Entry]] = {}
+        for entry in self.live():
+            by_job.setdefault(entry.job, []).append(entry)
+        out = []
+        for job, entries in by_job.items():
+            entries.sort(key=lambda e: (e.rank, -1 if e.worker is None else e.worker))
+            out.append({"job": job, "summary": summarize(entries, now),
+                        "ranks": [e.to_json(now) for e in entries]})
+        out.sort(key=lambda j: (-j["summary"]["worst_stall_fraction"], j["job"]))
+        return out
+
+
+class JobsCollector:
+    """Per-entry gauges for ``GET /metrics``, read from the table when scraped (so an
+    expired entry's series disappears with it)."""
+
+    def __init__(self, table: JobTable) -> None:
+        self.table = table
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["job", "rank", "worker"]
+        stall = GaugeMetricFamily("stager_job_stall_fraction",
+                                  "share of a loader's time blocked waiting for data",
+                                  labels=labels)
+        rate = GaugeMetricFamily("stager_job_samples_per_second",
+                                 "samples a loader hands out per second", labels=labels)
+        waiting = GaugeMetricFamily("stager_job_waiting_seconds",
+                                    "how long a loader's consumer has been waiting now",
+                                    labels=labels)
+        for e in self.table.live():
+            values = [e.job, str(e.rank), "" if e.worker is None else str(e.worker)]
+            stall.add_metric(values, e.report.get("stall_fraction", 0.0))
+            rate.add_metric(values, e.report.get("samples_per_second", 0.0))
+            waiting.add_metric(values, e.report.get("waiting_seconds", 0.0))
+        yield from (stall, rate, waiting)
+
+
+JOBS = web.AppKey("jobs", JobTable)
+
+
+def install(app: web.Application) -> JobTable:
+    """Give the metadata application the jobs table, its routes' state and gauges."""
+    table = JobTable()
+    app[JOBS] = table
+    app[METRICS_KEY].registry.register(JobsCollector(table))
+    return table
+
+
+async def report_rank(request: web.Request) -> web.Response:
+    job = check_job(request.match_info["job"])
+    rank, worker = check_entry(request.match_info["rank"], request.query.get("worker"))
+    report = parse_report(await read_json(request, MAX_REPORT_BYTES), rank)
+    entry = request.app[JOBS].report(job, rank, worker, report)
+    return json_response({"job": job, "rank": rank, "worker": worker,
+                          "expires": entry.expires})
+
+
+async def list_jobs(request: web.Request) -> web.Response:
+    return json_response({"jobs": request.app[JOBS].jobs()})
+
+
+HANDLERS = {"report_rank": report_rank, "list_jobs": list_jobs}
