@@ -103,6 +103,17 @@ def test_256_mib_random_file_byte_exact(client: Client, ns: str, here: Path,
     assert after["max_read"] >= MiB      # the kernel asks for 1 MiB at a time
 
 
+def test_chunk_buffers_are_reused_from_file_to_file(client: Client, ns: str, here: Path,
+                                                   mnt: Mounted) -> None:
+    a, b = os.urandom(12 * MiB), os.urandom(12 * MiB)      # three whole chunks each
+    client.pipe(f"{ns}/a.bin", a)
+    client.pipe(f"{ns}/b.bin", b)
+    assert (here / "a.bin").read_bytes() == a
+    allocated = mnt.stats()["buffers_allocated"]
+    assert (here / "b.bin").read_bytes() == b        # from a's buffers, once a was closed
+    assert mnt.stats()["buffers_allocated"] == allocated
+
+
 def test_write_through_mount_then_read_everywhere(client: Client, ns: str, here: Path,
                                                   tmp_path: Path) -> None:
     data = os.urandom(6 * MiB + 9)

@@ -9,7 +9,8 @@ their committed CRC32C, with replica failover), and the next
 stripe target works at once.  A read that does not follow the previous one is
 served by a ranged read of exactly its bytes and starts no readahead.
 
-One :class:`ChunkCache` per open inode, shared by its file handles.
+One :class:`ChunkCache` per open inode, shared by its file handles; its chunk
+buffers come from, and go back to, the mount's :class:`~.buffers.BufferPool`.
 """
 
 from __future__ import annotations
@@ -23,28 +24,34 @@ from dataclasses import dataclass
 from ..dataplane import StripedReader
 from ..errors import Unavailable
 from ..layout import chunk_length
+from .buffers import Buffer, BufferPool
 
 Refresh = Callable[[], Awaitable[StripedReader]]
-SPARE = 4                # chunk buffers kept for reuse
+
+
+def cache_slots(readahead: int) -> int:
+    """Chunks one open file keeps: those ahead of the reader, and as many behind it
+    for the kernel's reads that come slightly out of order."""
+    return 2 * max(0, readahead) + 2
 
 
 @dataclass(eq=False)
 class _Slot:
-    task: asyncio.Task[bytearray]
+    task: asyncio.Task[Buffer]
     pins: int = 0            # readers between asking for the chunk and answering with it
 
 
 class ChunkCache:
     def __init__(self, reader: StripedReader, *, readahead: int, refresh: Refresh,
-                 stats: Counter[str] | None = None) -> None:
+                 pool: BufferPool, stats: Counter[str] | None = None) -> None:
         self.reader = reader
         self.size = reader.size
         self.chunk_size = reader.layout.chunk_size
         self.readahead = max(0, readahead)
-        self.capacity = 2 * self.readahead + 2
+        self.capacity = cache_slots(self.readahead)
         self._refresh = refresh
         self._slots: OrderedDict[int, _Slot] = OrderedDict()
-        self._spare: list[bytearray] = []   # chunk buffers to fill again (no new allocation)
+        self.pool = pool
         self._next = -1          # chunk index a sequential reader touches next
         self.stats: Counter[str] = Counter() if stats is None else stats
 
@@ -103,11 +110,8 @@ class ChunkCache:
         self._evict()
         return slot
 
-    async def _fetch(self, index: int) -> bytearray:
-        length = chunk_length(self.chunk_size, self.size, index)
-        # A new 4 MiB bytearray costs zeroing and page faults; a spare one costs nothing.
-        buf = self._spare.pop() if self._spare and length == self.chunk_size \
-            else bytearray(length)
+    async def _fetch(self, index: int) -> Buffer:
+        buf = self.pool.take(chunk_length(self.chunk_size, self.size, index))
         await self.reader.read_into(index * self.chunk_size, memoryview(buf))
         self.stats["chunks_fetched"] += 1
         return buf
@@ -121,27 +125,29 @@ class ChunkCache:
                 del self._slots[index]
                 self._recycle(slot.task)
 
-    def _recycle(self, task: asyncio.Task[bytearray]) -> None:
-        if task.cancelled() or task.exception() is not None or len(self._spare) >= SPARE:
+    def _recycle(self, task: asyncio.Task[Buffer]) -> None:
+        if not task.done() or task.cancelled() or task.exception() is not None:
             return
         buf = task.result()
         # Only the task and this frame hold it: no memoryview of it is alive anywhere.
+        # A file's last chunk is shorter, and rarely of a length another file wants.
         if len(buf) == self.chunk_size and sys.getrefcount(buf) <= 3:
-            self._spare.append(buf)
+            self.pool.give(buf)
 
     def drop(self) -> None:
         """Forget every chunk (fetches in flight finish for whoever awaits them)."""
         self._slots.clear()
 
     def close(self) -> None:
-        """The last handle is gone: cancel the readahead nobody will read."""
+        """The last handle is gone: cancel the readahead nobody will read, keep the
+        buffers of what was read for the next file."""
         for slot in self._slots.values():
+            self._recycle(slot.task)
             slot.task.cancel()
         self._slots.clear()
-        self._spare.clear()
 
 
-def _quiet(task: asyncio.Task[bytearray]) -> None:
+def _quiet(task: asyncio.Task[Buffer]) -> None:
     """Readahead a reader never waited for may fail unseen; that is not an error."""
     if not task.cancelled():
         task.exception()

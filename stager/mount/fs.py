@@ -27,7 +27,8 @@ from ..client import AsyncClient
 from ..errors import NotADirectory, NotFound, StagerError, errno_of
 from ..protocol import paths
 from ..protocol.models import FileInfo
-from .cache import ChunkCache
+from .buffers import BufferPool
+from .cache import ChunkCache, cache_slots
 from .handles import DirHandle, ReadHandle, WriteHandle, unsupported
 from .inodes import InodeTable, Node, identity
 from .options import MountOptions
@@ -89,6 +90,10 @@ class StagerFS(pyfuse3.Operations):
                                       "write_requests": 0, "write_bytes": 0, "max_write": 0,
                                       "errors": Counter()}
         self.cache_stats: Counter[str] = Counter()   # chunks_fetched, ranged_reads, ...
+        # As many buffers as one file read front to back holds, so that the next
+        # file opened starts without allocating (see BufferPool).
+        self.buffers = BufferPool(cache_slots(options.readahead_chunks)
+                                  * client.config.chunk_size)
         self.on_init: Callable[[], None] | None = None
 
     def init(self) -> None:
@@ -291,7 +296,7 @@ class StagerFS(pyfuse3.Operations):
             node.data = ChunkCache(self.client.reader(info),
                                    readahead=self.options.readahead_chunks,
                                    refresh=functools.partial(self._reader, node),
-                                   stats=self.cache_stats)
+                                   pool=self.buffers, stats=self.cache_stats)
         node.opens += 1
         fh = self._add(ReadHandle(node, node.data, writable=writing))
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
@@ -440,6 +445,7 @@ class StagerFS(pyfuse3.Operations):
         out = dict(self.stats)
         out["errors"] = dict(self.stats["errors"])
         out.update(self.cache_stats)
+        out["buffers_allocated"] = self.buffers.allocated
         out["inodes"] = len(self.table)
         out["open_handles"] = len(self.handles)
         out["targets"] = {t: c.to_json() for t, c in self.client.target_counters().items()}
@@ -453,3 +459,4 @@ class StagerFS(pyfuse3.Operations):
             elif isinstance(handle, DirHandle):
                 await handle.close()
         self.handles.clear()
+        self.buffers.clear()
