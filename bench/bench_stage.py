@@ -353,14 +353,24 @@ def _result(rows: list[list[Any]], med: dict[tuple[str, str], float],
             "3 in flight, each one create-batch and one commit-batch request (one "
             "transaction, one fsync each) and one chunk batch (POST /v1/write) per data "
             "server, whose chunks are written and fsynced concurrently, each durable "
-            "before the answer.  What bounds them now is CPU: every file still costs a "
-            "chunk file created, fsynced and renamed on a data server (with a new fan-out "
-            "directory for most files on a fresh target), one source request, and the "
-            "client's and servers' Python, all on this machine's shared cores (see the "
-            "hand-written notes in bench/RESULTS.md for the CPU split).  A large file's "
-            "bytes are received from the source, checksummed, sent to a data server, "
-            "checksummed again and fsynced there, while fsspec get and cp -r only copy "
-            "into the page cache.",
+            "before the answer.  Groups are written while the rest of the source is "
+            "still being listed (stager/stage/feed.py).",
+            "An HTTP directory page has no sizes.  stager stage http:// sizes each file "
+            "with one raw ranged GET of its first 256 KiB (stager/stage/httpraw.py), "
+            "which for a small file is the whole file: one source request per file, as "
+            "for fsspec get (it cost a HEAD and a GET before).  The rerun asks each file "
+            "for one byte, conditionally on the ETag the manifest recorded (If-None-Match"
+            "): the server answers 304 without opening the file.",
+            "What bounds small files now is CPU: every file costs a chunk file created, "
+            "fsynced and renamed on a data server (with a new fan-out directory for most "
+            "files on a fresh target), a GET answered by the source server (about as much "
+            "CPU as the data server's write on this machine), and the client's and "
+            "servers' Python, all on this machine's shared cores; stage http:// costs "
+            "what stage file:// does plus the source server's GETs (measure the split "
+            "with python -m bench.profile_small stage --sources http,get,file,rerun).  A "
+            "large file's bytes are received from the source, checksummed, sent to a data "
+            "server, checksummed again and fsynced there, while fsspec get and cp -r only "
+            "copy into the page cache.",
             f"Load average (1 min) before and after: {load_before:.1f}, {load_after:.1f} on "
             f"{os.cpu_count()} cores (other work on the machine shares them).",
         ],

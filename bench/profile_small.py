@@ -5,6 +5,7 @@ Two drivers, each printing its rate and the CPU seconds (user + system, from
 it on a shared machine, where CPU per file moves far less than the rate::
 
     python -m bench.profile_small stage --files 20000      # staging 16 KiB files
+    python -m bench.profile_small stage --sources http,get,file,http   # side by side
     python -m bench.profile_small reads --samples 40000    # batched 16 KiB reads
     python -m bench.profile_small http-listing             # listing an HTTP source
     python -m bench.profile_small meta --files 2000        # create+commit rates
@@ -13,6 +14,10 @@ it on a shared machine, where CPU per file moves far less than the rate::
 ``stage``: a tree of 16 KiB files in 20 directories, served by the HTTP source
 server (its own process) and read as ``file://``, staged into a metadata server
 and 3 data servers (``stager up`` processes, fresh targets), one run per source.
+``--sources`` names the runs, in order: ``http`` and ``file`` stage (each into
+a fresh directory), ``get`` is fsspec ``get`` of the tree from the same HTTP
+server to a local directory (the source's own read rate), ``rerun`` stages
+from http again into the last ``http`` run's copy (every file unchanged).
 ``reads``: one packed file of 16 KiB samples on 4 data servers (processes),
 read in shuffled batches of 256 with one ``POST /v1/read`` per target per batch,
 4 batches in flight (as ``bench_small_samples``).
@@ -78,7 +83,7 @@ def stage_small(files: int, sources: list[str]) -> None:
     from stager.testing.cluster import ProcessCluster
     from stager.testing.httpserver import HttpServer
 
-    from .bench_stage import _drop, stage
+    from .bench_stage import _drop, fsspec_get, stage
 
     with tempfile.TemporaryDirectory(prefix="profile-stage-") as tmp:
         root = Path(tmp)
@@ -93,22 +98,32 @@ def stage_small(files: int, sources: list[str]) -> None:
             asyncio.run(_drop(cluster.meta_url, "/warm"))
             pids = {"meta": int(cluster.info["meta"]["pid"]), "http source": http.proc.pid,
                     **{f"data{i}": cluster.data_pid(i) for i in range(3)}}
-            for source in sources:
-                url = f"{http.url}/small/" if source == "http" else f"file://{src}"
+            last_http = ""
+            for k, source in enumerate(sources):
+                if source == "get":         # fsspec get from the same server, for comparison
+                    wall, used = measured(pids, lambda: fsspec_get(f"{http.url}/small",
+                                                                   root / "get"))
+                    report("fsspec get http", files, "files", wall, used, 1000)
+                    continue
+                url = f"{http.url}/small/" if source != "file" else f"file://{src}"
+                rerun = source == "rerun"       # again into the last http run's copy
+                dst = last_http if rerun else f"/{source}-{k}"
+                last_http = dst if source == "http" else last_http
                 copied: list[int] = []
 
-                def work(url: str = url, source: str = source,
-                         copied: list[int] = copied) -> None:
-                    copied.append(stage(cluster.meta_url, url, f"/{source}")[1])
+                def work(url: str = url, dst: str = dst, copied: list[int] = copied) -> None:
+                    copied.append(stage(cluster.meta_url, url, dst)[1])
 
                 wall, used = measured(pids, work)
-                assert copied == [files], copied
+                assert copied == [0 if rerun else files], copied
                 report(f"stage {source}", files, "files", wall, used, 1000)
 
 
 def http_listing(files: int) -> None:
-    """How long staging's listing of an HTTP source takes: its directory pages carry
-    no sizes, so every file costs a HEAD request (``Source.files``)."""
+    """How long listing an HTTP source with sizes takes: its directory pages carry no
+    sizes, so ``Source.files`` costs a HEAD request per file (fsspec ``info``).
+    Staging itself no longer lists this way: it sizes each file with the probe that
+    also reads it (``stager.stage.feed``), measured by ``stage``."""
     from stager.stage.source import open_source
     from stager.testing.httpserver import HttpServer
 

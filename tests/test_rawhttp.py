@@ -186,3 +186,36 @@ async def test_raw_reads_can_be_turned_off() -> None:
             await plane.read_chunk_into("t0", url, CHUNK, 0, memoryview(buf))
             assert bytes(buf) == DATA
     assert plane._raw_pool() is None
+
+
+async def test_up_to_mode_takes_a_shorter_body_and_refuses_a_longer_one() -> None:
+    """``exact=False`` (staging's probes): a body up to the buffer's size lands at its
+    start over a connection kept for reuse, a 304 has none; a longer body is refused
+    before it is read."""
+    from stager.dataplane import rawhttp
+
+    async def handler(request: web.Request) -> web.Response:
+        if "If-None-Match" in request.headers:      # a 304 has no body, whatever it says
+            return web.Response(status=304, headers={"ETag": '"e"'})
+        return web.Response(body=DATA[:int(request.query["n"])])
+
+    pool = rawhttp.RawPool(limit=4, connect_timeout=2.0, read_timeout=2.0)
+    try:
+        async for url, peers in _serve(handler):
+            buf = bytearray(1000)
+            for n in (10, 1000, 0):
+                resp = await pool.request(url, "GET", f"/v1/chunks/{CHUNK}?n={n}", {}, None,
+                                          memoryview(buf), exact=False)
+                assert resp.status == 200 and resp.length == n and buf[:n] == DATA[:n]
+            resp = await pool.request(url, "GET", f"/v1/chunks/{CHUNK}?n=5", {
+                "If-None-Match": '"e"'}, None, memoryview(buf), exact=False)
+            assert (resp.status, resp.length, resp.headers["etag"]) == (304, 0, '"e"')
+            assert len(peers) == 1
+            with pytest.raises(rawhttp.LengthMismatch):
+                await pool.request(url, "GET", f"/v1/chunks/{CHUNK}?n=1001", {}, None,
+                                   memoryview(buf), exact=False)
+            with pytest.raises(rawhttp.LengthMismatch):      # the default: exactly
+                await pool.request(url, "GET", f"/v1/chunks/{CHUNK}?n=10", {}, None,
+                                   memoryview(buf))
+    finally:
+        pool.close()

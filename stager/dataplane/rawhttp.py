@@ -8,9 +8,9 @@ the copy and the per-piece Python work were about half of the client's CPU
 (``recv_into``), so a body is copied once: from the socket to its final place.
 
 Only the responses stager's data servers send are understood: a status line,
-headers, and a body framed by ``Content-Length``.  Anything else raises
-:class:`Unsupported` before a byte of the body is used, and the caller repeats
-the request through aiohttp.  Connections are kept alive and reused, at most
+headers, and a body framed by ``Content-Length`` (or none: a 304).  Anything
+else raises :class:`Unsupported` before a byte of the body is used, and the
+caller repeats the request through aiohttp.  Connections are kept alive and reused, at most
 ``limit`` per target; a connection the server closed while idle is retried once
 on a fresh one (only reads go this way, and they are idempotent).
 """
@@ -33,7 +33,8 @@ class Unsupported(Exception):
 
 
 class LengthMismatch(Exception):
-    """The response's body is not the size of the buffer it was asked into."""
+    """The response's body is not the size of the buffer it was asked into (or, with
+    ``exact=False``, larger than it)."""
 
     def __init__(self, length: int, want: int) -> None:
         super().__init__(f"{length} bytes, {want} asked for")
@@ -45,6 +46,7 @@ class RawResponse:
     status: int
     headers: dict[str, str]                     # lower-case names
     body: bytes = b""                           # error responses only; success fills ``dest``
+    length: int = 0                             # the body's length (Content-Length)
 
 
 class _Conn(asyncio.BufferedProtocol):
@@ -59,6 +61,7 @@ class _Conn(asyncio.BufferedProtocol):
         self._head = bytearray()
         self._waiter: asyncio.Future[RawResponse] | None = None
         self._dest = memoryview(b"")
+        self._exact = True                      # the body must fill ``_dest`` (else: up to)
         self._body: memoryview | None = None    # where the body goes, once the head is parsed
         self._pos = 0
         self._resp: RawResponse | None = None
@@ -97,11 +100,13 @@ class _Conn(asyncio.BufferedProtocol):
                 self.abort(Unsupported(f"unparsable response head: {exc}"))
 
     # -- one request -------------------------------------------------------------------
-    def start(self, request: bytes, dest: memoryview) -> asyncio.Future[RawResponse]:
+    def start(self, request: bytes, dest: memoryview,
+              exact: bool = True) -> asyncio.Future[RawResponse]:
         assert self.transport is not None and not self.closed
         loop = asyncio.get_running_loop()
         self._waiter = loop.create_future()
         self._dest, self._body, self._pos, self._resp = dest, None, 0, None
+        self._exact = exact
         self._head.clear()
         self.transport.write(request)
         return self._waiter
@@ -123,16 +128,19 @@ class _Conn(asyncio.BufferedProtocol):
             if not sep:
                 raise Unsupported(f"bad header line {line!r}")
             headers[name.strip().lower()] = value.strip()
-        if "transfer-encoding" in headers or "content-length" not in headers:
+        if status == 304:
+            length = 0          # never a body, whatever the headers say (RFC 9110 15.4.5)
+        elif "transfer-encoding" in headers or "content-length" not in headers:
             raise Unsupported("the body is not framed by Content-Length")
-        length = int(headers["content-length"])
+        else:
+            length = int(headers["content-length"])
         if headers.get("connection", "").lower() == "close" or version == "HTTP/1.0":
             self.reusable = False
-        self._resp = RawResponse(status, headers)
+        self._resp = RawResponse(status, headers, length=length)
         if status < 400:
-            if length != len(self._dest):
+            if length > len(self._dest) or (self._exact and length != len(self._dest)):
                 raise LengthMismatch(length, len(self._dest))
-            self._body = self._dest
+            self._body = self._dest[:length]
         elif length <= MAX_ERROR_BODY:
             self._body = memoryview(bytearray(length))
         else:
@@ -194,10 +202,12 @@ class RawPool:
 
     async def request(self, url: str, method: str, path: str, headers: Mapping[str, str],
                       body: bytes | None, dest: memoryview, *,
-                      timeout: float | None = None) -> RawResponse:
+                      timeout: float | None = None, exact: bool = True) -> RawResponse:
         """Send one request; a success's body lands in ``dest``, which it must fill
-        exactly (else :class:`LengthMismatch`).  ``timeout`` (default: the pool's
-        ``read_timeout``) bounds the connect and every silence of the server."""
+        exactly (else :class:`LengthMismatch`), or with ``exact=False`` its first
+        ``RawResponse.length`` bytes (a longer body: :class:`LengthMismatch`, before
+        any of it is read).  ``timeout`` (default: the pool's ``read_timeout``)
+        bounds the connect and every silence of the server."""
         if self.closed:
             raise ConnectionError("the connection pool is closed")
         parts = urlsplit(url)
@@ -213,7 +223,7 @@ class RawPool:
             for attempt in (0, 1):
                 conn, reused = await self._conn(target, host, port, timeout)
                 try:
-                    resp = await self._exchange(conn, request, dest, timeout)
+                    resp = await self._exchange(conn, request, dest, timeout, exact)
                 except ConnectionResetError:
                     conn.close()
                     if reused and attempt == 0 and conn.progress == 0:
@@ -243,10 +253,10 @@ class RawPool:
         return conn, False
 
     async def _exchange(self, conn: _Conn, request: bytes, dest: memoryview,
-                        timeout: float | None = None) -> RawResponse:
+                        timeout: float | None = None, exact: bool = True) -> RawResponse:
         """Wait for the response, failing after ``timeout`` seconds without a byte."""
         limit = timeout or self.read_timeout
-        waiter = conn.start(request, dest)
+        waiter = conn.start(request, dest, exact)
         loop = asyncio.get_running_loop()
         seen, seen_at = 0, loop.time()
 

@@ -7,7 +7,7 @@ so a large file is read and written in parallel.  Each read is a whole number
 of chunks and lands in a reused buffer, from which the writer sends its chunks
 as they are: between the source and the data servers the bytes are not copied
 (a plain-http source even has the kernel write them into that buffer, see
-:class:`~stager.stage.source.RawRanges`).  A small file is read in one
+:class:`~stager.stage.httpraw.RawHttp`).  A small file is read in one
 request.  A source that ignores byte ranges is read sequentially instead.  The
 file becomes visible only when all of it is committed.
 
@@ -95,7 +95,8 @@ def buffers_for(files: int, window: int, chunks_in_flight: int) -> Buffers:
 
 
 async def _ranged_into(source: Source, path: str, size: int, part: int, window: int,
-                       buffers: Buffers) -> AsyncIterator[tuple[memoryview, bytearray]]:
+                       buffers: Buffers, etag: str | None = None
+                       ) -> AsyncIterator[tuple[memoryview, bytearray]]:
     """The file's parts in order, each read into a buffer of ``buffers`` (which the
     consumer puts back), up to ``window`` reads in flight while buffers are free."""
     starts = iter(range(0, size, part))
@@ -108,7 +109,7 @@ async def _ranged_into(source: Source, path: str, size: int, part: int, window: 
                 buf = await buffers.get(part)
                 view = memoryview(buf)[:min(size, start + part) - start]
                 pending.append((start, buf, view, asyncio.ensure_future(
-                    source.read_into(path, start, view))))
+                    source.read_into(path, start, view, etag=etag, size=size))))
                 start = next(starts, None)
             if not pending:
                 return
@@ -133,14 +134,15 @@ async def _ranged_into(source: Source, path: str, size: int, part: int, window: 
 
 async def _write_ranges(writer: StripedWriter, source: Source, path: str, size: int,
                         part: int, window: int, on_bytes: OnBytes,
-                        buffers: Buffers | None) -> None:
+                        buffers: Buffers | None, etag: str | None) -> None:
     """The whole file into ``writer``: ranged reads land in chunk-aligned buffers,
     whose chunks the writer sends as they are (no copy) and then hands back."""
     chunk = writer.layout.chunk_size
     part = max(1, part // chunk) * chunk
     if buffers is None:
         buffers = buffers_for(1, window, writer.max_in_flight)
-    async with aclosing(_ranged_into(source, path, size, part, window, buffers)) as parts:
+    async with aclosing(_ranged_into(source, path, size, part, window, buffers,
+                                     etag)) as parts:
         async for view, buf in parts:
             on_bytes(len(view))
             await writer.write_owned(view, partial(buffers.put, buf))
@@ -167,18 +169,21 @@ async def copy_in(client: AsyncClient, source: Source, path: str, size: int, dst
                   layout: LayoutSpec | None = None, mtime: float | None = None,
                   overwrite: bool = True, on_bytes: OnBytes | None = None,
                   part: int = PART, window: int = WINDOW,
-                  buffers: Buffers | None = None) -> FileInfo:
+                  buffers: Buffers | None = None, etag: str | None = None) -> FileInfo:
     """Stage one source file at ``dst``; visible only once all of it is committed.
 
     ``part`` (rounded to whole chunks) is the size of one ranged read, ``window``
     how many are in flight; ``buffers``: a pool shared with the other files
     copied at the same time (see :func:`buffers_for`), else one of its own.
+    ``size`` and ``etag`` are the file as listed: a source whose reads tell
+    otherwise fails the copy (it changed while staging).
     """
     count = on_bytes or (lambda n: None)
     file_id, writer = await client.create(dst, layout=layout, overwrite=overwrite)
     try:
         try:
-            await _write_ranges(writer, source, path, size, part, window, count, buffers)
+            await _write_ranges(writer, source, path, size, part, window, count, buffers,
+                                etag)
         except _RangesIgnored:      # raised by the first read: nothing written yet
             await _write_stream(writer, source, path, size, part, count)
         return await client.commit(file_id, writer, mtime=mtime)

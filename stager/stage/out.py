@@ -9,21 +9,25 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fsspec.core import url_to_fs
 
 from ..aio import gather_or_cancel
-from ..errors import NotFound, StagerError
+from ..errors import NotFound, SourceError, StagerError
 from ..protocol.models import FileInfo
 from . import plan
 from .copy import copy_out
+from .feed import run_pool
 from .progress import make_progress
-from .run import StageOptions, StageReport, run_pool
-from .source import filesystem_class, source_mtime
+from .run import StageOptions, StageReport
+from .source import backend_error, filesystem_class, source_mtime
 
 if TYPE_CHECKING:
     from ..client import AsyncClient
+
+T = TypeVar("T")
 
 
 async def stage_out(client: AsyncClient, src: str, dst_url: str,
@@ -41,9 +45,9 @@ async def stage_out(client: AsyncClient, src: str, dst_url: str,
     if info.is_dir:
         targets = {rel: f"{root}/{rel}" for rel in files}
     else:
-        into_dir = dst_url.endswith("/") or await asyncio.to_thread(fs.isdir, root)
+        into_dir = dst_url.endswith("/") or await _at(dst_url, asyncio.to_thread(fs.isdir, root))
         targets = {"": f"{root}/{info.name}" if into_dir else root}
-    existing = await asyncio.to_thread(_existing, fs, root)
+    existing = await _at(dst_url, asyncio.to_thread(_existing, fs, root))
     todo = [rel for rel, f in files.items() if not _unchanged(f, existing.get(targets[rel]))]
     report = StageReport(f"stager://{info.path}", dst_url, files=len(files),
                          skipped=len(files) - len(todo))
@@ -56,7 +60,7 @@ async def stage_out(client: AsyncClient, src: str, dst_url: str,
     async def one(rel: str) -> None:
         f = files[rel]
         try:
-            await copy_out(client, f, fs, targets[rel], on_bytes=progress.advance)
+            await _at(dst_url, copy_out(client, f, fs, targets[rel], on_bytes=progress.advance))
         except StagerError as exc:
             raise type(exc)(f"staging {f.path} to {targets[rel]}: {exc.message}",
                             **exc.details) from exc
@@ -73,6 +77,20 @@ async def stage_out(client: AsyncClient, src: str, dst_url: str,
     report.bytes_copied = sum(files[r].size for r in todo)
     report.seconds = time.perf_counter() - started
     return report
+
+
+async def _at(dst_url: str, work: Awaitable[T]) -> T:
+    """Await ``work`` on the destination; its backend library's own errors (botocore's:
+    no endpoint, no credentials) become :class:`SourceError` naming ``dst_url``."""
+    try:
+        return await work
+    except StagerError:
+        raise
+    except Exception as exc:
+        if not backend_error(exc):
+            raise
+        raise SourceError(f"cannot write destination {dst_url}: {type(exc).__name__}: {exc}",
+                          url=dst_url) from exc
 
 
 async def _listing(client: AsyncClient, info: FileInfo,

@@ -22,6 +22,10 @@ class Progress:
     def start(self, files: int, nbytes: int) -> None:
         self.files_total, self.bytes_total = files, nbytes
 
+    def add_total(self, nbytes: int) -> None:
+        """Bytes of a file whose size the listing did not tell (http) join the total."""
+        self.bytes_total += nbytes
+
     def advance(self, nbytes: int) -> None:
         self.bytes_done += nbytes
 
@@ -61,6 +65,10 @@ class RichProgress(Progress):
         self._bar.start()
         self._bytes_task = self._bar.add_task(self._description, total=nbytes,
                                               files=f"0/{files}")
+
+    def add_total(self, nbytes: int) -> None:
+        super().add_total(nbytes)
+        self._bar.update(self._bytes_task, total=self.bytes_total)
 
     def advance(self, nbytes: int) -> None:
         super().advance(nbytes)

@@ -12,25 +12,21 @@ and are skipped by the next run, and no manifest is recorded.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from ..aio import gather_or_cancel
-from ..errors import NotADirectory, NotFound, SourceError, StagerError
+from ..errors import NotADirectory, NotFound
 from ..protocol import paths
 from ..protocol.manifest import Manifest, ManifestFile
 from ..protocol.models import FileInfo, LayoutSpec
 from . import plan
-from .copy import PART, WINDOW, buffers_for, copy_in
-from .progress import Progress, make_progress
-from .small import copy_small
-from .source import Source, open_source, source_etag, source_mtime
+from .copy import PART, WINDOW
+from .feed import Entry, Feed
+from .progress import make_progress
+from .source import Source, open_source
 
 if TYPE_CHECKING:
     from ..client import AsyncClient
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -38,7 +34,7 @@ class StageOptions:
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     layout: LayoutSpec | None = None
-    small_files_in_flight: int = 64      # files up to ``part_size``, each one request
+    small_files_in_flight: int = 64      # source requests of small files (and probes)
     large_files_in_flight: int = 4       # larger files, each with ``window`` reads in flight
     part_size: int = PART                # per ranged read (rounded to whole chunks)
     window: int = WINDOW                 # ranged reads of one large file in flight
@@ -84,28 +80,31 @@ async def stage_in(client: AsyncClient, src_url: str, dst: str,
     progress = make_progress(options.progress, src_url)
     report = StageReport(src_url, dst)
     try:
-        listing = await source.files()
+        listing = await source.listing()
         single = list(listing) == [source.root]
-        dst_root = await _file_destination(client, dst, source.root) if single else dst
-        files = _source_files(source, listing, options, single)
+        dst_root = await _file_destination(client, dst, source.name_of_root()) if single \
+            else dst
+        entries = _entries(source, listing, options, single)
         staged = await _staged_files(client, dst_root, single)
         recorded = plan.recorded_etags(await _manifest_of(client, dst_root, single, options))
-        todo, done = _split(files, staged, recorded, options)
-        progress.start(len(files), sum(f.size for f in files))
-        report.files, report.skipped = len(files), len(done)
-        report.bytes_skipped = sum(f.size for f in files if f.rel in done)
-        for f in files:
-            if f.rel in done:
-                progress.file_done(f.size)
+        # an http listing has no sizes: the bytes total grows as files are described
+        progress.start(len(entries), sum(e.info.get("size") or 0 for e in entries))
         if not single:
             await client.mkdir(dst_root, exist_ok=True)
-        copied = await _copy_all(client, source, todo, dst_root, single, options, progress)
-        done.update(copied)
-        report.copied = len(copied)
-        report.bytes_copied = sum(i.size for i in copied.values())
+
+        def destination(f: plan.SourceFile) -> str:
+            return dst_root if single else paths.join(dst_root, f.rel)
+
+        out = await Feed(client, source, options, progress, staged, recorded,
+                         destination).run(entries)
+        files = sorted(out.files, key=lambda f: f.path)
+        report.files, report.skipped, report.copied = len(files), len(out.skipped), len(
+            out.copied)
+        report.bytes_skipped = sum(f.size for f in files if f.rel in out.skipped)
+        report.bytes_copied = sum(i.size for i in out.copied.values())
         if options.manifest and not single:
             report.manifest_files = await client.put_manifest(
-                _manifest(src_url, dst_root, files, done))
+                _manifest(src_url, dst_root, files, {**out.skipped, **out.copied}))
     finally:
         progress.stop()
         await source.close()
@@ -113,9 +112,8 @@ async def stage_in(client: AsyncClient, src_url: str, dst: str,
     return report
 
 
-async def _file_destination(client: AsyncClient, dst: str, src_path: str) -> str:
+async def _file_destination(client: AsyncClient, dst: str, name: str) -> str:
     """``stage file.bin /dir/`` and ``stage file.bin /existing-dir`` mean ``/dir/file.bin``."""
-    name = src_path.rstrip("/").rsplit("/", 1)[-1]
     if dst.endswith("/"):
         return paths.join(dst, name)
     try:
@@ -126,20 +124,17 @@ async def _file_destination(client: AsyncClient, dst: str, src_path: str) -> str
     return paths.normalize(dst)
 
 
-def _source_files(source: Source, listing: dict[str, dict[str, Any]], options: StageOptions,
-                  single: bool) -> list[plan.SourceFile]:
-    files = []
+def _entries(source: Source, listing: dict[str, dict[str, Any]], options: StageOptions,
+             single: bool) -> list[Entry]:
+    """The listed files that take part in the run, in path order."""
+    entries = []
     for path, info in sorted(listing.items()):
-        rel = "" if single else source.relative(path)
-        if not single and not plan.selected(rel, options.include, options.exclude):
+        if info.get("type", "file") != "file":
             continue
-        size = info.get("size")
-        if size is None:
-            raise SourceError(f"source {source.name(path)} does not report its size",
-                              url=source.name(path))
-        files.append(plan.SourceFile(path, rel, int(size), source_mtime(info),
-                                     source_etag(info)))
-    return files
+        rel = "" if single else source.relative(path)
+        if single or plan.selected(rel, options.include, options.exclude):
+            entries.append(Entry(path, rel, info))
+    return entries
 
 
 async def _staged_files(client: AsyncClient, dst: str, single: bool) -> dict[str, FileInfo]:
@@ -166,66 +161,6 @@ async def _manifest_of(client: AsyncClient, dst: str, single: bool,
         return None
 
 
-def _split(files: list[plan.SourceFile], staged: dict[str, FileInfo],
-           recorded: dict[str, tuple[str, str]], options: StageOptions
-           ) -> tuple[list[plan.SourceFile], dict[str, FileInfo]]:
-    """(files to copy, ``rel → FileInfo`` of files already staged unchanged)."""
-    todo, done = [], {}
-    for f in files:
-        have = staged.get(f.rel)
-        etag = plan.etag_for(f.rel, have, recorded)
-        if options.resume and have is not None and plan.unchanged(f, have, etag,
-                                                                  options.layout):
-            done[f.rel] = have
-        else:
-            todo.append(f)
-    return todo, done
-
-
-async def _copy_all(client: AsyncClient, source: Source, todo: list[plan.SourceFile],
-                    dst_root: str, single: bool, options: StageOptions,
-                    progress: Progress) -> dict[str, FileInfo]:
-    copied: dict[str, FileInfo] = {}
-    buffers = buffers_for(options.large_files_in_flight, options.window,
-                          client.config.readahead_chunks)
-
-    async def one(f: plan.SourceFile) -> None:
-        dst = dst_root if single else paths.join(dst_root, f.rel)
-        try:
-            copied[f.rel] = await copy_in(client, source, f.path, f.size, dst,
-                                          layout=options.layout, mtime=f.mtime,
-                                          on_bytes=progress.advance,
-                                          part=options.part_size, window=options.window,
-                                          buffers=buffers)
-        except StagerError as exc:
-            raise _naming(exc, source.name(f.path), dst) from exc
-        progress.file_done()
-
-    def destination(f: plan.SourceFile) -> str:
-        return dst_root if single else paths.join(dst_root, f.rel)
-
-    async def small_files(files: list[plan.SourceFile]) -> None:
-        # in batches: one create, one commit and a chunk request per target per batch
-        copied.update(await copy_small(
-            client, source, files, destination, layout=options.layout,
-            files_in_flight=options.small_files_in_flight, on_bytes=progress.advance,
-            on_file=progress.file_done,
-            naming=lambda exc, f: _naming(exc, source.name(f.path), destination(f))))
-
-    small = [f for f in todo if f.size <= options.part_size]
-    large = sorted((f for f in todo if f.size > options.part_size), key=lambda f: -f.size)
-    await gather_or_cancel([small_files(small),
-                            run_pool(large, options.large_files_in_flight, one)])
-    return copied
-
-
-def _naming(exc: StagerError, src: str, dst: str) -> StagerError:
-    """The same error, its message naming the file (source errors name it already)."""
-    if "url" in exc.details or src in exc.message:
-        return exc
-    return type(exc)(f"staging {src} to {dst}: {exc.message}", **exc.details)
-
-
 def _manifest(src_url: str, dst_root: str, files: list[plan.SourceFile],
               done: dict[str, FileInfo]) -> Manifest:
     entries = tuple(ManifestFile(f.rel, done[f.rel].size, done[f.rel].mtime,
@@ -234,15 +169,3 @@ def _manifest(src_url: str, dst_root: str, files: list[plan.SourceFile],
     extra: dict[str, Any] = {"source_etags": etags} if etags else {}
     return Manifest(path=paths.normalize(dst_root), files=entries, source=src_url,
                     created=time.time(), extra=extra)
-
-
-async def run_pool(items: Iterable[T], workers: int,
-                   work: Callable[[T], Awaitable[None]]) -> None:
-    """``work(item)`` for every item, ``workers`` at a time; the first error cancels."""
-    queue = iter(items)
-
-    async def worker() -> None:
-        for item in queue:          # one shared iterator: each item goes to one worker
-            await work(item)
-
-    await gather_or_cancel(worker() for _ in range(max(1, workers)))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import email.utils
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -21,18 +22,15 @@ from urllib.parse import unquote
 
 import aiohttp
 import fsspec
-import yarl
 from fsspec.core import split_protocol, url_to_fs
 from fsspec.implementations.http import HTTPFileSystem
 
-from ..dataplane import rawhttp
 from ..errors import BadRequest, NotFound, SourceError, StagerError
+from .httpraw import Got, Probed, RawHttp
 
 T = TypeVar("T")
 THREADS = 32          # blocking sources: reads in flight at once
-INFO_CONCURRENCY = 64  # HEAD-like info requests in flight while listing
-RAW_CONNECTIONS = 64   # raw ranged reads of an http source in flight, per server
-RAW_TIMEOUT = 60.0     # seconds of silence (connecting included) before a raw read fails
+INFO_CONCURRENCY = 64  # HEAD-like info requests (or probes) in flight while listing
 
 
 def filesystem_class(url: str) -> type[fsspec.AbstractFileSystem]:
@@ -86,6 +84,11 @@ class Source(ABC):
         """A URL naming ``path`` for messages."""
         return self.fs.unstrip_protocol(path)
 
+    def name_of_root(self) -> str:
+        """The root's last path component, percent-decoded for http."""
+        name = self.root.rstrip("/").rsplit("/", 1)[-1]
+        return unquote(name) if self._quoted else name
+
     def relative(self, path: str) -> str:
         """``path`` relative to the root, ``/``-separated, percent-decoded for http."""
         rel = path[len(self.root):].lstrip("/") if path.startswith(self.root) else path
@@ -94,23 +97,43 @@ class Source(ABC):
     async def info(self, path: str) -> dict[str, Any]:
         return dict(await self._guard(path, self._call("info", path)))
 
-    async def files(self) -> dict[str, dict[str, Any]]:
-        """Every file below the root (or the root itself when it is a file), with info.
+    async def listing(self) -> dict[str, dict[str, Any]]:
+        """Every file below the root (or the root itself when it is a file), with the
+        info its listing gives (an http listing: no sizes; see :meth:`describe`).
 
         Raises :class:`NotFound` when the root does not exist.
         """
         if not await self._guard(self.root, self._call("exists", self.root)):
             raise NotFound(f"source {self.url} does not exist", url=self.url)
-        # on_error="raise": a directory that cannot be listed must not be skipped silently
+        # on_error="raise": a directory that cannot be listed must not be skipped silently.
+        # s3fs lists a prefix in one flat listing, which fails whole, and passes unknown
+        # keywords on to S3's ListObjects: it must not get on_error.
+        protocols = {self.fs.protocol} if isinstance(self.fs.protocol, str) \
+            else set(self.fs.protocol)
+        options = {} if protocols & {"s3", "s3a"} else {"on_error": "raise"}
         found: dict[str, dict[str, Any]] = await self._guard(
-            self.root, self._call("find", self.root, detail=True, on_error="raise"))
+            self.root, self._call("find", self.root, detail=True, **options))
+        return found
+
+    async def describe(self, path: str, info: dict[str, Any], probe: int = 0,
+                       unless: tuple[int, str] | None = None) -> Probed:
+        """``info`` completed with the file's size (and ETag, mtime) where the listing
+        lacks it.  ``probe`` > 0: the source may read up to that many bytes to learn
+        it, and then hands over the file's bytes when they all fit.  ``unless``:
+        the size and strong ETag the file had, which a source may confirm
+        without sending anything else (see :meth:`RawHttp.probe`)."""
+        if info.get("size") is not None and info.get("type") == "file":
+            return Probed(info, None)
+        return Probed({**info, **await self.info(path)}, None)
+
+    async def files(self) -> dict[str, dict[str, Any]]:
+        """Every file below the root, each with its size (:meth:`listing`, completed)."""
+        found = await self.listing()
         limit = asyncio.Semaphore(INFO_CONCURRENCY)
 
         async def complete(path: str, info: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-            if info.get("size") is not None and info.get("type") == "file":
-                return path, info
-            async with limit:                 # http listings carry no sizes
-                return path, {**info, **await self.info(path)}
+            async with limit:
+                return path, (await self.describe(path, info)).info
 
         done = await asyncio.gather(*(complete(p, i) for p, i in found.items()))
         return {p: i for p, i in done if i.get("type", "file") == "file"}
@@ -118,10 +141,12 @@ class Source(ABC):
     async def read(self, path: str, start: int, end: int) -> bytes:
         return bytes(await self._guard(path, self._call("cat_file", path, start=start, end=end)))
 
-    async def read_into(self, path: str, start: int, out: memoryview) -> int:
+    async def read_into(self, path: str, start: int, out: memoryview, *,
+                        etag: str | None = None, size: int | None = None) -> int:
         """Bytes from ``start`` into ``out``; returns how many the source sent: fewer
         at the end of the file, more when it ignored the range (``out`` keeps the
-        first ``len(out)``)."""
+        first ``len(out)``).  ``etag``, ``size``: the file as listed; a source that
+        tells them with every read raises :class:`SourceError` when they differ."""
         data = await self.read(path, start, start + len(out))
         n = min(len(data), len(out))
         out[:n] = memoryview(data)[:n]
@@ -129,6 +154,18 @@ class Source(ABC):
 
     async def read_all(self, path: str) -> bytes:
         return bytes(await self._guard(path, self._call("cat_file", path)))
+
+    async def read_listed(self, path: str, size: int, etag: str | None) -> bytes:
+        """The whole file, which must still be as listed: ``size`` bytes (and the
+        ETag ``etag``, where the source tells), else :class:`SourceError`."""
+        data = await self.read_all(path)
+        if len(data) != size:
+            raise self.changed(path, f"it has {len(data)} bytes, listed as {size}")
+        return data
+
+    def changed(self, path: str, how: str) -> SourceError:
+        return SourceError(f"source {self.name(path)} changed while staging: {how}",
+                           url=self.name(path))
 
     async def stream(self, path: str, piece: int) -> AsyncIterator[bytes]:
         """The file from its start, one sequential read at a time (no byte ranges)."""
@@ -166,25 +203,59 @@ class Source(ABC):
                 NotImplementedError, RuntimeError) as exc:
             raise SourceError(f"cannot read source {self.name(path)}: "
                               f"{type(exc).__name__}: {exc}", url=self.name(path)) from exc
+        except Exception as exc:
+            if not backend_error(exc):
+                raise
+            raise SourceError(f"cannot read source {self.name(path)}: "
+                              f"{type(exc).__name__}: {exc}", url=self.name(path)) from exc
 
 
 class AsyncSource(Source):
     """An async fsspec filesystem, awaited on the running loop.
 
-    ``raw_http``: ranges of plain ``http://`` URLs are read by :class:`RawRanges`.
+    ``raw_http``: plain ``http://`` URLs are probed and read by
+    :class:`~stager.stage.httpraw.RawHttp`, falling back to fsspec for any answer
+    it does not take.
     """
 
     def __init__(self, url: str, fs: fsspec.AbstractFileSystem, root: str, *,
                  raw_http: bool = False) -> None:
         super().__init__(url, fs, root)
-        self._raw = RawRanges(fs) if raw_http else None
+        self._raw = RawHttp(fs) if raw_http else None
 
-    async def read_into(self, path: str, start: int, out: memoryview) -> int:
+    async def describe(self, path: str, info: dict[str, Any], probe: int = 0,
+                       unless: tuple[int, str] | None = None) -> Probed:
+        if self._raw is not None and probe > 0 and info.get("size") is None:
+            probed = await self._guard(path, self._raw.probe(path, probe, unless))
+            if probed is not None:
+                return Probed({**info, **probed.info}, probed.body)
+        return await super().describe(path, info, probe)
+
+    async def read_into(self, path: str, start: int, out: memoryview, *,
+                        etag: str | None = None, size: int | None = None) -> int:
         if self._raw is not None:
             got = await self._guard(path, self._raw.read_into(path, start, out))
             if got is not None:
-                return got
+                self._check(path, got, etag, size)
+                return len(out)
         return await super().read_into(path, start, out)
+
+    async def read_listed(self, path: str, size: int, etag: str | None) -> bytes:
+        if self._raw is None or not size:
+            return await super().read_listed(path, size, etag)
+        buf = bytearray(size)
+        got = await self._guard(path, self._raw.read_into(path, 0, memoryview(buf)))
+        if got is None:         # fewer bytes, say, or no ranges: fsspec tells which
+            return await super().read_listed(path, size, etag)
+        self._check(path, got, etag, size)
+        return bytes(buf)
+
+    def _check(self, path: str, got: Got, etag: str | None, size: int | None) -> None:
+        """A raw read's answer names the file's size and ETag: both must be as listed."""
+        if size is not None and got.total is not None and got.total != size:
+            raise self.changed(path, f"it has {got.total} bytes, listed as {size}")
+        if etag is not None and got.etag is not None and got.etag != etag:
+            raise self.changed(path, f"its ETag is {got.etag}, listed as {etag}")
 
     async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         if name == "open":
@@ -199,10 +270,15 @@ class AsyncSource(Source):
 
     async def close(self) -> None:
         if self._raw is not None:
-            self._raw.pool.close()
+            self._raw.close()
         closer: Callable[[], Awaitable[None]] | None = getattr(self.fs, "aclose", None)
         if closer is not None:
             await closer()
+        # s3fs: its aiobotocore client (or per-region cache of them), closed the way
+        # s3fs's own finalizer does; an async instance has no public close.
+        s3 = getattr(self.fs, "_s3creator", None)
+        if s3 is not None:
+            await s3.__aexit__(None, None, None)
         for value in list(vars(self.fs).values()):   # http, gcs: an aiohttp session
             if isinstance(value, aiohttp.ClientSession) and not value.closed:
                 await value.close()
@@ -222,7 +298,8 @@ class ThreadSource(Source):
     async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         return await self._run(getattr(self.fs, name), *args, **kwargs)
 
-    async def read_into(self, path: str, start: int, out: memoryview) -> int:
+    async def read_into(self, path: str, start: int, out: memoryview, *,
+                        etag: str | None = None, size: int | None = None) -> int:
         return await self._guard(path, self._run(_read_into, self.fs, path, start, out))
 
     async def _read_file(self, f: Any, n: int) -> bytes:
@@ -255,44 +332,6 @@ def _read_into(fs: fsspec.AbstractFileSystem, path: str, start: int, out: memory
         return pos
 
 
-class RawRanges:
-    """Ranged GETs of a plain-``http://`` source, straight into the caller's buffer.
-
-    fsspec's HTTP filesystem reads a range the way aiohttp does: a new ``bytes``
-    per socket read, joined into one more ``bytes`` at the end, which staging
-    then copied into its chunk buffer.  Here :mod:`stager.dataplane.rawhttp`
-    has the kernel write the body where it belongs.  Only an answer that is
-    exactly the range asked for (206, its ``Content-Range``, no content coding)
-    is taken; for anything else (https, credentials in the URL, a redirect, a
-    server that ignores ranges, an error) :meth:`read_into` returns ``None`` and
-    the caller asks again through fsspec, which reports it as it always did.
-    """
-
-    def __init__(self, fs: Any) -> None:
-        self.fs = fs
-        self.pool = rawhttp.RawPool(limit=RAW_CONNECTIONS, connect_timeout=RAW_TIMEOUT,
-                                    read_timeout=RAW_TIMEOUT)
-
-    async def read_into(self, path: str, start: int, out: memoryview) -> int | None:
-        encode = getattr(self.fs, "encode_url", yarl.URL)     # as fsspec sends it
-        url = encode(path)
-        if url.scheme != "http" or not url.host or url.user is not None or not len(out):
-            return None
-        last = start + len(out) - 1
-        hdrs = {"Range": f"bytes={start}-{last}", "Accept-Encoding": "identity"}
-        try:
-            resp = await self.pool.request(f"http://{url.raw_authority}", "GET",
-                                           url.raw_path_qs, hdrs, None, out)
-        except (rawhttp.Unsupported, rawhttp.LengthMismatch):
-            return None
-        if (resp.status != 206
-                or resp.headers.get("content-encoding", "identity") != "identity"
-                or not resp.headers.get("content-range", "").startswith(
-                    f"bytes {start}-{last}/")):
-            return None
-        return len(out)
-
-
 def source_mtime(info: dict[str, Any]) -> float | None:
     """The modification time an fsspec info dict reports, as a Unix time."""
     for key in ("mtime", "LastModified", "last_modified", "Last-Modified", "updated",
@@ -313,6 +352,14 @@ def source_mtime(info: dict[str, Any]) -> float | None:
                 except ValueError:
                     continue
     return None
+
+
+def backend_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is an fsspec backend library's own error that inherits no
+    built-in: botocore's (s3fs: no endpoint, no credentials, …).  Its module is
+    loaded whenever one of them can be raised, so nothing is imported here."""
+    boto = sys.modules.get("botocore.exceptions")
+    return boto is not None and isinstance(exc, boto.BotoCoreError)
 
 
 def source_etag(info: dict[str, Any]) -> str | None:
