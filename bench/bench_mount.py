@@ -16,7 +16,6 @@ Four data servers on 127.0.0.1 (separate processes, no caps) and one
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import tempfile
 import time
@@ -30,12 +29,15 @@ from stager.testing.nodes import NodeCluster
 from .common import (
     MiB,
     aim,
+    cpu_seconds,
     drain,
+    drop_cache,
     interleaved,
     median,
     new_client,
     r2,
     rate,
+    read_file,
     run_async,
     scratch,
     timed,
@@ -96,36 +98,9 @@ async def _load(meta_url: str, local: Path, tree: Path, files: int) -> None:
         await asyncio.gather(*(one(i) for i in range(files)))
 
 
-def _drop(path: Path) -> float:
-    """Forget the file's cached pages, so that every byte must come through FUSE
-    again; returns the seconds it took (not part of any read's time)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        seconds, _ = timed(lambda: os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED))
-        return seconds
-    finally:
-        os.close(fd)
-
-
-def _read_fd(path: Path) -> int:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        buf = bytearray(BLOCK)
-        n = 0
-        while k := os.readv(fd, [buf]):
-            n += k
-        return n
-    finally:
-        os.close(fd)
-
-
 def _cpu(pids: list[int]) -> float:
     """User + system CPU seconds of these processes so far."""
-    total = 0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+    return sum(cpu_seconds(pid) for pid in pids)
 
 
 Case = dict[str, float]      # MB/s, and CPU seconds per GB of each process that took part
@@ -151,8 +126,8 @@ def _reads(meta_url: str, m: Mounted, servers: list[int], local: Path, size: int
 
     def file_case(path: Path, drop: bool, via_mount: bool) -> Case:
         if drop:
-            drops.append(_drop(path))
-        return measured(lambda: _read_fd(path), via_mount)
+            drops.append(drop_cache(path))
+        return measured(lambda: read_file(path, BLOCK), via_mount)
 
     async def client(parallel: bool) -> int:
         async with new_client(meta_url) as c:
@@ -169,7 +144,7 @@ def _reads(meta_url: str, m: Mounted, servers: list[int], local: Path, size: int
     cold_bytes = m.stats()["read_bytes"] - before             # type: ignore[operator]
     assert cold_bytes >= size, f"the cold read was served by a cache ({cold_bytes} B)"
     drops.clear()
-    _read_fd(local)
+    read_file(local, BLOCK)
     cases = interleaved(rounds, {  # type: ignore[dict-item]
         MOUNT_COLD: lambda: file_case(mounted, True, True),
         STREAM: lambda: client_case(False),

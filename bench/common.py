@@ -130,3 +130,34 @@ async def async_chunks(size: int, seed: int) -> AsyncIterator[bytes]:
 def run_async(coro: Awaitable[Any]) -> Any:
     """Run a coroutine on a fresh stock asyncio loop (the client's default)."""
     return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+# -- processes and files ---------------------------------------------------------------
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (all its threads) so far, from ``/proc``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def read_file(path: Path, block: int) -> int:
+    """Read the whole file with ``block``-byte reads into one buffer; the bytes read."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        buf = bytearray(block)
+        n = 0
+        while k := os.readv(fd, [buf]):
+            n += k
+        return n
+    finally:
+        os.close(fd)
+
+
+def drop_cache(path: Path) -> float:
+    """Forget the file's cached pages (through a mount: every byte must come through
+    FUSE again); returns the seconds that took, to keep out of any read's time."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        seconds, _ = timed(lambda: os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED))
+        return seconds
+    finally:
+        os.close(fd)

@@ -36,34 +36,18 @@ from stager.config import parse_size
 from stager.testing.mount import Mounted
 from stager.testing.nodes import NodeCluster
 
-from .common import drain, interleaved, median, new_client, scratch, upload_file, write_local
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process (all its threads) so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def drop(path: Path) -> None:
-    """Forget the file's cached pages: every byte must come through FUSE again."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def read_file(path: Path, block: int) -> int:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        buf = bytearray(block)
-        n = 0
-        while k := os.readv(fd, [buf]):
-            n += k
-        return n
-    finally:
-        os.close(fd)
+from .common import (
+    cpu_seconds,
+    drain,
+    drop_cache,
+    interleaved,
+    median,
+    new_client,
+    read_file,
+    scratch,
+    upload_file,
+    write_local,
+)
 
 
 def measure(name: str, fn: Callable[[], int], pids: dict[str, list[int]]) -> dict[str, float]:
@@ -119,10 +103,10 @@ def main() -> None:
             assert m.pid is not None
             pids = {"daemon": [m.pid], "servers": servers}
             path = m.mountpoint / "data.bin"
-            drop(path)
+            drop_cache(path)
             read_file(path, block)                    # warm-up
             cases[f"{name} drop"] = functools.partial(
-                measure, "drop", lambda path=path: (drop(path), size)[1], pids)
+                measure, "drop", lambda path=path: (drop_cache(path), size)[1], pids)
             cases[name] = functools.partial(
                 measure, name, lambda path=path: read_file(path, block), pids)
         if not args.no_client:

@@ -42,15 +42,9 @@ from pathlib import Path
 
 import stager
 
-from .common import new_client, run_async, upload_file
+from .common import cpu_seconds, new_client, run_async, upload_file
 
 SMALL = 16 * 1024
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 def own_cpu() -> float:
