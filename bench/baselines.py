@@ -45,7 +45,7 @@ http {{
     server {{
         listen {address}:{port};
         root {root};
-        location / {{ }}
+        location / {{ {location}}}
     }}
 }}
 """
@@ -65,8 +65,10 @@ class Nginx:
     """
 
     def __init__(self, root: Path, prefix: Path, *, address: str = "127.0.0.1",
-                 port: int = 0, workers: str = "auto", spawn: Spawn | None = None) -> None:
+                 port: int = 0, workers: str = "auto", spawn: Spawn | None = None,
+                 autoindex: bool = False) -> None:
         self.root, self.prefix = root, prefix
+        self.autoindex = autoindex        # directory pages (for fsspec's HTTP listing)
         self.address = address
         self.port = port or _free_port(address)
         self.workers = workers
@@ -82,7 +84,8 @@ class Nginx:
         conf = self.prefix / "nginx.conf"
         conf.write_text(NGINX_CONF.format(workers=self.workers, prefix=self.prefix,
                                           address=self.address, port=self.port,
-                                          root=self.root))
+                                          root=self.root,
+                                          location="autoindex on; " if self.autoindex else ""))
         argv = ["nginx", "-c", str(conf), "-p", str(self.prefix), "-e",
                 str(self.prefix / "error.log")]
         if self.spawn is not None:

@@ -22,6 +22,7 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -32,12 +33,15 @@ from stager.testing.cluster import ProcessCluster
 from stager.testing.httpserver import HttpServer
 from stager.testing.netns import NetnsFabric, netns_unavailable
 
+from . import baselines as B
 from .common import KiB, MiB, aim, median, new_client, r2, rate, scratch, write_local
 
 DATA_SERVERS = 3
 SMALL = 16 * KiB
 META_ONLY_FILES = 2_000
 CAPS_MBIT = (800, 2000)     # link caps of the source whose read rate is the bottleneck
+NGINX_GET = "nginx source: fsspec get (http to local)"
+NGINX_STAGE = "nginx source: stager stage http://"
 
 
 def _make_trees(root: Path, quick: bool) -> dict[str, tuple[Path, int, int]]:
@@ -214,6 +218,23 @@ def _capped(src_root: Path, files: int, meta_url: str, tmp: Path,
     return out, None
 
 
+def _nginx_source(src_root: Path, files: int, meta_url: str, tmp: Path
+                  ) -> tuple[dict[str, list[float]], str | None]:
+    """The small tree from nginx (one worker, autoindex pages) instead of the aiohttp
+    source server: fsspec get and stager stage of it, in turn.  ``({}, why)`` without
+    nginx."""
+    why = B.nginx_missing()
+    if why:
+        return {}, why
+    with B.Nginx(src_root, tmp / "nginx", workers="1", autoindex=True) as nginx:
+        url = f"{nginx.url}/small"
+        get = fsspec_get(url, tmp / "get-nginx")
+        seconds, copied = stage(meta_url, url + "/", "/bench-small-nginx")
+        assert copied == files, (copied, files)
+        asyncio.run(_drop(meta_url, "/bench-small-nginx"))
+    return {NGINX_GET: [get], NGINX_STAGE: [seconds]}, None
+
+
 def _small_extras(files: int, meta_url: str, tmp: Path) -> dict[str, list[float]]:
     """The disk's and the metadata server's own rates for as many small files."""
     n = min(files, META_ONLY_FILES)    # the same rate, from fewer files
@@ -231,6 +252,7 @@ def run(quick: bool) -> dict[str, Any]:
     rows: list[list[Any]] = []
     med: dict[tuple[str, str], float] = {}
     capped_skipped: str | None = None
+    nginx_skipped: str | None = None
     with scratch("stage") as tmp:
         trees = _make_trees(tmp / "src", quick)
         os.sync()       # the new trees' writeback must not compete with the timed runs
@@ -246,6 +268,9 @@ def run(quick: bool) -> dict[str, Any]:
                 figures = _measure(tree, src, files, http_url, cluster.meta_url, tmp, rounds)
                 if tree == "small":
                     figures.update(_small_extras(files, cluster.meta_url, tmp))
+                    nginx, nginx_skipped = _nginx_source(tmp / "src", files,
+                                                         cluster.meta_url, tmp)
+                    figures.update(nginx)
                 else:
                     capped, capped_skipped = _capped(tmp / "src", files, cluster.meta_url,
                                                      tmp, rounds)
@@ -256,7 +281,8 @@ def run(quick: bool) -> dict[str, Any]:
                     moved = 0 if name.startswith("metadata server") else nbytes  # empty files
                     rows.append([f"{tree}: {name}", files, r2(moved / 1e6), r2(secs),
                                  r2(rate(moved, secs)), r2(files / secs)])
-    return _result(rows, med, trees, quick, load_before, os.getloadavg()[0], capped_skipped)
+    return _result(rows, med, trees, quick, load_before, os.getloadavg()[0], capped_skipped,
+                   nginx_skipped)
 
 
 def _capped_result(med: dict[tuple[str, str], float], nbytes: int, skipped: str | None
@@ -286,9 +312,28 @@ def _capped_result(med: dict[tuple[str, str], float], nbytes: int, skipped: str 
         "(tbf counts IP bytes, so payload tops out a few % under the cap)."]
 
 
+def _nginx_result(per_s: Callable[[str, str], float], skipped: str | None
+                  ) -> tuple[dict[str, float], dict[str, Any], list[str]]:
+    """Ratios, aim and note of the small tree staged from nginx (or why it is missing)."""
+    if skipped is not None:
+        return {}, {}, [f"Rows with an nginx source skipped: {skipped}."]
+    staged = per_s("small", NGINX_STAGE)
+    return ({"small, nginx source: stage http / fsspec get http (files/s)": r2(
+                staged / per_s("small", NGINX_GET))},
+            {"small files per second (http, nginx source)": aim(
+                staged, ">= 2000 files/s", staged >= 2000)},
+            ["nginx source rows: the same small tree served by nginx (one worker process, "
+             "autoindex directory pages, sendfile, ETags, byte ranges) instead of the "
+             "aiohttp source server, which is Python and, at about 0.3 ms of CPU per "
+             "request, is itself a large share of the small-file runs above.  A dataset's "
+             "real HTTP host is more like nginx; both sources are shown, each with "
+             "fsspec get of the same server beside it."])
+
+
 def _result(rows: list[list[Any]], med: dict[tuple[str, str], float],
             trees: dict[str, tuple[Path, int, int]], quick: bool, load_before: float,
-            load_after: float, capped_skipped: str | None) -> dict[str, Any]:
+            load_after: float, capped_skipped: str | None,
+            nginx_skipped: str | None) -> dict[str, Any]:
     def speed(tree: str, name: str) -> float:
         return trees[tree][2] / med[(tree, name)]
 
@@ -300,6 +345,7 @@ def _result(rows: list[list[Any]], med: dict[tuple[str, str], float],
     small_rate = per_s("small", "stager stage http://")
     large, small = trees["large"], trees["small"]
     capped_ratios, capped_aims, capped_notes = _capped_result(med, large[2], capped_skipped)
+    nginx_ratios, nginx_aims, nginx_notes = _nginx_result(per_s, nginx_skipped)
     return {
         "title": "Staging: large and small files, from a directory and from HTTP",
         "command": "python -m bench stage" + (" --quick" if quick else ""),
@@ -319,6 +365,7 @@ def _result(rows: list[list[Any]], med: dict[tuple[str, str], float],
                 small_rate / per_s("small", "disk: durable 16 KiB creates, 16 threads")),
             "small: stage http / metadata create+commit alone (files/s)": r2(
                 small_rate / per_s("small", "metadata server alone: create + commit")),
+            **nginx_ratios,
         },
         "aims": {
             "large files vs the source's read rate, uncapped loopback source": aim(
@@ -326,6 +373,7 @@ def _result(rows: list[list[Any]], med: dict[tuple[str, str], float],
             **capped_aims,
             "small files per second (http)": aim(small_rate, ">= 2000 files/s",
                                                  small_rate >= 2000),
+            **nginx_aims,
         },
         "notes": [
             f"large: {large[1]} files, {large[2] // large[1] // MiB} MiB each; small: "
@@ -345,6 +393,7 @@ def _result(rows: list[list[Any]], med: dict[tuple[str, str], float],
             "Their ratio measures this machine, not the source; the capped rows measure "
             "the aim where the source is the bottleneck.",
             *capped_notes,
+            *nginx_notes,
             "Every staged file costs a create and a commit on the metadata server (SQLite, "
             "fsync; one transaction for a whole batch of small files) and a durable chunk "
             "write (fsync, rename, fsync of the directory) on a data server; cp -r and "
