@@ -219,3 +219,44 @@ async def test_up_to_mode_takes_a_shorter_body_and_refuses_a_longer_one() -> Non
                                    memoryview(buf))
     finally:
         pool.close()
+
+
+async def test_a_connection_reset_before_the_request_is_a_reset_not_a_crash() -> None:
+    """A server that resets every connection right after the handshake (as a data
+    server killed at that moment does): each request fails as a connection reset,
+    which readers fail over from, never with an internal error.  Some of these
+    connections are already closed when the request is sent, the rest while it is
+    under way."""
+    import socket
+    import struct
+
+    from stager.dataplane.rawhttp import RawPool
+
+    def reset(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.close()          # SO_LINGER 0: an RST, not a FIN
+
+    server = await asyncio.start_server(reset, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pool = RawPool(limit=4, connect_timeout=2.0, read_timeout=2.0)
+    try:
+        for _ in range(20):
+            with pytest.raises(OSError):
+                await pool.request(f"http://127.0.0.1:{port}", "GET", "/x", {}, None,
+                                   memoryview(bytearray(10)))
+            await asyncio.sleep(0.01)       # the reset may arrive before the next request
+    finally:
+        pool.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_starting_a_request_on_a_closed_connection_raises_a_reset() -> None:
+    from stager.dataplane.rawhttp import _Conn
+
+    conn = _Conn()
+    conn.connection_made(None)      # type: ignore[arg-type]
+    conn.connection_lost(None)      # the server went away before anything was sent
+    with pytest.raises(ConnectionResetError):
+        conn.start(b"GET / HTTP/1.1\r\n\r\n", memoryview(bytearray(1)))

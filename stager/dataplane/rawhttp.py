@@ -102,7 +102,11 @@ class _Conn(asyncio.BufferedProtocol):
     # -- one request -------------------------------------------------------------------
     def start(self, request: bytes, dest: memoryview,
               exact: bool = True) -> asyncio.Future[RawResponse]:
-        assert self.transport is not None and not self.closed
+        if self.transport is None or self.closed:
+            # The server closed it between connecting and now (a data server killed
+            # right after the handshake): a reset like any other, so the caller
+            # retries or fails over.
+            raise ConnectionResetError("connection closed by the server before the request")
         loop = asyncio.get_running_loop()
         self._waiter = loop.create_future()
         self._dest, self._body, self._pos, self._resp = dest, None, 0, None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,9 @@ class Soak:
                 try:
                     await self.one(c, op, f"/soak/c{k}/f{j:05d}.bin")
                 except Exception as exc:       # every error a client sees counts
-                    self.errors.append(f"{op}: {type(exc).__name__}: {exc}")
+                    where = traceback.extract_tb(exc.__traceback__)[-1]
+                    self.errors.append(f"{op}: {type(exc).__name__}: {exc} "
+                                       f"(at {where.filename}:{where.lineno})")
                 self.ops[op] += 1
                 j += 1
 
