@@ -21,9 +21,10 @@ from aiohttp import web
 from stager import AsyncClient
 from stager.errors import NotFound, SourceError
 from stager.protocol.models import LayoutSpec
+from stager.protocol.ranges import parse_content_range
 from stager.stage import run as stage_run
 from stager.stage.feed import PROBE_BYTES
-from stager.stage.httpraw import RawHttp, content_range
+from stager.stage.httpraw import RawHttp
 from stager.stage.progress import Progress
 from stager.testing.httpserver import ROOT, serve_path
 
@@ -280,7 +281,7 @@ async def test_probes_only_plain_http_without_credentials(tmp_path: Path) -> Non
 
 
 def test_content_range() -> None:
-    assert content_range({"content-range": "bytes 0-9/10"}) == (0, 9, 10)
-    assert content_range({"content-range": "bytes 5-9/*"}) == (5, 9, None)
-    assert content_range({"content-range": "bytes */10"}) == (None, None, None)
-    assert content_range({}) == (None, None, None)
+    assert parse_content_range("bytes 0-9/10") == (0, 9, 10)
+    assert parse_content_range("bytes 5-9/*") == (5, 9, None)
+    assert parse_content_range("bytes */10") == (None, None, None)
+    assert parse_content_range("") == (None, None, None)

@@ -49,3 +49,15 @@ def content_range(start: int, stop: int, size: int) -> str:
 
 def unsatisfied_range(size: int) -> str:
     return f"bytes */{size}"
+
+
+def parse_content_range(value: str) -> tuple[int | None, int | None, int | None]:
+    """``(first, last, total)`` of a ``Content-Range: bytes first-last/total`` value
+    (what :func:`content_range` writes); ``None`` for what it lacks (``total`` is
+    ``*`` when the server does not know)."""
+    unit, _, spec = value.partition(" ")
+    span, _, total = spec.partition("/")
+    first, _, last = span.partition("-")
+    if unit != "bytes" or not (first.isdigit() and last.isdigit()):
+        return None, None, None
+    return int(first), int(last), int(total) if total.isdigit() else None

@@ -25,6 +25,7 @@ from typing import Any
 import yarl
 
 from ..dataplane import rawhttp
+from ..protocol.ranges import parse_content_range
 
 RAW_CONNECTIONS = 64   # raw reads of an http source in flight, per server
 RAW_TIMEOUT = 60.0     # seconds of silence (connecting included) before a raw read fails
@@ -91,7 +92,7 @@ class RawHttp:
         resp = await self._get(path, start, out, exact=True)
         if resp is None or resp.status != 206:
             return None
-        first, last, total = content_range(resp.headers)
+        first, last, total = parse_content_range(resp.headers.get("content-range", ""))
         if (first, last) != (start, start + len(out) - 1):
             return None
         return Got(total, resp.headers.get("etag"))
@@ -126,7 +127,7 @@ class RawHttp:
             info = {"name": path, "size": unless[0], "type": "file", "ETag": unless[1]}
             return Probed(_validators(info, resp.headers), None)
         if resp.status == 206:
-            first, last, total = content_range(resp.headers)
+            first, last, total = parse_content_range(resp.headers.get("content-range", ""))
             if first != 0 or total is None or last != min(limit, total) - 1:
                 return None
         elif resp.status == 200:
@@ -149,13 +150,3 @@ def _validators(info: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]
             info[name] = value
     return info
 
-
-def content_range(headers: dict[str, str]) -> tuple[int | None, int | None, int | None]:
-    """``(first, last, total)`` of a ``Content-Range: bytes first-last/total`` header;
-    ``None`` for what it lacks (``total`` is ``*`` when the server does not know)."""
-    unit, _, spec = headers.get("content-range", "").partition(" ")
-    span, _, total = spec.partition("/")
-    first, _, last = span.partition("-")
-    if unit != "bytes" or not (first.isdigit() and last.isdigit()):
-        return None, None, None
-    return int(first), int(last), int(total) if total.isdigit() else None
