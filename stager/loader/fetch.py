@@ -17,6 +17,7 @@ import asyncio
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import NamedTuple
 
 from ..aio import gather_or_cancel
@@ -44,7 +45,7 @@ class FetchOptions:
     merge_gap: int = 16 << 10           # merge pieces of one chunk closer than this
     max_request_bytes: int = 8 << 20    # split a target's batch past this
     retries: int = 2
-    bytes_in_flight: int = 32 << 20     # reads of the prefetch window out at once
+    bytes_in_flight: int = 64 << 20     # reads of the prefetch window out at once
 
 
 class _Piece:
@@ -114,6 +115,12 @@ class Fetcher:
         for i, e in enumerate(extents):
             if e.length == 0:
                 continue
+            if e.length < self.options.stream_above:
+                one = self._one_piece(i, e)
+                if one is not None:        # the usual small extent: inside one chunk
+                    one.alone = True
+                    small.append(one)
+                    continue
             parts = self._pieces(i, e)
             if e.length >= self.options.stream_above and all(p.crc is not None for p in parts):
                 large.append(i)       # whole chunks: sendfile on the server, CRC end to end
@@ -146,6 +153,18 @@ class Fetcher:
             return [self._piece(i, 0, e.file, index, offset, e.length)]
         return [self._piece(i, p.file_offset - e.offset, e.file, p.index, p.offset, p.length)
                 for p in pieces(size, cs, e.offset, e.offset + e.length)]
+
+    def _one_piece(self, i: int, e: Extent) -> _Piece | None:
+        """The one piece of an extent inside one chunk (checked), else None."""
+        info = self.files[e.file]
+        layout = info.layout
+        if layout is None or info.file_id is None or e.offset < 0 \
+                or e.offset + e.length > info.size:
+            return None                 # :meth:`_pieces` says what is wrong
+        index, offset = divmod(e.offset, layout.chunk_size)
+        if offset + e.length > layout.chunk_size:
+            return None
+        return self._piece(i, 0, e.file, index, offset, e.length)
 
     def _piece(self, i: int, dest: int, file: int, index: int, offset: int,
                length: int) -> _Piece:
@@ -247,7 +266,9 @@ class Fetcher:
 def _runs(group: list[_Piece], gap: int) -> list[_Run]:
     """Pieces sorted by place; those of one chunk within ``gap`` bytes merged."""
     runs: list[_Run] = []
-    for p in sorted(group, key=_place):
+    group = sorted(group, key=_offset)      # by chunk, then offset: two stable sorts,
+    group.sort(key=_chunk)                  # no key tuple per piece
+    for p in group:
         last = runs[-1] if runs else None
         if last is not None and last.chunk == p.chunk and p.offset <= last.stop + gap:
             last.stop = max(last.stop, p.offset + p.length)
@@ -257,8 +278,8 @@ def _runs(group: list[_Piece], gap: int) -> list[_Run]:
     return runs
 
 
-def _place(p: _Piece) -> tuple[str, int]:
-    return p.chunk, p.offset
+_offset = attrgetter("offset")
+_chunk = attrgetter("chunk")
 
 
 def _requests(runs: list[_Run], limit: int) -> list[list[_Run]]:

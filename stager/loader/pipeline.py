@@ -42,12 +42,13 @@ Assemble = Callable[[np.ndarray, np.ndarray, dict[int, Any]], Any]
 Segments = Callable[[int], list[np.ndarray] | None]
 
 
-@dataclass
+@dataclass(slots=True)
 class _Unit:
     unit: int
     extents: list[Extent]
     held: int                                   # bytes counted against the bound
-    ready: asyncio.Future[Any] | None           # None once its last batch is built
+    # its fetch group's (key -> decoded unit); None once its last batch is built
+    ready: asyncio.Future[dict[int, Any]] | None
 
 
 @dataclass
@@ -113,6 +114,16 @@ class Pipeline:
         self._main_task: asyncio.Task[Any] | None = None
         self._launching = 0
         self._fetching = 0          # bytes of reads in flight
+        # the fetch group: units of consecutive batches not fetched yet
+        self._group: list[int] = []
+        self._group_need = 0
+        self._group_batches = 0
+        self._groups = 0
+        self._group_ready: asyncio.Future[dict[int, Any]] | None = None
+        # A group's reads land in request buffers before they become samples, so
+        # for a moment they take twice their size: a quarter of the window at most.
+        self._group_bytes = max(1, min(fetcher.options.bytes_in_flight // 2,
+                                       limits.max_bytes // 4))
 
     # -- consumer side (any thread but the loop's) ------------------------------------
     def start(self) -> None:
@@ -171,6 +182,7 @@ class Pipeline:
                 for j in range(base, base + len(batches)):
                     self._launching = j
                     await self._start_batch(j)
+                await self._flush()
                 base += len(batches)
                 segment += 1
                 if self.segments is None:
@@ -196,30 +208,64 @@ class Pipeline:
             self._release[base + jj] = keys
 
     async def _start_batch(self, j: int) -> None:
+        """Admit batch ``j`` and add its new units to the fetch group (see :meth:`_flush`)."""
         batch = self._batches[j]
         keys = list(dict.fromkeys(batch.keys.tolist()))
         new = [k for k in keys if k not in self._units]
-        extents = {k: self.index.extents(self._unit_of[k]) for k in new}
-        need = sum(e.length for ex in extents.values() for e in ex)
-        await self._admit(j, need)
-        if new:
-            await self._admit_fetch(need)
-        for k, ex in extents.items():
-            ready = self.loop.create_future()
-            ready.add_done_callback(_retrieve)
-            self._units[k] = _Unit(self._unit_of[k], ex, sum(e.length for e in ex), ready)
-            self._held += self._units[k].held
+        extents = self.index.extents_of([self._unit_of[k] for k in new])
+        sizes = [sum(e.length for e in ex) for ex in extents]
+        need = sum(sizes)
+        if self._group_batches and (self._group_need + need > self._group_bytes
+                                    or self._must_wait(j, need, 1)):
+            await self._flush()
+        # A new group waits for room for a whole group, so that groups stay whole
+        # once the window is full (the consumer's next batch never waits).
+        await self._admit(j, need, 1 if self._group_batches else self._group_size())
+        if new and self._group_ready is None:
+            self._group_ready = self.loop.create_future()
+            self._group_ready.add_done_callback(_retrieve)
+        unit_of, ready = self._unit_of, self._group_ready
+        for k, ex, size in zip(new, extents, sizes, strict=True):
+            self._units[k] = _Unit(unit_of[k], ex, size, ready)
+        self._held += need
         self.counters.note_held(self._held)
-        if new:
-            self._fetching += need
-            self._spawn(self._fetch(new, need))
+        self._group.extend(new)
+        self._group_need += need
+        self._group_batches += 1
         self._spawn(self._build(j, keys))
+        if self._group_batches >= self._group_size():
+            await self._flush()
 
-    async def _admit(self, j: int, need: int) -> None:
+    def _group_size(self) -> int:
+        """Batches per fetch group: 1 for the first group (the first batch comes
+        soonest), then doubling up to half the window."""
+        return min(1 << self._groups, max(1, self.limits.max_batches // 2))
+
+    async def _flush(self) -> None:
+        """Fetch the group's units in one go.
+
+        Consecutive batches of a two-level shuffle read the same few blocks, so
+        the pieces of a group's batches lie next to each other and merge into a
+        few long ranges (whole chunks, when the group covers a shuffle window),
+        where each batch alone would read scattered samples."""
+        keys, need, ready = self._group, self._group_need, self._group_ready
+        self._group, self._group_need, self._group_batches = [], 0, 0
+        self._group_ready = None
+        self._groups += 1
+        if keys and ready is not None:
+            await self._admit_fetch(need)
+            self._fetching += need
+            self._spawn(self._fetch(keys, need, ready))
+
+    def _must_wait(self, j: int, need: int, batches: int) -> bool:
+        """Whether batch ``j`` (with room for ``batches`` from it) must wait for the consumer."""
+        return j > self._consumed and (
+            j + batches - 1 - self._consumed >= self.limits.max_batches
+            or self._held + need > self.limits.max_bytes)
+
+    async def _admit(self, j: int, need: int, batches: int) -> None:
         assert self._wake is not None
-        while j > self._consumed and (
-                j - self._consumed >= self.limits.max_batches
-                or self._held + need > self.limits.max_bytes):
+        while self._must_wait(j, need, batches):
             self._wake.clear()
             await self._wake.wait()
 
@@ -245,7 +291,8 @@ class Pipeline:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _fetch(self, keys: list[int], size: int) -> None:
+    async def _fetch(self, keys: list[int], size: int,
+                     ready: asyncio.Future[dict[int, Any]]) -> None:
         units = [self._units[k] for k in keys]
         try:
             start = time.perf_counter()
@@ -253,7 +300,7 @@ class Pipeline:
                 buffers = await self.fetcher.fetch([e for unit in units for e in unit.extents])
             finally:
                 self._fetched(size)
-            self.counters.add_fetch(time.perf_counter() - start, sum(len(b) for b in buffers))
+            self.counters.add_fetch(time.perf_counter() - start, size)
             parts, at = [], 0
             for unit in units:
                 parts.append(buffers[at:at + len(unit.extents)])
@@ -266,20 +313,20 @@ class Pipeline:
             else:
                 decoded = parts
         except BaseException as exc:
-            for unit in units:
-                if unit.ready is not None and not unit.ready.done():
-                    unit.ready.set_exception(exc)
+            if not ready.done():
+                ready.set_exception(exc)
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return
-        for k, unit, value in zip(keys, units, decoded, strict=True):
-            if self.index.decodes and self._units.get(k) is unit:
-                size = self.index.nbytes(value)
-                self._held += size - unit.held
-                unit.held = size
-            if unit.ready is not None:
-                unit.ready.set_result(value)
-        self.counters.note_held(self._held)
+        if self.index.decodes:
+            for k, unit, value in zip(keys, units, decoded, strict=True):
+                if self._units.get(k) is unit:
+                    size = self.index.nbytes(value)
+                    self._held += size - unit.held
+                    unit.held = size
+            self.counters.note_held(self._held)
+        if not ready.done():
+            ready.set_result(dict(zip(keys, decoded, strict=True)))
 
     def _decode(self, unit: int, buffers: list[Buffer]) -> Any:
         start = time.perf_counter()
@@ -293,9 +340,13 @@ class Pipeline:
         batch = self._batches[j]
         # Take every future before the first await: a later batch that uses one of
         # these keys last may finish first and drop it.
-        futures = {self._units[k].unit: self._ready(k) for k in keys}
+        units = [self._units[k] for k in keys]
+        futures = [self._ready(u) for u in units]
         try:
-            decoded = {u: await f for u, f in futures.items()}
+            for f in {id(f): f for f in futures}.values():
+                await f
+            decoded = {u.unit: f.result()[k]
+                       for k, u, f in zip(keys, units, futures, strict=True)}
             result = await self.loop.run_in_executor(
                 self.pool, self._assemble, batch.samples, batch.units, decoded)
         except asyncio.CancelledError:
@@ -315,8 +366,9 @@ class Pipeline:
             if unit is not None:
                 unit.ready = None
 
-    def _ready(self, key: int) -> asyncio.Future[Any]:
-        ready = self._units[key].ready
+    @staticmethod
+    def _ready(unit: _Unit) -> asyncio.Future[dict[int, Any]]:
+        ready = unit.ready
         assert ready is not None, "a unit was dropped before its last batch"
         return ready
 

@@ -45,6 +45,10 @@ class Index(ABC):
     def extents(self, unit: int) -> list[Extent]:
         raise NotImplementedError
 
+    def extents_of(self, units: list[int]) -> list[list[Extent]]:
+        """:meth:`extents` of each unit (formats with many small units do it at once)."""
+        return [self.extents(u) for u in units]
+
     def decode(self, unit: int, buffers: list[Buffer]) -> Any:
         """Turn a unit's fetched extents into what :meth:`sample` reads from."""
         return buffers

@@ -22,6 +22,10 @@ class FilesIndex(Index):
     def extents(self, unit: int) -> list[Extent]:
         return [Extent(unit, 0, self.files[unit].size)]
 
+    def extents_of(self, units: list[int]) -> list[list[Extent]]:
+        files = self.files
+        return [[Extent(u, 0, files[u].size)] for u in units]
+
     def sample(self, sample: int, unit: int, decoded: Any) -> dict[str, Any]:
         return {"__key__": self.keys[sample], "__index__": sample, "data": bytes(decoded[0])}
 

@@ -18,6 +18,7 @@ import json
 import os
 import re
 import tarfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,8 @@ class TarIndex(Index):
         self.keys = keys
         self.fields = fields
         self.shard = np.asarray(shard, dtype=np.int32)
+        self._shard_of = shard          # the same as Python ints (read per sample)
+        self._paths = [f.path for f in self.files]
 
     def block_starts(self) -> np.ndarray:
         """A block is the samples starting in one chunk of one shard."""
@@ -78,11 +81,27 @@ class TarIndex(Index):
         s = int(self.shard[unit])
         return [Extent(s, off, size) for _, off, size in self.fields[unit]]
 
+    def extents_of(self, units: list[int]) -> list[list[Extent]]:
+        shard, fields, new = self._shard_of, self.fields, tuple.__new__
+        return [[new(Extent, (shard[u], off, size)) for _, off, size in fields[u]]
+                for u in units]
+
     def sample(self, sample: int, unit: int, decoded: Any) -> dict[str, Any]:
         out: dict[str, Any] = {"__key__": self.keys[sample], "__index__": sample,
                                "__url__": self.files[int(self.shard[sample])].path}
         for (ext, _, _), buf in zip(self.fields[sample], decoded, strict=True):
             out[ext] = bytes(buf)
+        return out
+
+    def batch(self, samples: np.ndarray, units: np.ndarray, decoded: Mapping[int, Any]) -> Any:
+        """:meth:`sample` of each (a sample is its own unit), without a call per sample."""
+        keys, fields, shard, paths = self.keys, self.fields, self._shard_of, self._paths
+        out = []
+        for s in samples.tolist():
+            d: dict[str, Any] = {"__key__": keys[s], "__index__": s, "__url__": paths[shard[s]]}
+            for (ext, _, _), buf in zip(fields[s], decoded[s], strict=True):
+                d[ext] = buf if type(buf) is bytes else bytes(buf)
+            out.append(d)
         return out
 
 
