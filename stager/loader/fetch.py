@@ -46,23 +46,28 @@ class FetchOptions:
     max_request_bytes: int = 8 << 20    # split a target's batch past this
     retries: int = 2
     bytes_in_flight: int = 64 << 20     # reads of the prefetch window out at once
+    # a run this much of a chunk of at least stream_above bytes: GET the whole chunk
+    whole_chunk_above: float = 0.75
 
 
 class _Piece:
     """One chunk piece of one extent (a plain slotted class: there are many per batch)."""
 
     __slots__ = ("extent", "dest", "chunk", "offset", "length", "replicas", "crc", "alone",
-                 "tried")
+                 "tried", "full", "chunk_crc")
 
     def __init__(self, extent: int, dest: int, chunk: str, offset: int, length: int,
-                 replicas: tuple[str, ...], crc: int | None) -> None:
+                 replicas: tuple[str, ...], full: int, chunk_crc: int | None) -> None:
         self.extent = extent          # index into the extents being fetched
         self.dest = dest              # offset inside the extent's buffer
         self.chunk = chunk
         self.offset = offset          # offset inside the chunk
         self.length = length
         self.replicas = replicas
-        self.crc = crc                # expected CRC32C when the piece is a whole chunk
+        self.full = full              # the chunk's length
+        self.chunk_crc = chunk_crc    # the chunk's committed CRC32C (None: not known)
+        # expected CRC32C when the piece is a whole chunk
+        self.crc = chunk_crc if offset == 0 and length == full else None
         self.alone = False            # the whole extent: handed out as bytes of its own
         self.tried: set[str] | None = None
 
@@ -178,8 +183,7 @@ class Fetcher:
                 chunk_id(info.file_id, index), tuple(chunk_targets(info.layout, index)),
                 full, sums[index] if sums and index < len(sums) else None)
         name, replicas, full, crc = where
-        whole = offset == 0 and length == full
-        return _Piece(i, dest, name, offset, length, replicas, crc if whole else None)
+        return _Piece(i, dest, name, offset, length, replicas, full, crc)
 
     async def _read_large(self, e: Extent, out: list[Buffer], i: int) -> None:
         reader = self._readers.get(e.file)
@@ -230,13 +234,40 @@ class Fetcher:
         url = self._urls.get(target)
         if url is None:
             return TargetUnavailable(f"target {target} is unknown", target=target)
+        ranged, whole = [], []
+        dense = self.options.whole_chunk_above
+        for run in _runs(group, self.options.merge_gap):
+            first = run.members[0]
+            if first.chunk_crc is not None and first.full >= self.options.stream_above \
+                    and run.stop - run.start >= dense * first.full:
+                whole.append(run)
+            else:
+                ranged.append(run)
+        jobs = [self._request(target, url, req, out)
+                for req in _requests(ranged, self.options.max_request_bytes)]
+        jobs.extend(self._whole(target, url, run, out) for run in whole)
         try:
-            await gather_or_cancel(self._request(target, url, req, out)
-                                   for req in _requests(_runs(group, self.options.merge_gap),
-                                                        self.options.max_request_bytes))
+            await gather_or_cancel(jobs)
         except FAILOVER_ERRORS as exc:
             return exc
         return None
+
+    async def _whole(self, target: str, url: str, run: _Run, out: list[Buffer]) -> None:
+        """A run covering most of its chunk, read as the whole chunk: the server
+        sends it with ``sendfile`` and it is checked here against the committed
+        CRC32C, where a ranged read costs the server a read and a check per block."""
+        first = run.members[0]
+        buf = bytearray(first.full)
+        view = memoryview(buf)
+        async with self.client.limit:
+            await self.client.plane.read_chunk_into(target, url, run.chunk, 0, view,
+                                                    whole=True,
+                                                    patient=len(first.replicas) == 1)
+        if crc32c(view) != first.chunk_crc:
+            self.client.plane.counter(target).errors += 1
+            raise CorruptChunk(f"chunk {run.chunk} from target {target} failed its CRC32C",
+                               chunk=run.chunk, target=target)
+        self._hand_out(run.members, view, 0, out)
 
     async def _request(self, target: str, url: str, runs: list[_Run],
                        out: list[Buffer]) -> None:
@@ -251,16 +282,24 @@ class Fetcher:
         base = 0
         for run in runs:
             for p in run.members:
-                at = base + p.offset - run.start
-                data = view[at:at + p.length]
-                if p.crc is not None and crc32c(data) != p.crc:
-                    raise CorruptChunk(f"chunk {p.chunk} from target {target} failed its "
-                                       "CRC32C", chunk=p.chunk, target=target)
-                if p.alone:
-                    out[p.extent] = bytes(data)
-                else:
-                    out[p.extent][p.dest:p.dest + p.length] = data
+                if p.crc is not None:
+                    at = base + p.offset - run.start
+                    if crc32c(view[at:at + p.length]) != p.crc:
+                        raise CorruptChunk(f"chunk {p.chunk} from target {target} failed its "
+                                           "CRC32C", chunk=p.chunk, target=target)
+            self._hand_out(run.members, view, base - run.start, out)
             base += run.stop - run.start
+
+    @staticmethod
+    def _hand_out(pieces: list[_Piece], view: memoryview, shift: int,
+                  out: list[Buffer]) -> None:
+        """Copy each piece out of ``view``, where chunk offset ``o`` is at ``o + shift``."""
+        for p in pieces:
+            at = p.offset + shift
+            if p.alone:
+                out[p.extent] = bytes(view[at:at + p.length])
+            else:
+                out[p.extent][p.dest:p.dest + p.length] = view[at:at + p.length]
 
 
 def _runs(group: list[_Piece], gap: int) -> list[_Run]:

@@ -237,9 +237,9 @@ class Pipeline:
             await self._flush()
 
     def _group_size(self) -> int:
-        """Batches per fetch group: 1 for the first group (the first batch comes
-        soonest), then doubling up to half the window."""
-        return min(1 << self._groups, max(1, self.limits.max_batches // 2))
+        """Batches per fetch group: 1, 1, 2, 4, … up to half the window (the first
+        batch comes soonest, and groups start at multiples of their size)."""
+        return min(1 << max(0, self._groups - 1), max(1, self.limits.max_batches // 2))
 
     async def _flush(self) -> None:
         """Fetch the group's units in one go.

@@ -1,0 +1,122 @@
+"""Consecutive batches are fetched as one group, so a two-level shuffle's
+neighbouring samples merge into long reads; a read covering most of a large
+chunk fetches the whole chunk (``sendfile`` on the server, CRC32C checked here),
+and a bad copy of it is read from the other replica."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from loader_data import tar_shard
+
+from stager import Client, Loader
+from stager.dataplane.transport import DataPlane
+from stager.layout import chunk_targets
+from stager.loader.fetch import FetchOptions
+from stager.protocol.models import LayoutSpec
+from stager.testing import ThreadCluster
+
+CHUNK = 512 << 10            # the smallest chunk the whole-chunk path takes (stream_above)
+SAMPLE = 8 << 10
+SAMPLES = 256                # 2 MiB and a bit of tar: 5 chunks
+
+
+def sample_bytes(key: str) -> bytes:
+    return (key.encode() * (SAMPLE // len(key) + 1))[:SAMPLE]
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[tuple[ThreadCluster, list[str]]]:
+    c = ThreadCluster(tmp_path / "cluster", 3, replicas=2)
+    c.start()
+    keys = [f"s{i:04d}" for i in range(SAMPLES)]
+    with Client(c.meta_url) as client:
+        client.pipe("/ds/part-000.tar", tar_shard(keys, {"bin": sample_bytes}),
+                    layout=LayoutSpec(chunk_size=CHUNK))
+    yield c, keys
+    c.stop()
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Counts the requests the loader sends (the real calls still go out)."""
+    counts = {"batched": 0, "whole": 0}
+    batch, chunk = DataPlane.batch_read_into, DataPlane.read_chunk_into
+
+    async def batched(self: DataPlane, *args: Any, **kw: Any) -> Any:
+        counts["batched"] += 1
+        return await batch(self, *args, **kw)
+
+    async def whole(self: DataPlane, *args: Any, **kw: Any) -> Any:
+        if kw.get("whole"):
+            counts["whole"] += 1
+        return await chunk(self, *args, **kw)
+
+    monkeypatch.setattr(DataPlane, "batch_read_into", batched)
+    monkeypatch.setattr(DataPlane, "read_chunk_into", whole)
+    return counts
+
+
+def read_epoch(meta: str, reads: dict[str, int], **kw: Any
+               ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One epoch; ``reads`` counts only its requests (not indexing the shard)."""
+    kw.setdefault("prefetch_batches", 16)
+    # a shuffle window of 128 positions: the 8 batches of a full group cover one,
+    # so they read most of each chunk the window draws from
+    with Loader("/ds", meta_url=meta, batch_size=16, seed=5, index_cache=None,
+                shuffle_window=128, prefetch_next_epoch=False, **kw) as loader:
+        assert loader.format == "tar"
+        reads.update(batched=0, whole=0)
+        return [s for b in loader for s in b], loader.stats()
+
+
+def check(samples: list[dict[str, Any]], keys: list[str]) -> None:
+    assert sorted(s["__key__"] for s in samples) == keys
+    assert [s["__key__"] for s in samples] != keys          # shuffled
+    for s in samples:
+        assert s["bin"] == sample_bytes(s["__key__"])
+
+
+def test_groups_read_whole_chunks_where_a_batch_alone_reads_scattered_samples(
+        cluster: tuple[ThreadCluster, list[str]], reads: dict[str, int]) -> None:
+    c, keys = cluster
+    grouped, _ = read_epoch(c.meta_url, reads)
+    check(grouped, keys)
+    assert reads["whole"] >= 2, reads               # dense groups: whole chunks
+    merged = sum(reads.values())
+    # the same epoch with the whole-chunk path off: the same samples, in the same
+    # order, all from batched ranged reads
+    ranged, _ = read_epoch(c.meta_url, reads, fetch=FetchOptions(whole_chunk_above=2.0))
+    assert [s["__key__"] for s in ranged] == [s["__key__"] for s in grouped]
+    assert reads["whole"] == 0 and reads["batched"] > 0, reads
+    # a window of 2 batches fetches each batch alone: many more requests
+    alone, _ = read_epoch(c.meta_url, reads, prefetch_batches=2)
+    assert [s["__key__"] for s in alone] == [s["__key__"] for s in grouped]
+    assert reads["whole"] == 0 and merged < 0.6 * reads["batched"], (merged, reads)
+
+
+def test_a_corrupt_copy_of_a_whole_chunk_read_is_read_from_the_other(
+        cluster: tuple[ThreadCluster, list[str]], reads: dict[str, int],
+        tmp_path: Path) -> None:
+    c, keys = cluster
+    with Client(c.meta_url) as client:
+        info = client.stat("/ds/part-000.tar")
+    assert info.layout is not None and info.file_id is not None
+    targets = [c.target_id(i) for i in range(3)]
+    broken = set()
+    for index in range(info.size // CHUNK):         # every full chunk's first copy
+        primary = chunk_targets(info.layout, index)[0]
+        node = targets.index(primary)
+        path = next((tmp_path / "cluster" / f"data{node}" / "chunks").rglob(
+            f"{info.file_id}.{index}"))
+        raw = bytearray(path.read_bytes())
+        raw[CHUNK // 2] ^= 0xFF                     # inside a sample's bytes
+        path.write_bytes(bytes(raw))
+        broken.add(primary)
+    samples, stats = read_epoch(c.meta_url, reads)
+    check(samples, keys)
+    assert reads["whole"] >= 2, reads
+    assert all(stats["targets"][t]["errors"] >= 1 for t in broken), stats["targets"]
