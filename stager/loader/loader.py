@@ -280,7 +280,11 @@ class Loader:
                 start = time.perf_counter()
                 self.counters.waiting_since = start
                 try:
-                    batch = pipeline.get(base + j)
+                    # in a box, not a local: the generator keeps no reference once
+                    # it is yielded, so the batch is freed where the consumer drops
+                    # it, not inside the next next() (a 4 MiB batch of small samples
+                    # takes a while to free, which would count as stall)
+                    box = [pipeline.get(base + j)]
                 finally:
                     self.counters.waiting_since = None
                 self.counters.batch_taken(time.perf_counter() - start, len(samples))
@@ -288,8 +292,7 @@ class Loader:
                 # batch resumes after it
                 self._steps += 1
                 self._finished = j + 1 == len(batches)
-                yield batch
-                del batch          # hold nothing while waiting for the next one
+                yield box.pop()
             completed = True
         finally:
             if self._active is stream:      # not handed to a later pass meanwhile

@@ -215,7 +215,10 @@ class Pipeline:
         extents = self.index.extents_of([self._unit_of[k] for k in new])
         sizes = [sum(e.length for e in ex) for ex in extents]
         need = sum(sizes)
-        if self._group_batches and (self._group_need + need > self._group_bytes
+        # Large samples are read whole chunks at a time anyway: grouping their
+        # batches would only make the next batch share its bandwidth.
+        alone = need >= self.fetcher.options.stream_above * max(1, len(new))
+        if self._group_batches and (alone or self._group_need + need > self._group_bytes
                                     or self._must_wait(j, need, 1)):
             await self._flush()
         # A new group waits for room for a whole group, so that groups stay whole
@@ -233,7 +236,7 @@ class Pipeline:
         self._group_need += need
         self._group_batches += 1
         self._spawn(self._build(j, keys))
-        if self._group_batches >= self._group_size():
+        if alone or self._group_batches >= self._group_size():
             await self._flush()
 
     def _group_size(self) -> int:
