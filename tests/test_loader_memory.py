@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from stager import Client, Loader
+from stager.loader.spans import Spans
 from stager.testing import ProcessCluster
 
 MiB = 1 << 20
@@ -98,9 +99,9 @@ def test_the_window_is_fetched_in_order_a_few_batches_at_a_time(
     started: list[list[str]] = []
     read = fetch.Fetcher.fetch
 
-    async def counting(self: fetch.Fetcher, extents: list[fetch.Extent]) -> list[bytes]:
-        size = sum(e.length for e in extents)
-        started.append([self.files[e.file].path for e in extents])
+    async def counting(self: fetch.Fetcher, extents: Spans) -> list[bytes]:
+        size = extents.nbytes
+        started.append([self.files[f].path for f in extents.file.tolist()])
         live["now"] += size
         live["peak"] = max(live["peak"], live["now"])
         try:

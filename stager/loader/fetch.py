@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import NamedTuple
 
+import numpy as np
+
 from ..aio import gather_or_cancel
 from ..checksum import crc32c
 from ..client import AsyncClient
@@ -27,6 +29,8 @@ from ..dataplane.reader import FAILOVER_ERRORS, StripedReader
 from ..errors import CorruptChunk, StagerError, TargetUnavailable
 from ..layout import chunk_length, chunk_targets, pieces
 from ..protocol.models import FileInfo, ReadItem, chunk_id
+from . import spans
+from .spans import Spans
 
 Buffer = bytes | bytearray | memoryview
 
@@ -46,7 +50,8 @@ class FetchOptions:
     max_request_bytes: int = 8 << 20    # split a target's batch past this
     retries: int = 2
     bytes_in_flight: int = 64 << 20     # reads of the prefetch window out at once
-    # a run this much of a chunk of at least stream_above bytes: GET the whole chunk
+    # pieces covering this much of a chunk of at least stream_above bytes (a merged
+    # run, or for spans all of a fetch's pieces in it): GET the whole chunk
     whole_chunk_above: float = 0.75
 
 
@@ -105,14 +110,25 @@ class Fetcher:
         self._urls: dict[str, str] = {}
         for f in files:
             self._urls.update(f.locations)
+        # per file, for planning extents as arrays: chunk size (0: not a file), size
+        self._chunk_size = np.array([f.layout.chunk_size if f.layout is not None
+                                     and f.file_id is not None else 0 for f in files],
+                                    dtype=np.int64)
+        self._size = np.array([f.size for f in files], dtype=np.int64)
 
-    async def fetch(self, extents: Sequence[Extent]) -> list[bytes]:
+    async def fetch(self, extents: Sequence[Extent] | Spans) -> list[bytes]:
         """The bytes of each extent, in order.
 
         Each extent becomes ``bytes`` as soon as its own read is done (copied
         out of the request or read buffer, which is freed at once), so a batch
         never sits in memory twice and decoding needs no further copy.
+        Many small extents are best given as :class:`Spans` (planned as arrays).
         """
+        if isinstance(extents, Spans):
+            return await self._fetch_spans(extents)
+        return await self._fetch_extents(extents)
+
+    async def _fetch_extents(self, extents: Sequence[Extent]) -> list[bytes]:
         out: list[Buffer] = [b""] * len(extents)
         small: list[_Piece] = []
         large: list[int] = []
@@ -138,11 +154,61 @@ class Fetcher:
             small.extend(parts)
         jobs = [self._read_large(extents[i], out, i) for i in large]
         if small:
-            jobs.append(self._read_small(small, out))
+            jobs.append(self.read_pieces(small, out))
         await gather_or_cancel(jobs)
         for i in split:
             out[i] = bytes(out[i])
         return out  # type: ignore[return-value]
+
+    async def _fetch_spans(self, sp: Spans) -> list[bytes]:
+        out: list[Buffer] = [b""] * len(sp)
+        file, offset, length = sp.file, sp.offset, sp.length
+        cs = self._chunk_size[file]
+        index = offset // np.maximum(cs, 1)
+        start = offset - index * cs
+        simple = (cs > 0) & (length > 0) & (length < self.options.stream_above) \
+            & (offset >= 0) & (offset + length <= self._size[file]) & (start + length <= cs)
+        ids = np.flatnonzero(simple)
+        other = np.flatnonzero(~simple & (length > 0)).tolist()
+        jobs = []
+        if len(ids):
+            p = spans.plan(self, ids, file[ids], index[ids], start[ids], length[ids])
+            jobs.append(spans.read(self, p, out))
+        if other:
+            jobs.append(self._fetch_others(sp, other, out))
+        await gather_or_cancel(jobs)
+        return out  # type: ignore[return-value]
+
+    async def _fetch_others(self, sp: Spans, which: list[int], out: list[Buffer]) -> None:
+        got = await self._fetch_extents([
+            Extent(int(sp.file[i]), int(sp.offset[i]), int(sp.length[i])) for i in which])
+        for i, data in zip(which, got, strict=True):
+            out[i] = data
+
+    def url_of(self, target: str) -> str | None:
+        return self._urls.get(target)
+
+    def where(self, file: int, index: int) -> tuple[str, tuple[str, ...], int, int | None]:
+        """Chunk ``index`` of file number ``file``: its id, replicas, length and
+        committed CRC32C (None when the file has no checksums)."""
+        where = self._where.get((file, index))
+        if where is None:
+            info = self.files[file]
+            assert info.layout is not None and info.file_id is not None
+            sums = info.checksums
+            full = chunk_length(info.layout.chunk_size, info.size, index)
+            where = self._where[(file, index)] = (
+                chunk_id(info.file_id, index), tuple(chunk_targets(info.layout, index)),
+                full, sums[index] if sums and index < len(sums) else None)
+        return where
+
+    @staticmethod
+    def piece_at(i: int, name: str, replicas: tuple[str, ...], full: int, crc: int | None,
+                 offset: int, length: int) -> _Piece:
+        """Extent ``i``, the piece ``[offset, offset + length)`` of chunk ``name``."""
+        piece = _Piece(i, 0, name, offset, length, replicas, full, crc)
+        piece.alone = True
+        return piece
 
     def _pieces(self, i: int, e: Extent) -> list[_Piece]:
         info = self.files[e.file]
@@ -173,16 +239,7 @@ class Fetcher:
 
     def _piece(self, i: int, dest: int, file: int, index: int, offset: int,
                length: int) -> _Piece:
-        where = self._where.get((file, index))
-        if where is None:
-            info = self.files[file]
-            assert info.layout is not None and info.file_id is not None
-            sums = info.checksums
-            full = chunk_length(info.layout.chunk_size, info.size, index)
-            where = self._where[(file, index)] = (
-                chunk_id(info.file_id, index), tuple(chunk_targets(info.layout, index)),
-                full, sums[index] if sums and index < len(sums) else None)
-        name, replicas, full, crc = where
+        name, replicas, full, crc = self.where(file, index)
         return _Piece(i, dest, name, offset, length, replicas, full, crc)
 
     async def _read_large(self, e: Extent, out: list[Buffer], i: int) -> None:
@@ -194,7 +251,7 @@ class Fetcher:
         out[i] = bytes(buf)
 
     # -- batched small reads ----------------------------------------------------------
-    async def _read_small(self, todo: list[_Piece], out: list[Buffer]) -> None:
+    async def read_pieces(self, todo: list[_Piece], out: list[Buffer]) -> None:
         """Every piece, each from one of its replicas; rounds of failover, then retries."""
         errors: list[StagerError] = []
         for attempt in range(self.options.retries + 1):

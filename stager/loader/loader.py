@@ -346,7 +346,8 @@ class Loader:
                                                thread_name_prefix="stager-decode")
         return Pipeline(self.index, self._fetcher, batches, loop=get_loop(), pool=self._pool,
                         limits=self.limits, assemble=self._assemble, counters=self.counters,
-                        segments=self._next_epochs(self._epoch, self.seed))
+                        segments=self._next_epochs(self._epoch, self.seed),
+                        blocks=self.blocks)
 
     def _assemble(self, samples: np.ndarray, units: np.ndarray, decoded: dict[int, Any]) -> Any:
         if self.map is None and self.collate is None:

@@ -35,20 +35,12 @@ import numpy as np
 from ..aio import cancel_and_wait
 from .fetch import Buffer, Extent, Fetcher
 from .formats import Index
+from .spans import Spans
 from .stats import Counters
 
 Assemble = Callable[[np.ndarray, np.ndarray, dict[int, Any]], Any]
 #: segment number (1, 2, …) -> the sample ids of its batches, or None when there is none
 Segments = Callable[[int], list[np.ndarray] | None]
-
-
-@dataclass(slots=True)
-class _Unit:
-    unit: int
-    extents: list[Extent]
-    held: int                                   # bytes counted against the bound
-    # its fetch group's (key -> decoded unit); None once its last batch is built
-    ready: asyncio.Future[dict[int, Any]] | None
 
 
 @dataclass
@@ -96,13 +88,22 @@ class Pipeline:
     def __init__(self, index: Index, fetcher: Fetcher, first: list[np.ndarray], *,
                  loop: asyncio.AbstractEventLoop, pool: cf.Executor, limits: Limits,
                  assemble: Assemble, counters: Counters,
-                 segments: Segments | None = None) -> None:
+                 segments: Segments | None = None, blocks: np.ndarray | None = None) -> None:
         self.index, self.fetcher, self.first, self.segments = index, fetcher, first, segments
+        # the order's shuffle blocks (first sample of each): a fetch group holds the
+        # batches drawing on the same blocks
+        self.blocks = blocks
         self.loop, self.pool, self.limits = loop, pool, limits
         self.assemble, self.counters = assemble, counters
         self._batches: dict[int, _Batch] = {}
         self._release: dict[int, list[int]] = {}
-        self._units: dict[int, _Unit] = {}
+        # Per key of a unit fetched or being fetched (plain dicts of numbers and
+        # futures: no object per unit for the garbage collector to walk): the
+        # bytes it holds against the bound, and its fetch group's future
+        # (key -> decoded unit), None once its last batch is built.
+        self._held_of: dict[int, int] = {}
+        self._unit_of: dict[int, int] = {}          # key -> unit, for keys planned
+        self._ready: dict[int, asyncio.Future[dict[int, Any]] | None] = {}
         self._slots: dict[int, cf.Future[Any]] = {}
         self._lock = threading.Lock()
         self._consumed = 0
@@ -114,15 +115,18 @@ class Pipeline:
         self._main_task: asyncio.Task[Any] | None = None
         self._launching = 0
         self._fetching = 0          # bytes of reads in flight
-        # the fetch group: units of consecutive batches not fetched yet
+        # the fetch group: units of consecutive batches not fetched yet (their keys,
+        # and their extents: a Spans per batch, or a list of extents per unit)
         self._group: list[int] = []
+        self._group_reads: list[Any] = []
+        self._group_blocks: np.ndarray | None = None
         self._group_need = 0
         self._group_batches = 0
         self._groups = 0
         self._group_ready: asyncio.Future[dict[int, Any]] | None = None
         # A group's reads land in request buffers before they become samples, so
         # for a moment they take twice their size: a quarter of the window at most.
-        self._group_bytes = max(1, min(fetcher.options.bytes_in_flight // 2,
+        self._group_bytes = max(1, min(fetcher.options.bytes_in_flight,
                                        limits.max_bytes // 4))
 
     # -- consumer side (any thread but the loop's) ------------------------------------
@@ -164,7 +168,8 @@ class Pipeline:
         if self._main_task is not None:
             tasks.append(self._main_task)
         await cancel_and_wait(tasks)
-        self._units.clear()
+        self._held_of.clear()
+        self._ready.clear()
         self._batches.clear()
         self._held = 0
         with self._lock:
@@ -200,7 +205,7 @@ class Pipeline:
         first_key = self._next_key
         units_of, keys_of, unit_of, release = await asyncio.to_thread(plan)
         self._next_key += len(unit_of)
-        self._unit_of = unit_of
+        self._unit_of.update(unit_of)
         for jj, (samples, units, keys) in enumerate(zip(batches, units_of, keys_of,
                                                        strict=True)):
             self._batches[base + jj] = _Batch(samples, units, keys)
@@ -211,38 +216,62 @@ class Pipeline:
         """Admit batch ``j`` and add its new units to the fetch group (see :meth:`_flush`)."""
         batch = self._batches[j]
         keys = list(dict.fromkeys(batch.keys.tolist()))
-        new = [k for k in keys if k not in self._units]
-        extents = self.index.extents_of([self._unit_of[k] for k in new])
-        sizes = [sum(e.length for e in ex) for ex in extents]
+        new = [k for k in keys if k not in self._held_of]
+        units = [self._unit_of[k] for k in new]
+        reads: Any
+        if self.index.one_extent:           # planned as arrays, one extent per unit
+            reads = self.index.spans_of(np.asarray(units, dtype=np.int64))
+            sizes = reads.length.tolist()
+        else:
+            reads = self.index.extents_of(units)
+            sizes = [sum(e.length for e in ex) for ex in reads]
         need = sum(sizes)
         # Large samples are read whole chunks at a time anyway: grouping their
         # batches would only make the next batch share its bandwidth.
         alone = need >= self.fetcher.options.stream_above * max(1, len(new))
         if self._group_batches and (alone or self._group_need + need > self._group_bytes
-                                    or self._must_wait(j, need, 1)):
+                                    or self._must_wait(j, need, 1)
+                                    or self._moves_on(batch.samples)):
             await self._flush()
         # A new group waits for room for a whole group, so that groups stay whole
         # once the window is full (the consumer's next batch never waits).
-        await self._admit(j, need, 1 if self._group_batches else self._group_size())
+        await self._admit(j, need, 1 if self._group_batches else
+                          min(self._group_size(), max(1, self.limits.max_batches // 2)))
         if new and self._group_ready is None:
             self._group_ready = self.loop.create_future()
             self._group_ready.add_done_callback(_retrieve)
-        unit_of, ready = self._unit_of, self._group_ready
-        for k, ex, size in zip(new, extents, sizes, strict=True):
-            self._units[k] = _Unit(unit_of[k], ex, size, ready)
+        self._held_of.update(zip(new, sizes, strict=True))
+        self._ready.update(dict.fromkeys(new, self._group_ready))
         self._held += need
         self.counters.note_held(self._held)
-        self._group.extend(new)
+        if new:
+            self._group.extend(new)
+            self._group_reads.append(reads)
+        if self.blocks is not None and self._group_blocks is None:
+            # the group's blocks are its first batch's: a window's batches all draw
+            # on the window's blocks, the next window's on others
+            self._group_blocks = np.unique(np.searchsorted(self.blocks, batch.samples,
+                                                           side="right"))
         self._group_need += need
         self._group_batches += 1
         self._spawn(self._build(j, keys))
         if alone or self._group_batches >= self._group_size():
             await self._flush()
 
+    def _moves_on(self, samples: np.ndarray) -> bool:
+        """Whether most of a batch's samples lie outside the blocks the group reads
+        from: the order has moved on to the next shuffle window, and a group
+        spanning both would read half of each window's chunks, in fragments."""
+        if self.blocks is None or self._group_blocks is None or not len(samples):
+            return False
+        blocks = np.searchsorted(self.blocks, samples, side="right")
+        return bool(np.isin(blocks, self._group_blocks).mean() < 0.5)
+
     def _group_size(self) -> int:
-        """Batches per fetch group: 1, 1, 2, 4, … up to half the window (the first
-        batch comes soonest, and groups start at multiples of their size)."""
-        return min(1 << max(0, self._groups - 1), max(1, self.limits.max_batches // 2))
+        """Batches per fetch group at most: 1, 1, 2, 4, … up to three quarters of
+        the window (the first batch comes soonest; past the start, a group usually
+        ends where the order moves on to the next shuffle window)."""
+        return min(1 << max(0, self._groups - 1), max(1, self.limits.max_batches * 3 // 4))
 
     async def _flush(self) -> None:
         """Fetch the group's units in one go.
@@ -252,13 +281,15 @@ class Pipeline:
         few long ranges (whole chunks, when the group covers a shuffle window),
         where each batch alone would read scattered samples."""
         keys, need, ready = self._group, self._group_need, self._group_ready
+        reads = self._group_reads
         self._group, self._group_need, self._group_batches = [], 0, 0
-        self._group_ready = None
+        self._group_reads, self._group_ready = [], None
+        self._group_blocks = None
         self._groups += 1
         if keys and ready is not None:
             await self._admit_fetch(need)
             self._fetching += need
-            self._spawn(self._fetch(keys, need, ready))
+            self._spawn(self._fetch(keys, need, ready, reads))
 
     def _must_wait(self, j: int, need: int, batches: int) -> bool:
         """Whether batch ``j`` (with room for ``batches`` from it) must wait for the consumer."""
@@ -294,27 +325,23 @@ class Pipeline:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _fetch(self, keys: list[int], size: int,
-                     ready: asyncio.Future[dict[int, Any]]) -> None:
-        units = [self._units[k] for k in keys]
+    async def _fetch(self, keys: list[int], size: int, ready: asyncio.Future[dict[int, Any]],
+                     reads: list[Any]) -> None:
+        """Fetch the group's units: ``reads`` holds a Spans per batch (one extent per
+        unit: each unit's value is its bytes) or a list of extents per unit."""
+        units = [self._unit_of[k] for k in keys]
         try:
             start = time.perf_counter()
             try:
-                buffers = await self.fetcher.fetch([e for unit in units for e in unit.extents])
+                if self.index.one_extent:
+                    decoded = await self.fetcher.fetch(Spans(
+                        *(np.concatenate([getattr(r, f) for r in reads])
+                          for f in ("file", "offset", "length"))))
+                else:
+                    decoded = await self._fetch_extents([ex for r in reads for ex in r], units)
             finally:
                 self._fetched(size)
             self.counters.add_fetch(time.perf_counter() - start, size)
-            parts, at = [], 0
-            for unit in units:
-                parts.append(buffers[at:at + len(unit.extents)])
-                at += len(unit.extents)
-            del buffers
-            if self.index.decodes:
-                decoded = await asyncio.gather(*(
-                    self.loop.run_in_executor(self.pool, self._decode, unit.unit, p)
-                    for unit, p in zip(units, parts, strict=True)))
-            else:
-                decoded = parts
         except BaseException as exc:
             if not ready.done():
                 ready.set_exception(exc)
@@ -322,14 +349,29 @@ class Pipeline:
                 raise
             return
         if self.index.decodes:
-            for k, unit, value in zip(keys, units, decoded, strict=True):
-                if self._units.get(k) is unit:
+            for k, value in zip(keys, decoded, strict=True):
+                held = self._held_of.get(k)
+                if held is not None:
                     size = self.index.nbytes(value)
-                    self._held += size - unit.held
-                    unit.held = size
+                    self._held += size - held
+                    self._held_of[k] = size
             self.counters.note_held(self._held)
         if not ready.done():
             ready.set_result(dict(zip(keys, decoded, strict=True)))
+
+    async def _fetch_extents(self, extents: list[list[Extent]], units: list[int]) -> list[Any]:
+        """Each unit's buffers (one per extent), decoded when the format decodes."""
+        buffers = await self.fetcher.fetch([e for ex in extents for e in ex])
+        parts, at = [], 0
+        for ex in extents:
+            parts.append(buffers[at:at + len(ex)])
+            at += len(ex)
+        del buffers
+        if not self.index.decodes:
+            return parts
+        return list(await asyncio.gather(*(
+            self.loop.run_in_executor(self.pool, self._decode, unit, p)
+            for unit, p in zip(units, parts, strict=True))))
 
     def _decode(self, unit: int, buffers: list[Buffer]) -> Any:
         start = time.perf_counter()
@@ -343,13 +385,12 @@ class Pipeline:
         batch = self._batches[j]
         # Take every future before the first await: a later batch that uses one of
         # these keys last may finish first and drop it.
-        units = [self._units[k] for k in keys]
-        futures = [self._ready(u) for u in units]
+        units = [self._unit_of[k] for k in keys]
+        futures = [self._ready_of(k) for k in keys]
         try:
             for f in {id(f): f for f in futures}.values():
                 await f
-            decoded = {u.unit: f.result()[k]
-                       for k, u, f in zip(keys, units, futures, strict=True)}
+            decoded = {u: f.result()[k] for k, u, f in zip(keys, units, futures, strict=True)}
             result = await self.loop.run_in_executor(
                 self.pool, self._assemble, batch.samples, batch.units, decoded)
         except asyncio.CancelledError:
@@ -365,13 +406,11 @@ class Pipeline:
         # is the batch, not the batch twice (their bytes stay counted until the
         # consumer takes it).
         for k in self._release.get(j, ()):
-            unit = self._units.get(k)
-            if unit is not None:
-                unit.ready = None
+            if k in self._ready:
+                self._ready[k] = None
 
-    @staticmethod
-    def _ready(unit: _Unit) -> asyncio.Future[dict[int, Any]]:
-        ready = unit.ready
+    def _ready_of(self, key: int) -> asyncio.Future[dict[int, Any]]:
+        ready = self._ready[key]
         assert ready is not None, "a unit was dropped before its last batch"
         return ready
 
@@ -386,9 +425,9 @@ class Pipeline:
         for j in range(self._consumed, n):
             self._batches.pop(j, None)
             for k in self._release.pop(j, ()):
-                unit = self._units.pop(k, None)
-                if unit is not None:
-                    self._held -= unit.held
+                self._held -= self._held_of.pop(k, 0)
+                self._ready.pop(k, None)
+                self._unit_of.pop(k, None)
         self._consumed = max(self._consumed, n)
         if self._wake is not None:
             self._wake.set()

@@ -19,6 +19,7 @@ import numpy as np
 
 from ...protocol.models import FileInfo
 from ..fetch import Buffer, Extent
+from ..spans import Spans
 
 
 class Index(ABC):
@@ -26,6 +27,9 @@ class Index(ABC):
 
     format = ""
     decodes = False          # True when units need decoding (in the thread pool)
+    # True when every unit is one extent, given by :meth:`spans_of`; a unit's
+    # decoded value is then its bytes, not a list of buffers
+    one_extent = False
 
     def __init__(self, files: Sequence[FileInfo], n: int) -> None:
         self.files = tuple(files)
@@ -46,8 +50,12 @@ class Index(ABC):
         raise NotImplementedError
 
     def extents_of(self, units: list[int]) -> list[list[Extent]]:
-        """:meth:`extents` of each unit (formats with many small units do it at once)."""
+        """:meth:`extents` of each unit."""
         return [self.extents(u) for u in units]
+
+    def spans_of(self, units: np.ndarray) -> Spans:
+        """The one extent of each unit, as arrays (formats with :attr:`one_extent`)."""
+        raise NotImplementedError(f"{self.format} units are not one extent each")
 
     def decode(self, unit: int, buffers: list[Buffer]) -> Any:
         """Turn a unit's fetched extents into what :meth:`sample` reads from."""

@@ -5,29 +5,40 @@ A sample is ``{"__key__": path relative to the source, "__index__": i, "data": b
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 from ..fetch import Extent
 from ..source import Source
+from ..spans import Spans
 from .base import Index
 
 
 class FilesIndex(Index):
     format = "files"
 
+    one_extent = True
+
     def __init__(self, source: Source) -> None:
         super().__init__([f.info for f in source.files], len(source.files))
         self.keys = source.names()
+        self._sizes = np.array([f.size for f in self.files], dtype=np.int64)
 
     def extents(self, unit: int) -> list[Extent]:
         return [Extent(unit, 0, self.files[unit].size)]
 
-    def extents_of(self, units: list[int]) -> list[list[Extent]]:
-        files = self.files
-        return [[Extent(u, 0, files[u].size)] for u in units]
+    def spans_of(self, units: np.ndarray) -> Spans:
+        return Spans(units, np.zeros(len(units), dtype=np.int64), self._sizes[units])
 
     def sample(self, sample: int, unit: int, decoded: Any) -> dict[str, Any]:
-        return {"__key__": self.keys[sample], "__index__": sample, "data": bytes(decoded[0])}
+        return {"__key__": self.keys[sample], "__index__": sample, "data": bytes(decoded)}
+
+    def batch(self, samples: np.ndarray, units: np.ndarray, decoded: Mapping[int, Any]) -> Any:
+        keys = self.keys
+        return [{"__key__": keys[s], "__index__": s, "data": decoded[s]}
+                for s in samples.tolist()]
 
 
 async def build_files(client: Any, source: Source, options: dict[str, Any]) -> FilesIndex:

@@ -29,6 +29,7 @@ from ...errors import BadRequest
 from ...protocol.models import FileInfo
 from ..fetch import Extent
 from ..source import Source
+from ..spans import Spans
 from .base import Index, SeekableRaw
 
 WINDOW = 4 << 20                 # bytes fetched per header window (one default chunk)
@@ -66,6 +67,10 @@ class TarIndex(Index):
         self.shard = np.asarray(shard, dtype=np.int32)
         self._shard_of = shard          # the same as Python ints (read per sample)
         self._paths = [f.path for f in self.files]
+        # A sample is read as one extent, from its first member's data to its last
+        # member's end (the headers between them come along: 512 bytes each).
+        self._start = np.array([f[0][1] for f in fields], dtype=np.int64)
+        self._stop = np.array([f[-1][1] + f[-1][2] for f in fields], dtype=np.int64)
 
     def block_starts(self) -> np.ndarray:
         """A block is the samples starting in one chunk of one shard."""
@@ -77,31 +82,42 @@ class TarIndex(Index):
         change = (np.diff(self.shard) != 0) | (np.diff(first) != 0)
         return np.concatenate(([0], np.nonzero(change)[0] + 1)).astype(np.int64)
 
+    one_extent = True
+
     def extents(self, unit: int) -> list[Extent]:
         s = int(self.shard[unit])
         return [Extent(s, off, size) for _, off, size in self.fields[unit]]
 
-    def extents_of(self, units: list[int]) -> list[list[Extent]]:
-        shard, fields, new = self._shard_of, self.fields, tuple.__new__
-        return [[new(Extent, (shard[u], off, size)) for _, off, size in fields[u]]
-                for u in units]
+    def spans_of(self, units: np.ndarray) -> Spans:
+        start = self._start[units]
+        return Spans(self.shard[units].astype(np.int64), start, self._stop[units] - start)
 
     def sample(self, sample: int, unit: int, decoded: Any) -> dict[str, Any]:
+        """The sample's fields, cut from its bytes (``decoded``, from its first
+        member's data to its last member's end)."""
         out: dict[str, Any] = {"__key__": self.keys[sample], "__index__": sample,
-                               "__url__": self.files[int(self.shard[sample])].path}
-        for (ext, _, _), buf in zip(self.fields[sample], decoded, strict=True):
-            out[ext] = bytes(buf)
+                               "__url__": self._paths[self._shard_of[sample]]}
+        fields = self.fields[sample]
+        if len(fields) == 1:
+            out[fields[0][0]] = bytes(decoded)
+            return out
+        base = fields[0][1]
+        for ext, off, size in fields:
+            out[ext] = bytes(decoded[off - base:off - base + size])
         return out
 
     def batch(self, samples: np.ndarray, units: np.ndarray, decoded: Mapping[int, Any]) -> Any:
-        """:meth:`sample` of each (a sample is its own unit), without a call per sample."""
+        """:meth:`sample` of each (a sample is its own unit), without a call per
+        sample for the usual one-field sample."""
         keys, fields, shard, paths = self.keys, self.fields, self._shard_of, self._paths
         out = []
         for s in samples.tolist():
-            d: dict[str, Any] = {"__key__": keys[s], "__index__": s, "__url__": paths[shard[s]]}
-            for (ext, _, _), buf in zip(fields[s], decoded[s], strict=True):
-                d[ext] = buf if type(buf) is bytes else bytes(buf)
-            out.append(d)
+            f = fields[s]
+            if len(f) == 1:
+                out.append({"__key__": keys[s], "__index__": s, "__url__": paths[shard[s]],
+                            f[0][0]: decoded[s]})
+            else:
+                out.append(self.sample(s, s, decoded[s]))
         return out
 
 
