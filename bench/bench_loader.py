@@ -7,7 +7,8 @@ that rate, where a loader that prefetches well should leave the loop almost
 never waiting.  Loaders, in the same run, over the same samples:
 
 * stager ``Loader`` over WebDataset-style tar shards striped in the cluster
-  (two-level shuffle, one batched request per data server per batch);
+  (two-level shuffle; the batches of a shuffle window fetched together, chunks
+  they mostly cover read whole, the rest batched per data server);
 * ``stager.torch.StagerDataLoader(num_workers=2)`` over the same shards;
 * stager ``Loader`` over one stager file per sample (same coalescing; full run);
 * ``torch.utils.data.DataLoader(num_workers=2)`` over a map-style dataset that
@@ -317,8 +318,10 @@ def _result(results: dict[str, dict[str, dict[str, float]]], quick: bool) -> dic
             "starting the workers.",
             "stager Loader: two-level shuffle (blocks = samples starting in one 4 MiB chunk, "
             "window 8 blocks), 16 batches / 256 MiB prefetch fetched in batch order with up to "
-            "32 MiB of reads out at once, one POST /v1/read per data server "
-            "per batch for samples under 1 MiB, striped reads for 1 MiB samples.",
+            "32 MiB of reads out at once. Samples under 512 KiB: the batches of one shuffle "
+            "window fetched together (up to 32 MiB), planned as arrays, a chunk they mostly "
+            "cover read whole (sendfile, CRC32C checked by the client), the rest in one "
+            "POST /v1/read per data server; 1 MiB samples: each batch alone, striped reads.",
             "webdataset: shard shuffle + a 1000-sample shuffle buffer, shards split between "
             "the 2 workers, each shard streamed with curl from nginx.",
             "Every loader is measured over the same number of batches, all inside its first "

@@ -310,21 +310,26 @@ class Fetcher:
         return None
 
     async def _whole(self, target: str, url: str, run: _Run, out: list[Buffer]) -> None:
-        """A run covering most of its chunk, read as the whole chunk: the server
-        sends it with ``sendfile`` and it is checked here against the committed
-        CRC32C, where a ranged read costs the server a read and a check per block."""
         first = run.members[0]
-        buf = bytearray(first.full)
-        view = memoryview(buf)
-        async with self.client.limit:
-            await self.client.plane.read_chunk_into(target, url, run.chunk, 0, view,
-                                                    whole=True,
-                                                    patient=len(first.replicas) == 1)
-        if crc32c(view) != first.chunk_crc:
-            self.client.plane.counter(target).errors += 1
-            raise CorruptChunk(f"chunk {run.chunk} from target {target} failed its CRC32C",
-                               chunk=run.chunk, target=target)
+        assert first.chunk_crc is not None
+        view = await self.read_chunk(target, url, run.chunk, first.full, first.chunk_crc,
+                                     patient=len(first.replicas) == 1)
         self._hand_out(run.members, view, 0, out)
+
+    async def read_chunk(self, target: str, url: str, name: str, full: int, crc: int, *,
+                         patient: bool) -> memoryview:
+        """Chunk ``name`` whole, for pieces covering most of it: the server sends it
+        with ``sendfile`` and it is checked here against its committed CRC32C,
+        where a ranged read costs the server a read and a check per block."""
+        view = memoryview(bytearray(full))
+        async with self.client.limit:
+            await self.client.plane.read_chunk_into(target, url, name, 0, view, whole=True,
+                                                    patient=patient)
+        if crc32c(view) != crc:
+            self.client.plane.counter(target).errors += 1
+            raise CorruptChunk(f"chunk {name} from target {target} failed its CRC32C",
+                               chunk=name, target=target)
+        return view
 
     async def _request(self, target: str, url: str, runs: list[_Run],
                        out: list[Buffer]) -> None:

@@ -66,7 +66,7 @@ class _Plan:
     hi: list[int]
     run_chunk: list[int]
     whole: list[bool]        # per run: the whole chunk, read with GET (see read)
-    chunks: list[tuple[str, tuple[str, ...], int, int | None]]   # see Fetcher._where
+    chunks: list[tuple[str, tuple[str, ...], int, int | None]]   # see Fetcher.where
 
 
 def plan(fetcher: Fetcher, ids: np.ndarray, file: np.ndarray, index: np.ndarray,
@@ -171,18 +171,9 @@ async def _read_ranges(fetcher: Fetcher, p: _Plan, target: str, url: str, runs: 
 
 async def _read_whole(fetcher: Fetcher, p: _Plan, target: str, url: str, r: int,
                       out: list[Buffer]) -> None:
-    """A run covering most of its chunk, read as the whole chunk (see
-    :meth:`Fetcher._whole`)."""
     name, replicas, full, crc = p.chunks[p.run_chunk[r]]
-    buf = bytearray(full)
-    view = memoryview(buf)
-    async with fetcher.client.limit:
-        await fetcher.client.plane.read_chunk_into(target, url, name, 0, view, whole=True,
-                                                   patient=len(replicas) == 1)
-    if crc32c(view) != crc:
-        fetcher.client.plane.counter(target).errors += 1
-        raise CorruptChunk(f"chunk {name} from target {target} failed its CRC32C",
-                           chunk=name, target=target)
+    assert crc is not None
+    view = await fetcher.read_chunk(target, url, name, full, crc, patient=len(replicas) == 1)
     _hand_out(p, r, view, 0, target, out)
 
 

@@ -4,8 +4,11 @@ A *unit* is what is fetched and decoded as a whole: a file (``files``), one
 sample's tar members (``tar``), a row group (``parquet``), a row of chunks
 along axis 0 (``zarr``).  Each unit is a list of byte extents; the loader
 fetches the extents of many units in one go, decodes each unit once (in a
-thread pool) and builds batches from the decoded units.  An index is plain
-data (picklable), so a DataLoader worker started with ``spawn`` gets it too.
+thread pool) and builds batches from the decoded units.  Formats whose units
+are one extent each (``files``, ``tar``) give them as arrays
+(:meth:`Index.spans_of`), so thousands of small samples are planned without an
+object each.  An index is plain data (picklable), so a DataLoader worker
+started with ``spawn`` gets it too.
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ once: Python's ``tarfile`` walks the headers over a windowed ranged reader (the
 next window read while this one is parsed), so only header windows are read
 and members larger than a window are skipped; the offsets are
 cached in memory and on local disk by file id (a committed file never
-changes, so the cache is always valid).  Afterwards a sample is just the byte
-ranges of its members.
+changes, so the cache is always valid).  Afterwards a sample is one byte
+range, from its first member's data to its last member's end (the headers
+between its members come along, 512 bytes each), and its fields are cut from it.
 """
 
 from __future__ import annotations
