@@ -115,6 +115,7 @@ class Fetcher:
                                      and f.file_id is not None else 0 for f in files],
                                     dtype=np.int64)
         self._size = np.array([f.size for f in files], dtype=np.int64)
+        self._spare: dict[int, list[bytearray]] = {}     # whole-chunk buffers, by size
 
     async def fetch(self, extents: Sequence[Extent] | Spans) -> list[bytes]:
         """The bytes of each extent, in order.
@@ -314,14 +315,18 @@ class Fetcher:
         assert first.chunk_crc is not None
         view = await self.read_chunk(target, url, run.chunk, first.full, first.chunk_crc,
                                      patient=len(first.replicas) == 1)
-        self._hand_out(run.members, view, 0, out)
+        try:
+            self._hand_out(run.members, view, 0, out)
+        finally:
+            self.give_back(view)
 
     async def read_chunk(self, target: str, url: str, name: str, full: int, crc: int, *,
                          patient: bool) -> memoryview:
         """Chunk ``name`` whole, for pieces covering most of it: the server sends it
         with ``sendfile`` and it is checked here against its committed CRC32C,
-        where a ranged read costs the server a read and a check per block."""
-        view = memoryview(bytearray(full))
+        where a ranged read costs the server a read and a check per block.  The
+        buffer is a reused one: :meth:`give_back` it once its bytes are copied out."""
+        view = memoryview(self._take(full))
         async with self.client.limit:
             await self.client.plane.read_chunk_into(target, url, name, 0, view, whole=True,
                                                     patient=patient)
@@ -330,6 +335,25 @@ class Fetcher:
             raise CorruptChunk(f"chunk {name} from target {target} failed its CRC32C",
                                chunk=name, target=target)
         return view
+
+    def _take(self, size: int) -> bytearray:
+        """A buffer of ``size`` bytes: a spare one, else a new one (a new 4 MiB
+        buffer costs as much to zero and fault in as a chunk costs to receive)."""
+        spare = self._spare.get(size)
+        return spare.pop() if spare else bytearray(size)
+
+    def give_back(self, view: memoryview) -> None:
+        """Keep the buffer under ``view`` for the next whole-chunk read (at most
+        ``bytes_in_flight`` of them are kept).  Only a read that finished gives
+        its buffer back: a cancelled one may still be writing to it."""
+        buf = view.obj
+        view.release()
+        assert isinstance(buf, bytearray)
+        if self._spare_bytes() + len(buf) <= self.options.bytes_in_flight:
+            self._spare.setdefault(len(buf), []).append(buf)
+
+    def _spare_bytes(self) -> int:
+        return sum(size * len(bufs) for size, bufs in self._spare.items())
 
     async def _request(self, target: str, url: str, runs: list[_Run],
                        out: list[Buffer]) -> None:

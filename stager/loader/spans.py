@@ -174,7 +174,10 @@ async def _read_whole(fetcher: Fetcher, p: _Plan, target: str, url: str, r: int,
     name, replicas, full, crc = p.chunks[p.run_chunk[r]]
     assert crc is not None
     view = await fetcher.read_chunk(target, url, name, full, crc, patient=len(replicas) == 1)
-    _hand_out(p, r, view, 0, target, out)
+    try:
+        _hand_out(p, r, view, 0, target, out)
+    finally:
+        fetcher.give_back(view)
 
 
 def _hand_out(p: _Plan, r: int, view: memoryview, shift: int, target: str,
