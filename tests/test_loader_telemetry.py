@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from stager import Client, Loader
 from stager.config import load_config
 from stager.loader.report import FINAL_TIMEOUT, job_to_report
+from stager.meta.jobs import JOBS
 from stager.protocol.jobs import MAX_REPORT_BYTES
 from stager.testing import ThreadCluster
 
@@ -248,6 +249,28 @@ def test_bad_report_bodies_are_400_json(cluster: ThreadCluster, body: bytes, wor
 def test_bad_report_urls_are_400_json(cluster: ThreadCluster, path: str) -> None:
     r = put_report(cluster.meta_url, path, report())
     assert r.status == 400 and r.json()["error"] == "bad_request", r.body
+
+
+def test_a_full_table_is_503_json_and_keeps_what_it_holds(cluster: ThreadCluster) -> None:
+    """The table is bounded (its memory); past the bound a new loader's report is
+    refused with a JSON 503, while loaders already in the table keep reporting."""
+    assert cluster.meta is not None
+    table = cluster.meta.app[JOBS]
+    limit = table.max_entries
+    url, job = cluster.meta_url, new_job()
+    table.max_entries = len(table.live()) + 2      # room for two more, this test's
+    try:
+        for rank in (0, 1):
+            assert put_report(url, f"/v1/jobs/{job}/ranks/{rank}", report()).status == 200
+        r = put_report(url, f"/v1/jobs/{job}/ranks/1?worker=0", report())
+        assert r.status == 503 and r.json()["error"] == "unavailable", r.body
+        assert r.json()["details"]["limit"] == table.max_entries
+        r = put_report(url, f"/v1/jobs/{job}/ranks/1", report(samples=99))   # an update
+        assert r.status == 200
+        assert entry(url, job, 1)["samples"] == 99 and entry(url, job, 1, 0) is None
+        assert entry(url, job, 0) is not None
+    finally:
+        table.max_entries = limit
 
 
 def test_oversized_report_is_413(cluster: ThreadCluster) -> None:

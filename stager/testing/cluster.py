@@ -37,6 +37,7 @@ class _Server:
     url: str = ""
     root: Path = field(default_factory=Path)
     node: str = ""
+    app: Any = None          # the running aiohttp application (its state, for tests)
 
 
 class ThreadCluster:
@@ -105,7 +106,8 @@ class ThreadCluster:
                                                else None))
             done: Future[None] = Future()
             task.add_done_callback(lambda t: _settle(t, done))
-            return _Server(stop=stop, done=done, root=Path(config.root), node=config.node)
+            return _Server(stop=stop, done=done, root=Path(config.root), node=config.node,
+                           app=app)
 
         server: _Server = self._call(begin())
         deadline = time.monotonic() + 10
