@@ -7,6 +7,7 @@ it on a shared machine, where CPU per file moves far less than the rate::
     python -m bench.profile_small stage --files 20000      # staging 16 KiB files
     python -m bench.profile_small stage --sources http,get,file,http   # side by side
     python -m bench.profile_small reads --samples 40000    # batched 16 KiB reads
+    python -m bench.profile_small loader --rounds 5        # the Loader over tar shards
     python -m bench.profile_small http-listing             # listing an HTTP source
     python -m bench.profile_small meta --files 2000        # create+commit rates
     python -m bench.profile_small group-commit             # the store thread's grouping
@@ -21,6 +22,10 @@ from http again into the last ``http`` run's copy (every file unchanged).
 ``reads``: one packed file of 16 KiB samples on 4 data servers (processes),
 read in shuffled batches of 256 with one ``POST /v1/read`` per target per batch,
 4 batches in flight (as ``bench_small_samples``).
+``loader``: the ``Loader`` over the loader benchmark's 16 KiB tar shards (8
+shards, 65,536 samples, 3 data servers), one epoch per round read as fast as
+it goes (after the first batch); also prints the garbage collections the round
+made, per generation.
 
 To measure the code before a change, run this file from a copy of that tree
 (``git archive REV stager bench | tar -x -C /tmp/old``, copy this file into
@@ -173,6 +178,37 @@ def batched_reads(samples: int, rounds: int) -> None:
                 report(f"reads round {r}", samples, "samples", wall, used, 1_000_000)
 
 
+def loader_epochs(rounds: int) -> None:
+    import gc
+
+    from stager import Client, Loader
+    from stager.testing.nodes import NodeCluster
+
+    from .bench_loader import DATA_SERVERS, Size, make_data
+
+    size = Size("16 KiB", SMALL, 256, 65536, 8, 0, 0)
+    with tempfile.TemporaryDirectory(prefix="profile-loader-") as tmp:
+        root = Path(tmp)
+        make_data(root / "www", size)
+        with NodeCluster(root / "cluster", DATA_SERVERS, mode="loopback") as cluster:
+            with Client(cluster.meta_url) as c:
+                c.put(root / "www" / "tar", "/tar", files_in_flight=8)
+            pids = {f"data{i}": p.pid for i, p in enumerate(cluster.procs[1:])}
+            for r in range(rounds):
+                with Loader("/tar", meta_url=cluster.meta_url, batch_size=size.batch, seed=r,
+                            index_cache=root / "index", prefetch_bytes=256 << 20,
+                            prefetch_batches=16) as loader:
+                    it = iter(loader)
+                    next(it)
+                    before = [g["collections"] for g in gc.get_stats()]
+                    n: list[int] = []
+                    wall, used = measured(pids, lambda it=it, n=n: n.append(sum(map(len, it))))
+                    made = [g["collections"] - b for g, b in zip(gc.get_stats(), before,
+                                                                   strict=True)]
+                report(f"loader round {r}", n[0], "samples", wall, used, 1_000_000)
+                print(f"  garbage collections by generation: {made}", flush=True)
+
+
 def metadata_rates(files: int) -> None:
     """Empty files through the client against a metadata server process: one at a
     time, 16 in flight, and (where the client has it) write_many batches of 256."""
@@ -245,6 +281,8 @@ def main() -> None:
     p = sub.add_parser("reads", help="batched reads of 16 KiB samples")
     p.add_argument("--samples", type=int, default=40_000)
     p.add_argument("--rounds", type=int, default=3)
+    p = sub.add_parser("loader", help="the Loader over 16 KiB tar shards")
+    p.add_argument("--rounds", type=int, default=3)
     p = sub.add_parser("http-listing", help="list an HTTP source of 16 KiB files")
     p.add_argument("--files", type=int, default=20_000)
     p = sub.add_parser("meta", help="create+commit rates through a metadata server")
@@ -257,6 +295,8 @@ def main() -> None:
         stage_small(args.files, args.sources.split(","))
     elif args.what == "reads":
         batched_reads(args.samples, args.rounds)
+    elif args.what == "loader":
+        loader_epochs(args.rounds)
     elif args.what == "http-listing":
         http_listing(args.files)
     elif args.what == "meta":

@@ -334,9 +334,7 @@ class Pipeline:
             start = time.perf_counter()
             try:
                 if self.index.one_extent:
-                    decoded = await self.fetcher.fetch(Spans(
-                        *(np.concatenate([getattr(r, f) for r in reads])
-                          for f in ("file", "offset", "length"))))
+                    decoded = await self.fetcher.fetch(Spans.concat(reads))
                 else:
                     decoded = await self._fetch_extents([ex for r in reads for ex in r], units)
             finally:

@@ -51,6 +51,12 @@ class Spans:
     def nbytes(self) -> int:
         return int(self.length.sum())
 
+    @classmethod
+    def concat(cls, parts: list[Spans]) -> Spans:
+        return cls(np.concatenate([p.file for p in parts]),
+                   np.concatenate([p.offset for p in parts]),
+                   np.concatenate([p.length for p in parts]))
+
 
 @dataclass
 class _Plan:
