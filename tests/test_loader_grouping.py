@@ -120,3 +120,19 @@ def test_a_corrupt_copy_of_a_whole_chunk_read_is_read_from_the_other(
     check(samples, keys)
     assert reads["whole"] >= 2, reads
     assert all(stats["targets"][t]["errors"] >= 1 for t in broken), stats["targets"]
+
+
+def test_an_unshuffled_order_is_fetched_in_groups_too(
+        cluster: tuple[ThreadCluster, list[str]], reads: dict[str, int]) -> None:
+    """Without shuffling, each batch moves on to the next block; those batches
+    still join one group (their samples follow each other), so chunks are read
+    whole rather than a batch's share at a time."""
+    c, keys = cluster
+    grouped, _ = read_epoch(c.meta_url, reads, shuffle=False)
+    assert [s["__key__"] for s in grouped] == keys
+    assert all(s["bin"] == sample_bytes(s["__key__"]) for s in grouped)
+    merged = dict(reads)
+    alone, _ = read_epoch(c.meta_url, reads, shuffle=False, prefetch_batches=2)
+    assert [s["__key__"] for s in alone] == keys
+    assert merged["whole"] >= 3 and reads["whole"] == 0, (merged, reads)
+    assert sum(merged.values()) < 0.6 * sum(reads.values()), (merged, reads)

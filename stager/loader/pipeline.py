@@ -229,10 +229,14 @@ class Pipeline:
         # Large samples are read whole chunks at a time anyway: grouping their
         # batches would only make the next batch share its bandwidth.
         alone = need >= self.fetcher.options.stream_above * max(1, len(new))
+        blocks = None if self.blocks is None else \
+            np.searchsorted(self.blocks, batch.samples, side="right")
+        near = self._near(blocks)
         if self._group_batches and (alone or self._group_need + need > self._group_bytes
                                     or self._must_wait(j, need, 1)
-                                    or self._moves_on(batch.samples)):
+                                    or (near is not None and near.mean() < 0.5)):
             await self._flush()
+            near = None
         # A new group waits for room for a whole group, so that groups stay whole
         # once the window is full (the consumer's next batch never waits).
         await self._admit(j, need, 1 if self._group_batches else
@@ -247,25 +251,29 @@ class Pipeline:
         if new:
             self._group.extend(new)
             self._group_reads.append(reads)
-        if self.blocks is not None and self._group_blocks is None:
-            # the group's blocks are its first batch's: a window's batches all draw
-            # on the window's blocks, the next window's on others
-            self._group_blocks = np.unique(np.searchsorted(self.blocks, batch.samples,
-                                                           side="right"))
+        if blocks is not None:
+            self._group_blocks = np.unique(blocks) if near is None else \
+                np.union1d(self._group_blocks, blocks[near])
         self._group_need += need
         self._group_batches += 1
         self._spawn(self._build(j, keys))
         if alone or self._group_batches >= self._group_size():
             await self._flush()
 
-    def _moves_on(self, samples: np.ndarray) -> bool:
-        """Whether most of a batch's samples lie outside the blocks the group reads
-        from: the order has moved on to the next shuffle window, and a group
-        spanning both would read half of each window's chunks, in fragments."""
-        if self.blocks is None or self._group_blocks is None or not len(samples):
-            return False
-        blocks = np.searchsorted(self.blocks, samples, side="right")
-        return bool(np.isin(blocks, self._group_blocks).mean() < 0.5)
+    def _near(self, blocks: np.ndarray | None) -> np.ndarray | None:
+        """Which of a batch's samples (given by block) lie in or right after the
+        blocks the group reads from; None when there is no group to compare with.
+
+        When most do not, the order has moved on to the next shuffle window, and a
+        group spanning both windows would read half of each one's chunks, in
+        fragments: the batch starts a new group.  Samples in the block right after
+        one of the group's count as near, so an unshuffled order, moving from a
+        block to the next, keeps its groups; only the near samples' blocks join
+        the group's, so a batch straddling two windows does not pull the next
+        window's blocks into it."""
+        if blocks is None or self._group_blocks is None or not len(blocks):
+            return None
+        return np.isin(blocks, self._group_blocks) | np.isin(blocks - 1, self._group_blocks)
 
     def _group_size(self) -> int:
         """Batches per fetch group at most: 1, 1, 2, 4, … up to three quarters of
