@@ -24,8 +24,8 @@ read in shuffled batches of 256 with one ``POST /v1/read`` per target per batch,
 4 batches in flight (as ``bench_small_samples``).
 ``loader``: the ``Loader`` over the loader benchmark's 16 KiB tar shards (8
 shards, 65,536 samples, 3 data servers), one epoch per round read as fast as
-it goes (after the first batch); also prints the garbage collections the round
-made, per generation.
+it goes (after the first batch; ``--no-shuffle``: in manifest order); also
+prints the garbage collections the round made, per generation.
 
 To measure the code before a change, run this file from a copy of that tree
 (``git archive REV stager bench | tar -x -C /tmp/old``, copy this file into
@@ -178,7 +178,7 @@ def batched_reads(samples: int, rounds: int) -> None:
                 report(f"reads round {r}", samples, "samples", wall, used, 1_000_000)
 
 
-def loader_epochs(rounds: int) -> None:
+def loader_epochs(rounds: int, shuffle: bool = True) -> None:
     import gc
 
     from stager import Client, Loader
@@ -197,7 +197,7 @@ def loader_epochs(rounds: int) -> None:
             for r in range(rounds):
                 with Loader("/tar", meta_url=cluster.meta_url, batch_size=size.batch, seed=r,
                             index_cache=root / "index", prefetch_bytes=256 << 20,
-                            prefetch_batches=16) as loader:
+                            prefetch_batches=16, shuffle=shuffle) as loader:
                     it = iter(loader)
                     next(it)
                     before = [g["collections"] for g in gc.get_stats()]
@@ -283,6 +283,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p = sub.add_parser("loader", help="the Loader over 16 KiB tar shards")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--no-shuffle", action="store_true", help="read in manifest order")
     p = sub.add_parser("http-listing", help="list an HTTP source of 16 KiB files")
     p.add_argument("--files", type=int, default=20_000)
     p = sub.add_parser("meta", help="create+commit rates through a metadata server")
@@ -296,7 +297,7 @@ def main() -> None:
     elif args.what == "reads":
         batched_reads(args.samples, args.rounds)
     elif args.what == "loader":
-        loader_epochs(args.rounds)
+        loader_epochs(args.rounds, shuffle=not args.no_shuffle)
     elif args.what == "http-listing":
         http_listing(args.files)
     elif args.what == "meta":
