@@ -18,7 +18,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -30,7 +30,7 @@ from ..errors import CorruptChunk, StagerError, TargetUnavailable
 from ..layout import chunk_length, chunk_targets, pieces
 from ..protocol.models import FileInfo, ReadItem, chunk_id
 from . import spans
-from .spans import Spans
+from .spans import Spans, cut
 
 Buffer = bytes | bytearray | memoryview
 
@@ -53,6 +53,11 @@ class FetchOptions:
     # pieces covering this much of a chunk of at least stream_above bytes (a merged
     # run, or for spans all of a fetch's pieces in it): GET the whole chunk
     whole_chunk_above: float = 0.75
+
+    def reads_whole(self, full: Any, covered: Any) -> Any:
+        """Whether a chunk of ``full`` bytes, ``covered`` of which are wanted, is read
+        whole (element-wise on numpy arrays); its CRC32C must be known as well."""
+        return (full >= self.stream_above) & (covered >= self.whole_chunk_above * full)
 
 
 class _Piece:
@@ -137,12 +142,6 @@ class Fetcher:
         for i, e in enumerate(extents):
             if e.length == 0:
                 continue
-            if e.length < self.options.stream_above:
-                one = self._one_piece(i, e)
-                if one is not None:        # the usual small extent: inside one chunk
-                    one.alone = True
-                    small.append(one)
-                    continue
             parts = self._pieces(i, e)
             if e.length >= self.options.stream_above and all(p.crc is not None for p in parts):
                 large.append(i)       # whole chunks: sendfile on the server, CRC end to end
@@ -226,18 +225,6 @@ class Fetcher:
         return [self._piece(i, p.file_offset - e.offset, e.file, p.index, p.offset, p.length)
                 for p in pieces(size, cs, e.offset, e.offset + e.length)]
 
-    def _one_piece(self, i: int, e: Extent) -> _Piece | None:
-        """The one piece of an extent inside one chunk (checked), else None."""
-        info = self.files[e.file]
-        layout = info.layout
-        if layout is None or info.file_id is None or e.offset < 0 \
-                or e.offset + e.length > info.size:
-            return None                 # :meth:`_pieces` says what is wrong
-        index, offset = divmod(e.offset, layout.chunk_size)
-        if offset + e.length > layout.chunk_size:
-            return None
-        return self._piece(i, 0, e.file, index, offset, e.length)
-
     def _piece(self, i: int, dest: int, file: int, index: int, offset: int,
                length: int) -> _Piece:
         name, replicas, full, crc = self.where(file, index)
@@ -293,16 +280,16 @@ class Fetcher:
         if url is None:
             return TargetUnavailable(f"target {target} is unknown", target=target)
         ranged, whole = [], []
-        dense = self.options.whole_chunk_above
         for run in _runs(group, self.options.merge_gap):
             first = run.members[0]
-            if first.chunk_crc is not None and first.full >= self.options.stream_above \
-                    and run.stop - run.start >= dense * first.full:
+            if first.chunk_crc is not None and \
+                    self.options.reads_whole(first.full, run.stop - run.start):
                 whole.append(run)
             else:
                 ranged.append(run)
         jobs = [self._request(target, url, req, out)
-                for req in _requests(ranged, self.options.max_request_bytes)]
+                for req in cut(ranged, [r.stop - r.start for r in ranged],
+                               self.options.max_request_bytes)]
         jobs.extend(self._whole(target, url, run, out) for run in whole)
         try:
             await gather_or_cancel(jobs)
@@ -405,20 +392,6 @@ def _runs(group: list[_Piece], gap: int) -> list[_Run]:
 
 _offset = attrgetter("offset")
 _chunk = attrgetter("chunk")
-
-
-def _requests(runs: list[_Run], limit: int) -> list[list[_Run]]:
-    """Runs cut into requests of at most ``limit`` bytes (a bigger run goes alone)."""
-    out: list[list[_Run]] = []
-    size = 0
-    for run in runs:
-        n = run.stop - run.start
-        if not out or size + n > limit:
-            out.append([])
-            size = 0
-        out[-1].append(run)
-        size += n
-    return out
 
 
 def _final_error(todo: list[_Piece], errors: list[StagerError]) -> StagerError:

@@ -337,14 +337,14 @@ class Pipeline:
                      reads: list[Any]) -> None:
         """Fetch the group's units: ``reads`` holds a Spans per batch (one extent per
         unit: each unit's value is its bytes) or a list of extents per unit."""
-        units = [self._unit_of[k] for k in keys]
         try:
             start = time.perf_counter()
             try:
                 if self.index.one_extent:
                     decoded = await self.fetcher.fetch(Spans.concat(reads))
                 else:
-                    decoded = await self._fetch_extents([ex for r in reads for ex in r], units)
+                    decoded = await self._fetch_extents([ex for r in reads for ex in r],
+                                                        [self._unit_of[k] for k in keys])
             finally:
                 self._fetched(size)
             self.counters.add_fetch(time.perf_counter() - start, size)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from .fetch import Buffer, Fetcher
 
 _SHIFT = 40            # chunk number << _SHIFT + offset: one sortable position
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ def plan(fetcher: Fetcher, ids: np.ndarray, file: np.ndarray, index: np.ndarray,
     # whole: one run per chunk from 0 to its end.
     opts = fetcher.options
     covered = np.bincount(chunk, weights=length, minlength=len(chunks))
-    whole = known & (full >= opts.stream_above) & (covered >= opts.whole_chunk_above * full)
+    whole = known & opts.reads_whole(full, covered)
     base = chunk.astype(np.int64) << _SHIFT
     begin, end = base + start, base + start + length
     reach = np.maximum.accumulate(end)
@@ -138,22 +139,11 @@ async def _read_target(fetcher: Fetcher, p: _Plan, target: str, runs: list[int],
     url = fetcher.url_of(target)
     if url is None:
         return TargetUnavailable(f"target {target} is unknown", target=target)
-    opts = fetcher.options
-    jobs = []
-    request: list[int] = []
-    size = 0
-    for r in runs:
-        if p.whole[r]:
-            jobs.append(_read_whole(fetcher, p, target, url, r, out))
-            continue
-        n = p.hi[r] - p.lo[r]
-        if request and size + n > opts.max_request_bytes:
-            jobs.append(_read_ranges(fetcher, p, target, url, request, out))
-            request, size = [], 0
-        request.append(r)
-        size += n
-    if request:
-        jobs.append(_read_ranges(fetcher, p, target, url, request, out))
+    ranged = [r for r in runs if not p.whole[r]]
+    jobs = [_read_whole(fetcher, p, target, url, r, out) for r in runs if p.whole[r]]
+    jobs.extend(_read_ranges(fetcher, p, target, url, request, out)
+                for request in cut(ranged, [p.hi[r] - p.lo[r] for r in ranged],
+                                   fetcher.options.max_request_bytes))
     try:
         await gather_or_cancel(jobs)
     except FAILOVER_ERRORS as exc:
@@ -200,3 +190,17 @@ def _hand_out(p: _Plan, r: int, view: memoryview, shift: int, target: str,
                                    chunk=name, target=target)
     for i, start, length in zip(ids, starts, lengths, strict=True):
         out[i] = bytes(view[start + shift:start + shift + length])
+
+
+def cut(runs: list[T], sizes: list[int], limit: int) -> list[list[T]]:
+    """Runs (of ``sizes`` bytes) cut into requests of at most ``limit`` bytes (a
+    bigger run goes alone)."""
+    out: list[list[T]] = []
+    size = 0
+    for run, n in zip(runs, sizes, strict=True):
+        if not out or size + n > limit:
+            out.append([])
+            size = 0
+        out[-1].append(run)
+        size += n
+    return out
