@@ -240,6 +240,30 @@ def test_ranks_disjoint_and_complete(data: dict[str, Any], world: int) -> None:
     assert len(flat) == len(set(flat)) == FILES - FILES % (world * 4)
 
 
+def test_a_state_saved_under_the_older_default_shuffle_resumes_under_it(
+        data: dict[str, Any]) -> None:
+    """States saved before ``window_of_blocks`` became the default name
+    ``block_window``: a loader left on the default resumes them exactly, under
+    that order; one given another order refuses them."""
+    kw: dict[str, Any] = {"seed": 9, "batch_size": 5, "shuffle_block": 3,
+                          "shuffle_window": 7}      # blocks that do not divide windows
+    with load(data, "files", order="block_window", **kw) as old:
+        everything = [indices([b]) for b in old]
+    with load(data, "files", order="block_window", **kw) as old:
+        head = [indices([b]) for _, b in zip(range(4), old)]
+        state = old.state_dict()
+    assert state["order"] == "block_window"
+    with load(data, "files", **kw) as new:
+        assert new.order == "window_of_blocks"
+        assert [indices([b]) for b in new] != everything    # the new default differs
+        new.load_state_dict(state)
+        assert new.order == "block_window"
+        assert head + [indices([b]) for b in new] == everything
+    with load(data, "files", order="full", **kw) as other:
+        with pytest.raises(ValueError, match="order"):
+            other.load_state_dict(state)
+
+
 def test_exact_resume_after_k_batches(data: dict[str, Any]) -> None:
     with load(data, "files", seed=9, batch_size=5) as whole:
         everything = [indices([b]) for b in whole]

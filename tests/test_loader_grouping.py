@@ -64,8 +64,11 @@ def read_epoch(meta: str, reads: dict[str, int], **kw: Any
                ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """One epoch; ``reads`` counts only its requests (not indexing the shard)."""
     kw.setdefault("prefetch_batches", 16)
-    # a shuffle window of 128 positions: the 8 batches of a full group cover one,
+    # a shuffle window of exactly 128 positions (block_window: windows of
+    # positions, not of whole blocks): the 8 batches of a full group cover one,
     # so they read most of each chunk the window draws from
+    if kw.get("shuffle", True):
+        kw.setdefault("order", "block_window")
     with Loader("/ds", meta_url=meta, batch_size=16, seed=5, index_cache=None,
                 shuffle_window=128, prefetch_next_epoch=False, **kw) as loader:
         assert loader.format == "tar"
@@ -136,3 +139,49 @@ def test_an_unshuffled_order_is_fetched_in_groups_too(
     assert [s["__key__"] for s in alone] == keys
     assert merged["whole"] >= 3 and reads["whole"] == 0, (merged, reads)
     assert sum(merged.values()) < 0.6 * sum(reads.values()), (merged, reads)
+
+
+def test_a_shuffle_window_is_read_by_one_group_whole_chunk_by_whole_chunk(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A window of 8 blocks (chunks) holds 7.5 batches of 64, so batches straddle
+    two windows, and a window (4 MiB) is larger than ``bytes_in_flight``.  Yet each
+    window is fetched by one group: a straddling batch's samples in the group's
+    chunks go with it and the rest with the next group, a group past
+    ``bytes_in_flight`` still takes the rest of its window, and no window splits
+    a block.  So each chunk is read whole once, and ranged reads carry only the
+    first groups (of 1, 1, 2 and 4 batches: they come soonest)."""
+    keys = [f"s{i:05d}" for i in range(15 * SAMPLES)]      # 32 MiB: 64 chunks
+    whole: list[str] = []
+    ranged = [0]
+    batch, chunk = DataPlane.batch_read_into, DataPlane.read_chunk_into
+
+    async def batched(self: DataPlane, target: str, url: str, items: Any, out: Any,
+                      **kw: Any) -> Any:
+        ranged[0] += len(out)
+        return await batch(self, target, url, items, out, **kw)
+
+    async def read_chunk(self: DataPlane, target: str, url: str, name: str, *args: Any,
+                         **kw: Any) -> Any:
+        if kw.get("whole"):
+            whole.append(name)
+        return await chunk(self, target, url, name, *args, **kw)
+
+    with ThreadCluster(tmp_path / "cluster", 3, replicas=1) as c:
+        with Client(c.meta_url) as client:
+            client.pipe("/ds/part-000.tar", tar_shard(keys, {"bin": sample_bytes}),
+                        layout=LayoutSpec(chunk_size=CHUNK))
+        monkeypatch.setattr(DataPlane, "batch_read_into", batched)
+        monkeypatch.setattr(DataPlane, "read_chunk_into", read_chunk)
+        with Loader("/ds", meta_url=c.meta_url, batch_size=64, seed=5, index_cache=None,
+                    prefetch_batches=16, prefetch_bytes=64 << 20,
+                    fetch=FetchOptions(bytes_in_flight=3 << 20),
+                    prefetch_next_epoch=False, drop_last=False) as loader:
+            assert loader.window > 7 * 64
+            whole.clear()
+            ranged[0] = 0
+            samples = [s for b in loader for s in b]
+    check(samples, keys)
+    total = len(keys) * SAMPLE
+    # (before windows of whole blocks and the split: 24 chunks whole, 83 % ranged)
+    assert len(whole) == len(set(whole)) >= 48, whole
+    assert ranged[0] < 0.3 * total, (ranged[0], total)

@@ -45,6 +45,33 @@ def test_order_is_pinned_across_versions() -> None:
         17, 15, 8, 14, 5, 9, 2, 3, 7, 0, 18, 19, 11, 12, 16, 6, 1, 10, 13, 4]
 
 
+def test_windows_of_whole_blocks_are_pinned_and_split_no_block() -> None:
+    """``window_of_blocks`` (the default) puts each block in the window its first
+    position falls in: pinned on blocks that do not divide the window, every
+    block's samples in one window, and the same order as ``block_window`` where
+    blocks divide windows evenly."""
+    starts = np.array([0, 3, 9, 10, 16, 22, 25, 33])
+    order = epoch_order("window_of_blocks", 40, starts, 1, 0, 10)
+    assert order.tolist() == [
+        23, 15, 8, 12, 14, 13, 3, 22, 10, 5, 11, 4, 24, 6, 7, 21, 17, 18, 19, 16,
+        20, 33, 35, 34, 36, 31, 39, 32, 30, 29, 28, 25, 37, 38, 26, 27, 9, 2, 1, 0]
+    # cut each order where no block has samples on both sides: every window
+    # boundary is such a cut when no window splits a block (4 windows of 10)
+    def clean_cuts(order: np.ndarray) -> int:
+        block = (np.searchsorted(starts, order, side="right") - 1).tolist()
+        last = {b: p for p, b in enumerate(block)}
+        cuts, reach = 0, 0
+        for p, b in enumerate(block):
+            reach = max(reach, last[b])
+            cuts += reach == p
+        return cuts
+
+    assert clean_cuts(order) >= 4
+    assert clean_cuts(epoch_order("block_window", 40, starts, 1, 0, 10)) < 4   # splits
+    assert epoch_order("window_of_blocks", 20, regular_blocks(20, 4), 0, 0, 8).tolist() \
+        == epoch_order("block_window", 20, regular_blocks(20, 4), 0, 0, 8).tolist()
+
+
 def test_sequential_keeps_manifest_order() -> None:
     assert epoch_order("sequential", 50, regular_blocks(50, 5), 9, 9, 10).tolist() == \
         list(range(50))

@@ -260,3 +260,87 @@ async def test_starting_a_request_on_a_closed_connection_raises_a_reset() -> Non
     conn.connection_lost(None)      # the server went away before anything was sent
     with pytest.raises(ConnectionResetError):
         conn.start(b"GET / HTTP/1.1\r\n\r\n", memoryview(bytearray(1)))
+
+
+async def test_a_long_body_wakes_the_loop_once_per_low_mark_and_the_mark_is_reset(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 4 MiB body sent in 64 KiB pieces arrives in a few large reads
+    (SO_RCVLOWAT), not one per piece; the next response on the same connection,
+    a short one, still wakes the loop (the mark went back to 1)."""
+    import socket
+
+    from stager.dataplane import rawhttp
+
+    body, piece = DATA * 4, 64 * 1024
+    reads: list[int] = []
+    received = rawhttp._Conn.buffer_updated
+
+    def counting(self: rawhttp._Conn, nbytes: int) -> None:
+        reads.append(nbytes)            # counted, then handled as ever
+        received(self, nbytes)
+
+    monkeypatch.setattr(rawhttp._Conn, "buffer_updated", counting)
+
+    async def in_pieces(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            for n in (len(body), 10):
+                await _read_request(reader)
+                writer.write(f"HTTP/1.1 200 OK\r\nContent-Length: {n}\r\n\r\n".encode())
+                for at in range(0, n, piece):
+                    writer.write(body[at:min(n, at + piece)])
+                    await writer.drain()
+                    await asyncio.sleep(0.001)
+            await reader.read()
+        finally:
+            writer.close()
+
+    server, url = await _bare_server(in_pieces)
+    pool = rawhttp.RawPool(limit=1, connect_timeout=2.0, read_timeout=2.0)
+    try:
+        async with server:
+            buf = bytearray(len(body))
+            await pool.request(url, "GET", f"/v1/chunks/{CHUNK}", {}, None, memoryview(buf))
+            assert bytes(buf) == body
+            # the head, then at least min(what is left, RCVLOWAT) bytes per read
+            # (one read per 64 KiB piece would be 64)
+            assert len(reads) <= 2 + len(body) // rawhttp.RCVLOWAT, reads
+            conn = next(iter(pool._all))
+            assert conn._sock is not None
+            assert conn._sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
+            small = memoryview(bytearray(10))
+            await asyncio.wait_for(pool.request(url, "GET", f"/v1/chunks/{CHUNK}", {}, None,
+                                                small), 2.0)
+            assert bytes(small) == body[:10] and len(pool._all) == 1
+    finally:
+        pool.close()
+
+
+async def test_a_body_trickling_under_the_low_mark_is_not_taken_for_silence() -> None:
+    """Bytes that wait in the kernel under the low mark count for the inactivity
+    timer: a body arriving slower than the mark fills but faster than the timeout
+    is read whole, where a server that falls silent is still given up."""
+    from stager.dataplane import rawhttp
+
+    size, piece = 512 * 1024, 16 * 1024
+
+    async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await _read_request(reader)
+            writer.write(f"HTTP/1.1 200 OK\r\nContent-Length: {size}\r\n\r\n".encode())
+            for at in range(0, size, piece):        # 16 KiB every 20 ms: about 0.65 s
+                writer.write(DATA[at:at + piece])
+                await writer.drain()
+                await asyncio.sleep(0.02)
+            await reader.read()
+        finally:
+            writer.close()
+
+    server, url = await _bare_server(trickle)
+    pool = rawhttp.RawPool(limit=1, connect_timeout=2.0, read_timeout=0.2)
+    try:
+        async with server:
+            buf = bytearray(size)
+            await pool.request(url, "GET", f"/v1/chunks/{CHUNK}", {}, None, memoryview(buf))
+            assert bytes(buf) == DATA[:size]
+    finally:
+        pool.close()

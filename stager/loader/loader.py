@@ -34,7 +34,7 @@ from ..client import Client
 from ..config import Config
 from . import formats
 from .fetch import Fetcher, FetchOptions
-from .order import epoch_order, regular_blocks
+from .order import TWO_LEVEL, epoch_order, regular_blocks
 from .partition import PARTITIONS, WORKER_SPLITS, Span, cursor_after
 from .pipeline import Limits, Pipeline
 from .report import Reporter, check_interval, job_to_report
@@ -65,8 +65,9 @@ class Loader:
     ``decode_threads`` (default: the cores, at most 4).  ``prefetch_batches`` /
     ``prefetch_bytes`` bound what is read ahead.  ``output="numpy"`` gives
     Parquet batches as dicts of arrays.
-    ``order`` names an order policy (default ``block_window`` when shuffling,
-    ``sequential`` otherwise); ``shuffle_block`` (samples per block) and
+    ``order`` names an order policy (default ``window_of_blocks`` when shuffling,
+    ``sequential`` otherwise; a state saved under another policy with the
+    default left alone resumes under that one); ``shuffle_block`` (samples per block) and
     ``shuffle_window`` (positions per window) tune the two-level shuffle.
     ``prefetch_next_epoch``: when a pass ends, keep prefetching the next epoch
     from its start (what the next ``iter()`` reads unless ``set_epoch`` or
@@ -101,7 +102,8 @@ class Loader:
             world_size
         self.seed, self.shuffle, self.drop_last = seed, shuffle, drop_last
         self.map, self.collate, self.partition = map, collate, partition
-        self.order = order or ("block_window" if shuffle else "sequential")
+        self.order = order or ("window_of_blocks" if shuffle else "sequential")
+        self._order_given = order is not None
         self.limits = Limits(max(1, prefetch_batches), max(1, prefetch_bytes))
         self.decode_threads = max(1, decode_threads or min(4, os.cpu_count() or 1))
         self.fetch_options = fetch or FetchOptions()
@@ -228,7 +230,13 @@ class Loader:
         """Continue exactly where ``state`` was taken (any world size or batch size)."""
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"unsupported loader state version {state.get('version')!r}")
-        if state.get("fingerprint") != self.fingerprint() or state.get("order") != self.order:
+        saved = state.get("order")
+        if saved != self.order and not self._order_given and saved in TWO_LEVEL \
+                and self.shuffle:
+            # saved under the older default shuffle: resume exactly, under it
+            self.order = saved
+            self._order_cache = None
+        if state.get("fingerprint") != self.fingerprint() or saved != self.order:
             raise ValueError("the loader state belongs to another dataset or order "
                              f"({state.get('samples')} samples, order {state.get('order')!r})")
         cursor = int(state["cursor"])
@@ -347,7 +355,8 @@ class Loader:
         return Pipeline(self.index, self._fetcher, batches, loop=get_loop(), pool=self._pool,
                         limits=self.limits, assemble=self._assemble, counters=self.counters,
                         segments=self._next_epochs(self._epoch, self.seed),
-                        blocks=self.blocks)
+                        blocks=self.blocks, assemble_inline=self.map is None
+                        and self.collate is None and self.index.batch_inline)
 
     def _assemble(self, samples: np.ndarray, units: np.ndarray, decoded: dict[int, Any]) -> Any:
         if self.map is None and self.collate is None:

@@ -34,6 +34,8 @@ _MASK = (1 << 64) - 1
 
 
 order_policy = ORDERS.register
+#: the default shuffles, past and present (a saved state may name either)
+TWO_LEVEL = ("block_window", "window_of_blocks")
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -96,6 +98,25 @@ def block_window(n: int, block_starts: np.ndarray, seed: int, epoch: int,
     so its reads concentrate on few chunks, while across the epoch every
     block lands anywhere.
     """
+    return _two_level(n, block_starts, seed, epoch, window, whole_blocks=False)
+
+
+@order_policy("window_of_blocks")
+def window_of_blocks(n: int, block_starts: np.ndarray, seed: int, epoch: int,
+                     window: int) -> np.ndarray:
+    """The two-level shuffle with windows of whole blocks (the default): a block
+    belongs to the window its first position falls in, so a window is ``window``
+    positions give or take a block, and no block is split between two windows.
+
+    The loader fetches a window's batches together: a block split between two
+    windows meant its chunk was read in fragments, half by each.  Where blocks
+    divide the window evenly this is the same order as ``block_window``.
+    """
+    return _two_level(n, block_starts, seed, epoch, window, whole_blocks=True)
+
+
+def _two_level(n: int, block_starts: np.ndarray, seed: int, epoch: int, window: int, *,
+               whole_blocks: bool) -> np.ndarray:
     if n == 0:
         return np.zeros(0, dtype=np.int64)
     starts = check_blocks(n, block_starts)
@@ -109,7 +130,10 @@ def block_window(n: int, block_starts: np.ndarray, seed: int, epoch: int,
     if window == 1:
         return seq
     keys = hash_keys(seed, epoch, 3, n)
-    windows = np.arange(n, dtype=np.int64) // window
+    if whole_blocks:
+        windows = np.repeat(new_starts // window, new_lengths)
+    else:
+        windows = np.arange(n, dtype=np.int64) // window
     return seq[np.lexsort((keys, windows))]
 
 

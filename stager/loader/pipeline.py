@@ -88,8 +88,12 @@ class Pipeline:
     def __init__(self, index: Index, fetcher: Fetcher, first: list[np.ndarray], *,
                  loop: asyncio.AbstractEventLoop, pool: cf.Executor, limits: Limits,
                  assemble: Assemble, counters: Counters,
-                 segments: Segments | None = None, blocks: np.ndarray | None = None) -> None:
+                 segments: Segments | None = None, blocks: np.ndarray | None = None,
+                 assemble_inline: bool = False) -> None:
         self.index, self.fetcher, self.first, self.segments = index, fetcher, first, segments
+        # ``assemble`` only arranges bytes already here: run it on the loop, which
+        # saves two thread hand-offs per batch (and the GIL passing between them)
+        self.assemble_inline = assemble_inline
         # the order's shuffle blocks (first sample of each): a fetch group holds the
         # batches drawing on the same blocks
         self.blocks = blocks
@@ -126,8 +130,11 @@ class Pipeline:
         self._group_ready: asyncio.Future[dict[int, Any]] | None = None
         # A group's reads land in request buffers before they become samples, so
         # for a moment they take twice their size: a quarter of the window at most.
-        self._group_bytes = max(1, min(fetcher.options.bytes_in_flight,
-                                       limits.max_bytes // 4))
+        # Past ``bytes_in_flight`` a group takes only batches drawing on its own
+        # blocks (the rest of its shuffle window, which would otherwise be read
+        # in fragments by two groups).
+        self._group_limit = max(1, limits.max_bytes // 4)
+        self._group_bytes = min(fetcher.options.bytes_in_flight, self._group_limit)
 
     # -- consumer side (any thread but the loop's) ------------------------------------
     def start(self) -> None:
@@ -232,33 +239,69 @@ class Pipeline:
         blocks = None if self.blocks is None else \
             np.searchsorted(self.blocks, batch.samples, side="right")
         near = self._near(blocks)
-        if self._group_batches and (alone or self._group_need + need > self._group_bytes
-                                    or self._must_wait(j, need, 1)
-                                    or (near is not None and near.mean() < 0.5)):
-            await self._flush()
-            near = None
+        if self._group_batches:
+            far = near is not None and near.mean() < 0.5
+            size = self._group_need + need
+            full = size > self._group_limit or (size > self._group_bytes
+                                                and (near is None or far))
+            waits = self._must_wait(j, need, 1)
+            if alone or full or waits or far:
+                split = bool(new) and not (alone or waits) and near is not None \
+                    and bool(near.any()) and self.index.one_extent and blocks is not None
+                if split:
+                    # The batch's samples in the group's blocks go with the group (the
+                    # rest of its chunks), the others start the next group: a chunk
+                    # split between two groups would be read in fragments, twice.
+                    new, sizes, reads, blocks = self._give_inside(batch, blocks, new, sizes,
+                                                                  reads)
+                    need = sum(sizes)
+                await self._flush()
+                near = None
+                if split and not new:       # all of it went with the group
+                    self._spawn(self._build(j, keys))
+                    return
         # A new group waits for room for a whole group, so that groups stay whole
         # once the window is full (the consumer's next batch never waits).
         await self._admit(j, need, 1 if self._group_batches else
                           min(self._group_size(), max(1, self.limits.max_batches // 2)))
+        self._join(new, sizes, reads)
+        if blocks is not None:
+            self._group_blocks = np.unique(blocks) if near is None else \
+                np.union1d(self._group_blocks, blocks[near])
+        self._group_batches += 1
+        self._spawn(self._build(j, keys))
+        if alone or self._group_batches >= self._group_size():
+            await self._flush()
+
+    def _join(self, new: list[int], sizes: list[int], reads: Any) -> None:
+        """Add units (their keys, sizes and reads) to the fetch group, held from now."""
         if new and self._group_ready is None:
             self._group_ready = self.loop.create_future()
             self._group_ready.add_done_callback(_retrieve)
         self._held_of.update(zip(new, sizes, strict=True))
         self._ready.update(dict.fromkeys(new, self._group_ready))
+        need = sum(sizes)
         self._held += need
         self.counters.note_held(self._held)
         if new:
             self._group.extend(new)
             self._group_reads.append(reads)
-        if blocks is not None:
-            self._group_blocks = np.unique(blocks) if near is None else \
-                np.union1d(self._group_blocks, blocks[near])
         self._group_need += need
-        self._group_batches += 1
-        self._spawn(self._build(j, keys))
-        if alone or self._group_batches >= self._group_size():
-            await self._flush()
+
+    def _give_inside(self, batch: _Batch, blocks: np.ndarray, new: list[int],
+                     sizes: list[int], reads: Spans
+                     ) -> tuple[list[int], list[int], Spans, np.ndarray]:
+        """Join the batch's new units lying in the group's blocks to the group (the
+        batch is admitted: it fits the window); return the rest, and their blocks.
+        Only the group's own blocks count here, not the ones right after them
+        (see :meth:`_near`): in a shuffled order those belong to another window."""
+        inside = np.isin(blocks, self._group_blocks)
+        close = set(batch.keys[inside].tolist())
+        mine = np.fromiter((k in close for k in new), dtype=bool, count=len(new))
+        give, keep = np.flatnonzero(mine), np.flatnonzero(~mine)
+        self._join([new[i] for i in give], [sizes[i] for i in give], reads.take(give))
+        return ([new[i] for i in keep], [sizes[i] for i in keep], reads.take(keep),
+                blocks[~inside])
 
     def _near(self, blocks: np.ndarray | None) -> np.ndarray | None:
         """Which of a batch's samples (given by block) lie in or right after the
@@ -391,14 +434,25 @@ class Pipeline:
         batch = self._batches[j]
         # Take every future before the first await: a later batch that uses one of
         # these keys last may finish first and drop it.
-        units = [self._unit_of[k] for k in keys]
-        futures = [self._ready_of(k) for k in keys]
+        unit_of, ready = self._unit_of, self._ready
+        units = [unit_of[k] for k in keys]
+        futures = [ready[k] for k in keys]
+        groups = {id(f): f for f in futures}      # a fetch group's future or two
+        assert None not in groups.values(), "a unit was dropped before its last batch"
         try:
-            for f in {id(f): f for f in futures}.values():
+            for f in groups.values():
                 await f
-            decoded = {u: f.result()[k] for k, u, f in zip(keys, units, futures, strict=True)}
-            result = await self.loop.run_in_executor(
-                self.pool, self._assemble, batch.samples, batch.units, decoded)
+            if len(groups) == 1:
+                got = futures[0].result()   # type: ignore[union-attr]
+                decoded = {u: got[k] for k, u in zip(keys, units, strict=True)}
+            else:
+                decoded = {u: f.result()[k]  # type: ignore[union-attr]
+                           for k, u, f in zip(keys, units, futures, strict=True)}
+            if self.assemble_inline:
+                result = self._assemble(batch.samples, batch.units, decoded)
+            else:
+                result = await self.loop.run_in_executor(
+                    self.pool, self._assemble, batch.samples, batch.units, decoded)
         except asyncio.CancelledError:
             slot.cancel()
             raise
@@ -414,11 +468,6 @@ class Pipeline:
         for k in self._release.get(j, ()):
             if k in self._ready:
                 self._ready[k] = None
-
-    def _ready_of(self, key: int) -> asyncio.Future[dict[int, Any]]:
-        ready = self._ready[key]
-        assert ready is not None, "a unit was dropped before its last batch"
-        return ready
 
     def _assemble(self, samples: np.ndarray, units: np.ndarray, decoded: dict[int, Any]) -> Any:
         start = time.perf_counter()

@@ -52,6 +52,9 @@ class Spans:
     def nbytes(self) -> int:
         return int(self.length.sum())
 
+    def take(self, which: np.ndarray) -> Spans:
+        return Spans(self.file[which], self.offset[which], self.length[which])
+
     @classmethod
     def concat(cls, parts: list[Spans]) -> Spans:
         return cls(np.concatenate([p.file for p in parts]),

@@ -33,6 +33,9 @@ class Index(ABC):
     # True when every unit is one extent, given by :meth:`spans_of`; a unit's
     # decoded value is then its bytes, not a list of buffers
     one_extent = False
+    # True when :meth:`batch` only arranges bytes already fetched (no decoding, no
+    # columnar build): cheap enough to run on the I/O loop
+    batch_inline = False
 
     def __init__(self, files: Sequence[FileInfo], n: int) -> None:
         self.files = tuple(files)

@@ -20,6 +20,7 @@ class FilesIndex(Index):
     format = "files"
 
     one_extent = True
+    batch_inline = True
 
     def __init__(self, source: Source) -> None:
         super().__init__([f.info for f in source.files], len(source.files))

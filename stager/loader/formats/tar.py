@@ -84,6 +84,7 @@ class TarIndex(Index):
         return np.concatenate(([0], np.nonzero(change)[0] + 1)).astype(np.int64)
 
     one_extent = True
+    batch_inline = True
 
     def extents(self, unit: int) -> list[Extent]:
         s = int(self.shard[unit])
