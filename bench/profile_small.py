@@ -8,6 +8,7 @@ it on a shared machine, where CPU per file moves far less than the rate::
     python -m bench.profile_small stage --sources http,get,file,http   # side by side
     python -m bench.profile_small reads --samples 40000    # batched 16 KiB reads
     python -m bench.profile_small loader --rounds 5        # the Loader over tar shards
+    python -m bench.profile_small chunks --rounds 4        # whole 4 MiB chunks, low mark on/off
     python -m bench.profile_small http-listing             # listing an HTTP source
     python -m bench.profile_small meta --files 2000        # create+commit rates
     python -m bench.profile_small group-commit             # the store thread's grouping
@@ -22,6 +23,10 @@ from http again into the last ``http`` run's copy (every file unchanged).
 ``reads``: one packed file of 16 KiB samples on 4 data servers (processes),
 read in shuffled batches of 256 with one ``POST /v1/read`` per target per batch,
 4 batches in flight (as ``bench_small_samples``).
+``chunks``: whole-chunk GETs (what the Loader reads a mostly covered chunk
+with) of a 64 MiB file on one data server, 4 in flight, each round with the
+raw client's ``SO_RCVLOWAT`` mark on and then off (``rawhttp.LOWAT_FROM``),
+with the reads (``buffer_updated`` calls) per chunk.
 ``loader``: the ``Loader`` over the loader benchmark's 16 KiB tar shards (8
 shards, 65,536 samples, 3 data servers), one epoch per round read as fast as
 it goes (after the first batch; ``--no-shuffle``: in manifest order); also
@@ -209,6 +214,58 @@ def loader_epochs(rounds: int, shuffle: bool = True) -> None:
                 print(f"  garbage collections by generation: {made}", flush=True)
 
 
+def whole_chunks(rounds: int) -> None:
+    from stager import Client
+    from stager.dataplane import rawhttp
+    from stager.loader.fetch import Fetcher, FetchOptions
+    from stager.testing.nodes import NodeCluster
+
+    reads = [0]
+    received = rawhttp._Conn.buffer_updated
+
+    def counting(self: rawhttp._Conn, nbytes: int) -> None:
+        reads[0] += 1
+        received(self, nbytes)
+
+    rawhttp._Conn.buffer_updated = counting     # type: ignore[method-assign]
+    chunks, size = 16, 4 << 20
+    with tempfile.TemporaryDirectory(prefix="profile-chunks-") as tmp:
+        root = Path(tmp)
+        (root / "f").write_bytes(os.urandom(chunks * size))
+        with NodeCluster(root / "cluster", 1, mode="loopback") as cluster:
+            with Client(cluster.meta_url) as c:
+                c.put(root / "f", "/f")
+            pids = {"data0": cluster.procs[1].pid}
+
+            async def read_all(passes: int) -> None:
+                async with new_client(cluster.meta_url) as c:
+                    fetcher = Fetcher(c, [await c.stat("/f")], FetchOptions())
+                    where = [fetcher.where(0, i) for i in range(chunks)]
+                    room = asyncio.Semaphore(4)
+
+                    async def one(name: str, replicas: tuple[str, ...], full: int,
+                                  crc: int | None) -> None:
+                        async with room:
+                            assert crc is not None
+                            view = await fetcher.read_chunk(
+                                replicas[0], fetcher.url_of(replicas[0]) or "", name, full,
+                                crc, patient=True)
+                            fetcher.give_back(view)
+                    for _ in range(passes):
+                        await asyncio.gather(*(one(*w) for w in where))
+
+            run_async(read_all(1))      # warm: page cache, connections
+            for r in range(rounds):
+                for mark in (True, False):
+                    rawhttp.LOWAT_FROM = 128 * 1024 if mark else 1 << 62
+                    reads[0] = 0
+                    wall, used = measured(pids, lambda: run_async(read_all(16)))
+                    per = chunks * 16
+                    report(f"chunks round {r}, low mark {'on ' if mark else 'off'}",
+                           per * size >> 20, "MiB", wall, used, 1024)
+                    print(f"  reads per chunk: {reads[0] / per:.1f}", flush=True)
+
+
 def metadata_rates(files: int) -> None:
     """Empty files through the client against a metadata server process: one at a
     time, 16 in flight, and (where the client has it) write_many batches of 256."""
@@ -284,6 +341,8 @@ def main() -> None:
     p = sub.add_parser("loader", help="the Loader over 16 KiB tar shards")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--no-shuffle", action="store_true", help="read in manifest order")
+    p = sub.add_parser("chunks", help="whole 4 MiB chunk GETs, SO_RCVLOWAT on and off")
+    p.add_argument("--rounds", type=int, default=3)
     p = sub.add_parser("http-listing", help="list an HTTP source of 16 KiB files")
     p.add_argument("--files", type=int, default=20_000)
     p = sub.add_parser("meta", help="create+commit rates through a metadata server")
@@ -298,6 +357,8 @@ def main() -> None:
         batched_reads(args.samples, args.rounds)
     elif args.what == "loader":
         loader_epochs(args.rounds, shuffle=not args.no_shuffle)
+    elif args.what == "chunks":
+        whole_chunks(args.rounds)
     elif args.what == "http-listing":
         http_listing(args.files)
     elif args.what == "meta":
