@@ -129,6 +129,27 @@ async def _read_request(reader: asyncio.StreamReader) -> bytes:
     return await reader.readuntil(b"\r\n\r\n")
 
 
+def _paced(body: bytes, lengths: tuple[int, ...], piece: int, pause: float, *,
+           stop: int | None = None) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter],
+                                                 Awaitable[None]]:
+    """A bare server answering one request per length with that much of ``body``,
+    sent ``piece`` bytes at a time ``pause`` seconds apart (up to ``stop`` bytes,
+    then silence until the client hangs up)."""
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            for n in lengths:
+                await _read_request(reader)
+                writer.write(f"HTTP/1.1 200 OK\r\nContent-Length: {n}\r\n\r\n".encode())
+                for at in range(0, n if stop is None else stop, piece):
+                    writer.write(body[at:min(n, at + piece)])
+                    await writer.drain()
+                    await asyncio.sleep(pause)
+            await reader.read()
+        finally:
+            writer.close()
+    return answer
+
+
 async def test_connection_closed_while_idle_is_retried_on_a_fresh_one(
         plane: DataPlane) -> None:
     connections = 0
@@ -281,20 +302,7 @@ async def test_a_long_body_wakes_the_loop_once_per_low_mark_and_the_mark_is_rese
 
     monkeypatch.setattr(rawhttp._Conn, "buffer_updated", counting)
 
-    async def in_pieces(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            for n in (len(body), 10):
-                await _read_request(reader)
-                writer.write(f"HTTP/1.1 200 OK\r\nContent-Length: {n}\r\n\r\n".encode())
-                for at in range(0, n, piece):
-                    writer.write(body[at:min(n, at + piece)])
-                    await writer.drain()
-                    await asyncio.sleep(0.001)
-            await reader.read()
-        finally:
-            writer.close()
-
-    server, url = await _bare_server(in_pieces)
+    server, url = await _bare_server(_paced(body, (len(body), 10), piece, 0.001))
     pool = rawhttp.RawPool(limit=1, connect_timeout=2.0, read_timeout=2.0)
     try:
         async with server:
@@ -322,25 +330,21 @@ async def test_a_body_trickling_under_the_low_mark_is_not_taken_for_silence() ->
     from stager.dataplane import rawhttp
 
     size, piece = 512 * 1024, 16 * 1024
-
-    async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            await _read_request(reader)
-            writer.write(f"HTTP/1.1 200 OK\r\nContent-Length: {size}\r\n\r\n".encode())
-            for at in range(0, size, piece):        # 16 KiB every 20 ms: about 0.65 s
-                writer.write(DATA[at:at + piece])
-                await writer.drain()
-                await asyncio.sleep(0.02)
-            await reader.read()
-        finally:
-            writer.close()
-
-    server, url = await _bare_server(trickle)
     pool = rawhttp.RawPool(limit=1, connect_timeout=2.0, read_timeout=0.2)
     try:
+        # 16 KiB every 20 ms: about 0.65 s, never 0.2 s without a byte
+        server, url = await _bare_server(_paced(DATA, (size,), piece, 0.02))
         async with server:
             buf = bytearray(size)
             await pool.request(url, "GET", f"/v1/chunks/{CHUNK}", {}, None, memoryview(buf))
             assert bytes(buf) == DATA[:size]
+        # a quarter of the body, then silence
+        server, url = await _bare_server(_paced(DATA, (size,), piece, 0.0, stop=size // 4))
+        async with server:
+            start = time.monotonic()
+            with pytest.raises(TimeoutError):
+                await pool.request(url, "GET", f"/v1/chunks/{CHUNK}", {}, None,
+                                   memoryview(bytearray(size)))
+            assert time.monotonic() - start < 1.5
     finally:
         pool.close()

@@ -10,8 +10,8 @@ the copy and the per-piece Python work were about half of the client's CPU
 A long body is read in large pieces: ``SO_RCVLOWAT`` tells the kernel to wake
 the loop only once up to ``RCVLOWAT`` bytes of it are in, where the loop would
 otherwise take each 64-100 KiB that happens to be there (a whole 4 MiB chunk
-went from about 40 reads to 4, and the client and the data server each spent
-about a quarter less CPU on it; bench/RESULTS.md).
+went from about 32 reads to 4, and the client and the data server each spent a
+quarter to a third less CPU on it: ``python -m bench.profile_small chunks``).
 
 Only the responses stager's data servers send are understood: a status line,
 headers, and a body framed by ``Content-Length`` (or none: a 304).  Anything

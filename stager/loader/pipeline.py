@@ -134,7 +134,7 @@ class Pipeline:
         # blocks (the rest of its shuffle window, which would otherwise be read
         # in fragments by two groups).
         self._group_limit = max(1, limits.max_bytes // 4)
-        self._group_bytes = min(fetcher.options.bytes_in_flight, self._group_limit)
+        self._group_bytes = max(1, min(fetcher.options.bytes_in_flight, self._group_limit))
 
     # -- consumer side (any thread but the loop's) ------------------------------------
     def start(self) -> None:
