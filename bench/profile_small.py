@@ -30,7 +30,8 @@ with the reads (``buffer_updated`` calls) per chunk.
 ``loader``: the ``Loader`` over the loader benchmark's 16 KiB tar shards (8
 shards, 65,536 samples, 3 data servers), one epoch per round read as fast as
 it goes (after the first batch; ``--no-shuffle``: in manifest order); also
-prints the garbage collections the round made, per generation.
+prints the garbage collections the round made, per generation, and the client's
+page faults per sample (``STAGER_LOADER_KEEP_FREED=0``: with malloc left alone).
 
 To measure the code before a change, run this file from a copy of that tree
 (``git archive REV stager bench | tar -x -C /tmp/old``, copy this file into
@@ -206,12 +207,15 @@ def loader_epochs(rounds: int, shuffle: bool = True) -> None:
                     it = iter(loader)
                     next(it)
                     before = [g["collections"] for g in gc.get_stats()]
+                    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                     n: list[int] = []
                     wall, used = measured(pids, lambda it=it, n=n: n.append(sum(map(len, it))))
                     made = [g["collections"] - b for g, b in zip(gc.get_stats(), before,
                                                                    strict=True)]
+                    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
                 report(f"loader round {r}", n[0], "samples", wall, used, 1_000_000)
-                print(f"  garbage collections by generation: {made}", flush=True)
+                print(f"  garbage collections by generation: {made}; page faults per "
+                      f"sample: {faults / n[0]:.2f}", flush=True)
 
 
 def whole_chunks(rounds: int) -> None:

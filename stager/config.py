@@ -89,6 +89,8 @@ class Config:
     # loader telemetry (stager/loader/report.py): loaders of a named job report to meta
     job: str = ""                    # job name Loaders report under ("" = no reports)
     report_interval: float = 5.0     # seconds between a Loader's telemetry reports
+    loader_keep_freed: bool = True   # glibc: keep the memory a Loader's prefetch window
+                                     # frees mapped for reuse (stager/loader/memory.py)
 
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **_coerce(changes))

@@ -4,6 +4,9 @@ up``), so what is measured here is the loader's memory alone."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 import tracemalloc
 from collections.abc import Iterator
@@ -12,6 +15,7 @@ import psutil
 import pytest
 
 from stager import Client, Loader
+from stager.loader import memory
 from stager.loader.spans import Spans
 from stager.testing import ProcessCluster
 
@@ -122,3 +126,62 @@ def test_the_window_is_fetched_in_order_a_few_batches_at_a_time(
         assert live["peak"] <= 2 * MiB, live
     else:
         assert live["peak"] >= 8 * MiB, live
+
+
+# -- freed memory kept for reuse (stager/loader/memory.py) ----------------------------------
+CYCLE = """
+import resource
+from stager.loader.memory import keep_freed_memory
+
+def faults(work):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    work()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+def window():                       # 64 MiB of 16 KiB samples, made and freed
+    samples = [bytes(16 << 10) for _ in range(4096)]
+    del samples
+
+window()
+plain = faults(window)
+kept = keep_freed_memory(256 << 20)
+window()                            # faults in what the last one gave back
+window()
+print(plain, faults(window), kept)
+"""
+
+
+@pytest.mark.skipif(not memory.glibc(), reason="the knob is glibc's (mallopt)")
+def test_a_refilled_window_reuses_the_memory_the_last_one_freed() -> None:
+    """Without the knob, glibc hands a freed window back to the kernel and the
+    next one faults every page in again; with it, the next window reuses them."""
+    out = subprocess.run([sys.executable, "-c", CYCLE], capture_output=True, text=True,
+                         check=True, timeout=120).stdout.split()
+    plain, kept_faults, kept = map(int, out)
+    pages = (64 << 20) // 4096
+    assert plain > pages // 2, out           # the measurement can tell
+    assert kept_faults < pages // 20, out
+    assert kept == 256 << 20
+
+
+LOADER = """
+import sys
+from stager import Loader
+from stager.loader import memory
+with Loader("/small", batch_size=16, meta_url=sys.argv[1], prefetch_bytes=24 << 20) as loader:
+    assert sum(len(b) for b in loader) == 8 * 24
+print(memory.kept())
+"""
+
+
+@pytest.mark.skipif(not memory.glibc(), reason="the knob is glibc's (mallopt)")
+@pytest.mark.parametrize(("setting", "kept"), [(None, 48 * MiB), ("0", 0)])
+def test_a_loader_keeps_twice_its_prefetch_bound_unless_told_not_to(
+        procs: str, setting: str | None, kept: int) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "STAGER_LOADER_KEEP_FREED"}
+    if setting is not None:
+        env["STAGER_LOADER_KEEP_FREED"] = setting
+    out = subprocess.run([sys.executable, "-c", LOADER, procs], capture_output=True,
+                         text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) == kept

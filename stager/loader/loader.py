@@ -34,6 +34,7 @@ from ..client import Client
 from ..config import Config
 from . import formats
 from .fetch import Fetcher, FetchOptions
+from .memory import keep_freed_memory
 from .order import TWO_LEVEL, epoch_order, regular_blocks
 from .partition import PARTITIONS, WORKER_SPLITS, Span, cursor_after
 from .pipeline import Limits, Pipeline
@@ -63,7 +64,9 @@ class Loader:
     ``"tar"``, ``"parquet"`` or ``"zarr"``.  ``map`` runs on each sample and
     ``collate`` on each batch's list of samples, both in a thread pool of
     ``decode_threads`` (default: the cores, at most 4).  ``prefetch_batches`` /
-    ``prefetch_bytes`` bound what is read ahead.  ``output="numpy"`` gives
+    ``prefetch_bytes`` bound what is read ahead; on glibc, malloc keeps up to
+    twice ``prefetch_bytes`` of the memory the window frees for reuse (config
+    ``loader_keep_freed``; see :mod:`stager.loader.memory`).  ``output="numpy"`` gives
     Parquet batches as dicts of arrays.
     ``order`` names an order policy (default ``window_of_blocks`` when shuffling,
     ``sequential`` otherwise; a state saved under another policy with the
@@ -349,6 +352,8 @@ class Loader:
     def _pipeline(self, batches: list[np.ndarray]) -> Pipeline:
         if self._fetcher is None:
             self._fetcher = sync(get_loop(), self._prepare)
+        if self._client_args[1].loader_keep_freed:
+            keep_freed_memory(2 * self.limits.max_bytes)
         if self._pool is None:
             self._pool = cf.ThreadPoolExecutor(self.decode_threads,
                                                thread_name_prefix="stager-decode")
