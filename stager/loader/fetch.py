@@ -49,7 +49,8 @@ class FetchOptions:
     merge_gap: int = 16 << 10           # merge pieces of one chunk closer than this
     max_request_bytes: int = 8 << 20    # split a target's batch past this
     retries: int = 2
-    bytes_in_flight: int = 32 << 20     # reads of the prefetch window out at once
+    bytes_in_flight: int = 32 << 20     # reads of the prefetch window out at once (two
+                                        # fetch groups of small samples: this each)
     # pieces covering this much of a chunk of at least stream_above bytes (a merged
     # run, or for spans all of a fetch's pieces in it): GET the whole chunk
     whole_chunk_above: float = 0.75

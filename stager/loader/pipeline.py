@@ -338,7 +338,12 @@ class Pipeline:
         self._group_blocks = None
         self._groups += 1
         if keys and ready is not None:
-            await self._admit_fetch(need)
+            # Groups of small samples go two at a time: the next group's reads are
+            # out while the last group's batches are built and taken.  One at a
+            # time, the data servers sat idle for about a quarter of each group's
+            # cycle, from its last chunk in to the next group's first request out.
+            small = need < self.fetcher.options.stream_above * len(keys)
+            await self._admit_fetch(need, 2 if small else 1)
             self._fetching += need
             self._spawn(self._fetch(keys, need, ready, reads))
 
@@ -354,14 +359,14 @@ class Pipeline:
             self._wake.clear()
             await self._wake.wait()
 
-    async def _admit_fetch(self, need: int) -> None:
-        """Wait until ``need`` more bytes of reads fit in the fetcher's
-        ``bytes_in_flight`` (or none are in flight: a batch larger than that still
-        goes).  So the window is fetched in order, a few batches at a time:
+    async def _admit_fetch(self, need: int, groups: int = 1) -> None:
+        """Wait until ``need`` more bytes of reads fit in ``groups`` times the
+        fetcher's ``bytes_in_flight`` (or none are in flight: a batch larger than
+        that still goes).  So the window is fetched in order, a few batches at a time:
         fetched all at once, its batches would share the bandwidth and the next
         one would arrive as late as the last."""
         assert self._wake is not None
-        bound = self.fetcher.options.bytes_in_flight
+        bound = self.fetcher.options.bytes_in_flight * groups
         while self._fetching and self._fetching + need > bound:
             self._wake.clear()
             await self._wake.wait()
