@@ -131,15 +131,20 @@ def test_the_window_is_fetched_in_order_a_few_batches_at_a_time(
 # -- freed memory kept for reuse (stager/loader/memory.py) ----------------------------------
 CYCLE = """
 import resource
+import sys
 from stager.loader.memory import keep_freed_memory
+
+size = int(sys.argv[1])
 
 def faults(work):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     work()
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
-def window():                       # 64 MiB of 16 KiB samples, made and freed
-    samples = [bytes(16 << 10) for _ in range(4096)]
+data = memoryview(bytearray(size))
+
+def window():                       # 64 MiB of samples copied out, then freed
+    samples = [bytes(data) for _ in range((64 << 20) // size)]
     del samples
 
 window()
@@ -152,11 +157,13 @@ print(plain, faults(window), kept)
 
 
 @pytest.mark.skipif(not memory.glibc(), reason="the knob is glibc's (mallopt)")
-def test_a_refilled_window_reuses_the_memory_the_last_one_freed() -> None:
-    """Without the knob, glibc hands a freed window back to the kernel and the
-    next one faults every page in again; with it, the next window reuses them."""
-    out = subprocess.run([sys.executable, "-c", CYCLE], capture_output=True, text=True,
-                         check=True, timeout=120).stdout.split()
+@pytest.mark.parametrize("size", [16 << 10, 1 << 20])
+def test_a_refilled_window_reuses_the_memory_the_last_one_freed(size: int) -> None:
+    """Without the knob, glibc hands a freed window back to the kernel (16 KiB
+    samples) or maps and unmaps each sample (1 MiB), and the next window faults
+    every page in again; with it, the next window reuses them."""
+    out = subprocess.run([sys.executable, "-c", CYCLE, str(size)], capture_output=True,
+                         text=True, check=True, timeout=120).stdout.split()
     plain, kept_faults, kept = map(int, out)
     pages = (64 << 20) // 4096
     assert plain > pages // 2, out           # the measurement can tell

@@ -10,8 +10,14 @@ sample, and a sixth of the client's CPU in the loader benchmark (``python
 -m bench.profile_small loader`` prints the faults per sample; figures in
 bench/RESULTS.md).
 
-:func:`keep_freed_memory` raises that threshold to twice the loader's prefetch
-bound: memory the window freed stays mapped for the next batches, and a
+Samples of 128 KiB or more fared worse: malloc maps each one on its own
+(``M_MMAP_THRESHOLD``) and unmaps it when freed, so a 1 MiB sample faulted in
+its 256 pages every time.
+
+:func:`keep_freed_memory` raises the trim threshold to twice the loader's
+prefetch bound, and the mmap threshold to the most glibc's own dynamic one
+would rise to (32 MiB on 64-bit machines): samples up to that size come from
+the heap, memory the window freed stays mapped for the next batches, and a
 process holds at most that much more than it uses.  It changes malloc for the
 whole process (it is where the samples live) and is never lowered again; the
 config key ``loader_keep_freed`` (``STAGER_LOADER_KEEP_FREED=0``) leaves malloc
@@ -24,7 +30,9 @@ import ctypes
 import os
 import threading
 
-M_TRIM_THRESHOLD = -1           # mallopt's parameter number (glibc's malloc.h)
+M_TRIM_THRESHOLD = -1           # mallopt's parameter numbers (glibc's malloc.h)
+M_MMAP_THRESHOLD = -3
+MMAP_MAX = 4 * 1024 * 1024 * ctypes.sizeof(ctypes.c_long)   # DEFAULT_MMAP_THRESHOLD_MAX
 _INT_MAX = 2**31 - 1
 
 _lock = threading.Lock()
@@ -54,6 +62,8 @@ def keep_freed_memory(nbytes: int) -> int:
         mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
         mallopt.restype = ctypes.c_int
         if mallopt(M_TRIM_THRESHOLD, want) == 1:
+            if not _kept:
+                mallopt(M_MMAP_THRESHOLD, MMAP_MAX)
             _kept = want
         return _kept
 
