@@ -328,7 +328,10 @@ def _result(results: dict[str, dict[str, dict[str, float]]], quick: bool) -> dic
             "starting the workers.",
             "stager Loader: two-level shuffle (blocks = samples starting in one 4 MiB chunk, "
             "windows of 8 whole blocks), 16 batches / 256 MiB prefetch fetched in batch order "
-            "with up to 32 MiB of reads out at once. Samples under 512 KiB: the batches of one "
+            "with up to 32 MiB of reads out at once (two fetch groups of small samples, up to "
+            "32 MiB each); glibc's malloc keeps up to 512 MiB of freed memory and serves "
+            "samples up to 32 MiB from its heap (STAGER_LOADER_KEEP_FREED). Samples under "
+            "512 KiB: the batches of one "
             "shuffle window fetched together (a batch straddling two windows split between "
             "their groups; past 32 MiB a group still takes its own window, up to 64 MiB), "
             "planned as arrays, a chunk they mostly cover read whole (sendfile, CRC32C checked "
