@@ -19,7 +19,7 @@ from ..protocol.batch import CommitItem, CreateItem, error_json, parse_items
 from ..protocol.models import FileInfo, LayoutSpec, TargetInfo, check_file_id, field_of
 from ..protocol.ranges import content_range, parse_range, unsatisfied_range
 from ..web.metrics import ServerMetrics
-from ..web.middleware import METRICS_KEY, error_response, json_response
+from ..web.middleware import METRICS_KEY, error_response, json_response, large_json_response
 from ..web.requests import path_arg, query_bool, query_int, read_json
 from ..web.server import add_routes, base_app
 from . import jobs, reliability
@@ -241,7 +241,7 @@ async def put_manifest(request: web.Request) -> web.Response:
 
 
 async def get_manifest(request: web.Request) -> web.Response:
-    return json_response(await _svc(request).get_manifest(path_arg(request)))
+    return await large_json_response(await _svc(request).get_manifest(path_arg(request)))
 
 
 # -- whole-file gateway ----------------------------------------------------------------

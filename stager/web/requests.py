@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import deque
 from typing import Any
@@ -10,6 +11,8 @@ from aiohttp import hdrs, web
 
 from ..errors import BadRequest, InvalidPath, PayloadTooLarge
 from ..protocol import paths
+
+PARSE_AWAY = 1 << 20      # JSON bodies larger than this are parsed in a thread
 
 
 async def read_json(request: web.Request, max_size: int) -> dict[str, Any]:
@@ -26,7 +29,10 @@ async def read_json(request: web.Request, max_size: int) -> dict[str, Any]:
             raise PayloadTooLarge(f"JSON body over {max_size} bytes", limit=max_size)
     raw = b"".join(parts)
     try:
-        body = json.loads(raw or b"{}")
+        # A large body (a manifest of thousands of files) takes a good part of a
+        # second to parse, and its objects a garbage collection: off the loop.
+        body = await asyncio.to_thread(json.loads, raw) if len(raw) > PARSE_AWAY \
+            else json.loads(raw or b"{}")
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"malformed JSON: {exc}") from None
     if not isinstance(body, dict):
