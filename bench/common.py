@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import shutil
 import statistics
@@ -114,7 +115,11 @@ def rate(nbytes: int, seconds: float) -> float:
 
 
 def r2(x: float) -> float:
-    return round(float(x), 2)
+    """Two decimals; under 0.1, two significant digits (a ratio of 0.004 is not 0)."""
+    x = float(x)
+    if x and math.isfinite(x) and abs(x) < 0.1:
+        return float(f"{x:.2g}")
+    return round(x, 2)
 
 
 def aim(value: float, text: str, met: bool) -> dict[str, Any]:

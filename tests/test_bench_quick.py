@@ -58,3 +58,11 @@ def test_unknown_benchmark_is_a_clear_error(tmp_path: Path) -> None:
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "unknown benchmark" in proc.stderr
     assert not (tmp_path / "results").exists()
+
+
+def test_small_figures_keep_two_significant_digits() -> None:
+    """A stat rate 250 times under local is a ratio of 0.004, not 0."""
+    from bench.common import r2
+
+    assert r2(0.00398) == 0.004 and r2(-0.0123) == -0.012
+    assert r2(1.234) == 1.23 and r2(0.0) == 0.0 and r2(12345.678) == 12345.68
