@@ -17,8 +17,10 @@ its 256 pages every time.
 :func:`keep_freed_memory` raises the trim threshold to twice the loader's
 prefetch bound, and the mmap threshold to the most glibc's own dynamic one
 would rise to (32 MiB on 64-bit machines): samples up to that size come from
-the heap, memory the window freed stays mapped for the next batches, and a
-process holds at most that much more than it uses.  It changes malloc for the
+the heap, memory the window freed stays mapped for the next batches, and each
+of the process's malloc arenas holds at most that much more than it uses.  The
+cost: a process's resident memory stays near its peak, and large allocations
+of its own (up to 32 MiB) come from the heap too.  It changes malloc for the
 whole process (it is where the samples live) and is never lowered again; the
 config key ``loader_keep_freed`` (``STAGER_LOADER_KEEP_FREED=0``) leaves malloc
 alone.  Only glibc has the knob; elsewhere nothing changes.
