@@ -350,10 +350,10 @@ class Loader:
         return Fetcher(client, self.index.files, self.fetch_options)
 
     def _pipeline(self, batches: list[np.ndarray]) -> Pipeline:
-        if self._fetcher is None:
+        if self._fetcher is None:           # once per loader and process
             self._fetcher = sync(get_loop(), self._prepare)
-        if self._client_args[1].loader_keep_freed:
-            keep_freed_memory(2 * self.limits.max_bytes)
+            if self._client_args[1].loader_keep_freed:
+                keep_freed_memory(2 * self.limits.max_bytes)
         if self._pool is None:
             self._pool = cf.ThreadPoolExecutor(self.decode_threads,
                                                thread_name_prefix="stager-decode")

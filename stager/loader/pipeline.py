@@ -235,7 +235,7 @@ class Pipeline:
         need = sum(sizes)
         # Large samples are read whole chunks at a time anyway: grouping their
         # batches would only make the next batch share its bandwidth.
-        alone = need >= self.fetcher.options.stream_above * max(1, len(new))
+        alone = self._large(need, len(new))
         blocks = None if self.blocks is None else \
             np.searchsorted(self.blocks, batch.samples, side="right")
         near = self._near(blocks)
@@ -342,10 +342,14 @@ class Pipeline:
             # out while the last group's batches are built and taken.  One at a
             # time, the data servers sat idle for about a quarter of each group's
             # cycle, from its last chunk in to the next group's first request out.
-            small = need < self.fetcher.options.stream_above * len(keys)
-            await self._admit_fetch(need, 2 if small else 1)
+            await self._admit_fetch(need, 1 if self._large(need, len(keys)) else 2)
             self._fetching += need
             self._spawn(self._fetch(keys, need, ready, reads))
+
+    def _large(self, need: int, units: int) -> bool:
+        """Whether ``units`` units of ``need`` bytes are large samples (read with
+        striped readahead, a batch at a time, never grouped)."""
+        return need >= self.fetcher.options.stream_above * max(1, units)
 
     def _must_wait(self, j: int, need: int, batches: int) -> bool:
         """Whether batch ``j`` (with room for ``batches`` from it) must wait for the consumer."""
