@@ -3,10 +3,27 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+LOOP_KINDS = ("auto", "uvloop", "asyncio")
+
+
+def loop_factory(kind: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    """The event loop maker for config ``event_loop``: uvloop's for ``"uvloop"``, and
+    for ``"auto"`` when uvloop is installed; asyncio's own otherwise."""
+    if kind not in LOOP_KINDS:
+        raise ValueError(f"event_loop must be one of {', '.join(LOOP_KINDS)}, not {kind!r}")
+    if kind != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if kind == "uvloop":
+                raise
+        else:
+            return uvloop.new_event_loop
+    return asyncio.new_event_loop
 
 
 async def gather_or_cancel(jobs: Iterable[Awaitable[T]]) -> list[T]:

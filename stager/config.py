@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from .aio import LOOP_KINDS
 from .errors import BadRequest
 
 DEFAULT_META_URL = "http://127.0.0.1:7070"
@@ -50,7 +51,8 @@ class Config:
     node: str = ""                   # node name of a data server; default: hostname
     target_id: str = ""              # stable id of a data server's target; default: generated once
     capacity: int = 0                # bytes a target offers; 0 = the file system's size
-    event_loop: str = "auto"         # "uvloop", "asyncio" or "auto" (per server role)
+    event_loop: str = "auto"         # "uvloop", "asyncio" or "auto": servers (per role) and
+                                     # the client's I/O thread (stager/client/ioloop.py)
     # layout defaults
     chunk_size: int = 4 * MiB
     stripe_count: int = 0            # 0 = all healthy targets, at most max_stripe_count
@@ -101,6 +103,7 @@ class Config:
 
 
 _FIELDS = {f.name: f for f in fields(Config)}
+_CHOICES = {"event_loop": LOOP_KINDS}
 _SIZE_FIELDS = {"chunk_size", "max_chunk_size", "max_upload_size", "max_json_body",
                 "max_manifest_size", "capacity", "rebuild_rate", "scrub_rate"}
 
@@ -122,6 +125,8 @@ def _coerce(values: Mapping[str, Any]) -> dict[str, Any]:
                 value = kind(raw)
         except (TypeError, ValueError) as exc:
             raise BadRequest(f"bad value for {name}: {raw!r}") from exc
+        if name in _CHOICES and value not in _CHOICES[name]:
+            raise BadRequest(f"bad value for {name}: {raw!r} (one of {', '.join(_CHOICES[name])})")
         out[name] = value
     return out
 

@@ -85,7 +85,8 @@ def test_environment_values_are_coerced() -> None:
 @pytest.mark.parametrize("layer", ["flag", "env", "file"])
 def test_bad_values_and_unknown_keys(tmp_path: Path, layer: str) -> None:
     toml = tmp_path / "c.toml"
-    for key, value in [("port", "eighty"), ("chunk_size", "big"), ("retries", "1.5x")]:
+    for key, value in [("port", "eighty"), ("chunk_size", "big"), ("retries", "1.5x"),
+                       ("event_loop", "trio")]:
         with pytest.raises(BadRequest) as err:
             if layer == "flag":
                 load_config({key: value}, env={})

@@ -1,24 +1,26 @@
 """``Client``: the blocking twin of :class:`AsyncClient`, made from it.
 
-Coroutines run on fsspec's IO thread (one event loop for the whole process,
-shared with the ``stager://`` filesystem).  After ``fork`` fsspec starts a new
-IO thread in the child and this client opens a new session there, so PyTorch
+Coroutines run on the process's I/O thread (:mod:`.ioloop`, shared with the
+Loader and the ``stager://`` filesystem).  After ``fork`` the child starts its
+own I/O thread and this client opens a new session there, so PyTorch
 DataLoader workers can use a client made before they were forked.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import io
 import os
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from fsspec.asyn import get_loop, sync
+from fsspec.asyn import sync
 
 from ..config import Config
 from .async_client import AsyncClient
 from .files import AsyncReadFile, AsyncWriteFile
+from .ioloop import io_loop
 
 T = TypeVar("T")
 _FORKED: list[AsyncClient] = []     # clients inherited through fork (see Client.aio)
@@ -52,8 +54,13 @@ class Client:
     def meta_url(self) -> str:
         return self.aio.meta_url
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The I/O loop this client's coroutines run on (this process's)."""
+        return io_loop(self._async.config.event_loop)
+
     def _run(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any, **kwargs: Any) -> T:
-        return sync(get_loop(), fn, *args, **kwargs)
+        return sync(self.loop, fn, *args, **kwargs)
 
     def close(self) -> None:
         if self._pid == os.getpid():

@@ -2,13 +2,14 @@
 
 Only the ``_`` coroutines are written here, over :class:`~stager.AsyncClient`;
 fsspec's ``mirror_sync_methods`` makes the blocking twins, which run on
-fsspec's IO thread.  ``stager://HOST:PORT/path`` names the cluster (its
+stager's I/O thread (:mod:`stager.client.ioloop`, shared with ``Client`` and
+``Loader``).  ``stager://HOST:PORT/path`` names the cluster (its
 metadata server); ``stager:///path`` takes it from ``STAGER_META_URL``.
 
 Errors are stager's, which are also the built-ins fsspec callers expect
 (``FileNotFoundError``, ``FileExistsError``, ``IsADirectoryError``, …).
-The filesystem is safe to use after ``fork``: the child gets fsspec's fresh IO
-loop and its own client (see :mod:`stager.fs.session`).
+The filesystem is safe to use after ``fork``: the child gets a fresh I/O loop
+and its own client (see :mod:`stager.fs.session`).
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ from collections.abc import Callable, Coroutine, Iterable
 from glob import has_magic
 from typing import Any, TypeVar
 
-from fsspec.asyn import AsyncFileSystem, get_loop, sync, sync_wrapper
+from fsspec.asyn import AsyncFileSystem, sync, sync_wrapper
 from fsspec.callbacks import DEFAULT_CALLBACK
 from fsspec.utils import stringify_path
 
 from ..aio import gather_or_cancel
 from ..client import AsyncClient
+from ..client.ioloop import io_loop
 from ..config import Config, load_config, parse_size
 from ..errors import IsADirectory, NotADirectory
 from ..protocol import paths
@@ -58,8 +60,11 @@ class StagerFileSystem(AsyncFileSystem):
     def __init__(self, meta_url: str | None = None, *, config: Config | None = None,
                  asynchronous: bool = False, loop: Any = None, batch_size: int | None = None,
                  **kwargs: Any) -> None:
+        config = config or load_config()
+        if loop is None and not asynchronous:
+            loop = io_loop(config.event_loop)
         super().__init__(asynchronous=asynchronous, loop=loop, batch_size=batch_size, **kwargs)
-        self.config = config or load_config()
+        self.config = config
         self.meta_url = (meta_url or self.config.meta_url).rstrip("/")
         self._holder = ClientHolder(self.meta_url, self.config)
         # Close the session when the filesystem goes (or at exit), from any thread.
@@ -68,11 +73,12 @@ class StagerFileSystem(AsyncFileSystem):
     # -- process, loop and client -----------------------------------------------------
     @property
     def loop(self) -> Any:
-        """fsspec's IO loop; in a forked child, the child's own (fsspec starts a new one)."""
+        """The process's I/O loop (stager's, see :mod:`stager.client.ioloop`); in a forked
+        child, the child's own."""
         if self._pid != os.getpid():
             self._pid = os.getpid()
             if not self.asynchronous:
-                self._loop = get_loop()
+                self._loop = io_loop(self.config.event_loop)
         return self._loop
 
     @property

@@ -2,7 +2,7 @@
 
 An aiohttp session belongs to the loop it was made on and must not be used
 across ``fork`` (the child would share the parent's sockets).  So clients are
-made lazily, inside a coroutine, one per running loop (fsspec's IO loop for
+made lazily, inside a coroutine, one per running loop (stager's I/O loop for
 blocking use; the caller's loop for ``asynchronous=True``), and made again in a
 forked child.  A client inherited across ``fork`` is kept, never closed, in the
 child: closing it would shut sockets the parent still uses.

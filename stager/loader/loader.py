@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from fsspec.asyn import get_loop, sync
+from fsspec.asyn import sync
 
 from ..client import Client
 from ..config import Config
@@ -122,7 +122,7 @@ class Loader:
             self.report_job = job_to_report(report, job, config.job, os.environ)
             self.report_interval = check_interval(config.report_interval if report_interval
                                                   is None else report_interval)
-            self.index = sync(get_loop(), self._build_index, path, format, options)
+            self.index = sync(self._client.loop, self._build_index, path, format, options)
         except BaseException:
             if self._owns_client:
                 self._client.close()
@@ -351,13 +351,13 @@ class Loader:
 
     def _pipeline(self, batches: list[np.ndarray]) -> Pipeline:
         if self._fetcher is None:           # once per loader and process
-            self._fetcher = sync(get_loop(), self._prepare)
+            self._fetcher = sync(self._client.loop, self._prepare)
             if self._client_args[1].loader_keep_freed:
                 keep_freed_memory(2 * self.limits.max_bytes)
         if self._pool is None:
             self._pool = cf.ThreadPoolExecutor(self.decode_threads,
                                                thread_name_prefix="stager-decode")
-        return Pipeline(self.index, self._fetcher, batches, loop=get_loop(), pool=self._pool,
+        return Pipeline(self.index, self._fetcher, batches, loop=self._client.loop, pool=self._pool,
                         limits=self.limits, assemble=self._assemble, counters=self.counters,
                         segments=self._next_epochs(self._epoch, self.seed),
                         blocks=self.blocks, assemble_inline=self.map is None

@@ -27,8 +27,6 @@ import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from fsspec.asyn import get_loop
-
 from ..client import Client
 from ..protocol.jobs import MAX_INTERVAL, MAX_TARGETS, MIN_INTERVAL, check_job
 
@@ -119,7 +117,7 @@ class Reporter:
 
     def start(self) -> None:
         if self._future is None:
-            self._future = asyncio.run_coroutine_threadsafe(self._run(), get_loop())
+            self._future = asyncio.run_coroutine_threadsafe(self._run(), self._client.loop)
 
     async def _run(self) -> None:
         while await self._send(final=False):
@@ -134,7 +132,7 @@ class Reporter:
         future.cancel()         # before the final report is scheduled: it runs first
         coro = self._final()
         try:
-            final = asyncio.run_coroutine_threadsafe(coro, get_loop())
+            final = asyncio.run_coroutine_threadsafe(coro, self._client.loop)
         except RuntimeError as exc:     # the I/O loop is gone (interpreter shutdown)
             coro.close()
             self._failed(exc)

@@ -14,6 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from .. import __version__
+from ..aio import loop_factory
 from ..config import Config
 from ..protocol.openapi import openapi_document
 from ..protocol.routes import routes_for
@@ -116,14 +117,9 @@ def write_json_atomic(path: Path, body: object) -> None:
 
 def run(main: Coroutine[Any, Any, None], loop_kind: str = "auto") -> None:
     """Run ``main`` to completion on uvloop (``uvloop``/``auto`` when installed) or asyncio."""
-    factory: Callable[[], asyncio.AbstractEventLoop] | None = None
-    if loop_kind in ("uvloop", "auto"):
-        try:
-            import uvloop
-        except ImportError:
-            if loop_kind == "uvloop":
-                raise
-        else:
-            factory = uvloop.new_event_loop
-    with asyncio.Runner(loop_factory=factory) as runner:
+    factory = loop_factory(loop_kind)
+    # asyncio's own loop through the Runner's default path, which also sets it as the
+    # thread's current loop
+    with asyncio.Runner(loop_factory=None if factory is asyncio.new_event_loop
+                        else factory) as runner:
         runner.run(main)
