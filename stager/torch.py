@@ -16,6 +16,11 @@ the DataLoader hands them back round-robin, i.e. in step order, so no sample is
 read twice and :class:`StagerDataLoader` can keep the exact resume state by
 counting batches in the main process.  Workers may be forked: the loader's
 client, pool and pipeline are re-created in each process.
+
+From a worker, a batch of sample dicts travels as a :class:`SharedBatch`: its
+``bytes`` values copied into one tensor in shared memory, which torch passes as
+a handle, and the rest pickled; the main process copies them back out.  That
+is two copies of each sample where pickling through the pipe made four.
 """
 
 from __future__ import annotations
@@ -25,12 +30,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, default_convert, get_worker_info
 
 from .loader import Loader
 
-__all__ = ["DeviceFeeder", "StagerDataLoader", "StagerDataset", "dist_rank_world",
-           "to_tensors"]
+__all__ = ["DeviceFeeder", "SharedBatch", "StagerDataLoader", "StagerDataset",
+           "dist_rank_world", "to_tensors"]
 
 
 def dist_rank_world(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
@@ -92,19 +97,129 @@ class StagerDataset(IterableDataset):  # type: ignore[type-arg]
         self.close()
 
 
+class SharedBatch:
+    """A batch of sample dicts on its way from a DataLoader worker to the main process.
+
+    The dicts' ``bytes`` values are copied into a ``uint8`` tensor in shared
+    memory, one of a few each worker reuses (:class:`_Slots`); torch's DataLoader
+    passes it as a handle, and the main process, which keeps the mapping, reads
+    the same pages again without faulting them in.  The dicts, with ``None`` in
+    those places, are pickled as usual.  :meth:`unpack` puts the bytes back, in
+    the same keys and order, and hands the buffer back to the worker.
+    """
+
+    __slots__ = ("samples", "data", "busy", "slot", "spots", "keys", "lengths")
+
+    def __init__(self, samples: list[dict[str, Any]], data: torch.Tensor,
+                 busy: torch.Tensor | None, slot: int, spots: list[int], keys: list[str],
+                 lengths: list[int]) -> None:
+        self.samples, self.data, self.busy, self.slot = samples, data, busy, slot
+        self.spots, self.keys, self.lengths = spots, keys, lengths    # sample, key, size
+
+    @classmethod
+    def pack(cls, batch: Any, slots: _Slots | None = None) -> Any:
+        """``batch`` packed when it is a list of dicts holding bytes, else unchanged."""
+        if type(batch) is not list or not all(type(s) is dict for s in batch):
+            return batch
+        found = [(i, k, v) for i, s in enumerate(batch) for k, v in s.items()
+                 if type(v) is bytes]
+        total = sum(len(v) for _, _, v in found)
+        if not total:
+            return batch
+        if slots is None:
+            slot, data = -1, _shared_bytes(total)
+        else:
+            slot, data = slots.take(total)
+        view = memoryview(data.numpy())
+        samples = [dict(s) for s in batch]
+        pos = 0
+        for i, k, v in found:
+            view[pos:pos + len(v)] = v
+            pos += len(v)
+            samples[i][k] = None
+        return cls(samples, data, None if slots is None else slots.busy, slot,
+                   [i for i, _, _ in found], [k for _, k, _ in found],
+                   [len(v) for _, _, v in found])
+
+    def unpack(self) -> list[dict[str, Any]]:
+        """The batch as it was packed; the buffer is free for its worker again."""
+        view = memoryview(self.data.numpy())
+        pos = 0
+        for i, k, n in zip(self.spots, self.keys, self.lengths, strict=True):
+            self.samples[i][k] = bytes(view[pos:pos + n])
+            pos += n
+        if self.busy is not None:
+            self.busy.numpy()[self.slot] = 0
+        return self.samples
+
+
+def _shared_bytes(n: int) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(n))
+
+
+class _Slots:
+    """A worker's shared-memory batch buffers: reused, so neither process faults in
+    fresh pages for every batch.  ``busy[j]`` is set by the worker when it sends
+    buffer ``j`` and cleared by the main process once it has copied it out; with
+    every buffer busy (the main process holds ``prefetch_factor`` batches per
+    worker, and the user may keep more) a batch gets a buffer of its own."""
+
+    COUNT = 8
+
+    def __init__(self) -> None:
+        self.busy = torch.zeros(self.COUNT, dtype=torch.uint8).share_memory_()
+        self._busy = self.busy.numpy()
+        self.buffers: list[torch.Tensor | None] = [None] * self.COUNT
+
+    def take(self, size: int) -> tuple[int, torch.Tensor]:
+        free = [j for j in range(self.COUNT) if not self._busy[j]]
+        if not free:
+            return -1, _shared_bytes(size)
+        # a free buffer big enough, else the first free one, made big enough
+        j = next((j for j in free if (b := self.buffers[j]) is not None and len(b) >= size),
+                 free[0])
+        buffer = self.buffers[j]
+        if buffer is None or len(buffer) < size:
+            buffer = self.buffers[j] = _shared_bytes(size + size // 8)
+        self._busy[j] = 1
+        return j, buffer
+
+
+class _PackAfter:
+    """A worker's collate step, then :meth:`SharedBatch.pack` into its buffers
+    (picklable for spawn; the buffers are made in the worker, on first use)."""
+
+    def __init__(self, collate: Any) -> None:
+        self.collate = collate
+        self.slots: _Slots | None = None
+
+    def __call__(self, batch: Any) -> Any:
+        if self.slots is None:
+            self.slots = _Slots()
+        return SharedBatch.pack(self.collate(batch), self.slots)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"collate": self.collate, "slots": None}
+
+
 class StagerDataLoader(DataLoader):  # type: ignore[type-arg]
     """A DataLoader over a :class:`StagerDataset` that keeps an exact resume state.
 
     Batches arrive in step order (see the module doc), so the position is the
     number of batches handed out.  ``persistent_workers`` is refused: workers
-    must be forked afresh for each pass to start at the right position.
+    must be forked afresh for each pass to start at the right position.  With
+    workers, batches of sample dicts cross over in shared memory
+    (:class:`SharedBatch`) unless ``share_bytes=False``.
     """
 
-    def __init__(self, dataset: StagerDataset, **kwargs: Any) -> None:
+    def __init__(self, dataset: StagerDataset, *, share_bytes: bool = True,
+                 **kwargs: Any) -> None:
         if kwargs.pop("batch_size", None) is not None:
             raise ValueError("the dataset batches; leave batch_size unset")
         if kwargs.get("persistent_workers"):
             raise ValueError("persistent_workers would keep stale positions; leave it off")
+        if share_bytes and kwargs.get("num_workers", 0) > 0:
+            kwargs["collate_fn"] = _PackAfter(kwargs.get("collate_fn") or default_convert)
         super().__init__(dataset, batch_size=None, **kwargs)
 
     @property
@@ -117,8 +232,15 @@ class StagerDataLoader(DataLoader):  # type: ignore[type-arg]
             yield from super().__iter__()   # the loader itself counts what it hands out
             return
         self.loader.begin_pass()        # before the workers fork: they start here
+        # Each worker's shared buffers are kept mapped here while the pass runs: torch
+        # maps a buffer it has seen again only while a reference to it lives.
+        mapped: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         for batch in super().__iter__():
             self.loader.advance()
+            if type(batch) is SharedBatch:
+                if batch.busy is not None:
+                    mapped[batch.busy.data_ptr(), batch.slot] = (batch.busy, batch.data)
+                batch = batch.unpack()
             yield batch
 
     def state_dict(self) -> dict[str, Any]:

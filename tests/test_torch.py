@@ -18,6 +18,7 @@ from stager.testing import ProcessCluster
 torch = pytest.importorskip("torch")
 from stager.torch import (  # noqa: E402
     DeviceFeeder,
+    SharedBatch,
     StagerDataLoader,
     StagerDataset,
     dist_rank_world,
@@ -73,6 +74,85 @@ def test_dataloader_workers_read_every_sample_once_in_order(make: Any, workers: 
     assert got == expected                           # same batches, same order
     assert sorted(i for b in got for i in b) == list(range(N))
     assert len(dl) == len(expected)
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_worker_batches_arrive_whole(make: Any, share: bool) -> None:
+    """Every field of every sample, the bytes included, as the loader in this process
+    makes them: through shared memory or pickled."""
+    data = make()
+    expected = list(data.loader.for_worker(0, 1))
+    got = list(StagerDataLoader(data, num_workers=2, multiprocessing_context="fork",
+                                share_bytes=share))
+    assert got == expected
+    assert {type(s["data"]) for b in got for s in b} == {bytes}
+    assert sum(len(s["data"]) for b in got for s in b) >= 300 * N
+    assert all(list(s) == list(e) for b, c in zip(got, expected, strict=True)
+               for s, e in zip(b, c, strict=True))         # keys in the same order
+
+
+def _tag(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [dict(s, size=len(s["data"]), head=s["data"][:4]) for s in batch]
+
+
+def test_a_collate_fn_runs_in_the_worker_before_the_batch_is_shared(make: Any) -> None:
+    data = make()
+    expected = [_tag(b) for b in data.loader.for_worker(0, 1)]
+    got = list(StagerDataLoader(data, num_workers=2, multiprocessing_context="fork",
+                                collate_fn=_tag))
+    assert got == expected
+
+
+def test_workers_reuse_their_shared_buffers(make: Any) -> None:
+    """The main process hands each buffer back once it has copied it out, and the
+    worker sends it again: many batches, few buffers, none of them a one-off."""
+    data = make(batch_size=1)           # 61 batches
+    dl = StagerDataLoader(data, num_workers=2, multiprocessing_context="fork")
+    seen, samples = set(), 0
+    data.loader.begin_pass()
+    held = []
+    for batch in torch.utils.data.DataLoader.__iter__(dl):  # as they come from workers
+        assert type(batch) is SharedBatch and batch.slot >= 0
+        held.append((batch.busy, batch.data))   # keep them mapped, as StagerDataLoader does
+        seen.add(batch.data.data_ptr())
+        samples += len(batch.unpack())
+    assert samples == N
+    assert len(seen) <= 2 * 8 < N
+
+
+def test_shared_batch_packs_only_lists_of_sample_dicts() -> None:
+    batch = [{"__key__": "a", "__index__": 0, "jpg": b"x" * 10, "cls": b"7", "n": 3},
+             {"__key__": "b", "__index__": 1, "jpg": b"", "cls": b"8", "n": 4}]
+    copy = [dict(s) for s in batch]
+    packed = SharedBatch.pack(batch)
+    assert type(packed) is SharedBatch and packed.data.is_shared()
+    assert batch == copy                            # the worker's own batch is untouched
+    out = packed.unpack()
+    assert out == copy and [list(s) for s in out] == [list(s) for s in copy]
+    assert all(type(s["jpg"]) is bytes for s in out)
+    for other in ([1, 2], [{"n": 1}], np.arange(3), {"jpg": b"x"}, [], ([{"a": b"x"}],),
+                  [{"a": b""}]):
+        assert SharedBatch.pack(other) is other
+
+
+def test_shared_buffers_are_reused_grown_and_never_overwritten_while_busy() -> None:
+    from stager.torch import _Slots
+    slots = _Slots()
+    j, first = slots.take(100)
+    assert j == 0 and len(first) >= 100
+    slots.busy.numpy()[j] = 0                       # the main process is done with it
+    again, same = slots.take(90)
+    assert again == 0 and same.data_ptr() == first.data_ptr()
+    taken = {again}
+    for _ in range(slots.COUNT - 1):                # nothing handed back: all new ones
+        k, buf = slots.take(100)
+        assert k not in taken
+        taken.add(k)
+    overflow, own = slots.take(100)                 # every buffer busy: one of its own
+    assert overflow == -1 and own.is_shared()
+    slots.busy.numpy()[3] = 0
+    k, bigger = slots.take(10_000)                  # a free one, made big enough
+    assert k == 3 and len(bigger) >= 10_000
 
 
 def test_plain_dataloader_with_two_workers(make: Any) -> None:
