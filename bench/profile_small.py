@@ -8,6 +8,8 @@ it on a shared machine, where CPU per file moves far less than the rate::
     python -m bench.profile_small stage --sources http,get,file,http   # side by side
     python -m bench.profile_small reads --samples 40000    # batched 16 KiB reads
     python -m bench.profile_small loader --rounds 5        # the Loader over tar shards
+    python -m bench.profile_small loader-ab STAGER_EVENT_LOOP=asyncio,uvloop
+    python -m bench.profile_small torch-ab --rounds 6      # StagerDataLoader share_bytes
     python -m bench.profile_small chunks --rounds 4        # whole 4 MiB chunks, low mark on/off
     python -m bench.profile_small http-listing             # listing an HTTP source
     python -m bench.profile_small meta --files 2000        # create+commit rates
@@ -32,6 +34,11 @@ shards, 65,536 samples, 3 data servers), one epoch per round read as fast as
 it goes (after the first batch; ``--no-shuffle``: in manifest order); also
 prints the garbage collections the round made, per generation, and the client's
 page faults per sample (``STAGER_LOADER_KEEP_FREED=0``: with malloc left alone).
+``loader-ab NAME=A,B``: the same epochs in client processes against one
+cluster, alternating between ``NAME=A`` and ``NAME=B`` (A B, B A, ...;
+``--pairs``), each process's median printed.  ``torch-ab``: the same shards
+through ``StagerDataLoader(num_workers=2)``, batches through shared memory
+and pickled, alternating in one process.
 
 To measure the code before a change, run this file from a copy of that tree
 (``git archive REV stager bench | tar -x -C /tmp/old``, copy this file into
@@ -43,12 +50,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 import os
 import random
 import resource
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import stager
@@ -184,38 +196,122 @@ def batched_reads(samples: int, rounds: int) -> None:
                 report(f"reads round {r}", samples, "samples", wall, used, 1_000_000)
 
 
-def loader_epochs(rounds: int, shuffle: bool = True) -> None:
-    import gc
-
-    from stager import Client, Loader
+@contextlib.contextmanager
+def tar_cluster(root: Path) -> Iterator[tuple[str, dict[str, int]]]:
+    """The loader benchmark's 16 KiB tar shards (8 shards, 65,536 samples) on a
+    metadata server and 3 data servers (processes): (meta URL, data server pids)."""
+    from stager import Client
     from stager.testing.nodes import NodeCluster
 
     from .bench_loader import DATA_SERVERS, Size, make_data
 
-    size = Size("16 KiB", SMALL, 256, 65536, 8, 0, 0)
-    with tempfile.TemporaryDirectory(prefix="profile-loader-") as tmp:
-        root = Path(tmp)
-        make_data(root / "www", size)
-        with NodeCluster(root / "cluster", DATA_SERVERS, mode="loopback") as cluster:
-            with Client(cluster.meta_url) as c:
-                c.put(root / "www" / "tar", "/tar", files_in_flight=8)
-            pids = {f"data{i}": p.pid for i, p in enumerate(cluster.procs[1:])}
+    make_data(root / "www", Size("16 KiB", SMALL, 256, 65536, 8, 0, 0))
+    with NodeCluster(root / "cluster", DATA_SERVERS, mode="loopback") as cluster:
+        with Client(cluster.meta_url) as c:
+            c.put(root / "www" / "tar", "/tar", files_in_flight=8)
+        yield cluster.meta_url, {f"data{i}": p.pid for i, p in enumerate(cluster.procs[1:])}
+
+
+def loader_rounds(meta: str, pids: dict[str, int], index: Path, rounds: int,
+                  shuffle: bool = True) -> list[tuple[float, float]]:
+    """One epoch per round, as fast as it goes after the first batch: (samples/s,
+    client CPU µs per sample) of each round, each printed."""
+    import gc
+
+    from stager import Loader
+
+    out = []
+    for r in range(rounds):
+        with Loader("/tar", meta_url=meta, batch_size=256, seed=r, index_cache=index,
+                    prefetch_bytes=256 << 20, prefetch_batches=16, shuffle=shuffle) as loader:
+            it = iter(loader)
+            next(it)
+            before = [g["collections"] for g in gc.get_stats()]
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            n: list[int] = []
+            wall, used = measured(pids, lambda it=it, n=n: n.append(sum(map(len, it))))
+            made = [g["collections"] - b for g, b in zip(gc.get_stats(), before, strict=True)]
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+        report(f"loader round {r}", n[0], "samples", wall, used, 1_000_000)
+        print(f"  garbage collections by generation: {made}; page faults per "
+              f"sample: {faults / n[0]:.2f}", flush=True)
+        out.append((n[0] / wall, 1e6 * used["client"] / n[0]))
+    return out
+
+
+def loader_epochs(rounds: int, shuffle: bool = True) -> None:
+    with tempfile.TemporaryDirectory(prefix="profile-loader-") as tmp, \
+            tar_cluster(Path(tmp)) as (meta, pids):
+        loader_rounds(meta, pids, Path(tmp) / "index", rounds, shuffle)
+
+
+def loader_ab(setting: str, pairs: int, rounds: int) -> None:
+    """Client processes against one cluster, alternating between the values of one
+    environment variable (``NAME=A,B``), A B then B A: each process's median
+    samples/s and client CPU per sample."""
+    name, _, values = setting.partition("=")
+    choices = values.split(",")
+    results: dict[str, list[tuple[float, float]]] = {v: [] for v in choices}
+    with tempfile.TemporaryDirectory(prefix="profile-loader-ab-") as tmp, \
+            tar_cluster(Path(tmp)) as (meta, pids):
+        for pair in range(pairs):
+            for value in choices if pair % 2 == 0 else choices[::-1]:
+                cmd = [sys.executable, "-m", "bench.profile_small", "loader-client",
+                       "--meta", meta, "--index", str(Path(tmp) / "index"),
+                       "--rounds", str(rounds), "--pids", json.dumps(pids)]
+                done = subprocess.run(cmd, env=dict(os.environ, **{name: value}), check=True,
+                                      capture_output=True, text=True)
+                rate, cpu = json.loads(done.stdout.splitlines()[-1])
+                results[value].append((rate, cpu))
+                print(f"{name}={value}: {rate:,.0f} samples/s, client {cpu:.2f} µs/sample",
+                      flush=True)
+    for value, got in results.items():
+        print(f"{name}={value}: samples/s {' / '.join(f'{r:,.0f}' for r, _ in got)}; client "
+              f"µs/sample {' / '.join(f'{c:.2f}' for _, c in got)}", flush=True)
+
+
+def loader_client(meta: str, index: Path, rounds: int, pids: dict[str, int]) -> None:
+    got = loader_rounds(meta, pids, index, rounds)
+    print(json.dumps([statistics.median(r for r, _ in got), statistics.median(c for _, c in got)]))
+
+
+def torch_workers_ab(rounds: int) -> None:
+    """``StagerDataLoader(num_workers=2)`` with its batches through shared memory and
+    pickled through the pipe, alternating in one process: samples/s, and the CPU
+    per sample of this process and of the workers (after they exit)."""
+    from stager.torch import StagerDataLoader, StagerDataset
+
+    def cpu(who: int) -> float:
+        r = resource.getrusage(who)
+        return r.ru_utime + r.ru_stime
+
+    results: dict[bool, list[tuple[float, float, float]]] = {True: [], False: []}
+    with tempfile.TemporaryDirectory(prefix="profile-torch-ab-") as tmp, \
+            tar_cluster(Path(tmp)) as (meta, _):
+        with StagerDataset("/tar", meta_url=meta, batch_size=256, index_cache=Path(tmp) / "i",
+                           prefetch_bytes=256 << 20, prefetch_batches=16) as ds:
             for r in range(rounds):
-                with Loader("/tar", meta_url=cluster.meta_url, batch_size=size.batch, seed=r,
-                            index_cache=root / "index", prefetch_bytes=256 << 20,
-                            prefetch_batches=16, shuffle=shuffle) as loader:
-                    it = iter(loader)
+                for share in (True, False) if r % 2 == 0 else (False, True):
+                    ds.set_epoch(r)
+                    dl = StagerDataLoader(ds, num_workers=2, multiprocessing_context="fork",
+                                          share_bytes=share)
+                    it = iter(dl)
                     next(it)
-                    before = [g["collections"] for g in gc.get_stats()]
-                    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-                    n: list[int] = []
-                    wall, used = measured(pids, lambda it=it, n=n: n.append(sum(map(len, it))))
-                    made = [g["collections"] - b for g, b in zip(gc.get_stats(), before,
-                                                                   strict=True)]
-                    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
-                report(f"loader round {r}", n[0], "samples", wall, used, 1_000_000)
-                print(f"  garbage collections by generation: {made}; page faults per "
-                      f"sample: {faults / n[0]:.2f}", flush=True)
+                    main, workers = cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN)
+                    start = time.perf_counter()
+                    n = sum(map(len, it))
+                    wall = time.perf_counter() - start
+                    del it                  # the workers exit: their CPU is counted
+                    results[share].append((n / wall,
+                                           1e6 * (cpu(resource.RUSAGE_SELF) - main) / n,
+                                           1e6 * (cpu(resource.RUSAGE_CHILDREN) - workers) / n))
+                    print(f"round {r} share_bytes={share}: {n / wall:,.0f} samples/s",
+                          flush=True)
+    for share, got in results.items():
+        med = [statistics.median(x[i] for x in got) for i in range(3)]
+        print(f"share_bytes={share}: median {med[0]:,.0f} samples/s; CPU µs/sample: main "
+              f"{med[1]:.1f}, workers {med[2]:.1f}; each: "
+              f"{' / '.join(f'{x[0]:,.0f}' for x in got)}", flush=True)
 
 
 def whole_chunks(rounds: int) -> None:
@@ -345,6 +441,18 @@ def main() -> None:
     p = sub.add_parser("loader", help="the Loader over 16 KiB tar shards")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--no-shuffle", action="store_true", help="read in manifest order")
+    p = sub.add_parser("loader-ab", help="Loader client processes alternating between "
+                       "two values of an environment variable")
+    p.add_argument("setting", help="NAME=A,B, e.g. STAGER_EVENT_LOOP=asyncio,uvloop")
+    p.add_argument("--pairs", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=4, help="epochs per process")
+    p = sub.add_parser("loader-client", help=argparse.SUPPRESS)
+    p.add_argument("--meta", required=True)
+    p.add_argument("--index", type=Path, required=True)
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--pids", type=json.loads, default={})
+    p = sub.add_parser("torch-ab", help="StagerDataLoader(2 workers), shared memory or pickled")
+    p.add_argument("--rounds", type=int, default=6)
     p = sub.add_parser("chunks", help="whole 4 MiB chunk GETs, SO_RCVLOWAT on and off")
     p.add_argument("--rounds", type=int, default=3)
     p = sub.add_parser("http-listing", help="list an HTTP source of 16 KiB files")
@@ -361,6 +469,12 @@ def main() -> None:
         batched_reads(args.samples, args.rounds)
     elif args.what == "loader":
         loader_epochs(args.rounds, shuffle=not args.no_shuffle)
+    elif args.what == "loader-ab":
+        loader_ab(args.setting, args.pairs, args.rounds)
+    elif args.what == "loader-client":
+        loader_client(args.meta, args.index, args.rounds, args.pids)
+    elif args.what == "torch-ab":
+        torch_workers_ab(args.rounds)
     elif args.what == "chunks":
         whole_chunks(args.rounds)
     elif args.what == "http-listing":
