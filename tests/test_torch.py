@@ -105,19 +105,21 @@ def test_a_collate_fn_runs_in_the_worker_before_the_batch_is_shared(make: Any) -
 
 def test_workers_reuse_their_shared_buffers(make: Any) -> None:
     """The main process hands each buffer back once it has copied it out, and the
-    worker sends it again: many batches, few buffers, none of them a one-off."""
+    worker fills it again: many batches, few buffers, each sent across once."""
     data = make(batch_size=1)           # 61 batches
     dl = StagerDataLoader(data, num_workers=2, multiprocessing_context="fork")
-    seen, samples = set(), 0
     data.loader.begin_pass()
-    held = []
+    mapped: dict[tuple[int, int], Any] = {}
+    sent, samples, workers = 0, [], set()
     for batch in torch.utils.data.DataLoader.__iter__(dl):  # as they come from workers
         assert type(batch) is SharedBatch and batch.slot >= 0
-        held.append((batch.busy, batch.data))   # keep them mapped, as StagerDataLoader does
-        seen.add(batch.data.data_ptr())
-        samples += len(batch.unpack())
-    assert samples == N
-    assert len(seen) <= 2 * 8 < N
+        workers.add(batch.worker)
+        sent += batch.data is not None
+        samples += batch.unpack(mapped)
+    assert sorted(int(s["__index__"]) for s in samples) == list(range(N))
+    assert all(type(s["data"]) is bytes for s in samples)
+    assert workers == {0, 1}
+    assert 2 <= sent <= 2 * 8 < N       # a buffer's handle crosses once, then its slot
 
 
 def test_shared_batch_packs_only_lists_of_sample_dicts() -> None:
@@ -137,22 +139,22 @@ def test_shared_batch_packs_only_lists_of_sample_dicts() -> None:
 
 def test_shared_buffers_are_reused_grown_and_never_overwritten_while_busy() -> None:
     from stager.torch import _Slots
-    slots = _Slots()
-    j, first = slots.take(100)
-    assert j == 0 and len(first) >= 100
+    slots = _Slots(worker=0)
+    j, first, new = slots.take(100)
+    assert (j, new) == (0, True) and len(first) >= 100
     slots.busy.numpy()[j] = 0                       # the main process is done with it
-    again, same = slots.take(90)
-    assert again == 0 and same.data_ptr() == first.data_ptr()
+    again, same, new = slots.take(90)
+    assert (again, new) == (0, False) and same.data_ptr() == first.data_ptr()
     taken = {again}
     for _ in range(slots.COUNT - 1):                # nothing handed back: all new ones
-        k, buf = slots.take(100)
-        assert k not in taken
+        k, _, new = slots.take(100)
+        assert k not in taken and new
         taken.add(k)
-    overflow, own = slots.take(100)                 # every buffer busy: one of its own
-    assert overflow == -1 and own.is_shared()
+    overflow, own, new = slots.take(100)            # every buffer busy: one of its own
+    assert (overflow, new) == (-1, True) and own.is_shared()
     slots.busy.numpy()[3] = 0
-    k, bigger = slots.take(10_000)                  # a free one, made big enough
-    assert k == 3 and len(bigger) >= 10_000
+    k, bigger, new = slots.take(10_000)             # a free one, made big enough
+    assert (k, new) == (3, True) and len(bigger) >= 10_000
 
 
 def test_plain_dataloader_with_two_workers(make: Any) -> None:
