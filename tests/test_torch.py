@@ -122,6 +122,29 @@ def test_workers_reuse_their_shared_buffers(make: Any) -> None:
     assert 2 <= sent <= 2 * 8 < N       # a buffer's handle crosses once, then its slot
 
 
+def test_counting_batches_handed_out_does_not_plan_the_pass_again(
+        make: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The main process counts every batch (advance); planning a pass is O(its
+    batches), so it is planned once a pass, not once a batch (O(n²) an epoch)."""
+    from stager.loader import loader as loader_module
+    calls = []
+    plan = loader_module.PARTITIONS["interleaved"]
+
+    def counted(*args: Any) -> Any:
+        calls.append(args)
+        return plan(*args)
+
+    monkeypatch.setitem(loader_module.PARTITIONS._policies, "interleaved", counted)
+    data = make(batch_size=1)
+    loader = data.loader
+    steps = loader.begin_pass()
+    assert steps == N
+    for _ in range(steps):
+        loader.advance()
+    assert len(calls) <= 2
+    assert loader.state_dict()["epoch"] == 1 and loader.state_dict()["cursor"] == 0
+
+
 def test_shared_batch_packs_only_lists_of_sample_dicts() -> None:
     batch = [{"__key__": "a", "__index__": 0, "jpg": b"x" * 10, "cls": b"7", "n": 3},
              {"__key__": "b", "__index__": 1, "jpg": b"", "cls": b"8", "n": 4}]

@@ -135,7 +135,7 @@ class Loader:
         self.workers = (0, 1)           # (worker id, worker count) inside this rank
         self.lookahead = prefetch_next_epoch    # prefetch on into the next epoch
         self.in_worker = False          # a copy made by for_worker (reports its worker id)
-        self._epoch, self._cursor, self._steps, self._finished = 0, 0, 0, False
+        self._move_to(0, 0)
         self._order_cache: tuple[int, np.ndarray] | None = None
         self._reset_process_state()
 
@@ -174,6 +174,7 @@ class Loader:
 
     def _move_to(self, epoch: int, cursor: int) -> None:
         self._epoch, self._cursor, self._steps, self._finished = epoch, cursor, 0, False
+        self._pass_steps: int | None = None     # batches of the pass from here (lazily)
 
     def _rank_plan(self, cursor: int) -> list[Span]:
         return PARTITIONS[self.partition](len(self.index), cursor, self.world_size, self.rank,
@@ -275,13 +276,19 @@ class Loader:
         loader elsewhere (DataLoader workers) call it, then :meth:`advance`."""
         self._check_process()
         self._move_to(*self._next_pass())
-        return len(self._plan(self._cursor))
+        return self._steps_in_pass()
 
     def advance(self, batches: int = 1) -> None:
         """Record that the consumer took ``batches`` more batches of this pass."""
         self._steps += batches
-        if self._steps >= len(self._plan(self._cursor)):
+        if self._steps >= self._steps_in_pass():
             self._finished = True
+
+    def _steps_in_pass(self) -> int:
+        # kept: planning a pass is O(its batches), and advance() runs once a batch
+        if self._pass_steps is None:
+            self._pass_steps = len(self._plan(self._cursor))
+        return self._pass_steps
 
     def _consume(self, stream: _Stream, batches: list[np.ndarray]) -> Iterator[Any]:
         pipeline, base = stream.pipeline, stream.next
@@ -379,6 +386,7 @@ class Loader:
         clone = object.__new__(Loader)
         clone.__dict__.update(self.__dict__)
         clone.workers = (worker, workers)
+        clone._pass_steps = None
         clone.in_worker = True
         clone.lookahead = False         # a worker lives for one pass
         clone._owns_client = False
