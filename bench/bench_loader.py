@@ -326,7 +326,8 @@ def _result(results: dict[str, dict[str, dict[str, float]]], quick: bool) -> dic
             "window of every shard (cold index cache: 'time to first batch'; 'again' is the "
             "second run, with the shard index cached by file id); for DataLoader it includes "
             "starting the workers.",
-            "stager Loader: two-level shuffle (blocks = samples starting in one 4 MiB chunk, "
+            "stager Loader: its I/O thread on uvloop; two-level shuffle (blocks = samples "
+            "starting in one 4 MiB chunk, "
             "windows of 8 whole blocks), 16 batches / 256 MiB prefetch fetched in batch order "
             "with up to 32 MiB of reads out at once (two fetch groups of small samples, up to "
             "32 MiB each); glibc's malloc keeps up to 512 MiB of freed memory and serves "
@@ -337,6 +338,10 @@ def _result(results: dict[str, dict[str, dict[str, float]]], quick: bool) -> dic
             "planned as arrays, a chunk they mostly cover read whole (sendfile, CRC32C checked "
             "by the client, the body read a MiB at a time with SO_RCVLOWAT), the rest in one "
             "POST /v1/read per data server; 1 MiB samples: each batch alone, striped reads.",
+            "stager.torch: StagerDataLoader(num_workers=2, forked); worker w of 2 reads steps "
+            "w, w + 2, ... with a Loader of its own (the same settings); batches cross to the "
+            "main process in shared-memory buffers each worker reuses (SharedBatch), the "
+            "sample dicts pickled without their bytes.",
             "webdataset: shard shuffle + a 1000-sample shuffle buffer, shards split between "
             "the 2 workers, each shard streamed with curl from nginx.",
             "Every loader is measured over the same number of batches, all inside its first "

@@ -2,9 +2,11 @@
 
 A member ``dir/name.ext1.ext2`` belongs to sample ``dir/name`` as field
 ``ext1.ext2`` (lower-cased), as WebDataset groups them.  Each shard is indexed
-once: Python's ``tarfile`` walks the headers over a windowed ranged reader (the
-next window read while this one is parsed), so only header windows are read
-and members larger than a window are skipped; the offsets are
+once: its headers are walked over a windowed ranged reader (the next window
+read while this one is parsed), so only header windows are read and members
+larger than a window are skipped; plain ustar headers are parsed here, and a
+shard with any other kind (pax, GNU long names, links) is read by Python's
+``tarfile`` instead; the offsets are
 cached in memory and on local disk by file id (a committed file never
 changes, so the cache is always valid).  Afterwards a sample is one byte
 range, from its first member's data to its last member's end (the headers
@@ -198,7 +200,63 @@ class _WindowedFile(SeekableRaw):
         return done
 
 
-def _scan(f: _WindowedFile, name: str) -> list[tuple[str, int, int]]:
+_BLOCK = 512
+_ZERO_BLOCK = bytes(_BLOCK)
+_REGULAR = frozenset(b"07\0")          # regular file types (tarfile.REGULAR_TYPES, less sparse)
+_DIRECTORY = ord("5")
+
+
+def _plain_members(f: SeekableRaw) -> list[tuple[str, int, int]] | None:
+    """The regular members of a tar made of plain headers only (ustar or v7,
+    regular files and directories, unsigned checksums): what ``tarfile`` would
+    list, at a third of its cost per header.  ``None`` for anything else (pax or
+    GNU extension headers, links, sparse files, a bad or truncated header, an
+    empty archive), which ``tarfile`` then reads, with its own rules and errors."""
+    members = []
+    header = bytearray(_BLOCK)
+    pos = 0
+    while pos < f.size:
+        f.seek(pos)
+        if f.readinto(header) != _BLOCK:
+            return None
+        if header == _ZERO_BLOCK:
+            break                                   # the end-of-archive marker
+        kind = header[156]
+        if kind not in _REGULAR and kind != _DIRECTORY:
+            return None
+        try:
+            stored, size = int(_field(header, 148, 156) or "0", 8), \
+                int(_field(header, 124, 136) or "0", 8)
+        except ValueError:
+            return None                             # base-256 or not a number
+        if stored != sum(header) - sum(header[148:156]) + 256:
+            return None
+        name = _text(header, 0, 100)
+        if kind == _DIRECTORY or (kind == 0 and name.endswith("/")):
+            size = 0                                # a directory (v7 marks it with a slash)
+        else:
+            prefix = _text(header, 345, 500)
+            members.append((f"{prefix}/{name}" if prefix else name, pos + _BLOCK, size))
+        pos += _BLOCK + -(-size // _BLOCK) * _BLOCK
+    return members if pos else None
+
+
+def _field(header: bytearray, start: int, stop: int) -> str:
+    """A numeric field's octal digits (``tarfile.nti``, less base-256)."""
+    raw = bytes(header[start:stop])
+    return raw.split(b"\0", 1)[0].decode("ascii").strip()
+
+
+def _text(header: bytearray, start: int, stop: int) -> str:
+    """A text field as ``tarfile`` decodes it (``nts``: UTF-8, surrogateescape)."""
+    return bytes(header[start:stop]).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+
+
+def _scan(f: SeekableRaw, name: str) -> list[tuple[str, int, int]]:
+    plain = _plain_members(f)
+    if plain is not None:
+        return plain
+    f.seek(0)
     members = []
     try:
         with tarfile.open(fileobj=f, mode="r:") as tar:  # type: ignore[call-overload]
