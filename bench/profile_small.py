@@ -36,9 +36,9 @@ prints the garbage collections the round made, per generation, and the client's
 page faults per sample (``STAGER_LOADER_KEEP_FREED=0``: with malloc left alone).
 ``loader-ab NAME=A,B``: the same epochs in client processes against one
 cluster, alternating between ``NAME=A`` and ``NAME=B`` (A B, B A, ...;
-``--pairs``), each process's median printed.  ``torch-ab``: the same shards
-through ``StagerDataLoader(num_workers=2)``, batches through shared memory
-and pickled, alternating in one process.
+``--pairs``; ``--large``: 1 MiB samples), each process's median printed.
+``torch-ab``: the same shards through ``StagerDataLoader(num_workers=2)``,
+batches through shared memory and pickled, alternating in one process.
 
 To measure the code before a change, run this file from a copy of that tree
 (``git archive REV stager bench | tar -x -C /tmp/old``, copy this file into
@@ -197,15 +197,17 @@ def batched_reads(samples: int, rounds: int) -> None:
 
 
 @contextlib.contextmanager
-def tar_cluster(root: Path) -> Iterator[tuple[str, dict[str, int]]]:
-    """The loader benchmark's 16 KiB tar shards (8 shards, 65,536 samples) on a
-    metadata server and 3 data servers (processes): (meta URL, data server pids)."""
+def tar_cluster(root: Path, large: bool = False) -> Iterator[tuple[str, dict[str, int]]]:
+    """The loader benchmark's tar shards, 8 of them, of 16 KiB samples (65,536) or
+    with ``large`` of 1 MiB ones (1,536), on a metadata server and 3 data servers
+    (processes): (meta URL, data server pids)."""
     from stager import Client
     from stager.testing.nodes import NodeCluster
 
     from .bench_loader import DATA_SERVERS, Size, make_data
 
-    make_data(root / "www", Size("16 KiB", SMALL, 256, 65536, 8, 0, 0))
+    make_data(root / "www", Size("1 MiB", 1 << 20, 16, 1536, 8, 0, 0) if large
+              else Size("16 KiB", SMALL, 256, 65536, 8, 0, 0))
     with NodeCluster(root / "cluster", DATA_SERVERS, mode="loopback") as cluster:
         with Client(cluster.meta_url) as c:
             c.put(root / "www" / "tar", "/tar", files_in_flight=8)
@@ -213,7 +215,7 @@ def tar_cluster(root: Path) -> Iterator[tuple[str, dict[str, int]]]:
 
 
 def loader_rounds(meta: str, pids: dict[str, int], index: Path, rounds: int,
-                  shuffle: bool = True) -> list[tuple[float, float]]:
+                  shuffle: bool = True, batch: int = 256) -> list[tuple[float, float]]:
     """One epoch per round, as fast as it goes after the first batch: (samples/s,
     client CPU µs per sample) of each round, each printed."""
     import gc
@@ -222,7 +224,7 @@ def loader_rounds(meta: str, pids: dict[str, int], index: Path, rounds: int,
 
     out = []
     for r in range(rounds):
-        with Loader("/tar", meta_url=meta, batch_size=256, seed=r, index_cache=index,
+        with Loader("/tar", meta_url=meta, batch_size=batch, seed=r, index_cache=index,
                     prefetch_bytes=256 << 20, prefetch_batches=16, shuffle=shuffle) as loader:
             it = iter(loader)
             next(it)
@@ -245,7 +247,7 @@ def loader_epochs(rounds: int, shuffle: bool = True) -> None:
         loader_rounds(meta, pids, Path(tmp) / "index", rounds, shuffle)
 
 
-def loader_ab(setting: str, pairs: int, rounds: int) -> None:
+def loader_ab(setting: str, pairs: int, rounds: int, large: bool = False) -> None:
     """Client processes against one cluster, alternating between the values of one
     environment variable (``NAME=A,B``), A B then B A: each process's median
     samples/s and client CPU per sample."""
@@ -253,12 +255,13 @@ def loader_ab(setting: str, pairs: int, rounds: int) -> None:
     choices = values.split(",")
     results: dict[str, list[tuple[float, float]]] = {v: [] for v in choices}
     with tempfile.TemporaryDirectory(prefix="profile-loader-ab-") as tmp, \
-            tar_cluster(Path(tmp)) as (meta, pids):
+            tar_cluster(Path(tmp), large) as (meta, pids):
         for pair in range(pairs):
             for value in choices if pair % 2 == 0 else choices[::-1]:
                 cmd = [sys.executable, "-m", "bench.profile_small", "loader-client",
                        "--meta", meta, "--index", str(Path(tmp) / "index"),
-                       "--rounds", str(rounds), "--pids", json.dumps(pids)]
+                       "--rounds", str(rounds), "--pids", json.dumps(pids),
+                       "--batch", "16" if large else "256"]
                 done = subprocess.run(cmd, env=dict(os.environ, **{name: value}), check=True,
                                       capture_output=True, text=True)
                 rate, cpu = json.loads(done.stdout.splitlines()[-1])
@@ -270,8 +273,9 @@ def loader_ab(setting: str, pairs: int, rounds: int) -> None:
               f"µs/sample {' / '.join(f'{c:.2f}' for _, c in got)}", flush=True)
 
 
-def loader_client(meta: str, index: Path, rounds: int, pids: dict[str, int]) -> None:
-    got = loader_rounds(meta, pids, index, rounds)
+def loader_client(meta: str, index: Path, rounds: int, pids: dict[str, int],
+                  batch: int) -> None:
+    got = loader_rounds(meta, pids, index, rounds, batch=batch)
     print(json.dumps([statistics.median(r for r, _ in got), statistics.median(c for _, c in got)]))
 
 
@@ -446,11 +450,13 @@ def main() -> None:
     p.add_argument("setting", help="NAME=A,B, e.g. STAGER_EVENT_LOOP=asyncio,uvloop")
     p.add_argument("--pairs", type=int, default=3)
     p.add_argument("--rounds", type=int, default=4, help="epochs per process")
+    p.add_argument("--large", action="store_true", help="1 MiB samples, batches of 16")
     p = sub.add_parser("loader-client", help=argparse.SUPPRESS)
     p.add_argument("--meta", required=True)
     p.add_argument("--index", type=Path, required=True)
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--pids", type=json.loads, default={})
+    p.add_argument("--batch", type=int, default=256)
     p = sub.add_parser("torch-ab", help="StagerDataLoader(2 workers), shared memory or pickled")
     p.add_argument("--rounds", type=int, default=6)
     p = sub.add_parser("chunks", help="whole 4 MiB chunk GETs, SO_RCVLOWAT on and off")
@@ -470,9 +476,9 @@ def main() -> None:
     elif args.what == "loader":
         loader_epochs(args.rounds, shuffle=not args.no_shuffle)
     elif args.what == "loader-ab":
-        loader_ab(args.setting, args.pairs, args.rounds)
+        loader_ab(args.setting, args.pairs, args.rounds, args.large)
     elif args.what == "loader-client":
-        loader_client(args.meta, args.index, args.rounds, args.pids)
+        loader_client(args.meta, args.index, args.rounds, args.pids, args.batch)
     elif args.what == "torch-ab":
         torch_workers_ab(args.rounds)
     elif args.what == "chunks":
