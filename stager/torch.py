@@ -18,9 +18,10 @@ counting batches in the main process.  Workers may be forked: the loader's
 client, pool and pipeline are re-created in each process.
 
 From a worker, a batch of sample dicts travels as a :class:`SharedBatch`: its
-``bytes`` values copied into one tensor in shared memory, which torch passes as
-a handle, and the rest pickled; the main process copies them back out.  That
-is two copies of each sample where pickling through the pipe made four.
+``bytes`` values copied into one of the worker's shared-memory buffers, and the
+rest pickled; the main process copies them back out and frees the buffer for
+the worker's next batch.  That is two copies of each sample where pickling
+through the pipe made four.
 """
 
 from __future__ import annotations
