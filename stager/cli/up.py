@@ -197,9 +197,10 @@ def _restart(old: Server, servers: list[Server], cluster: dict[str, Any], root: 
         cluster["data"] = [new.to_json() if d["root"] == str(new.root) else d
                            for d in cluster["data"]]
     cluster["restarts"] = cluster.get("restarts", 0) + 1
-    write_json_atomic(root / "cluster.json", cluster)
+    # said before cluster.json shows it: whoever reads the count finds the line logged
     print(f"stager up: {new.role} server restarted at {new.url} (pid {new.proc.pid})",
           flush=True)
+    write_json_atomic(root / "cluster.json", cluster)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
