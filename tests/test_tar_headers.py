@@ -1,5 +1,5 @@
 """Indexing tar shards: the plain-header parser lists exactly what ``tarfile`` lists,
-and hands every other kind of archive to ``tarfile``."""
+and hands every other kind of archive to ``tarfile``; large members are not read."""
 
 from __future__ import annotations
 
@@ -8,10 +8,19 @@ import tarfile
 from typing import Any
 
 import pytest
+from fsspec.asyn import sync
 
+from stager import Client
 from stager.errors import BadRequest
 from stager.loader.formats.base import SeekableRaw
-from stager.loader.formats.tar import _plain_members, _scan
+from stager.loader.formats.tar import (
+    SMALL_READ,
+    SPARSE_GAP,
+    _plain_members,
+    _scan,
+    index_shard,
+)
+from stager.protocol.models import LayoutSpec
 
 
 class Memory(SeekableRaw):
@@ -118,3 +127,27 @@ def test_damaged_archives_get_tarfile_s_answer() -> None:
     first[3] ^= 0xFF
     with pytest.raises(BadRequest, match="not a readable tar"):
         _scan(Memory(bytes(first)), "x.tar")
+
+
+def read_from_targets(client: Client) -> int:
+    return sum(c.bytes_read for c in client.aio.plane.counters.values())
+
+
+@pytest.mark.parametrize("member", [1 << 20, 16 << 10])
+def test_indexing_skips_large_members_unread(client: Client, ns: str, member: int) -> None:
+    """A shard of large members is indexed by a small read at each header after a
+    large member, not by reading it whole; one of small members is read in
+    windows (after a small first read), as before."""
+    data = archive(tarfile.USTAR_FORMAT,
+                   [(f"s{i:03d}.{ext}", bytes([i]) * (member if ext == "bin" else 10))
+                    for i in range(12) for ext in ("bin", "cls")])
+    client.pipe(f"{ns}/shard.tar", data, layout=LayoutSpec(chunk_size=256 << 10))
+    info = client.stat(f"{ns}/shard.tar")
+    before = read_from_targets(client)
+    got = sync(client.loop, index_shard, client.aio, info, None)
+    assert got == by_tarfile(data)
+    read = read_from_targets(client) - before
+    if member > SPARSE_GAP:
+        assert read <= (12 + 1) * SMALL_READ < len(data) / 10
+    else:
+        assert len(data) <= read <= len(data) + SMALL_READ

@@ -2,12 +2,13 @@
 
 A member ``dir/name.ext1.ext2`` belongs to sample ``dir/name`` as field
 ``ext1.ext2`` (lower-cased), as WebDataset groups them.  Each shard is indexed
-once: its headers are walked over a windowed ranged reader (the next window
-read while this one is parsed), so only header windows are read and members
-larger than a window are skipped; plain ustar headers are parsed here, and a
-shard with any other kind (pax, GNU long names, links) is read by Python's
-``tarfile`` instead; the offsets are
-cached in memory and on local disk by file id (a committed file never
+once: its headers are walked over a ranged reader.  Dense headers (small
+members) are read in windows, the next window read while this one is parsed;
+the first header, and each one past a member of half a MiB or more, takes a
+small read of its own, so large members are not read at all.  Plain ustar
+headers are parsed here; a shard with any other kind (pax, GNU long names,
+links) is read by Python's ``tarfile`` instead.  The offsets are cached in
+memory and on local disk by file id (a committed file never
 changes, so the cache is always valid).  Afterwards a sample is one byte
 range, from its first member's data to its last member's end (the headers
 between its members come along, 512 bytes each), and its fields are cut from it.
@@ -36,6 +37,8 @@ from ..spans import Spans
 from .base import Index, SeekableRaw
 
 WINDOW = 4 << 20                 # bytes fetched per header window (one default chunk)
+SPARSE_GAP = 512 << 10           # a read this far past the last one skipped a large member:
+SMALL_READ = 64 << 10            # read this much there, not the window holding it
 INDEX_VERSION = 1
 _KEY_RE = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 _MEMORY: dict[str, list[tuple[str, int, int]]] = {}     # file id -> members
@@ -158,6 +161,7 @@ class _WindowedFile(SeekableRaw):
         self.size = info.size
         self.loop = loop
         self.pos = 0
+        self.read_end = 0                   # where the last read ended
         self.window_at = -1
         self.window = b""
         self.ahead: tuple[int, cf.Future[bytearray]] | None = None   # the next window
@@ -175,8 +179,14 @@ class _WindowedFile(SeekableRaw):
             else None
         self.window, self.window_at = bytes(future.result()), at
 
-    def _start(self, at: int) -> cf.Future[bytearray]:
-        return asyncio.run_coroutine_threadsafe(self.reader.read(at, at + WINDOW), self.loop)
+    def _small(self, at: int) -> None:
+        """Make ``[at, at + SMALL_READ)`` the current window (no read-ahead): the
+        header after a large member, without the member's bytes around it."""
+        self.window = bytes(self._start(at, SMALL_READ).result())
+        self.window_at = at
+
+    def _start(self, at: int, size: int = WINDOW) -> cf.Future[bytearray]:
+        return asyncio.run_coroutine_threadsafe(self.reader.read(at, at + size), self.loop)
 
     def close(self) -> None:
         if self.ahead is not None:
@@ -189,14 +199,18 @@ class _WindowedFile(SeekableRaw):
         n = max(0, min(len(out), self.size - self.pos))
         done = 0
         while done < n:
-            at = (self.pos // WINDOW) * WINDOW
-            if at != self.window_at:
-                self._window(at)
-            inside = self.pos - at
+            inside = self.pos - self.window_at
+            if not 0 <= inside < len(self.window):
+                if self.window_at < 0 or self.pos - self.read_end >= SPARSE_GAP:
+                    self._small(self.pos)       # the first header, or one past a large member
+                else:
+                    self._window((self.pos // WINDOW) * WINDOW)
+                inside = self.pos - self.window_at
             take = min(n - done, len(self.window) - inside)
             out[done:done + take] = self.window[inside:inside + take]
             done += take
             self.pos += take
+        self.read_end = self.pos
         return done
 
 
