@@ -70,8 +70,9 @@ from .common import cpu_seconds, new_client, run_async, upload_file
 SMALL = 16 * 1024
 
 
-def own_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
+def own_cpu(who: int = resource.RUSAGE_SELF) -> float:
+    """CPU seconds of this process (or, ``RUSAGE_CHILDREN``, of its waited-for children)."""
+    r = resource.getrusage(who)
     return r.ru_utime + r.ru_stime
 
 
@@ -285,10 +286,6 @@ def torch_workers_ab(rounds: int) -> None:
     per sample of this process and of the workers (after they exit)."""
     from stager.torch import StagerDataLoader, StagerDataset
 
-    def cpu(who: int) -> float:
-        r = resource.getrusage(who)
-        return r.ru_utime + r.ru_stime
-
     results: dict[bool, list[tuple[float, float, float]]] = {True: [], False: []}
     with tempfile.TemporaryDirectory(prefix="profile-torch-ab-") as tmp, \
             tar_cluster(Path(tmp)) as (meta, _):
@@ -301,14 +298,14 @@ def torch_workers_ab(rounds: int) -> None:
                                           share_bytes=share)
                     it = iter(dl)
                     next(it)
-                    main, workers = cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN)
+                    main, workers = own_cpu(), own_cpu(resource.RUSAGE_CHILDREN)
                     start = time.perf_counter()
                     n = sum(map(len, it))
                     wall = time.perf_counter() - start
                     del it                  # the workers exit: their CPU is counted
                     results[share].append((n / wall,
-                                           1e6 * (cpu(resource.RUSAGE_SELF) - main) / n,
-                                           1e6 * (cpu(resource.RUSAGE_CHILDREN) - workers) / n))
+                                           1e6 * (own_cpu() - main) / n,
+                                           1e6 * (own_cpu(resource.RUSAGE_CHILDREN) - workers) / n))
                     print(f"round {r} share_bytes={share}: {n / wall:,.0f} samples/s",
                           flush=True)
     for share, got in results.items():

@@ -10,9 +10,9 @@ T = TypeVar("T")
 LOOP_KINDS = ("auto", "uvloop", "asyncio")
 
 
-def loop_factory(kind: str) -> Callable[[], asyncio.AbstractEventLoop]:
+def loop_factory(kind: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     """The event loop maker for config ``event_loop``: uvloop's for ``"uvloop"``, and
-    for ``"auto"`` when uvloop is installed; asyncio's own otherwise."""
+    for ``"auto"`` when uvloop is installed; ``None`` (asyncio's own) otherwise."""
     if kind not in LOOP_KINDS:
         raise ValueError(f"event_loop must be one of {', '.join(LOOP_KINDS)}, not {kind!r}")
     if kind != "asyncio":
@@ -23,7 +23,7 @@ def loop_factory(kind: str) -> Callable[[], asyncio.AbstractEventLoop]:
                 raise
         else:
             return uvloop.new_event_loop
-    return asyncio.new_event_loop
+    return None
 
 
 async def gather_or_cancel(jobs: Iterable[Awaitable[T]]) -> list[T]:

@@ -4,8 +4,8 @@
 filesystem run their coroutines there, as fsspec's backends run on fsspec's IO
 thread.  The loop is uvloop's when config ``event_loop`` is ``"auto"`` (the
 default) and uvloop is installed: a Loader spends less CPU per sample on it
-(bench/RESULTS.md, "Loader on uvloop").  The first caller in a process chooses the kind; later
-callers share that loop.
+(bench/RESULTS.md, "Loader on uvloop").  The first caller in a process chooses
+the kind; later callers share that loop.
 
 After ``fork`` (PyTorch DataLoader workers) the parent's thread does not exist
 in the child, so the child starts a loop of its own on first use.  The
@@ -36,7 +36,7 @@ def io_loop(kind: str = "auto") -> asyncio.AbstractEventLoop:
         return loop
     with _lock:
         if _loop[0] is None:
-            new = loop_factory(kind)()
+            new = (loop_factory(kind) or asyncio.new_event_loop)()
             threading.Thread(target=new.run_forever, name=THREAD_NAME, daemon=True).start()
             _loop[0] = new
         return _loop[0]

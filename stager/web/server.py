@@ -117,9 +117,5 @@ def write_json_atomic(path: Path, body: object) -> None:
 
 def run(main: Coroutine[Any, Any, None], loop_kind: str = "auto") -> None:
     """Run ``main`` to completion on uvloop (``uvloop``/``auto`` when installed) or asyncio."""
-    factory = loop_factory(loop_kind)
-    # asyncio's own loop through the Runner's default path, which also sets it as the
-    # thread's current loop
-    with asyncio.Runner(loop_factory=None if factory is asyncio.new_event_loop
-                        else factory) as runner:
+    with asyncio.Runner(loop_factory=loop_factory(loop_kind)) as runner:
         runner.run(main)

@@ -8,10 +8,10 @@ the first header, and each one past a member of half a MiB or more, takes a
 small read of its own, so large members are not read at all.  Plain ustar
 headers are parsed here; a shard with any other kind (pax, GNU long names,
 links) is read by Python's ``tarfile`` instead.  The offsets are cached in
-memory and on local disk by file id (a committed file never
-changes, so the cache is always valid).  Afterwards a sample is one byte
-range, from its first member's data to its last member's end (the headers
-between its members come along, 512 bytes each), and its fields are cut from it.
+memory and on local disk by file id (a committed file never changes, so the
+cache is always valid).  Afterwards a sample is one byte range, from its
+first member's data to its last member's end (the headers between its members
+come along, 512 bytes each), and its fields are cut from it.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from ..spans import Spans
 from .base import Index, SeekableRaw
 
 WINDOW = 4 << 20                 # bytes fetched per header window (one default chunk)
-SPARSE_GAP = 512 << 10           # a read this far past the last one skipped a large member:
-SMALL_READ = 64 << 10            # read this much there, not the window holding it
+SPARSE_GAP = 512 << 10           # a read this far past the last one skipped a large member,
+SMALL_READ = 64 << 10            # so read this much there, not the window holding it
 INDEX_VERSION = 1
 _KEY_RE = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 _MEMORY: dict[str, list[tuple[str, int, int]]] = {}     # file id -> members
@@ -256,9 +256,9 @@ def _plain_members(f: SeekableRaw) -> list[tuple[str, int, int]] | None:
 
 
 def _field(header: bytearray, start: int, stop: int) -> str:
-    """A numeric field's octal digits (``tarfile.nti``, less base-256)."""
-    raw = bytes(header[start:stop])
-    return raw.split(b"\0", 1)[0].decode("ascii").strip()
+    """A numeric field's octal digits (``tarfile.nti``, less base-256): ASCII only,
+    as there (``int`` would take other scripts' digits too)."""
+    return bytes(header[start:stop]).split(b"\0", 1)[0].decode("ascii").strip()
 
 
 def _text(header: bytearray, start: int, stop: int) -> str:
