@@ -10,6 +10,7 @@ it on a shared machine, where CPU per file moves far less than the rate::
     python -m bench.profile_small loader --rounds 5        # the Loader over tar shards
     python -m bench.profile_small loader-ab STAGER_EVENT_LOOP=asyncio,uvloop
     python -m bench.profile_small torch-ab --rounds 6      # StagerDataLoader share_bytes
+    python -m bench.profile_small worker-reads             # an epoch vs worker 0 of 2's steps
     python -m bench.profile_small chunks --rounds 4        # whole 4 MiB chunks, low mark on/off
     python -m bench.profile_small http-listing             # listing an HTTP source
     python -m bench.profile_small meta --files 2000        # create+commit rates
@@ -25,6 +26,9 @@ from http again into the last ``http`` run's copy (every file unchanged).
 ``reads``: one packed file of 16 KiB samples on 4 data servers (processes),
 read in shuffled batches of 256 with one ``POST /v1/read`` per target per batch,
 4 batches in flight (as ``bench_small_samples``).
+``worker-reads``: the same shards, an epoch read by one Loader against worker
+0 of 2's steps of it (``Loader.for_worker``), alternating: machine CPU per
+sample (``/proc/stat``), requests and bytes read per sample.
 ``chunks``: whole-chunk GETs (what the Loader reads a mostly covered chunk
 with) of a 64 MiB file on one data server, 4 in flight, each round with the
 raw client's ``SO_RCVLOWAT`` mark on and then off (``rawhttp.LOWAT_FROM``),
@@ -315,6 +319,40 @@ def torch_workers_ab(rounds: int) -> None:
               f"{' / '.join(f'{x[0]:,.0f}' for x in got)}", flush=True)
 
 
+def worker_reads(rounds: int) -> None:
+    """A Loader reading every step of an epoch, and a copy reading only the steps of
+    DataLoader worker 0 of 2 (``for_worker``), alternating in this process: what
+    each costs the machine per sample, and what it asks the data servers for."""
+    from stager import Loader
+
+    from .bench_loader import machine_busy
+
+    with tempfile.TemporaryDirectory(prefix="profile-worker-reads-") as tmp, \
+            tar_cluster(Path(tmp)) as (meta, _):
+        for r in range(rounds):
+            for worker in (None, 0) if r % 2 == 0 else (0, None):
+                with Loader("/tar", meta_url=meta, batch_size=256, seed=r,
+                            index_cache=Path(tmp) / "index", prefetch_bytes=256 << 20,
+                            prefetch_batches=16) as whole:
+                    loader = whole if worker is None else whole.for_worker(worker, 2)
+                    it = iter(loader)
+                    next(it)
+                    busy, cpu, start = machine_busy(), own_cpu(), time.perf_counter()
+                    n = sum(map(len, it))
+                    wall = time.perf_counter() - start
+                    busy, cpu = machine_busy() - busy, own_cpu() - cpu
+                    targets = loader.stats()["targets"].values()
+                    requests = sum(t["requests"] for t in targets)
+                    nbytes = sum(t["bytes"] for t in targets)
+                    samples = loader.stats()["samples"]
+                    loader.close()
+                name = "every step      " if worker is None else "worker 0 of 2's"
+                print(f"round {r} {name}: {n / wall:,.0f} samples/s; CPU µs/sample: machine "
+                      f"{1e6 * busy / n:.1f}, client {1e6 * cpu / n:.1f}; {requests} requests "
+                      f"of {nbytes / requests / 1e6:.2f} MB, {nbytes / samples:,.0f} bytes "
+                      "read per sample", flush=True)
+
+
 def whole_chunks(rounds: int) -> None:
     from stager import Client
     from stager.dataplane import rawhttp
@@ -456,6 +494,9 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=256)
     p = sub.add_parser("torch-ab", help="StagerDataLoader(2 workers), shared memory or pickled")
     p.add_argument("--rounds", type=int, default=6)
+    p = sub.add_parser("worker-reads", help="a Loader's epoch against DataLoader worker "
+                       "0 of 2's steps of it")
+    p.add_argument("--rounds", type=int, default=4)
     p = sub.add_parser("chunks", help="whole 4 MiB chunk GETs, SO_RCVLOWAT on and off")
     p.add_argument("--rounds", type=int, default=3)
     p = sub.add_parser("http-listing", help="list an HTTP source of 16 KiB files")
@@ -478,6 +519,8 @@ def main() -> None:
         loader_client(args.meta, args.index, args.rounds, args.pids, args.batch)
     elif args.what == "torch-ab":
         torch_workers_ab(args.rounds)
+    elif args.what == "worker-reads":
+        worker_reads(args.rounds)
     elif args.what == "chunks":
         whole_chunks(args.rounds)
     elif args.what == "http-listing":
