@@ -28,7 +28,8 @@ read in shuffled batches of 256 with one ``POST /v1/read`` per target per batch,
 4 batches in flight (as ``bench_small_samples``).
 ``worker-reads``: the same shards, an epoch read by one Loader against worker
 0 of 2's steps of it (``Loader.for_worker``), alternating: machine CPU per
-sample (``/proc/stat``), requests and bytes read per sample.
+sample (``/proc/stat``), the client's and the data servers' CPU per sample,
+requests and bytes read per sample.
 ``chunks``: whole-chunk GETs (what the Loader reads a mostly covered chunk
 with) of a 64 MiB file on one data server, 4 in flight, each round with the
 raw client's ``SO_RCVLOWAT`` mark on and then off (``rawhttp.LOWAT_FROM``),
@@ -328,7 +329,7 @@ def worker_reads(rounds: int) -> None:
     from .bench_loader import machine_busy
 
     with tempfile.TemporaryDirectory(prefix="profile-worker-reads-") as tmp, \
-            tar_cluster(Path(tmp)) as (meta, _):
+            tar_cluster(Path(tmp)) as (meta, pids):
         for r in range(rounds):
             for worker in (None, 0) if r % 2 == 0 else (0, None):
                 with Loader("/tar", meta_url=meta, batch_size=256, seed=r,
@@ -337,10 +338,12 @@ def worker_reads(rounds: int) -> None:
                     loader = whole if worker is None else whole.for_worker(worker, 2)
                     it = iter(loader)
                     next(it)
+                    servers = sum(map(cpu_seconds, pids.values()))
                     busy, cpu, start = machine_busy(), own_cpu(), time.perf_counter()
                     n = sum(map(len, it))
                     wall = time.perf_counter() - start
                     busy, cpu = machine_busy() - busy, own_cpu() - cpu
+                    servers = sum(map(cpu_seconds, pids.values())) - servers
                     targets = loader.stats()["targets"].values()
                     requests = sum(t["requests"] for t in targets)
                     nbytes = sum(t["bytes"] for t in targets)
@@ -348,7 +351,8 @@ def worker_reads(rounds: int) -> None:
                     loader.close()
                 name = "every step      " if worker is None else "worker 0 of 2's"
                 print(f"round {r} {name}: {n / wall:,.0f} samples/s; CPU µs/sample: machine "
-                      f"{1e6 * busy / n:.1f}, client {1e6 * cpu / n:.1f}; {requests} requests "
+                      f"{1e6 * busy / n:.1f}, client {1e6 * cpu / n:.1f}, data servers "
+                      f"{1e6 * servers / n:.1f}; {requests} requests "
                       f"of {nbytes / requests / 1e6:.2f} MB, {nbytes / samples:,.0f} bytes "
                       "read per sample", flush=True)
 

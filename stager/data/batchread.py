@@ -18,9 +18,10 @@ from collections.abc import AsyncIterator, Sequence
 from ..errors import RangeNotSatisfiable, Unavailable
 from ..protocol.models import ReadItem
 from ..storage import ChunkStore, OpenChunk
-from ..storage.chunkfile import block_span, read_verified_into
+from ..storage.chunkfile import ChunkMeta, block_span, read_blocks_verified
 
 SLICE = 4 << 20         # bytes read per thread hop
+WINDOW = 1 << 20        # bytes of blocks read at once for neighbouring items
 
 
 class BatchRead:
@@ -60,7 +61,12 @@ class BatchRead:
             yield await asyncio.to_thread(self.read, group)
 
     def read(self, items: Sequence[ReadItem]) -> bytearray:
-        """The bytes of ``items``, concatenated (blocking)."""
+        """The bytes of ``items``, concatenated (blocking).
+
+        Items of one chunk whose blocks touch or overlap (the samples of a shuffled
+        batch, a few to a block) share one read of their blocks, each block checked
+        once: read per item, a block holding several of them was read and checked
+        once for each, up to twice its chunk's size per request."""
         with self._lock:
             if self._closed:
                 raise Unavailable("the batched read was abandoned")
@@ -68,14 +74,17 @@ class BatchRead:
         try:
             out = bytearray(sum(i.length for i in items))
             view = memoryview(out)
-            spans = [block_span(self.chunks[i.chunk].meta, i.offset, i.length) for i in items]
-            scratch = memoryview(bytearray(max((b - a for a, b in spans), default=0)))
+            runs = _windows([(i.chunk, *_span(self.chunks[i.chunk].meta, i)) for i in items])
+            scratch = memoryview(bytearray(max((r[2] - r[1] for r in runs), default=0)))
             pos = 0
-            for item in items:
-                oc = self.chunks[item.chunk]
-                read_verified_into(oc.fd, oc.meta, item.offset, view[pos:pos + item.length],
-                                   scratch, item.chunk)
-                pos += item.length
+            for chunk, begin, end, first, last in runs:
+                oc = self.chunks[chunk]
+                blocks = scratch[:end - begin]
+                read_blocks_verified(oc.fd, oc.meta, begin, blocks, chunk)
+                for item in items[first:last]:
+                    at = item.offset - begin
+                    view[pos:pos + item.length] = blocks[at:at + item.length]
+                    pos += item.length
             return out
         finally:
             with self._lock:
@@ -95,3 +104,27 @@ class BatchRead:
         chunks, self.chunks = self.chunks, {}
         for oc in chunks.values():
             oc.close()
+
+
+def _span(meta: ChunkMeta, item: ReadItem) -> tuple[int, int]:
+    """The whole blocks ``item`` touches (none for an empty item)."""
+    if not item.length:
+        return item.offset, item.offset
+    return block_span(meta, item.offset, item.length)
+
+
+def _windows(spans: Sequence[tuple[str, int, int]]) -> list[tuple[str, int, int, int, int]]:
+    """Runs of consecutive items, given as (chunk, block start, block stop) each,
+    whose blocks are read together: same chunk, each item's blocks starting at
+    or before the run's end (touching or overlapping) and not before its start,
+    at most :data:`WINDOW` bytes (one item's blocks may be more).  Each run is
+    (chunk, start, stop, first item, item after the last)."""
+    runs: list[tuple[str, int, int, int, int]] = []
+    for i, (chunk, a, b) in enumerate(spans):
+        if runs:
+            c, start, stop, first, _ = runs[-1]
+            if c == chunk and start <= a <= stop and max(stop, b) - start <= WINDOW:
+                runs[-1] = (c, start, max(stop, b), first, i + 1)
+                continue
+        runs.append((chunk, a, b, i, i + 1))
+    return runs

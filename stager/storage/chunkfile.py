@@ -100,15 +100,22 @@ def read_verified_into(fd: int, meta: ChunkMeta, offset: int, out: memoryview,
         return
     start, stop = block_span(meta, offset, len(out))
     blocks = scratch[:stop - start]
-    if os.preadv(fd, [blocks], start) != stop - start:
+    read_blocks_verified(fd, meta, start, blocks, name)
+    out[:] = blocks[offset - start:offset - start + len(out)]
+
+
+def read_blocks_verified(fd: int, meta: ChunkMeta, start: int, blocks: memoryview,
+                         name: str = "") -> None:
+    """Fill ``blocks`` with the chunk's whole blocks from ``start`` (a block
+    boundary; ``blocks`` ends at one or at the data's end) and check each one."""
+    if os.preadv(fd, [blocks], start) != len(blocks):
         raise CorruptChunk(f"chunk {name} is truncated", chunk=name)
     bs = meta.block_size
-    for i in range(0, stop - start, bs):
+    for i in range(0, len(blocks), bs):
         block = (start + i) // bs
         if crc32c(blocks[i:i + bs]) != meta.block_crcs[block]:
             raise CorruptChunk(f"chunk {name} failed its checksum at block {block}",
                                chunk=name, block=block)
-    out[:] = blocks[offset - start:offset - start + len(out)]
 
 
 def verify_all(fd: int, meta: ChunkMeta, name: str = "") -> None:
