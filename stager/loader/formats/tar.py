@@ -22,7 +22,7 @@ import json
 import os
 import re
 import tarfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -60,23 +60,30 @@ class TarIndex(Index):
 
     def __init__(self, source: Source, members: list[list[tuple[str, int, int]]]) -> None:
         keys: list[str] = []
-        fields: list[tuple[tuple[str, int, int], ...]] = []
+        fields: list[tuple[str | int, ...]] = []
         shard: list[int] = []
         for s, listing in enumerate(members):
-            for key, group in _group(listing, source.files[s].rel):
+            for key, flat in _group(listing, source.files[s].rel):
                 keys.append(key)
-                fields.append(group)
+                fields.append(flat)
                 shard.append(s)
         super().__init__([f.info for f in source.files], len(keys))
         self.keys = keys
+        # Each sample's fields as one flat tuple of strings and numbers (extension,
+        # offset, size, extension, ...): the garbage collector stops tracking such
+        # a tuple the first time it looks at it.  Tuples of tuples stayed tracked
+        # into the oldest generation, and an index of 65,536 samples set off full
+        # collections (30-40 ms each here, all threads stopped) while the first
+        # batches were read.
         self.fields = fields
         self.shard = np.asarray(shard, dtype=np.int32)
         self._shard_of = shard          # the same as Python ints (read per sample)
         self._paths = [f.path for f in self.files]
         # A sample is read as one extent, from its first member's data to its last
         # member's end (the headers between them come along: 512 bytes each).
-        self._start = np.array([f[0][1] for f in fields], dtype=np.int64)
-        self._stop = np.array([f[-1][1] + f[-1][2] for f in fields], dtype=np.int64)
+        self._start = np.array([f[1] for f in fields], dtype=np.int64)
+        self._stop = np.array([f[-2] + f[-1] for f in fields],  # type: ignore[operator]
+                              dtype=np.int64)
 
     def block_starts(self) -> np.ndarray:
         """A block is the samples starting in one chunk of one shard."""
@@ -84,7 +91,7 @@ class TarIndex(Index):
             return np.zeros(0, dtype=np.int64)
         sizes = np.array([self.files[s].layout.chunk_size  # type: ignore[union-attr]
                           for s in self.shard], dtype=np.int64)
-        first = np.array([f[0][1] for f in self.fields], dtype=np.int64) // sizes
+        first = self._start // sizes
         change = (np.diff(self.shard) != 0) | (np.diff(first) != 0)
         return np.concatenate(([0], np.nonzero(change)[0] + 1)).astype(np.int64)
 
@@ -93,7 +100,8 @@ class TarIndex(Index):
 
     def extents(self, unit: int) -> list[Extent]:
         s = int(self.shard[unit])
-        return [Extent(s, off, size) for _, off, size in self.fields[unit]]
+        f = self.fields[unit]
+        return [Extent(s, f[i + 1], f[i + 2]) for i in range(0, len(f), 3)]  # type: ignore[arg-type]
 
     def spans_of(self, units: np.ndarray) -> Spans:
         start = self._start[units]
@@ -104,12 +112,13 @@ class TarIndex(Index):
         member's data to its last member's end)."""
         out: dict[str, Any] = {"__key__": self.keys[sample], "__index__": sample,
                                "__url__": self._paths[self._shard_of[sample]]}
-        fields = self.fields[sample]
-        if len(fields) == 1:
-            out[fields[0][0]] = bytes(decoded)
+        f: Any = self.fields[sample]
+        if len(f) == 3:
+            out[f[0]] = bytes(decoded)
             return out
-        base = fields[0][1]
-        for ext, off, size in fields:
+        base = f[1]
+        for i in range(0, len(f), 3):
+            ext, off, size = f[i:i + 3]
             out[ext] = bytes(decoded[off - base:off - base + size])
         return out
 
@@ -120,19 +129,19 @@ class TarIndex(Index):
         out = []
         for s in samples.tolist():
             f = fields[s]
-            if len(f) == 1:
+            if len(f) == 3:
                 out.append({"__key__": keys[s], "__index__": s, "__url__": paths[shard[s]],
-                            f[0][0]: decoded[s]})
+                            f[0]: decoded[s]})
             else:
                 out.append(self.sample(s, s, decoded[s]))
         return out
 
 
 def _group(listing: list[tuple[str, int, int]], shard: str
-           ) -> list[tuple[str, tuple[tuple[str, int, int], ...]]]:
-    """Consecutive members with one key make one sample."""
-    out: list[tuple[str, tuple[tuple[str, int, int], ...]]] = []
-    current: list[tuple[str, int, int]] = []
+           ) -> Iterator[tuple[str, tuple[str | int, ...]]]:
+    """Consecutive members with one key make one sample: its key and its fields as
+    one flat tuple (extension, offset, size, extension, ...)."""
+    current: list[str | int] = []
     key = None
     for name, offset, size in listing:
         split = split_key(name)
@@ -141,14 +150,13 @@ def _group(listing: list[tuple[str, int, int]], shard: str
         k, ext = split
         if k != key:
             if current:
-                out.append((key, tuple(current)))  # type: ignore[arg-type]
+                yield key, tuple(current)  # type: ignore[misc]
             key, current = k, []
-        if any(e == ext for e, _, _ in current):
+        if ext in current[::3]:
             raise BadRequest(f"tar shard {shard}: sample {k!r} has field {ext!r} twice")
-        current.append((ext, offset, size))
+        current += (ext, offset, size)
     if current:
-        out.append((key, tuple(current)))  # type: ignore[arg-type]
-    return out
+        yield key, tuple(current)  # type: ignore[misc]
 
 
 class _WindowedFile(SeekableRaw):
