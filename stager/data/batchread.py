@@ -2,11 +2,12 @@
 
 Each chunk is opened once per request (its trailer read and checked once), and
 the request is refused before its response starts when a chunk is missing or a
-piece reaches past its end.  The pieces are then read a few MiB per thread hop,
-each straight into the slice's one buffer: the blocks a piece touches are read
-into a reused scratch buffer and checked against their CRCs (a 16 KiB piece
-still costs its whole 64 KiB block: that is what its checksum covers), and only
-the piece is copied out.
+piece reaches past its end.  The pieces are then read a few MiB per thread hop
+into the slice's one buffer: the blocks a piece touches are read into a reused
+scratch buffer and checked against their CRCs (a 16 KiB piece still costs its
+whole 64 KiB block: that is what its checksum covers), and only the piece is
+copied out.  Neighbouring pieces of one chunk share one read of their blocks
+(up to :data:`WINDOW` bytes), so each block is read and checked once.
 """
 
 from __future__ import annotations

@@ -68,20 +68,10 @@ def read_verified(fd: int, meta: ChunkMeta, offset: int, length: int, name: str 
     """``length`` bytes at ``offset``, after checking every block they touch."""
     if length <= 0:
         return b""
-    bs = meta.block_size
-    first, last = offset // bs, (offset + length - 1) // bs
-    start = first * bs
-    stop = min((last + 1) * bs, meta.data_len)
-    raw = os.pread(fd, stop - start, start)
-    if len(raw) != stop - start:
-        raise CorruptChunk(f"chunk {name} is truncated", chunk=name)
-    view = memoryview(raw)
-    for i, block in enumerate(range(first, last + 1)):
-        piece = view[i * bs:(i + 1) * bs]
-        if crc32c(piece) != meta.block_crcs[block]:
-            raise CorruptChunk(f"chunk {name} failed its checksum at block {block}",
-                               chunk=name, block=block)
-    return bytes(view[offset - start:offset - start + length])
+    start, stop = block_span(meta, offset, length)
+    blocks = memoryview(bytearray(stop - start))
+    read_blocks_verified(fd, meta, start, blocks, name)
+    return bytes(blocks[offset - start:offset - start + length])
 
 
 def block_span(meta: ChunkMeta, offset: int, length: int) -> tuple[int, int]:
@@ -89,19 +79,6 @@ def block_span(meta: ChunkMeta, offset: int, length: int) -> tuple[int, int]:
     bs = meta.block_size
     first, last = offset // bs, (offset + max(length, 1) - 1) // bs
     return first * bs, min((last + 1) * bs, meta.data_len)
-
-
-def read_verified_into(fd: int, meta: ChunkMeta, offset: int, out: memoryview,
-                       scratch: memoryview, name: str = "") -> None:
-    """Fill ``out`` from ``offset`` after checking every block it touches, as
-    :func:`read_verified` does, without allocating: the blocks are read into
-    ``scratch`` (at least as long as their :func:`block_span`)."""
-    if not len(out):
-        return
-    start, stop = block_span(meta, offset, len(out))
-    blocks = scratch[:stop - start]
-    read_blocks_verified(fd, meta, start, blocks, name)
-    out[:] = blocks[offset - start:offset - start + len(out)]
 
 
 def read_blocks_verified(fd: int, meta: ChunkMeta, start: int, blocks: memoryview,
