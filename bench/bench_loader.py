@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import http.client
 import io
-import os
 import random
 import statistics
 import tarfile
@@ -40,7 +39,7 @@ from stager import Client, Loader
 from stager.testing.nodes import NodeCluster
 
 from . import baselines as B
-from .common import KiB, MiB, aim, r2, scratch
+from .common import KiB, MiB, aim, machine_busy, r2, scratch
 
 DATA_SERVERS = 3
 FAST_RUNS = 3                   # no-compute runs per loader: the maximum rate is their median
@@ -125,18 +124,6 @@ def drive(make: Callable[[], Iterable[Any]], count: Callable[[Any], int], step: 
     return {"ttfb": first - start, "rate": samples / active, "stall": stall / active,
             "batches": batches, "cpu": busy / samples if samples else float("nan"),
             "late": late / batches if batches else float("nan")}
-
-
-def machine_busy() -> float:
-    """CPU seconds all of this machine's cores have been busy so far (user, nice,
-    system, irq and softirq time; not idle, iowait or steal), from ``/proc/stat``."""
-    try:
-        with open("/proc/stat") as f:
-            fields = f.readline().split()
-    except OSError:
-        return float("nan")
-    user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in fields[1:8])
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 def _close(it: Any) -> None:

@@ -144,6 +144,18 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_busy() -> float:
+    """CPU seconds all of this machine's cores have been busy so far (user, nice,
+    system, irq and softirq time; not idle, iowait or steal), from ``/proc/stat``."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return float("nan")
+    user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in fields[1:8])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
 def read_file(path: Path, block: int) -> int:
     """Read the whole file with ``block``-byte reads into one buffer; the bytes read."""
     fd = os.open(path, os.O_RDONLY)

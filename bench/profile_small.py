@@ -71,7 +71,7 @@ from pathlib import Path
 
 import stager
 
-from .common import cpu_seconds, new_client, run_async, upload_file
+from .common import cpu_seconds, machine_busy, new_client, run_async, upload_file
 
 SMALL = 16 * 1024
 
@@ -330,8 +330,6 @@ def worker_reads(rounds: int) -> None:
     each costs the machine per sample, and what it asks the data servers for."""
     from stager import Loader
 
-    from .bench_loader import machine_busy
-
     with tempfile.TemporaryDirectory(prefix="profile-worker-reads-") as tmp, \
             tar_cluster(Path(tmp)) as (meta, pids):
         for r in range(rounds):
@@ -348,10 +346,10 @@ def worker_reads(rounds: int) -> None:
                     wall = time.perf_counter() - start
                     busy, cpu = machine_busy() - busy, own_cpu() - cpu
                     servers = sum(map(cpu_seconds, pids.values())) - servers
-                    targets = loader.stats()["targets"].values()
-                    requests = sum(t["requests"] for t in targets)
-                    nbytes = sum(t["bytes"] for t in targets)
-                    samples = loader.stats()["samples"]
+                    stats = loader.stats()
+                    requests = sum(t["requests"] for t in stats["targets"].values())
+                    nbytes = sum(t["bytes"] for t in stats["targets"].values())
+                    samples = stats["samples"]
                     loader.close()
                 name = "every step      " if worker is None else "worker 0 of 2's"
                 print(f"round {r} {name}: {n / wall:,.0f} samples/s; CPU µs/sample: machine "
