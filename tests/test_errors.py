@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import time
 from collections.abc import Iterator
@@ -375,9 +376,11 @@ def test_an_exception_inside_a_write_block_discards_the_file(client: Client, ns:
 
 
 def test_client_vanishing_mid_upload_leaves_nothing(cluster: ThreadCluster, client: Client,
-                                                    ns: str) -> None:
+                                                    ns: str, caplog: pytest.LogCaptureFixture,
+                                                    ) -> None:
     """A gateway PUT whose client disconnects half-way never becomes a file, and the
-    chunks it had already stored are collected."""
+    chunks it had already stored are collected.  The server logs it quietly."""
+    caplog.set_level(logging.INFO, logger="stager.web")
     client.pipe(f"{ns}/cut.bin", b"previous")
     before = _all_chunks(cluster)
     url = urlsplit(cluster.meta_url)
@@ -392,6 +395,8 @@ def test_client_vanishing_mid_upload_leaves_nothing(cluster: ThreadCluster, clie
         time.sleep(0.05)
     assert not client.exists(f"{ns}/new.bin")
     assert client.cat(f"{ns}/cut.bin") == b"previous"
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert sum("the client went away" in r.getMessage() for r in caplog.records) == 2
 
 
 def _all_chunks(cluster: ThreadCluster) -> set[str]:

@@ -31,6 +31,7 @@ from stager.loader.report import FINAL_TIMEOUT, job_to_report
 from stager.meta.jobs import JOBS
 from stager.protocol.jobs import MAX_REPORT_BYTES
 from stager.testing import ThreadCluster
+from stager.web.server import start_sites, stop_sites
 
 N = 40
 DATA_BYTES = sum(len(file_bytes(i, 300)) for i in range(N))
@@ -362,12 +363,11 @@ class Proxy:
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self.runner = web.AppRunner(app, shutdown_timeout=0.1)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
+        self.sockets = await start_sites(self.runner, "127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
 
     async def _stop(self) -> None:
-        await self.runner.cleanup()
+        await stop_sites(self.runner, self.sockets)
         await self.session.close()
 
     def __enter__(self) -> Proxy:

@@ -16,6 +16,7 @@ from aiohttp import web
 from stager.dataplane import DataPlane, PlaneOptions, make_session
 from stager.errors import ChunkNotFound, CorruptChunk, TargetUnavailable
 from stager.web.middleware import error_response
+from stager.web.server import start_sites, stop_sites
 
 CHUNK = "0123456789abcdef0123456789abcdef.0"
 DATA = bytes(range(256)) * 4096          # 1 MiB
@@ -34,13 +35,12 @@ async def _serve(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     app.router.add_post("/v1/read", wrapped)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    sockets = await start_sites(runner, "127.0.0.1", 0)
     port = runner.addresses[0][1]
     try:
         yield f"http://127.0.0.1:{port}", peers
     finally:
-        await runner.cleanup()
+        await stop_sites(runner, sockets)
 
 
 @pytest.fixture

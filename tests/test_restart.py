@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import shutil
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from aiohttp import web
 from conftest import start_cluster
 
 from stager import AsyncClient, Client
@@ -20,6 +23,7 @@ from stager.config import load_config
 from stager.errors import Unavailable
 from stager.protocol.models import LayoutSpec
 from stager.testing import ProcessCluster, ThreadCluster, wait_for_targets
+from stager.web.server import start_sites, stop_sites
 
 SMALL = 64 * 1024
 
@@ -227,3 +231,20 @@ def test_stager_up_children_die_with_it(tmp_path: Path) -> None:
         time.sleep(0.05)
     assert not [p for p in pids if _alive(p)]
     cluster.proc = None
+
+
+async def test_a_connection_accepted_as_a_server_stops_is_closed_with_it() -> None:
+    """asyncio accepts a connection in one turn of the loop and makes its transport
+    in the next; a server closed in between left that connection half-made and open
+    (a ResourceWarning, an error here, when the collector found it)."""
+    runner = web.AppRunner(web.Application())
+    await runner.setup()
+    sockets = await start_sites(runner, "127.0.0.1", 0)
+    port = sockets[0].getsockname()[1]
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as client:
+        await asyncio.sleep(0)        # the loop accepts it after this task's turn ...
+        await asyncio.sleep(0)        # ... and would make its transport after this one
+        await stop_sites(runner, sockets)
+        assert await asyncio.to_thread(client.recv, 1) == b""   # closed, not left open
+    gc.collect()
+    assert all(s.fileno() == -1 for s in sockets)

@@ -27,6 +27,7 @@ from stager.stage.feed import PROBE_BYTES
 from stager.stage.httpraw import RawHttp
 from stager.stage.progress import Progress
 from stager.testing.httpserver import ROOT, serve_path
+from stager.web.server import start_sites, stop_sites
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -61,14 +62,13 @@ class Source:
         app.router.add_get("/{tail:.*}", serve_path, allow_head=self.head)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
+        self._sockets = await start_sites(self._runner, "127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         assert self._runner is not None
-        await self._runner.cleanup()
+        await stop_sites(self._runner, self._sockets)
 
     @web.middleware
     async def _record(self, request: web.Request,

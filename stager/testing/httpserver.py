@@ -27,6 +27,8 @@ from urllib.parse import quote
 
 from aiohttp import web
 
+from ..web.server import start_sites, stop_sites
+
 ROOT = web.AppKey("root", Path)
 
 
@@ -72,15 +74,13 @@ def make_app(root: Path) -> web.Application:
 async def _main(root: Path, host: str, port: int) -> None:
     runner = web.AppRunner(make_app(root), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    sockets = site._server.sockets if site._server else []   # the bound port of port 0
-    bound = sockets[0].getsockname()[1]
+    sockets = await start_sites(runner, host, port)
+    bound = sockets[0].getsockname()[1]                      # the bound port of port 0
     print(f"http://{host}:{bound}", flush=True)
     try:
         await asyncio.Event().wait()
     finally:
-        await runner.cleanup()
+        await stop_sites(runner, sockets)
 
 
 class HttpServer:

@@ -77,6 +77,13 @@ def _cut_short(request: web.Request, exc: StagerError) -> web.StreamResponse:
     return web.StreamResponse(status=exc.status)
 
 
+CLIENT_CLOSED_REQUEST = 499
+
+
+def _client_gone(request: web.Request) -> bool:
+    return request.transport is None or request.transport.is_closing()
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
@@ -90,8 +97,14 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             raise
         return error_response(_from_http(exc), headers={
             k: v for k, v in exc.headers.items() if k.lower() == "allow"})
-    except (asyncio.CancelledError, ConnectionResetError):
+    except asyncio.CancelledError:
         raise
+    except ConnectionResetError:
+        if not _client_gone(request):
+            raise
+        # Nothing can reach the client; the status is for the metrics (nginx's 499).
+        log.info("%s %s: the client went away", request.method, request.path)
+        return web.Response(status=CLIENT_CLOSED_REQUEST)
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
         err = InternalError("internal server error; see the server log")

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import signal
+import socket
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
@@ -71,8 +72,7 @@ async def serve(
     runner = web.AppRunner(app, access_log=None, handle_signals=False,
                            shutdown_timeout=5.0)
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, backlog=1024, reuse_address=True)
-    await site.start()
+    listening = await start_sites(runner, config.host, config.port)
     host, port = _bound_address(runner)
     url = config.advertise_url or f"http://{_url_host(config.host, host)}:{port}"
     log.info("listening on %s (advertised %s)", f"{host}:{port}", url)
@@ -94,7 +94,64 @@ async def serve(
         if background is not None:
             background.cancel()
             await asyncio.gather(background, return_exceptions=True)
-        await runner.cleanup()
+        await stop_sites(runner, listening)
+
+
+BACKLOG = 1024
+
+
+async def start_sites(runner: web.AppRunner, host: str, port: int) -> list[socket.socket]:
+    """Serve ``runner`` on every address ``host`` names; the listening sockets, for
+    :func:`stop_sites`."""
+    sockets = _listen(host, port)
+    for sock in sockets:
+        await web.SockSite(runner, sock, backlog=BACKLOG).start()
+    return sockets
+
+
+async def stop_sites(runner: web.AppRunner, sockets: list[socket.socket]) -> None:
+    """Stop accepting on ``sockets``, then close every connection and ``runner``."""
+    await _stop_accepting(sockets)
+    await runner.cleanup()
+
+
+def _listen(host: str, port: int) -> list[socket.socket]:
+    """Listening sockets on every address ``host`` names (all of them for ``""``),
+    as ``loop.create_server`` binds them, but owned here: see :func:`_stop_accepting`."""
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                               flags=socket.AI_PASSIVE)
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(BACKLOG)
+            sock.setblocking(False)
+    except OSError:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+async def _stop_accepting(sockets: list[socket.socket]) -> None:
+    """Stop accepting, and let connections already accepted reach the application.
+
+    asyncio (3.11) accepts a connection in one turn of the loop and makes its
+    transport in the next; closing the server between the two makes that
+    transport fail half-made, its socket left open for the collector to find.
+    So the sockets leave the selector first, and the server closes two turns
+    later, after aiohttp has seen every connection it must close.
+    """
+    loop = asyncio.get_running_loop()
+    for sock in sockets:
+        loop.remove_reader(sock.fileno())
+    for _ in range(2):
+        await asyncio.sleep(0)
 
 
 def _bound_address(runner: web.AppRunner) -> tuple[str, int]:
