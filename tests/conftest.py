@@ -26,6 +26,7 @@ from stager.config import load_config
 from stager.testing import ThreadCluster
 from stager.testing.mount import Mounted
 
+MiB = 1 << 20
 SLOW_CALLBACK = 0.5  # seconds a server callback may hold the loop before a test fails
 
 
@@ -161,11 +162,14 @@ async def aclient(cluster: ThreadCluster) -> AsyncIterator[AsyncClient]:
 
 @pytest.fixture
 def payload() -> callable:  # type: ignore[valid-type]
-    """Random bytes of a given size (deterministic per size)."""
+    """Random bytes of a given size (deterministic per size).  Made a MiB per call:
+    one ``randbytes`` call holds the GIL throughout (0.62 s for 96 MiB), and an
+    in-process server's callback waiting for it failed the blocked-loop guard."""
     def make(size: int) -> bytes:
         import random
 
-        return random.Random(size).randbytes(size)
+        rng = random.Random(size)
+        return b"".join(rng.randbytes(min(MiB, size - at)) for at in range(0, size, MiB))
     return make
 
 
