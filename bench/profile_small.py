@@ -11,6 +11,7 @@ it on a shared machine, where CPU per file moves far less than the rate::
     python -m bench.profile_small loader-ab STAGER_EVENT_LOOP=asyncio,uvloop
     python -m bench.profile_small torch-ab --rounds 6      # StagerDataLoader share_bytes
     python -m bench.profile_small worker-reads             # an epoch vs worker 0 of 2's steps
+    python -m bench.profile_small files --files 20000      # the Loader's files format
     python -m bench.profile_small chunks --rounds 4        # whole 4 MiB chunks, low mark on/off
     python -m bench.profile_small http-listing             # listing an HTTP source
     python -m bench.profile_small meta --files 2000        # create+commit rates
@@ -30,6 +31,8 @@ read in shuffled batches of 256 with one ``POST /v1/read`` per target per batch,
 0 of 2's steps of it (``Loader.for_worker``), alternating: machine CPU per
 sample (``/proc/stat``), the client's and the data servers' CPU per sample,
 requests and bytes read per sample.
+``files``: the Loader's ``files`` format over 16 KiB files (one stager file and
+one chunk each) on 3 data servers: machine, client and data server CPU per sample.
 ``chunks``: whole-chunk GETs (what the Loader reads a mostly covered chunk
 with) of a 64 MiB file on one data server, 4 in flight, each round with the
 raw client's ``SO_RCVLOWAT`` mark on and then off (``rawhttp.LOWAT_FROM``),
@@ -359,6 +362,41 @@ def worker_reads(rounds: int) -> None:
                       "read per sample", flush=True)
 
 
+def files_epochs(files: int, rounds: int) -> None:
+    """The Loader's ``files`` format: ``files`` 16 KiB files, one stager file (one
+    chunk) each, on 3 data servers (processes), an epoch per round in shuffled
+    batches of 256: machine, client and data server CPU per sample."""
+    from stager import Client, Loader
+    from stager.testing.nodes import NodeCluster
+
+    from .bench_loader import DATA_SERVERS
+
+    with tempfile.TemporaryDirectory(prefix="profile-files-") as tmp:
+        root = Path(tmp)
+        rng = random.Random(0)
+        (root / "files").mkdir()
+        for i in range(files):
+            (root / "files" / f"{i:07d}.bin").write_bytes(rng.randbytes(SMALL))
+        with NodeCluster(root / "cluster", DATA_SERVERS, mode="loopback") as cluster:
+            with Client(cluster.meta_url) as c:
+                c.put(root / "files", "/files", files_in_flight=32)
+            pids = {f"data{i}": p.pid for i, p in enumerate(cluster.procs[1:])}
+            for r in range(rounds):
+                with Loader("/files", meta_url=cluster.meta_url, batch_size=256, seed=r,
+                            format="files", prefetch_bytes=256 << 20,
+                            prefetch_batches=16) as loader:
+                    it = iter(loader)
+                    next(it)
+                    busy = machine_busy()
+                    n: list[int] = []
+                    wall, used = measured(pids, lambda it=it, n=n: n.append(sum(map(len, it))))
+                    busy = machine_busy() - busy
+                servers = sum(v for k, v in used.items() if k != "client")
+                print(f"round {r}: {n[0] / wall:,.0f} samples/s; CPU µs/sample: machine "
+                      f"{1e6 * busy / n[0]:.1f}, client {1e6 * used['client'] / n[0]:.1f}, "
+                      f"data servers {1e6 * servers / n[0]:.1f}", flush=True)
+
+
 def whole_chunks(rounds: int) -> None:
     from stager import Client
     from stager.dataplane import rawhttp
@@ -503,6 +541,9 @@ def main() -> None:
     p = sub.add_parser("worker-reads", help="a Loader's epoch against DataLoader worker "
                        "0 of 2's steps of it")
     p.add_argument("--rounds", type=int, default=4)
+    p = sub.add_parser("files", help="the Loader's files format: one 16 KiB file a sample")
+    p.add_argument("--files", type=int, default=20_000)
+    p.add_argument("--rounds", type=int, default=4)
     p = sub.add_parser("chunks", help="whole 4 MiB chunk GETs, SO_RCVLOWAT on and off")
     p.add_argument("--rounds", type=int, default=3)
     p = sub.add_parser("http-listing", help="list an HTTP source of 16 KiB files")
@@ -527,6 +568,8 @@ def main() -> None:
         torch_workers_ab(args.rounds)
     elif args.what == "worker-reads":
         worker_reads(args.rounds)
+    elif args.what == "files":
+        files_epochs(args.files, args.rounds)
     elif args.what == "chunks":
         whole_chunks(args.rounds)
     elif args.what == "http-listing":
