@@ -391,10 +391,14 @@ def files_epochs(files: int, rounds: int) -> None:
                     n: list[int] = []
                     wall, used = measured(pids, lambda it=it, n=n: n.append(sum(map(len, it))))
                     busy = machine_busy() - busy
+                    targets = loader.stats()["targets"].values()
+                requests = sum(t["requests"] for t in targets)
                 servers = sum(v for k, v in used.items() if k != "client")
                 print(f"round {r}: {n[0] / wall:,.0f} samples/s; CPU µs/sample: machine "
                       f"{1e6 * busy / n[0]:.1f}, client {1e6 * used['client'] / n[0]:.1f}, "
-                      f"data servers {1e6 * servers / n[0]:.1f}", flush=True)
+                      f"data servers {1e6 * servers / n[0]:.1f}; {requests} requests, "
+                      f"{sum(t['bytes'] for t in targets) / requests / 1e6:.2f} MB each",
+                      flush=True)
 
 
 def whole_chunks(rounds: int) -> None:

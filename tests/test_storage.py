@@ -130,6 +130,39 @@ def test_whole_chunk_crc_catches_a_swap_of_valid_blocks(tmp_path: Path, payload)
         os.close(fd)
 
 
+@pytest.mark.parametrize("block_size", [4096, BLOCK_SIZE, 4 * BLOCK_SIZE])
+@pytest.mark.parametrize("size", [0, 1, 4096 * 40 + 7, 3 * BLOCK_SIZE])
+def test_trailers_of_any_block_size_are_read_and_checked(tmp_path: Path, payload,
+                                                          block_size: int, size: int) -> None:
+    """The footer and the block table come in one read when the blocks are ours or
+    larger; a smaller block size (a longer table) is read and checked all the same,
+    and a flipped table entry is caught either way."""
+    data = payload(size)
+    path = tmp_path / "c"
+    trailer = build_trailer(data, crc32c(data), block_size)
+    path.write_bytes(data + trailer)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        meta = read_meta(fd, os.fstat(fd).st_size, "c")
+        assert (meta.data_len, meta.block_size) == (size, block_size)
+        assert len(meta.block_crcs) == -(-size // block_size)
+        from stager.storage.chunkfile import read_verified
+
+        assert read_verified(fd, meta, 0, size) == data
+    finally:
+        os.close(fd)
+    if size:
+        damaged = bytearray(trailer)
+        damaged[0] ^= 1                                  # the first block's CRC
+        path.write_bytes(data + bytes(damaged))
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            with pytest.raises(CorruptChunk, match="damaged trailer"):
+                read_meta(fd, os.fstat(fd).st_size, "c")
+        finally:
+            os.close(fd)
+
+
 def test_wrong_crc_stores_nothing(store: ChunkStore) -> None:
     chunk = cid()
     with pytest.raises(ChecksumMismatch) as err:

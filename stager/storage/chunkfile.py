@@ -50,17 +50,26 @@ def read_meta(fd: int, file_size: int, name: str = "") -> ChunkMeta:
     """Parse and check the trailer of an open chunk file."""
     if file_size < FOOTER_SIZE:
         raise CorruptChunk(f"chunk {name} is truncated", chunk=name)
-    footer = os.pread(fd, FOOTER_SIZE, file_size - FOOTER_SIZE)
-    magic, block_size, data_len, crc, trailer_crc = _FOOTER.unpack(footer)
+    # One read takes the footer and the block table of a chunk with our block size
+    # (or a larger one): the table has at most a word per BLOCK_SIZE of the file.
+    want = min(file_size, FOOTER_SIZE + 4 * -(-file_size // BLOCK_SIZE))
+    tail = os.pread(fd, want, file_size - want)
+    if len(tail) != want:
+        raise CorruptChunk(f"chunk {name} is truncated", chunk=name)
+    magic, block_size, data_len, crc, trailer_crc = _FOOTER.unpack_from(
+        tail, want - FOOTER_SIZE)
     if magic != MAGIC or block_size <= 0:
         raise CorruptChunk(f"chunk {name} has no valid trailer", chunk=name)
     nblocks = -(-data_len // block_size)
     if data_len + 4 * nblocks + FOOTER_SIZE != file_size:
         raise CorruptChunk(f"chunk {name} has the wrong length", chunk=name)
-    table = os.pread(fd, 4 * nblocks, data_len) if nblocks else b""
-    if crc32c(table + footer[:-4]) != trailer_crc:
+    if FOOTER_SIZE + 4 * nblocks <= want:
+        trailer = tail[want - FOOTER_SIZE - 4 * nblocks:]
+    else:                                   # smaller blocks than ours: a longer table
+        trailer = os.pread(fd, file_size - data_len, data_len)
+    if crc32c(trailer[:-4]) != trailer_crc:
         raise CorruptChunk(f"chunk {name} has a damaged trailer", chunk=name)
-    blocks = struct.unpack(f"<{nblocks}I", table)
+    blocks = struct.unpack_from(f"<{nblocks}I", trailer)
     return ChunkMeta(data_len=data_len, crc=crc, block_size=block_size, block_crcs=blocks)
 
 
