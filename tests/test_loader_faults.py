@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 from loader_data import file_bytes, write_files, write_tar
 
 from stager import Client, Loader
+from stager.dataplane import DataPlane
 from stager.errors import TargetUnavailable
+from stager.protocol.models import ReadItem
 from stager.testing import ThreadCluster
 
 
@@ -72,3 +74,28 @@ def test_no_replica_left_is_a_clear_error(tmp_path: Path) -> None:
             cluster.stop_data(1)
             with pytest.raises(TargetUnavailable):
                 list(loader)
+
+
+def test_a_small_file_damaged_on_the_wire_is_caught_and_read_from_the_other(
+        replicated: ThreadCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sample that is a whole chunk is checked on arrival against the chunk's
+    committed CRC32C: bytes damaged after the server checked them (here, flipped in
+    the client's buffer once the batched read returned) fail the read, and the
+    samples go to their other copies."""
+    with Client(replicated.meta_url) as c:
+        data = write_files(c, "/wire", 40)
+    damaged: list[str] = []
+    real = DataPlane.batch_read_into
+
+    async def flip_first(self: DataPlane, target: str, url: str, items: Sequence[ReadItem],
+                         out: memoryview, **kw: object) -> None:
+        await real(self, target, url, items, out, **kw)
+        if not damaged:
+            damaged.append(target)
+            out[len(out) // 2] ^= 0xFF
+    monkeypatch.setattr(DataPlane, "batch_read_into", flip_first)
+    samples, stats = read_all(replicated.meta_url, "/wire", format="files")
+    assert len(samples) == 40 and damaged
+    for s in samples:
+        assert s["data"] == data[int(s["__key__"].split("/f")[1][:4])]
+    assert stats["targets"][damaged[0]]["errors"] >= 1

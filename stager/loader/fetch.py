@@ -359,6 +359,7 @@ class Fetcher:
                 if p.crc is not None:
                     at = base + p.offset - run.start
                     if crc32c(view[at:at + p.length]) != p.crc:
+                        self.client.plane.counter(target).errors += 1
                         raise CorruptChunk(f"chunk {p.chunk} from target {target} failed its "
                                            "CRC32C", chunk=p.chunk, target=target)
             self._hand_out(run.members, view, base - run.start, out)

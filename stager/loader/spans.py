@@ -164,7 +164,7 @@ async def _read_ranges(fetcher: Fetcher, p: _Plan, target: str, url: str, runs: 
         await fetcher.client.plane.batch_read_into(target, url, items, view, patient=patient)
     base = 0
     for r in runs:
-        _hand_out(p, r, view, base - p.lo[r], target, out)
+        _hand_out(fetcher, p, r, view, base - p.lo[r], target, out)
         base += p.hi[r] - p.lo[r]
 
 
@@ -174,12 +174,12 @@ async def _read_whole(fetcher: Fetcher, p: _Plan, target: str, url: str, r: int,
     assert crc is not None
     view = await fetcher.read_chunk(target, url, name, full, crc, patient=len(replicas) == 1)
     try:
-        _hand_out(p, r, view, 0, target, out)
+        _hand_out(fetcher, p, r, view, 0, target, out)
     finally:
         fetcher.give_back(view)
 
 
-def _hand_out(p: _Plan, r: int, view: memoryview, shift: int, target: str,
+def _hand_out(fetcher: Fetcher, p: _Plan, r: int, view: memoryview, shift: int, target: str,
               out: list[Buffer]) -> None:
     """Copy run ``r``'s extents out of ``view`` (chunk offset ``o`` at ``o + shift``)."""
     a, b = int(p.runs[r]), int(p.runs[r + 1])
@@ -189,6 +189,7 @@ def _hand_out(p: _Plan, r: int, view: memoryview, shift: int, target: str,
         for start, length, whole in zip(starts, lengths, p.checked[a:b].tolist(),
                                         strict=True):
             if whole and crc32c(view[start + shift:start + shift + length]) != crc:
+                fetcher.client.plane.counter(target).errors += 1
                 raise CorruptChunk(f"chunk {name} from target {target} failed its CRC32C",
                                    chunk=name, target=target)
     for i, start, length in zip(ids, starts, lengths, strict=True):
