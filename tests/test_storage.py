@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import struct
+import time
 import uuid
 from pathlib import Path
 
@@ -16,8 +17,9 @@ from stager.errors import (
     ChunkNotFound,
     CorruptChunk,
     InsufficientStorage,
+    UploadNotFound,
 )
-from stager.storage import ChunkStore
+from stager.storage import ChunkStore, chunkstore
 from stager.storage.chunkfile import BLOCK_SIZE, FOOTER_SIZE, MAGIC, build_trailer, read_meta
 
 BS = BLOCK_SIZE
@@ -202,6 +204,53 @@ def test_fan_out_directories_and_purge(store: ChunkStore) -> None:
     assert store.list_chunks() == [keep]
     assert store.purge(fid) == 0
     assert store.purge(uuid.uuid4().hex) == 0
+
+
+def test_a_purged_files_chunks_are_refused_for_a_while(store: ChunkStore,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer that gave up can still have chunks on their way when its file is
+    collected: they are refused, so none lands as an orphan."""
+    fid = uuid.uuid4().hex
+    store.put(cid(0, fid), b"a", crc32c(b"a"))
+    assert store.purge(fid) == 1
+    with pytest.raises(UploadNotFound):
+        store.put(cid(1, fid), b"late", crc32c(b"late"))
+    with pytest.raises(UploadNotFound):
+        store.put_many([(cid(2, fid), b"late", crc32c(b"late"))])
+    other = cid()
+    store.put(other, b"b", crc32c(b"b"))                 # other files are taken
+    assert store.list_chunks() == [other] and store.usage().chunks == 1
+    later = time.monotonic() + chunkstore.PURGED_FOR + 1
+    monkeypatch.setattr(chunkstore.time, "monotonic", lambda: later)
+    store.purge(uuid.uuid4().hex)                       # forgets the marks past their time
+    store.put(cid(1, fid), b"again", crc32c(b"again"))
+    assert sorted(store.list_chunks()) == sorted([other, cid(1, fid)])
+
+
+@pytest.mark.parametrize("many", [False, True])
+def test_a_write_that_lands_after_its_files_purge_is_undone(store: ChunkStore, many: bool,
+                                                            monkeypatch: pytest.MonkeyPatch,
+                                                            ) -> None:
+    """The purge runs while the chunk is being written (after its temporary file,
+    before the rename): the purge does not see it, and the write, seeing the purge,
+    removes what it installed."""
+    fid = uuid.uuid4().hex
+    chunk = cid(0, fid)
+    replace = os.replace
+
+    def purge_first(src: object, dst: object) -> None:
+        assert store.purge(fid) == 0
+        replace(src, dst)
+    monkeypatch.setattr(chunkstore.os, "replace", purge_first)
+    with pytest.raises(UploadNotFound):
+        if many:
+            store.put_many([(chunk, b"late", crc32c(b"late"))])
+        else:
+            store.put(chunk, b"late", crc32c(b"late"))
+    monkeypatch.setattr(chunkstore.os, "replace", replace)
+    assert store.list_chunks() == []
+    assert (store.usage().chunks, store.usage().used) == (0, 0)
+    assert not [p for p in store.chunks_dir.rglob("*") if p.is_file()]
 
 
 def test_restart_rescans_and_removes_temporary_files(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -27,12 +28,15 @@ from ..errors import (
     InsufficientStorage,
     StagerError,
     StorageError,
+    UploadNotFound,
 )
 from ..protocol.models import parse_chunk_id
 from . import chunkfile
 from .chunkfile import ChunkMeta
 
 TMP_SUFFIX = ".tmp"
+PURGED_FOR = 600.0        # seconds a purged file's chunk writes are refused (and undone)
+PURGED_KEPT = 200_000     # at most this many purged file ids remembered
 T = TypeVar("T")
 
 
@@ -84,6 +88,7 @@ class ChunkStore:
         self._lock = threading.Lock()
         self._used = 0
         self._count = 0
+        self._purged: dict[str, float] = {}    # file id -> when purged (monotonic), oldest first
         self._scan()
 
     # -- paths ---------------------------------------------------------------
@@ -120,6 +125,7 @@ class ChunkStore:
             raise ChecksumMismatch(
                 f"chunk {chunk}: body CRC32C {actual:08x} != declared {crc:08x}",
                 chunk=chunk, expected=f"{crc:08x}", actual=f"{actual:08x}")
+        self._refuse_purged([chunk])
         path = self.path_of(chunk)
         trailer = chunkfile.build_trailer(data, crc)
         size = len(data) + len(trailer)
@@ -147,6 +153,7 @@ class ChunkStore:
         with self._lock:
             self._used += size - (old or 0)
             self._count += 0 if old is not None else 1
+        self._undo_if_purged([chunk])
 
     def put_many(self, items: Sequence[tuple[str, bytes | memoryview, int]]) -> None:
         """Store many chunks durably, each as :meth:`put` does, waiting on the disk
@@ -165,6 +172,7 @@ class ChunkStore:
             return
         if len({p.chunk for p in batch}) != len(batch):
             raise BadRequest("a chunk appears twice in one batch")
+        self._refuse_purged([p.chunk for p in batch])
         for p in batch:
             p.check()
         size = sum(p.size for p in batch)
@@ -196,6 +204,7 @@ class ChunkStore:
                 if p.tmp is not None and not p.installed:
                     _unlink_quietly(p.tmp)
             self._account([p for p in batch if p.installed])
+        self._undo_if_purged([p.chunk for p in batch])
 
     def _account(self, installed: list[_Pending]) -> None:
         with self._lock:
@@ -233,17 +242,28 @@ class ChunkStore:
     # -- delete --------------------------------------------------------------
     def delete(self, chunk: str) -> bool:
         path = self.path_of(chunk)
-        size = self._existing_size(path)
-        if size is None:
-            return False
-        _unlink_quietly(path)
+        try:
+            size = path.stat().st_size
+            os.unlink(path)
+        except FileNotFoundError:
+            return False        # not there, or a concurrent delete took it first
         with self._lock:
             self._used -= size
             self._count -= 1
         return True
 
     def purge(self, file_id: str) -> int:
-        """Delete every chunk of ``file_id``; returns how many were removed."""
+        """Delete every chunk of ``file_id``; returns how many were removed.  For
+        :data:`PURGED_FOR` seconds after, writes of its chunks are refused."""
+        now = time.monotonic()
+        with self._lock:            # marked before listing: see _undo_if_purged
+            self._purged.pop(file_id, None)
+            self._purged[file_id] = now
+            while True:                         # forget the oldest marks
+                old, when = next(iter(self._purged.items()))
+                if when > now - PURGED_FOR and len(self._purged) <= PURGED_KEPT:
+                    break
+                del self._purged[old]
         directory = self._dir_of(file_id)
         removed = 0
         try:
@@ -255,6 +275,29 @@ class ChunkStore:
             if name.startswith(prefix) and self.delete(name):
                 removed += 1
         return removed
+
+    def _purged_of(self, chunks: Sequence[str]) -> list[str]:
+        with self._lock:
+            return [c for c in chunks if parse_chunk_id(c)[0] in self._purged]
+
+    def _refuse_purged(self, chunks: Sequence[str]) -> None:
+        gone = self._purged_of(chunks)
+        if gone:
+            file_id, _ = parse_chunk_id(gone[0])
+            raise UploadNotFound(f"file {file_id} was collected: its chunks are not taken",
+                                 file_id=file_id, chunk=gone[0])
+
+    def _undo_if_purged(self, chunks: Sequence[str]) -> None:
+        """Remove chunks whose file was purged while they were being written, and
+        refuse them.  A writer that gave up (its file aborted and collected) can
+        still have a chunk on its way here; landing after the purge, it would stay
+        an orphan until fsck.  The purge marks its file before it lists the
+        directory, and a write checks after it installed its file: so either the
+        purge saw the chunk, or the write sees the mark."""
+        gone = self._purged_of(chunks)
+        for chunk in gone:
+            self.delete(chunk)
+        self._refuse_purged(gone)
 
     def list_chunks(self) -> list[str]:
         out = []
