@@ -343,12 +343,13 @@ def worker_reads(rounds: int) -> None:
                     loader = whole if worker is None else whole.for_worker(worker, 2)
                     it = iter(loader)
                     next(it)
-                    servers = sum(map(cpu_seconds, pids.values()))
-                    busy, cpu, start = machine_busy(), own_cpu(), time.perf_counter()
-                    n = sum(map(len, it))
-                    wall = time.perf_counter() - start
-                    busy, cpu = machine_busy() - busy, own_cpu() - cpu
-                    servers = sum(map(cpu_seconds, pids.values())) - servers
+                    busy = machine_busy()
+                    got: list[int] = []
+                    wall, used = measured(pids, lambda it=it, got=got: got.append(
+                        sum(map(len, it))))
+                    busy, n = machine_busy() - busy, got[0]
+                    cpu = used.pop("client")
+                    servers = sum(used.values())
                     stats = loader.stats()
                     requests = sum(t["requests"] for t in stats["targets"].values())
                     nbytes = sum(t["bytes"] for t in stats["targets"].values())
