@@ -28,8 +28,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from stager import Client, Loader
 from stager.config import load_config
 from stager.loader.report import FINAL_TIMEOUT, job_to_report
-from stager.meta.jobs import JOBS
-from stager.protocol.jobs import MAX_REPORT_BYTES
+from stager.meta.jobtable import JOBS
+from stager.protocol.jobreport import MAX_REPORT_BYTES
 from stager.testing import ThreadCluster
 from stager.web.server import start_sites, stop_sites
 

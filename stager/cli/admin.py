@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from ..config import parse_size
-from .files import human, with_client
+from .filecmds import human, with_client
 
 
 def cmd_target_remove(args: argparse.Namespace) -> int:

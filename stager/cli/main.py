@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from ..config import DEFAULT_META_URL
 from ..errors import StagerError
 
-COMMAND_MODULES = ("stager.cli.servers", "stager.cli.up", "stager.cli.files",
+COMMAND_MODULES = ("stager.cli.servers", "stager.cli.up", "stager.cli.filecmds",
                    "stager.cli.bench", "stager.cli.mount", "stager.cli.stage",
-                   "stager.cli.admin", "stager.cli.jobs")
+                   "stager.cli.admin", "stager.cli.jobcmds")
 
 
 def meta_url(args: argparse.Namespace) -> str:

@@ -12,7 +12,7 @@ from ..client import AsyncClient
 from ..config import load_config, parse_size
 from ..errors import BadRequest
 from ..stage import StageOptions, StageReport, stage, stager_url
-from .files import add_layout_flags, layout_spec
+from .filecmds import add_layout_flags, layout_spec
 from .main import meta_url
 
 

@@ -2,7 +2,7 @@
 
 from .async_client import AsyncClient
 from .bulk import WriteItem
-from .files import AsyncReadFile, AsyncWriteFile
+from .fileio import AsyncReadFile, AsyncWriteFile
 from .sync import Client, SyncReadFile, SyncWriteFile
 
 __all__ = ["AsyncClient", "AsyncReadFile", "AsyncWriteFile", "Client", "SyncReadFile",

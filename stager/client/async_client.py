@@ -29,7 +29,7 @@ from ..protocol import paths
 from ..protocol.manifest import Manifest
 from ..protocol.models import FileInfo, LayoutSpec, TargetInfo
 from .bulk import WriteItem, put_tree, write_many
-from .files import AsyncReadFile, AsyncWriteFile
+from .fileio import AsyncReadFile, AsyncWriteFile
 
 if TYPE_CHECKING:
     from ..stage import StageReport
@@ -241,7 +241,7 @@ class AsyncClient:
         body = await self._meta("GET", "/v1/targets")
         return [TargetInfo.from_json(t) for t in body["targets"]]
 
-    # -- loader telemetry (stager/meta/jobs.py) ----------------------------------------
+    # -- loader telemetry (stager/meta/jobtable.py) ----------------------------------------
     async def report_job(self, job: str, rank: int, report: Mapping[str, Any], *,
                          worker: int | None = None, timeout: float | None = None) -> None:
         """Send one loader's telemetry (``PUT /v1/jobs/{job}/ranks/{rank}``), once."""

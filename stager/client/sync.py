@@ -19,7 +19,7 @@ from fsspec.asyn import sync
 
 from ..config import Config
 from .async_client import AsyncClient
-from .files import AsyncReadFile, AsyncWriteFile
+from .fileio import AsyncReadFile, AsyncWriteFile
 from .ioloop import io_loop
 
 T = TypeVar("T")

@@ -1,6 +1,6 @@
 """The ``stager://`` fsspec filesystem (registered through the ``fsspec.specs`` entry point)."""
 
-from .files import StagerReadFile, StagerWriteFile
+from .buffered import StagerReadFile, StagerWriteFile
 from .filesystem import StagerFileSystem
 
 __all__ = ["StagerFileSystem", "StagerReadFile", "StagerWriteFile"]

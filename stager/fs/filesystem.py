@@ -34,7 +34,7 @@ from ..config import Config, load_config, parse_size
 from ..errors import IsADirectory, NotADirectory
 from ..protocol import paths
 from ..protocol.models import FileInfo, LayoutSpec
-from .files import StagerReadFile, StagerWriteFile
+from .buffered import StagerReadFile, StagerWriteFile
 from .info import to_fsspec
 from .ranges import read_ranges
 from .session import ClientHolder

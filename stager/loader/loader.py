@@ -33,13 +33,13 @@ from fsspec.asyn import sync
 from ..client import Client
 from ..config import Config
 from . import formats
+from .dataset import parse_source, resolve
 from .fetch import Fetcher, FetchOptions
 from .memory import keep_freed_memory
 from .order import TWO_LEVEL, epoch_order, regular_blocks
 from .partition import PARTITIONS, WORKER_SPLITS, Span, cursor_after
 from .pipeline import Limits, Pipeline
 from .report import Reporter, check_interval, job_to_report
-from .source import parse_source, resolve
 from .stats import Counters, copy_counters
 
 STATE_VERSION = 1

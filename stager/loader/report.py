@@ -3,7 +3,7 @@
 With ``Loader(job=…)`` (or ``STAGER_JOB`` set, or ``report=True``) a
 :class:`Reporter` on the loader's background I/O loop sends a compact summary
 of ``stats()`` every ``report_interval`` seconds and once more on ``close()``
-(``PUT /v1/jobs/{job}/ranks/{rank}``; see :mod:`stager.protocol.jobs`), so
+(``PUT /v1/jobs/{job}/ranks/{rank}``; see :mod:`stager.protocol.jobreport`), so
 ``stager jobs`` and ``GET /v1/jobs`` show operators which jobs starve.
 
 Reporting never gets in the training loop's way: the reports are built and sent
@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..client import Client
-from ..protocol.jobs import MAX_INTERVAL, MAX_TARGETS, MIN_INTERVAL, check_job
+from ..protocol.jobreport import MAX_INTERVAL, MAX_TARGETS, MIN_INTERVAL, check_job
 
 if TYPE_CHECKING:
     from .loader import Loader
@@ -73,7 +73,7 @@ def worst_targets(targets: Mapping[str, Mapping[str, Any]]) -> list[dict[str, An
 
 
 def build_report(stats: Mapping[str, Any], identity: Mapping[str, Any]) -> dict[str, Any]:
-    """The report body (the wire fields of :mod:`stager.protocol.jobs`) from ``stats()``."""
+    """The report body (the wire fields of :mod:`stager.protocol.jobreport`) from ``stats()``."""
     keys = ("samples", "batches", "bytes", "fetches", "stall_seconds", "waiting_seconds",
             "fetch_seconds", "decode_seconds", "samples_per_second", "time_to_first_batch",
             "epoch", "cursor", "reports_failed")

@@ -22,7 +22,7 @@ from ..web.metrics import ServerMetrics
 from ..web.middleware import METRICS_KEY, error_response, json_response, large_json_response
 from ..web.requests import path_arg, query_bool, query_int, read_json
 from ..web.server import add_routes, base_app
-from . import jobs, reliability
+from . import jobtable, reliability
 from .gateway import Gateway
 from .service import MetaService
 from .sqlite import SQLiteStore
@@ -62,7 +62,7 @@ def make_meta_app(config: Config) -> web.Application:
     app.cleanup_ctx.append(_background)
     # rebuild, repair, scrub, fsck: after _data_plane, whose plane they use
     reliability.install(app, service, config, lambda: app[GATEWAY].plane)
-    jobs.install(app)           # live loader telemetry (GET /v1/jobs)
+    jobtable.install(app)           # live loader telemetry (GET /v1/jobs)
     return app
 
 
@@ -325,5 +325,5 @@ HANDLERS = {
     "rename": rename, "remove": remove, "put_manifest": put_manifest,
     "get_manifest": get_manifest, "gateway_get": gateway_get,
     "gateway_head": gateway_head, "gateway_put": gateway_put,
-    "gateway_delete": gateway_delete, **reliability.HANDLERS, **jobs.HANDLERS,
+    "gateway_delete": gateway_delete, **reliability.HANDLERS, **jobtable.HANDLERS,
 }

@@ -20,7 +20,7 @@ from ..errors import BadRequest, IsADirectory, StagerError
 from ..layout import choose_layout
 from ..protocol.batch import CommitItem, CreateItem, check_count
 from ..protocol.models import FileInfo, LayoutSpec, TargetInfo
-from .store import Entry, MetaStore, Upload
+from .store import MetaStore, NodeEntry, Upload
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -49,7 +49,7 @@ class BatchOps:
         async def _run(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R: ...
         async def _write(self, fn: Callable[P, R], *args: P.args,
                          **kwargs: P.kwargs) -> R: ...
-        def _info(self, entry: Entry) -> FileInfo: ...
+        def _info(self, entry: NodeEntry) -> FileInfo: ...
         def healthy_targets(self) -> list[TargetInfo]: ...
 
     async def create_many(self, items: Sequence[CreateItem]) -> list[Created | StagerError]:
@@ -74,7 +74,7 @@ class BatchOps:
         if uploads:
             await self._write(self.store.begin_uploads, [u for _, u in uploads])
         for i, upload in uploads:
-            results[i] = (upload, self._info(Entry(upload.path, "file", 0, upload.created,
+            results[i] = (upload, self._info(NodeEntry(upload.path, "file", 0, upload.created,
                                                    upload.file_id, upload.layout)))
         return _filled(results)
 

@@ -30,7 +30,7 @@ from ..protocol import paths
 from ..protocol.manifest import Manifest
 from ..protocol.models import FileInfo, Layout, LayoutSpec, TargetInfo
 from .batch import BatchOps, check_commit
-from .store import Entry, MetaStore, Upload
+from .store import MetaStore, NodeEntry, Upload
 from .storethread import StoreThread
 
 log = logging.getLogger("stager.meta")
@@ -74,7 +74,7 @@ class MetaService(BatchOps):
         self.store.close()
 
     # -- namespace ------------------------------------------------------------------
-    def _info(self, entry: Entry) -> FileInfo:
+    def _info(self, entry: NodeEntry) -> FileInfo:
         locations = {}
         if entry.layout is not None:
             locations = {t: self.targets[t].url for t in entry.layout.targets
@@ -154,7 +154,7 @@ class MetaService(BatchOps):
             max_stripe_count=self.config.max_stripe_count, start=int(file_id[:8], 16))
         upload = Upload(file_id, path, chosen, overwrite, parents, self.clock())
         await self._write(self.store.begin_upload, upload)
-        info = self._info(Entry(path, "file", 0, upload.created, file_id, chosen))
+        info = self._info(NodeEntry(path, "file", 0, upload.created, file_id, chosen))
         return upload, info
 
     async def resolve_layout(self, path: str, spec: LayoutSpec) -> LayoutSpec:
@@ -296,7 +296,7 @@ class MetaService(BatchOps):
         return len(done)
 
 
-def _resolve_manifest(path: str, blob: bytes, created: float, live: dict[str, Entry],
+def _resolve_manifest(path: str, blob: bytes, created: float, live: dict[str, NodeEntry],
                       urls: dict[str, str]) -> dict[str, Any]:
     """Unpack a stored manifest and resolve it against the live files (CPU work: runs
     in a thread, so a large manifest never holds the event loop)."""

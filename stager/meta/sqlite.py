@@ -23,7 +23,7 @@ from ..protocol import paths
 from ..protocol.models import Layout, LayoutSpec, TargetInfo
 from .sqlite_batch import BatchSQL
 from .sqlite_reliability import ReliabilitySQL
-from .store import Entry, Garbage, MetaStore, Upload
+from .store import Garbage, MetaStore, NodeEntry, Upload
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -158,24 +158,24 @@ class SQLiteStore(BatchSQL, ReliabilitySQL, MetaStore):
             raise NotADirectory(f"{path} is not a directory", path=path)
         return int(row[0])
 
-    def _entry(self, path: str, row: tuple[Any, ...], checksums: bool) -> Entry:
+    def _entry(self, path: str, row: tuple[Any, ...], checksums: bool) -> NodeEntry:
         _, kind, size, mtime, file_id, layout, blob = row
         if kind == "file":
-            return Entry(path, kind, size, mtime, file_id,
+            return NodeEntry(path, kind, size, mtime, file_id,
                          layout=Layout.from_json(json.loads(layout)),
                          checksums=_unpack(blob) if checksums else None)
         spec = LayoutSpec.from_json(json.loads(layout)) if layout else None
-        return Entry(path, kind, 0, mtime, default_layout=spec)
+        return NodeEntry(path, kind, 0, mtime, default_layout=spec)
 
     def _touch(self, dir_id: int, now: float) -> None:
         self.db.execute("UPDATE entries SET mtime = ? WHERE id = ?", (now, dir_id))
 
     # -- namespace --------------------------------------------------------------
-    def stat(self, path: str, *, checksums: bool = True) -> Entry:
+    def stat(self, path: str, *, checksums: bool = True) -> NodeEntry:
         path = paths.normalize(path)
         return self._entry(path, self._resolve(path), checksums)
 
-    def list_dir(self, path: str, *, after: str, limit: int) -> list[Entry]:
+    def list_dir(self, path: str, *, after: str, limit: int) -> list[NodeEntry]:
         path = paths.normalize(path)
         row = self._resolve(path)
         if row[1] != "directory":
@@ -213,7 +213,7 @@ class SQLiteStore(BatchSQL, ReliabilitySQL, MetaStore):
         return current
 
     def mkdir(self, path: str, *, parents: bool, exist_ok: bool, now: float,
-              layout: LayoutSpec | None = None) -> Entry:
+              layout: LayoutSpec | None = None) -> NodeEntry:
         path = paths.normalize(path)
         if path == "/":
             if not exist_ok:
@@ -225,7 +225,7 @@ class SQLiteStore(BatchSQL, ReliabilitySQL, MetaStore):
                                 (json.dumps(layout.to_json()), dir_id))
         return self.stat(path)
 
-    def set_layout(self, path: str, layout: LayoutSpec) -> Entry:
+    def set_layout(self, path: str, layout: LayoutSpec) -> NodeEntry:
         path = paths.normalize(path)
         with self._tx():
             dir_id = self._resolve_dir(path)
@@ -252,7 +252,7 @@ class SQLiteStore(BatchSQL, ReliabilitySQL, MetaStore):
         self.db.execute("INSERT OR REPLACE INTO garbage VALUES (?, ?, ?, ?)",
                         (file_id, layout, size, now))
 
-    def rename(self, src: str, dst: str, *, overwrite: bool, now: float) -> Entry:
+    def rename(self, src: str, dst: str, *, overwrite: bool, now: float) -> NodeEntry:
         src, dst = paths.normalize(src), paths.normalize(dst)
         if src == "/" or dst == "/":
             raise InvalidPath("cannot rename the root")
@@ -329,7 +329,7 @@ class SQLiteStore(BatchSQL, ReliabilitySQL, MetaStore):
             "SELECT COUNT(*) FROM entries WHERE kind = 'directory'").fetchone()[0]
         return int(files), int(dirs), int(size)
 
-    def subtree_files(self, path: str) -> dict[str, Entry]:
+    def subtree_files(self, path: str) -> dict[str, NodeEntry]:
         path = paths.normalize(path)
         dir_id = self._resolve_dir(path)
         rows = self.db.execute(
@@ -345,7 +345,7 @@ class SQLiteStore(BatchSQL, ReliabilitySQL, MetaStore):
         for rel, size, mtime, file_id, layout, blob in rows:
             if layout not in layouts:
                 layouts[layout] = Layout.from_json(json.loads(layout))
-            out[rel] = Entry(paths.join(path, rel), "file", size, mtime, file_id,
+            out[rel] = NodeEntry(paths.join(path, rel), "file", size, mtime, file_id,
                              layout=layouts[layout], checksums=_unpack(blob))
         return out
 
@@ -379,7 +379,7 @@ class SQLiteStore(BatchSQL, ReliabilitySQL, MetaStore):
                       bool(row[4]), row[5])
 
     def commit_upload(self, file_id: str, *, size: int, checksums: tuple[int, ...],
-                      mtime: float, now: float) -> Entry:
+                      mtime: float, now: float) -> NodeEntry:
         with self._tx():
             upload = self.get_upload(file_id)
             parent, name = paths.split(upload.path)
@@ -400,7 +400,7 @@ class SQLiteStore(BatchSQL, ReliabilitySQL, MetaStore):
                  _pack(checksums)))
             self.db.execute("DELETE FROM uploads WHERE file_id = ?", (file_id,))
             self._touch(parent_id, now)
-        return Entry(upload.path, "file", size, mtime, file_id, upload.layout,
+        return NodeEntry(upload.path, "file", size, mtime, file_id, upload.layout,
                      checksums=checksums)
 
     def abort_upload(self, file_id: str, *, now: float) -> None:

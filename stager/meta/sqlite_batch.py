@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import AlreadyExists, IsADirectory, NotADirectory, NotFound, StagerError
 from ..protocol import paths
 from ..protocol.models import LayoutSpec
-from .store import Entry, Upload
+from .store import NodeEntry, Upload
 
 # (path, overwrite, parents) of one file about to be created
 CreateCheck = tuple[str, bool, bool]
@@ -36,7 +36,7 @@ class BatchSQL:
         def inherited_layout(self, path: str) -> LayoutSpec: ...
         def get_upload(self, file_id: str) -> Upload: ...
         def commit_upload(self, file_id: str, *, size: int, checksums: tuple[int, ...],
-                          mtime: float, now: float) -> Entry: ...
+                          mtime: float, now: float) -> NodeEntry: ...
         def abort_upload(self, file_id: str, *, now: float) -> None: ...
 
     # -- creates ---------------------------------------------------------------------
@@ -104,8 +104,8 @@ class BatchSQL:
         return out
 
     def commit_uploads(self, items: Sequence[CommitArgs], *, now: float
-                       ) -> list[Entry | StagerError]:
-        out: list[Entry | StagerError] = []
+                       ) -> list[NodeEntry | StagerError]:
+        out: list[NodeEntry | StagerError] = []
         with self._tx():
             for file_id, size, checksums, mtime in items:
                 try:        # commit_upload's own transaction nests: a savepoint

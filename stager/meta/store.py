@@ -17,7 +17,7 @@ from ..protocol.models import Layout, LayoutSpec, TargetInfo
 
 
 @dataclass(frozen=True)
-class Entry:
+class NodeEntry:
     """A namespace entry as stored."""
 
     path: str
@@ -70,26 +70,26 @@ class StoredFile:
 class MetaStore(ABC):
     # -- namespace -------------------------------------------------------------
     @abstractmethod
-    def stat(self, path: str, *, checksums: bool = True) -> Entry:
+    def stat(self, path: str, *, checksums: bool = True) -> NodeEntry:
         """The entry at ``path``; NotFound / NotADirectory when it is not there."""
 
     @abstractmethod
-    def list_dir(self, path: str, *, after: str, limit: int) -> list[Entry]:
+    def list_dir(self, path: str, *, after: str, limit: int) -> list[NodeEntry]:
         """Up to ``limit`` children of a directory, by name, after ``after``."""
 
     @abstractmethod
     def mkdir(self, path: str, *, parents: bool, exist_ok: bool, now: float,
-              layout: LayoutSpec | None = None) -> Entry: ...
+              layout: LayoutSpec | None = None) -> NodeEntry: ...
 
     @abstractmethod
-    def set_layout(self, path: str, layout: LayoutSpec) -> Entry: ...
+    def set_layout(self, path: str, layout: LayoutSpec) -> NodeEntry: ...
 
     @abstractmethod
     def inherited_layout(self, path: str) -> LayoutSpec:
         """The default layout a new file at ``path`` inherits from its ancestors."""
 
     @abstractmethod
-    def rename(self, src: str, dst: str, *, overwrite: bool, now: float) -> Entry: ...
+    def rename(self, src: str, dst: str, *, overwrite: bool, now: float) -> NodeEntry: ...
 
     @abstractmethod
     def remove(self, path: str, *, recursive: bool, now: float) -> int:
@@ -100,7 +100,7 @@ class MetaStore(ABC):
         """(files, directories, bytes) in the namespace."""
 
     @abstractmethod
-    def subtree_files(self, path: str) -> dict[str, Entry]:
+    def subtree_files(self, path: str) -> dict[str, NodeEntry]:
         """Every file below directory ``path``, by path relative to it, with checksums."""
 
     # -- manifests ---------------------------------------------------------------
@@ -121,7 +121,7 @@ class MetaStore(ABC):
 
     @abstractmethod
     def commit_upload(self, file_id: str, *, size: int, checksums: tuple[int, ...],
-                      mtime: float, now: float) -> Entry:
+                      mtime: float, now: float) -> NodeEntry:
         """Make the upload visible at its path (replacing a file if allowed)."""
 
     @abstractmethod
@@ -142,7 +142,7 @@ class MetaStore(ABC):
 
     @abstractmethod
     def commit_uploads(self, items: Sequence[tuple[str, int, tuple[int, ...], float]], *,
-                       now: float) -> list[Entry | StagerError]:
+                       now: float) -> list[NodeEntry | StagerError]:
         """Commit each ``(file_id, size, checksums, mtime)``; an item that fails changes
         nothing and does not stop the others."""
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import __version__
-from .jobs import SCHEMAS as JOB_SCHEMAS
+from ..version import __version__
+from .jobreport import SCHEMAS as JOB_SCHEMAS
 from .routes import Route, routes_for
 
 _INT = {"type": "integer"}

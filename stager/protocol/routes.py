@@ -73,7 +73,7 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/fsck", "fsck",
           "namespace against chunks: missing and orphan chunks (repair: fix them)", "meta",
           body="FsckRequest", responses={200: "FsckResult", 400: "Error"}),
-    # metadata server: loader telemetry (stager/meta/jobs.py, stager/protocol/jobs.py)
+    # metadata server: loader telemetry (stager/meta/jobtable.py, stager/protocol/jobreport.py)
     Route("PUT", "/v1/jobs/{job}/ranks/{rank}", "report_rank",
           "a loader (one rank, or one DataLoader worker of it) reports its telemetry; "
           "the entry expires after 3 report intervals without news", "meta",

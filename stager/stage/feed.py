@@ -45,7 +45,7 @@ PROBE_BYTES = 256 << 10     # a new file up to this size is read by the probe th
 
 
 @dataclass(frozen=True)
-class Entry:
+class Listed:
     """One listed file: its path in the source, relative path, listing info."""
 
     path: str
@@ -113,7 +113,7 @@ class Feed:
         self._buffers = buffers_for(options.large_files_in_flight, options.window,
                                     client.config.readahead_chunks)
 
-    async def run(self, entries: list[Entry]) -> Outcome:
+    async def run(self, entries: list[Listed]) -> Outcome:
         async def describe_all() -> None:
             # each description may be the source request that reads a small file
             await run_pool(entries, self.options.small_files_in_flight, self._describe)
@@ -124,7 +124,7 @@ class Feed:
         self.out.copied.update(self.small.copied)
         return self.out
 
-    async def _describe(self, entry: Entry) -> None:
+    async def _describe(self, entry: Listed) -> None:
         have = self.staged.get(entry.rel) if self.options.resume else None
         etag = plan.etag_for(entry.rel, have, self.recorded)
         probe = 1 if have is not None else min(PROBE_BYTES, self.options.part_size)
@@ -145,7 +145,7 @@ class Feed:
         else:
             self.large.add(f)
 
-    def _source_file(self, entry: Entry, info: dict[str, Any]) -> plan.SourceFile:
+    def _source_file(self, entry: Listed, info: dict[str, Any]) -> plan.SourceFile:
         size = info.get("size")
         if size is None:
             name = self.source.name(entry.path)

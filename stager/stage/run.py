@@ -21,7 +21,7 @@ from ..protocol.manifest import Manifest, ManifestFile
 from ..protocol.models import FileInfo, LayoutSpec
 from . import plan
 from .copy import PART, WINDOW
-from .feed import Entry, Feed
+from .feed import Feed, Listed
 from .progress import make_progress
 from .source import Source, open_source
 
@@ -125,7 +125,7 @@ async def _file_destination(client: AsyncClient, dst: str, name: str) -> str:
 
 
 def _entries(source: Source, listing: dict[str, dict[str, Any]], options: StageOptions,
-             single: bool) -> list[Entry]:
+             single: bool) -> list[Listed]:
     """The listed files that take part in the run, in path order."""
     entries = []
     for path, info in sorted(listing.items()):
@@ -133,7 +133,7 @@ def _entries(source: Source, listing: dict[str, dict[str, Any]], options: StageO
             continue
         rel = "" if single else source.relative(path)
         if single or plan.selected(rel, options.include, options.exclude):
-            entries.append(Entry(path, rel, info))
+            entries.append(Listed(path, rel, info))
     return entries
 
 

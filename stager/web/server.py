@@ -14,11 +14,11 @@ from typing import Any
 
 from aiohttp import web
 
-from .. import __version__
 from ..aio import loop_factory
 from ..config import Config
 from ..protocol.openapi import openapi_document
 from ..protocol.routes import routes_for
+from ..version import __version__
 from .metrics import ServerMetrics
 from .middleware import METRICS_KEY, MIDDLEWARES, json_response
 

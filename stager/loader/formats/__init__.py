@@ -6,15 +6,15 @@ import importlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..source import Source
+from ..dataset import Dataset
 from .base import Index
 
-Builder = Callable[[Any, Source, dict[str, Any]], Awaitable[Index]]
+Builder = Callable[[Any, Dataset, dict[str, Any]], Awaitable[Index]]
 
 #: format name -> "module:function" building its index (imported on first use,
 #: so reading tar shards never imports zarr)
 FORMATS: dict[str, str] = {
-    "files": "files:build_files",
+    "files": "perfile:build_files",
     "tar": "tar:build_tar",
     "parquet": "parquet:build_parquet",
     "zarr": "zarr:build_zarr",
@@ -35,7 +35,7 @@ def _visible(rel: str) -> bool:
     return not any(part.startswith((".", "_")) for part in rel.split("/"))
 
 
-def detect(source: Source) -> str:
+def detect(source: Dataset) -> str:
     """``zarr`` for an array directory, ``tar`` or ``parquet`` when every visible
     file has that suffix, else ``files``."""
     names = source.names()

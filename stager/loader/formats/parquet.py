@@ -20,8 +20,8 @@ from ...aio import gather_or_cancel
 from ...client import AsyncClient
 from ...errors import BadRequest
 from ...protocol.models import FileInfo
+from ..dataset import Dataset
 from ..fetch import Buffer, Extent
-from ..source import Source
 from .base import Index, SeekableRaw
 
 SUFFIXES = (".parquet", ".pq")
@@ -62,7 +62,7 @@ class ParquetIndex(Index):
     format = "parquet"
     decodes = True
 
-    def __init__(self, source: Source, metadata: list[pq.FileMetaData], output: str) -> None:
+    def __init__(self, source: Dataset, metadata: list[pq.FileMetaData], output: str) -> None:
         units: list[tuple[int, int]] = []
         rows: list[int] = []
         for f, md in enumerate(metadata):
@@ -133,7 +133,7 @@ async def read_footer(client: AsyncClient, info: FileInfo) -> pq.FileMetaData:
         raise BadRequest(f"{info.path}: unreadable Parquet footer: {exc}") from None
 
 
-async def build_parquet(client: AsyncClient, source: Source,
+async def build_parquet(client: AsyncClient, source: Dataset,
                         options: dict[str, Any]) -> ParquetIndex:
     files = [f for f in source.files if f.rel.endswith(SUFFIXES)]
     if not files:
@@ -146,5 +146,5 @@ async def build_parquet(client: AsyncClient, source: Source,
     for f, md in zip(files, metadata, strict=True):
         if not md.schema.to_arrow_schema().equals(schema):
             raise BadRequest(f"{f.info.path} has another schema than {files[0].info.path}")
-    kept = Source(source.path, source.is_dir, tuple(files), source.from_manifest)
+    kept = Dataset(source.path, source.is_dir, tuple(files), source.from_manifest)
     return ParquetIndex(kept, list(metadata), output)

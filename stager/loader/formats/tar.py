@@ -31,8 +31,8 @@ import numpy as np
 from ...client import AsyncClient
 from ...errors import BadRequest
 from ...protocol.models import FileInfo
+from ..dataset import Dataset
 from ..fetch import Extent
-from ..source import Source
 from ..spans import Spans
 from .base import Index, SeekableRaw
 
@@ -58,7 +58,7 @@ def split_key(name: str) -> tuple[str, str] | None:
 class TarIndex(Index):
     format = "tar"
 
-    def __init__(self, source: Source, members: list[list[tuple[str, int, int]]]) -> None:
+    def __init__(self, source: Dataset, members: list[list[tuple[str, int, int]]]) -> None:
         keys: list[str] = []
         fields: list[tuple[str | int, ...]] = []
         shard: list[int] = []
@@ -334,11 +334,11 @@ def _store_cached(path: Path, members: list[tuple[str, int, int]]) -> None:
         pass               # a cache that cannot be written costs a re-index, nothing else
 
 
-async def build_tar(client: AsyncClient, source: Source, options: dict[str, Any]) -> TarIndex:
+async def build_tar(client: AsyncClient, source: Dataset, options: dict[str, Any]) -> TarIndex:
     shards = [f for f in source.files if f.rel.endswith(".tar")]
     if not shards:
         raise BadRequest(f"{source.path} holds no .tar shards")
-    kept = Source(source.path, source.is_dir, tuple(shards), source.from_manifest)
+    kept = Dataset(source.path, source.is_dir, tuple(shards), source.from_manifest)
     cache = options.get("index_cache", default_cache_dir())
     cache = Path(cache) if cache is not None else None
     sem = asyncio.Semaphore(8)

@@ -19,8 +19,8 @@ import numpy as np
 
 from ...client import AsyncClient
 from ...errors import BadRequest
+from ..dataset import Dataset
 from ..fetch import Buffer, Extent
-from ..source import Source
 from .base import Index
 
 METADATA = ("zarr.json", ".zarray", ".zattrs")
@@ -60,7 +60,7 @@ class ZarrIndex(Index):
     format = "zarr"
     decodes = True
 
-    def __init__(self, source: Source, docs: dict[str, bytes]) -> None:
+    def __init__(self, source: Dataset, docs: dict[str, bytes]) -> None:
         shape, dtype, rows, unit_keys = _layout(docs)
         super().__init__([f.info for f in source.files], shape[0])
         self.docs = docs
@@ -98,7 +98,7 @@ class ZarrIndex(Index):
         return out
 
 
-async def build_zarr(client: AsyncClient, source: Source, options: dict[str, Any]) -> ZarrIndex:
+async def build_zarr(client: AsyncClient, source: Dataset, options: dict[str, Any]) -> ZarrIndex:
     names = {f.rel: f.info for f in source.files}
     docs = {}
     for name in METADATA:

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from ..dataset import Dataset
 from ..fetch import Extent
-from ..source import Source
 from ..spans import Spans
 from .base import Index
 
@@ -22,7 +22,7 @@ class FilesIndex(Index):
     one_extent = True
     batch_inline = True
 
-    def __init__(self, source: Source) -> None:
+    def __init__(self, source: Dataset) -> None:
         super().__init__([f.info for f in source.files], len(source.files))
         self.keys = source.names()
         self._sizes = np.array([f.size for f in self.files], dtype=np.int64)
@@ -42,5 +42,5 @@ class FilesIndex(Index):
                 for s in samples.tolist()]
 
 
-async def build_files(client: Any, source: Source, options: dict[str, Any]) -> FilesIndex:
+async def build_files(client: Any, source: Dataset, options: dict[str, Any]) -> FilesIndex:
     return FilesIndex(source)

@@ -12,7 +12,7 @@ import json
 import time
 from typing import Any
 
-from .files import human, with_client
+from .filecmds import human, with_client
 
 
 def _who(rank: int, worker: int | None) -> str:

@@ -20,16 +20,16 @@ from ..protocol.models import FileInfo
 
 
 @dataclass(frozen=True)
-class SourceFile:
+class DatasetFile:
     rel: str             # path relative to the source ("/"-separated); the name for a file
     info: FileInfo
 
 
 @dataclass(frozen=True)
-class Source:
+class Dataset:
     path: str
     is_dir: bool
-    files: tuple[SourceFile, ...]
+    files: tuple[DatasetFile, ...]
     from_manifest: bool = False
 
     def names(self) -> list[str]:
@@ -49,11 +49,11 @@ def parse_source(source: str) -> tuple[str, str | None]:
     return paths.normalize(url.path or "/"), meta
 
 
-async def resolve(client: AsyncClient, path: str) -> Source:
+async def resolve(client: AsyncClient, path: str) -> Dataset:
     """The files of ``path``: the manifest's when recorded, else a walk of listings."""
     info = await client.stat(path, cached=False)
     if not info.is_dir:
-        return Source(info.path, False, (SourceFile(info.name, info),))
+        return Dataset(info.path, False, (DatasetFile(info.name, info),))
     manifest = await client.get_manifest(info.path)
     if manifest is not None:
         files = []
@@ -67,12 +67,12 @@ async def resolve(client: AsyncClient, path: str) -> Source:
                                    "longer exists", path=full) from None
             else:
                 live = manifest.file_info(f)
-            files.append(SourceFile(f.path, live))
-        return Source(info.path, True, tuple(files), from_manifest=True)
-    found = [SourceFile(e.path[len(info.path):].lstrip("/"), e)
+            files.append(DatasetFile(f.path, live))
+        return Dataset(info.path, True, tuple(files), from_manifest=True)
+    found = [DatasetFile(e.path[len(info.path):].lstrip("/"), e)
              async for e in _walk_listings(client, info.path)]
     found.sort(key=lambda f: f.rel)
-    return Source(info.path, True, tuple(found))
+    return Dataset(info.path, True, tuple(found))
 
 
 async def _walk_listings(client: AsyncClient, path: str) -> AsyncIterator[FileInfo]:

@@ -8,7 +8,7 @@ entry's stall fraction and samples/s as gauges.
 
 The table lives in memory, on purpose: it is live telemetry, rebuilt by the
 loaders' next reports within seconds of a restart, and an entry expires after
-:data:`~stager.protocol.jobs.MISSED_REPORTS` report intervals without news
+:data:`~stager.protocol.jobreport.MISSED_REPORTS` report intervals without news
 (its loader ended, was killed, or cannot reach us).  Nothing here touches the
 metadata store.
 """
@@ -25,7 +25,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from ..errors import Unavailable
-from ..protocol.jobs import MAX_REPORT_BYTES, check_entry, check_job, parse_report, ttl
+from ..protocol.jobreport import MAX_REPORT_BYTES, check_entry, check_job, parse_report, ttl
 from ..web.middleware import METRICS_KEY, json_response
 from ..web.requests import read_json
 
@@ -35,7 +35,7 @@ Key = tuple[str, int, int | None]
 
 
 @dataclass
-class Entry:
+class RankEntry:
     """The last report of one loader."""
 
     job: str
@@ -62,7 +62,7 @@ def _stale(old: dict[str, Any], new: dict[str, Any]) -> bool:
             and new.get("seq", 0) <= old.get("seq", 0))
 
 
-def summarize(entries: list[Entry], now: float) -> dict[str, Any]:
+def summarize(entries: list[RankEntry], now: float) -> dict[str, Any]:
     """A job's summary: its worst stall, total samples/s, coverage, last report."""
     worst = max(entries, key=lambda e: e.report.get("stall_fraction", 0.0))
     running = [e for e in entries if e.state == "running"]
@@ -92,11 +92,11 @@ class JobTable:
                  max_entries: int = MAX_ENTRIES) -> None:
         self.clock = clock
         self.max_entries = max_entries
-        self._entries: dict[Key, Entry] = {}
+        self._entries: dict[Key, RankEntry] = {}
 
     def report(self, job: str, rank: int, worker: int | None,
-               report: dict[str, Any]) -> Entry:
-        """Record a checked report (see :func:`~stager.protocol.jobs.parse_report`)."""
+               report: dict[str, Any]) -> RankEntry:
+        """Record a checked report (see :func:`~stager.protocol.jobreport.parse_report`)."""
         now = self.clock()
         self._expire(now)
         key = (job, rank, worker)
@@ -106,7 +106,7 @@ class JobTable:
         if old is None and len(self._entries) >= self.max_entries:
             raise Unavailable(f"{self.max_entries} loaders are reporting already; "
                               "this one is not recorded", limit=self.max_entries)
-        entry = Entry(job, rank, worker, report, now, now + ttl(report["interval"]))
+        entry = RankEntry(job, rank, worker, report, now, now + ttl(report["interval"]))
         self._entries[key] = entry
         return entry
 
@@ -114,14 +114,14 @@ class JobTable:
         for key in [k for k, e in self._entries.items() if e.expires <= now]:
             del self._entries[key]
 
-    def live(self) -> list[Entry]:
+    def live(self) -> list[RankEntry]:
         self._expire(self.clock())
         return list(self._entries.values())
 
     def jobs(self) -> list[dict[str, Any]]:
         """Every job with its entries (by rank, worker) and summary; worst stall first."""
         now = self.clock()
-        by_job: dict[str, list[Entry]] = {}
+        by_job: dict[str, list[RankEntry]] = {}
         for entry in self.live():
             by_job.setdefault(entry.job, []).append(entry)
         out = []
