@@ -32,18 +32,22 @@ SMALL_DIR = 100
 
 def fill_store(db: Path, directory: str, n: int) -> float:
     """``n`` empty committed files in ``directory`` of a new store; returns seconds."""
+    return run_async(_fill_store(db, directory, n))
+
+
+async def _fill_store(db: Path, directory: str, n: int) -> float:
     store = SQLiteStore(db)
     layout = Layout(chunk_size=4 << 20, stripe_count=1, replicas=1, targets=("t-bench",),
                     nodes=("node0",))
     start = time.perf_counter()
     try:
-        store.mkdir(directory, parents=True, exist_ok=True, now=time.time())
+        await store.mkdir(directory, parents=True, exist_ok=True, now=time.time())
         for k in range(0, n, 1000):         # the store's batch methods: a transaction each
             now = time.time()
             uploads = [Upload(uuid.uuid4().hex, f"{directory}/f{i:07d}", layout, True, True,
                               now) for i in range(k, min(n, k + 1000))]
-            store.begin_uploads(uploads)
-            store.commit_uploads([(u.file_id, 0, (), now) for u in uploads], now=now)
+            await store.begin_uploads(uploads)
+            await store.commit_uploads([(u.file_id, 0, (), now) for u in uploads], now=now)
     finally:
         store.close()
     return time.perf_counter() - start

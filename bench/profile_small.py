@@ -490,9 +490,9 @@ def group_commit(files: int, writers: int = 16) -> None:
     from stager.protocol.models import TargetInfo
 
     async def one(root: Path, max_group: int) -> None:
-        service = MetaService(SQLiteStore(root / f"meta-{max_group}.sqlite3"),
-                              load_config(env={}))
-        service._store_thread.max_group = max_group
+        store = SQLiteStore(root / f"meta-{max_group}.sqlite3", max_group=max_group)
+        service = MetaService(store, load_config(env={}))
+        await service.start()
         for i in range(3):
             await service.register_target(TargetInfo(f"t{i}", f"n{i}", f"http://h{i}:1"))
         todo = iter(range(files))
@@ -505,7 +505,7 @@ def group_commit(files: int, writers: int = 16) -> None:
         start = time.perf_counter()
         await asyncio.gather(*(writer() for _ in range(writers)))
         seconds = time.perf_counter() - start
-        thread = service._store_thread
+        thread = store.thread
         print(f"group commit {'on ' if max_group > 1 else 'off'}: {files / seconds:,.0f} "
               f"files/s ({writers} writers; {thread.grouped_calls} of the {2 * files} store "
               f"writes shared {thread.groups} transactions)", flush=True)

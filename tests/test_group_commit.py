@@ -17,15 +17,22 @@ from stager.config import load_config
 from stager.errors import AlreadyExists, IsADirectory, NotFound, UploadNotFound
 from stager.meta.service import MetaService
 from stager.meta.sqlite import SQLiteStore
+from stager.meta.storethread import StoreThread
 from stager.protocol.batch import CommitItem, CreateItem
 from stager.protocol.models import TargetInfo
 
 
 async def make_service(root: Path) -> MetaService:
     service = MetaService(SQLiteStore(root / "meta.sqlite3"), load_config(env={}))
+    await service.start()
     for i in range(3):
         await service.register_target(TargetInfo(f"t{i}", f"node{i}", f"http://127.0.0.1:{i + 1}"))
     return service
+
+
+def store_thread(service: MetaService) -> StoreThread:
+    assert isinstance(service.store, SQLiteStore)
+    return service.store.thread
 
 
 async def hold(service: MetaService) -> threading.Event:
@@ -37,15 +44,15 @@ async def hold(service: MetaService) -> threading.Event:
         started.set()
         release.wait(10)
 
-    asyncio.ensure_future(service._run(busy))
+    asyncio.ensure_future(store_thread(service).run(busy))
     await asyncio.to_thread(started.wait, 10)
     return release
 
 
 def commit(service: MetaService, file_id: str) -> asyncio.Future[object]:
     """The store write of a commit (what MetaService.commit does after its checks)."""
-    return asyncio.ensure_future(service._write(service.store.commit_upload, file_id, size=0,
-                                                checksums=(), mtime=1.0, now=1.0))
+    return asyncio.ensure_future(service.store.commit_upload(file_id, size=0, checksums=(),
+                                                             mtime=1.0, now=1.0))
 
 
 async def test_queued_writes_share_one_transaction_and_fail_alone(tmp_path: Path) -> None:
@@ -57,27 +64,27 @@ async def test_queued_writes_share_one_transaction_and_fail_alone(tmp_path: Path
         for upload, _ in taken:
             await service.commit(upload.file_id, size=0, checksums=())
         uploads = [await service.create(f"/g/f{i}") for i in range(20)]
-        groups_before = service._store_thread.groups
+        groups_before = store_thread(service).groups
         release = await hold(service)
         jobs = [commit(service, u.file_id) for u, _ in [*uploads[:10], *clash, *uploads[10:]]]
         jobs.append(commit(service, "0" * 32))
         await asyncio.sleep(0.05)
         release.set()
         results = await asyncio.gather(*jobs, return_exceptions=True)
-        assert service._store_thread.groups == groups_before + 1      # one transaction
-        assert service._store_thread.grouped_calls >= len(jobs)
+        assert store_thread(service).groups == groups_before + 1      # one transaction
+        assert store_thread(service).grouped_calls >= len(jobs)
         assert [type(r) for r in results[10:12]] == [AlreadyExists, AlreadyExists]
         assert isinstance(results[-1], UploadNotFound)
         ok = results[:10] + results[12:-1]
         assert [r.path for r in ok] == [f"/g/f{i}" for i in range(20)]  # type: ignore[attr-defined]
         # the failed commits changed nothing: their uploads are still pending
         for upload, _ in clash:
-            assert (await service._run(service.store.get_upload, upload.file_id)).path
+            assert (await service.store.get_upload(upload.file_id)).path
     finally:
         service.close()
     reopened = SQLiteStore(tmp_path / "meta.sqlite3")
     try:
-        assert [e.path for e in reopened.list_dir("/g", after="", limit=100)] == sorted(
+        assert [e.path for e in await reopened.list_dir("/g", after="", limit=100)] == sorted(
             [f"/g/f{i}" for i in range(20)] + ["/g/taken0", "/g/taken1"])
     finally:
         reopened.close()
@@ -95,11 +102,11 @@ async def test_a_read_ends_a_group_and_sees_the_writes_before_it(tmp_path: Path)
         await asyncio.sleep(0.01)
         two = commit(service, second.file_id)
         await asyncio.sleep(0.01)
-        groups_before = service._store_thread.groups
+        groups_before = store_thread(service).groups
         release.set()
         assert (await stat).file_id == first.file_id
         assert [(await one).path, (await two).path] == ["/r/f", "/r/g"]  # type: ignore[attr-defined]
-        assert service._store_thread.groups == groups_before      # none: each ran alone
+        assert store_thread(service).groups == groups_before      # none: each ran alone
     finally:
         service.close()
 

@@ -68,6 +68,7 @@ def make_meta_app(config: Config) -> web.Application:
 
 async def _data_plane(app: web.Application) -> AsyncIterator[None]:
     config = app[CONFIG]
+    await app[SERVICE].start()      # the registered targets, before anything serves
     session = make_session(plane_options(config))
     app[GATEWAY] = Gateway(app[SERVICE], DataPlane(session, plane_options(config)), config)
     yield

@@ -34,7 +34,7 @@ from ..protocol.models import Layout, chunk_id
 from .rebuild import Rebuilder
 from .repair import Repairer
 from .service import GONE_STATES, MetaService
-from .store import StoredFile
+from .store import StoredFile, all_files
 
 log = logging.getLogger("stager.fsck")
 MAX_LISTED = 100
@@ -59,6 +59,7 @@ class Fsck:
     def __init__(self, service: MetaService, rebuilder: Rebuilder, repairer: Repairer,
                  plane: Callable[[], DataPlane]) -> None:
         self.service = service
+        self.store = service.store
         self.rebuilder = rebuilder
         self.repairer = repairer
         self.plane = plane
@@ -91,20 +92,11 @@ class Fsck:
             result["missing_list"] = result["missing_list"][:MAX_LISTED]
             result["orphan_list"] = result["orphan_list"][:MAX_LISTED]
             for m in result["missing_list"]:
-                m["path"] = await self.service._run(self.service.store.path_of_file,
-                                                    m["file_id"])
+                m["path"] = await self.store.path_of_file(m["file_id"])
             return result
 
     async def _committed(self) -> dict[str, StoredFile]:
-        out: dict[str, StoredFile] = {}
-        after = 0
-        while True:
-            page = await self.service._run(self.service.store.files_page, after=after,
-                                           limit=1000)
-            out.update((f.file_id, f) for f in page)
-            if len(page) < 1000:
-                return out
-            after = page[-1].row
+        return {f.file_id: f async for f in all_files(self.store)}
 
     async def _listings(self) -> tuple[dict[str, set[str]], list[str]]:
         targets = self.service.healthy_targets()
@@ -131,7 +123,6 @@ class Fsck:
                           ) -> tuple[set[Placement], set[Placement]]:
         """Chunk copies something refers to, and (target, file id) of pending work
         (uploads, garbage) whose chunks are all referenced whatever their index."""
-        store = self.service.store
         pending = [(file_id, layout, committed[file_id].size)
                    for file_id, layout in self.rebuilder.pending.items() if file_id in committed]
 
@@ -142,8 +133,8 @@ class Fsck:
             return out
 
         referenced = await asyncio.to_thread(collect)
-        uploads = await self.service._run(store.expired_uploads, float("inf"))
-        garbage = await self.service._run(store.take_garbage, 1 << 62)
+        uploads = await self.store.expired_uploads(float("inf"))
+        garbage = await self.store.take_garbage(1 << 62)
         by_file = {p for u in uploads for p in _upload_placements(u.file_id, u.layout)}
         by_file.update(p for g in garbage for p in _upload_placements(g.file_id, g.layout))
         return referenced, by_file

@@ -32,9 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from dataclasses import replace as _with
 from typing import Any
 
 from ..config import Config
@@ -43,7 +41,7 @@ from ..protocol.models import Layout, TargetInfo, chunk_id
 from .copier import ChunkCopier, Outcome
 from .replan import REPLACEMENTS, Copy, copies_needed, replica_floor
 from .service import GONE_STATES, MetaService
-from .store import StoredFile
+from .store import StoredFile, all_files
 
 log = logging.getLogger("stager.rebuild")
 PAGE = 500
@@ -83,6 +81,7 @@ class Rebuilder:
     def __init__(self, service: MetaService, copier: ChunkCopier, config: Config,
                  policy: str = "fewest_copies") -> None:
         self.service = service
+        self.store = service.store
         self.copier = copier
         self.config = config
         self.replace = REPLACEMENTS[policy]
@@ -101,9 +100,7 @@ class Rebuilder:
         if target.state != state and target.state != "removed":
             log.warning("target %s %s (%s): re-replicating its chunks", target_id, state,
                         reason)
-            target = _with(target, state=state)
-            await self.service._run(self.service.store.upsert_target, target)
-            self.service.targets[target_id] = target
+            target = await self.service.set_target_state(target_id, state)
         self.service.retiring.add(target_id)
         self._wake.set()
         return target
@@ -143,7 +140,7 @@ class Rebuilder:
         gone = frozenset(t.id for t in self.service.targets.values()
                          if t.state in GONE_STATES)
         retiring = set(self.service.retiring)
-        files = [f async for f in self._files_on(gone)]
+        files = [f async for f in all_files(self.store, page=PAGE, targets=gone)]
         p = self.progress = Progress(state="running", lost=sorted(gone),
                                      passes=self.progress.passes + 1,
                                      files_total=len(files), started=time.time())
@@ -165,7 +162,7 @@ class Rebuilder:
         await asyncio.gather(*(worker() for _ in range(min(FILES_IN_FLIGHT, len(files)))))
         # A write begun before the target was gone may still commit onto it: the
         # next pass takes that file, so the target is not retired before.
-        uploads = await self.service._run(self.service.store.expired_uploads, float("inf"))
+        uploads = await self.store.expired_uploads(float("inf"))
         writing = sum(1 for u in uploads if gone & set(u.layout.targets))
         p.finished = time.time()
         p.state = "waiting" if p.files_deferred or writing else "idle"
@@ -175,17 +172,6 @@ class Rebuilder:
                  "%d bytes copied", p.passes, p.files_total, p.files_done, p.files_deferred,
                  p.unrecoverable_count, p.bytes_copied)
         return p.files_deferred + writing
-
-    async def _files_on(self, gone: frozenset[str]) -> AsyncIterator[StoredFile]:
-        after = 0
-        while gone:
-            page = await self.service._run(self.service.store.files_page, after=after,
-                                           limit=PAGE, targets=gone)
-            for f in page:
-                yield f
-            if len(page) < PAGE:
-                return
-            after = page[-1].row
 
     def _candidates(self) -> list[TargetInfo]:
         return self.service.healthy_targets()
@@ -201,7 +187,7 @@ class Rebuilder:
     async def rebuild_file(self, file_id: str, gone: frozenset[str]) -> str:
         """Re-replicate one file; "done", "skipped", "deferred" or "unrecoverable"."""
         p = self.progress
-        f = await self.service._run(self.service.store.file_by_id, file_id)
+        f = await self.store.file_by_id(file_id)
         if f is None or not gone & set(f.layout.targets):
             return "skipped"             # deleted, replaced or already rebuilt
         new = self.replace(f.layout, f.size, gone, self._candidates())
@@ -213,8 +199,7 @@ class Rebuilder:
         try:
             outcomes = await asyncio.gather(*(self._copy(f, c) for c in copies))
             if all(o is Outcome.COPIED for o in outcomes):
-                if not await self.service._run(self.service.store.replace_layout, file_id,
-                                               f.layout, new):
+                if not await self.store.replace_layout(file_id, f.layout, new):
                     return "skipped"
                 p.files_done += 1
                 if replica_floor(new, f.size) < new.replicas:
@@ -243,7 +228,7 @@ class Rebuilder:
     async def _unrecoverable(self, file_id: str) -> None:
         p = self.progress
         p.unrecoverable_count += 1
-        path = await self.service._run(self.service.store.path_of_file, file_id)
+        path = await self.store.path_of_file(file_id)
         log.error("file %s (%s): a chunk has no good copy left", path, file_id)
         if len(p.unrecoverable) < MAX_LISTED:
             p.unrecoverable.append(path or file_id)

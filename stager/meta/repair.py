@@ -34,6 +34,7 @@ class Repairer:
     def __init__(self, service: MetaService, copier: ChunkCopier,
                  plane: Callable[[], DataPlane]) -> None:
         self.service = service
+        self.store = service.store
         self.copier = copier
         self.plane = plane
         self.counts = {"reported": 0, "repaired": 0, "unrecoverable": 0, "deferred": 0,
@@ -82,7 +83,7 @@ class Repairer:
         """Give ``target`` a good copy of ``chunk``: "repaired", "unrecoverable",
         "deferred" or "ignored" (no committed file places the chunk there)."""
         file_id, index = parse_chunk_id(chunk)
-        f = await self.service._run(self.service.store.file_by_id, file_id)
+        f = await self.store.file_by_id(file_id)
         holders = chunk_targets(f.layout, index) if f is not None else []
         if f is None or target not in holders or index >= f.layout.chunk_count(f.size):
             self.counts["ignored"] += 1

@@ -1,7 +1,8 @@
 """The metadata service: namespace, layouts, uploads, targets.  Knows nothing of HTTP.
 
-Store calls are blocking; they run one at a time on the store's own thread,
-so the event loop never waits on SQLite or on an fsync.
+Everything persistent goes through the store (:class:`~.store.MetaStore`), whose
+calls are coroutines; the service adds what is not stored: layout choice, the
+checks of a commit, and target liveness (soft state, kept in memory).
 """
 
 from __future__ import annotations
@@ -12,30 +13,22 @@ import logging
 import time
 import uuid
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace as _with
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 from ..config import Config
-from ..errors import (
-    AlreadyExists,
-    BadRequest,
-    IsADirectory,
-    NotADirectory,
-    NotFound,
-    StagerError,
-)
+from ..errors import AlreadyExists, BadRequest, IsADirectory, NotFound, StagerError
 from ..layout import choose_layout
 from ..protocol import paths
+from ..protocol.batch import CommitItem, CreateItem
 from ..protocol.manifest import Manifest
 from ..protocol.models import FileInfo, Layout, LayoutSpec, TargetInfo
-from .batch import BatchOps, check_commit
+from . import batch
+from .batch import Created, check_commit
 from .store import MetaStore, NodeEntry, Upload
-from .storethread import StoreThread
 
 log = logging.getLogger("stager.meta")
-P = ParamSpec("P")
-R = TypeVar("R")
 
 Purger = Callable[[TargetInfo, list[str]], Awaitable[int]]
 # Targets whose chunks are re-replicated elsewhere (stager/meta/rebuild.py): "lost"
@@ -43,38 +36,37 @@ Purger = Callable[[TargetInfo, list[str]], Awaitable[int]]
 GONE_STATES = frozenset({"lost", "removed"})
 
 
-class MetaService(BatchOps):
+class MetaService:
+    """``store`` is public: the background duties (garbage collection, rebuild,
+    repair, fsck) read and write through it too."""
+
     def __init__(self, store: MetaStore, config: Config,
                  clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.config = config
         self.clock = clock
-        self._store_thread = StoreThread(store)
-        # Liveness is soft state: kept in memory, registration is persisted.
-        now = clock()
-        self.targets: dict[str, TargetInfo] = {
-            t.id: _with(t, last_heartbeat=now) for t in store.list_targets()}
+        # Liveness is soft state: kept in memory, registration is persisted (start()).
+        self.targets: dict[str, TargetInfo] = {}
         # Lost targets whose chunks are still being re-replicated: they stay lost even
         # if they heartbeat again (stager/meta/rebuild.py removes them when done).
-        self.retiring: set[str] = {t.id for t in self.targets.values()
-                                   if t.state in GONE_STATES}
+        self.retiring: set[str] = set()
         # More sections of `status` (rebuild, scrub, fsck: stager/meta/reliability.py).
         self.status_extras: list[Callable[[], dict[str, Any]]] = []
 
-    async def _run(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
-        return await self._store_thread.run(fn, *args, **kwargs)
-
-    async def _write(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
-        """A store write that may share one transaction (one fsync) with other
-        writes queued at the same time (group commit: stager/meta/storethread.py)."""
-        return await self._store_thread.write(fn, *args, **kwargs)
+    async def start(self) -> None:
+        """Load the registered targets, each as if it had just heartbeat; before serving."""
+        now = self.clock()
+        for t in await self.store.list_targets():
+            self.targets[t.id] = _with(t, last_heartbeat=now)
+            if t.state in GONE_STATES:
+                self.retiring.add(t.id)
 
     def close(self) -> None:
-        self._store_thread.close()
         self.store.close()
 
     # -- namespace ------------------------------------------------------------------
-    def _info(self, entry: NodeEntry) -> FileInfo:
+    def info(self, entry: NodeEntry) -> FileInfo:
+        """What clients see of an entry: with the URL of each target its layout names."""
         locations = {}
         if entry.layout is not None:
             locations = {t: self.targets[t].url for t in entry.layout.targets
@@ -85,7 +77,7 @@ class MetaService(BatchOps):
                         locations=locations)
 
     async def stat(self, path: str) -> FileInfo:
-        return self._info(await self._run(self.store.stat, paths.normalize(path)))
+        return self.info(await self.store.stat(paths.normalize(path)))
 
     async def list(self, path: str, *, after: str = "", limit: int | None = None
                    ) -> tuple[list[FileInfo], str | None]:
@@ -93,29 +85,28 @@ class MetaService(BatchOps):
         limit = self.config.list_page_size if limit is None else limit
         if not 1 <= limit <= 100_000:
             raise BadRequest("limit must be between 1 and 100000")
-        entries = await self._run(self.store.list_dir, paths.normalize(path), after=after,
-                                  limit=limit)
-        infos = [self._info(e) for e in entries]
+        entries = await self.store.list_dir(paths.normalize(path), after=after, limit=limit)
+        infos = [self.info(e) for e in entries]
         return infos, (entries[-1].path.rsplit("/", 1)[-1] if len(entries) == limit else None)
 
     async def mkdir(self, path: str, *, parents: bool = False, exist_ok: bool = False,
                     layout: LayoutSpec | None = None) -> FileInfo:
         if layout is not None:
             layout.validate(self.config.max_chunk_size)
-        return self._info(await self._run(self.store.mkdir, paths.normalize(path),
-                                          parents=parents, exist_ok=exist_ok,
-                                          now=self.clock(), layout=layout))
+        return self.info(await self.store.mkdir(paths.normalize(path), parents=parents,
+                                                exist_ok=exist_ok, now=self.clock(),
+                                                layout=layout))
 
     async def set_layout(self, path: str, layout: LayoutSpec) -> FileInfo:
         layout.validate(self.config.max_chunk_size)
-        return self._info(await self._run(self.store.set_layout, paths.normalize(path), layout))
+        return self.info(await self.store.set_layout(paths.normalize(path), layout))
 
     async def rename(self, src: str, dst: str, *, overwrite: bool = False) -> FileInfo:
-        return self._info(await self._run(self.store.rename, src, dst, overwrite=overwrite,
-                                          now=self.clock()))
+        return self.info(await self.store.rename(src, dst, overwrite=overwrite,
+                                                 now=self.clock()))
 
     async def remove(self, path: str, *, recursive: bool = False) -> int:
-        return await self._run(self.store.remove, path, recursive=recursive, now=self.clock())
+        return await self.store.remove(path, recursive=recursive, now=self.clock())
 
     # -- manifests ------------------------------------------------------------------
     async def put_manifest(self, path: str, body: dict[str, Any]) -> int:
@@ -126,15 +117,15 @@ class MetaService(BatchOps):
 
         # A 20,000-file manifest takes a third of a second to check and pack: off the loop.
         count, blob = await asyncio.to_thread(encode)
-        await self._run(self.store.put_manifest, path, blob, now=self.clock())
+        await self.store.put_manifest(path, blob, now=self.clock())
         return count
 
     async def get_manifest(self, path: str) -> dict[str, Any]:
         """The manifest of ``path`` resolved against the live namespace (see
         :mod:`stager.protocol.manifest`)."""
         path = paths.normalize(path)
-        blob, created = await self._run(self.store.get_manifest, path)
-        live = await self._run(self.store.subtree_files, path)
+        blob, created = await self.store.get_manifest(path)
+        live = await self.store.subtree_files(path)
         urls = {t.id: t.url for t in self.targets.values()}    # a snapshot for the thread
         return await asyncio.to_thread(_resolve_manifest, path, blob, created, live, urls)
 
@@ -145,56 +136,54 @@ class MetaService(BatchOps):
         path = paths.normalize(path)
         if path == "/":
             raise IsADirectory("the root is a directory", path=path)
-        await self._check_creatable(path, overwrite=overwrite, parents=parents)
-        spec = await self.resolve_layout(path, layout or LayoutSpec())
+        [inherited] = await self.store.check_creates([(path, overwrite, parents)])
+        if isinstance(inherited, StagerError):
+            raise inherited
+        spec = layout or LayoutSpec()
+        spec.validate(self.config.max_chunk_size)
+        upload = self.new_upload(path, spec.merged_over(inherited), overwrite=overwrite,
+                                 parents=parents, healthy=self.healthy_targets())
+        await self.store.begin_upload(upload)
+        return upload, self.info(NodeEntry(path, "file", 0, upload.created, upload.file_id,
+                                           upload.layout))
+
+    def new_upload(self, path: str, spec: LayoutSpec, *, overwrite: bool, parents: bool,
+                   healthy: Sequence[TargetInfo]) -> Upload:
+        """A new file id at ``path`` and its layout among ``healthy`` targets: ``spec``
+        (the request's, over the nearest directory's), then the configured defaults."""
+        config = self.config
+        spec = spec.merged_over(LayoutSpec(config.chunk_size, config.stripe_count,
+                                           config.replicas))
         file_id = uuid.uuid4().hex
         chosen = choose_layout(
-            self.healthy_targets(), chunk_size=spec.chunk_size or self.config.chunk_size,
+            healthy, chunk_size=spec.chunk_size or config.chunk_size,
             stripe_count=spec.stripe_count or 0, replicas=spec.replicas or 1,
-            max_stripe_count=self.config.max_stripe_count, start=int(file_id[:8], 16))
-        upload = Upload(file_id, path, chosen, overwrite, parents, self.clock())
-        await self._write(self.store.begin_upload, upload)
-        info = self._info(NodeEntry(path, "file", 0, upload.created, file_id, chosen))
-        return upload, info
-
-    async def resolve_layout(self, path: str, spec: LayoutSpec) -> LayoutSpec:
-        """The request's layout, then the nearest directory's, then the defaults."""
-        spec.validate(self.config.max_chunk_size)
-        inherited = await self._run(self.store.inherited_layout, path)
-        defaults = LayoutSpec(self.config.chunk_size, self.config.stripe_count,
-                              self.config.replicas)
-        return spec.merged_over(inherited).merged_over(defaults)
-
-    async def _check_creatable(self, path: str, *, overwrite: bool, parents: bool) -> None:
-        try:
-            existing = await self._run(self.store.stat, path, checksums=False)
-        except NotFound:
-            parent = paths.split(path)[0]
-            try:
-                entry = await self._run(self.store.stat, parent, checksums=False)
-            except NotFound:
-                if not parents:
-                    raise NotFound(f"parent directory {parent} does not exist",
-                                   path=path) from None
-                return
-            if not entry.is_dir:
-                raise NotADirectory(f"{parent} is not a directory", path=path) from None
-            return
-        if existing.is_dir:
-            raise IsADirectory(f"{path} is a directory", path=path)
-        if not overwrite:
-            raise AlreadyExists(f"{path} already exists", path=path)
+            max_stripe_count=config.max_stripe_count, start=int(file_id[:8], 16))
+        return Upload(file_id, path, chosen, overwrite, parents, self.clock())
 
     async def commit(self, file_id: str, *, size: int, checksums: tuple[int, ...],
                      mtime: float | None = None) -> FileInfo:
-        check_commit(await self._run(self.store.get_upload, file_id), size, checksums)
+        check_commit(await self.store.get_upload(file_id), size, checksums)
         now = self.clock()
-        entry = await self._write(self.store.commit_upload, file_id, size=size,
-                                  checksums=checksums, mtime=mtime or now, now=now)
-        return self._info(entry)
+        entry = await self.store.commit_upload(file_id, size=size, checksums=checksums,
+                                               mtime=mtime or now, now=now)
+        return self.info(entry)
 
     async def abort(self, file_id: str) -> None:
-        await self._write(self.store.abort_upload, file_id, now=self.clock())
+        await self.store.abort_upload(file_id, now=self.clock())
+
+    # -- batched writes (stager/meta/batch.py) ------------------------------------------
+    async def create_many(self, items: Sequence[CreateItem]) -> list[Created | StagerError]:
+        """:meth:`create` for each item; an error in its place where it fails."""
+        return await batch.create_many(self, items)
+
+    async def commit_many(self, items: Sequence[CommitItem]) -> list[FileInfo | StagerError]:
+        """:meth:`commit` for each item, in one transaction; failed items change nothing."""
+        return await batch.commit_many(self, items)
+
+    async def abort_many(self, file_ids: Sequence[str]) -> list[StagerError | None]:
+        """:meth:`abort` for each upload; ``None`` where it went."""
+        return await batch.abort_many(self, file_ids)
 
     # -- targets --------------------------------------------------------------------
     async def register_target(self, target: TargetInfo) -> TargetInfo:
@@ -204,7 +193,7 @@ class MetaService(BatchOps):
                                     url=target.url, target=other.id)
         target = _with(target, state=self._contact_state(target.id),
                        last_heartbeat=self.clock())
-        await self._run(self.store.upsert_target, target)
+        await self.store.upsert_target(target)
         self.targets[target.id] = target
         log.info("target %s (node %s) registered at %s", target.id, target.node, target.url)
         return target
@@ -219,7 +208,14 @@ class MetaService(BatchOps):
         self.targets[target_id] = target
         if target.state != old.state:
             log.info("target %s is %s again", target_id, target.state)
-            await self._run(self.store.upsert_target, target)
+            await self.store.upsert_target(target)
+        return target
+
+    async def set_target_state(self, target_id: str, state: str) -> TargetInfo:
+        """Store and apply a target's new state (``lost`` or ``removed``: rebuild)."""
+        target = _with(self.targets[target_id], state=state)
+        await self.store.upsert_target(target)
+        self.targets[target_id] = target
         return target
 
     def _contact_state(self, target_id: str) -> str:
@@ -250,7 +246,7 @@ class MetaService(BatchOps):
 
     async def status(self) -> dict[str, Any]:
         targets = self.list_targets()
-        files, dirs, size = await self._run(self.store.counts)
+        files, dirs, size = await self.store.counts()
         return {
             "targets": [t.to_json() for t in targets],
             "nodes": len({t.node for t in targets}),
@@ -266,12 +262,11 @@ class MetaService(BatchOps):
     # -- garbage collection -----------------------------------------------------------
     async def collect_garbage(self, purge: Purger, *, limit: int = 256) -> int:
         """Purge chunks of deleted, replaced and abandoned files; returns files finished."""
-        expired = await self._run(self.store.expired_uploads,
-                                  self.clock() - self.config.upload_grace)
+        expired = await self.store.expired_uploads(self.clock() - self.config.upload_grace)
         for upload in expired:
             log.info("upload %s of %s abandoned: collecting", upload.file_id, upload.path)
             await self.abort(upload.file_id)
-        garbage = await self._run(self.store.take_garbage, limit)
+        garbage = await self.store.take_garbage(limit)
         if not garbage:
             return 0
         by_target: dict[str, list[str]] = {}
@@ -292,7 +287,7 @@ class MetaService(BatchOps):
                 failed.update(file_ids)
         done = [g.file_id for g in garbage if g.file_id not in failed]
         if done:
-            await self._run(self.store.drop_garbage, done)
+            await self.store.drop_garbage(done)
         return len(done)
 
 

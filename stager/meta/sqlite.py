@@ -1,448 +1,153 @@
-"""The embedded metadata store: one SQLite file, WAL, fsync on every commit."""
+"""The embedded metadata store: one SQLite file, WAL, fsync on every commit.
+
+:class:`SQLiteStore` implements :class:`~.store.MetaStore` by running blocking
+SQL on one thread (:mod:`.storethread`), so the event loop never waits on SQLite
+or on an fsync.  The SQL itself lives in helper objects over one connection
+(:mod:`.sqlite_db`): the namespace, uploads and targets (:mod:`.sqlite_namespace`),
+batches (:mod:`.sqlite_batch`), and the files as rebuild, repair and fsck see
+them (:mod:`.sqlite_reliability`).  Writes of uploads that queue up while the
+thread is busy share one transaction (group commit); everything else runs alone.
+"""
 
 from __future__ import annotations
 
-import json
-import sqlite3
-import struct
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from ..errors import (
-    AlreadyExists,
-    DirectoryNotEmpty,
-    InvalidPath,
-    IsADirectory,
-    NotADirectory,
-    NotFound,
-    UploadNotFound,
-)
-from ..protocol import paths
+from ..errors import StagerError
 from ..protocol.models import Layout, LayoutSpec, TargetInfo
 from .sqlite_batch import BatchSQL
+from .sqlite_db import Database
+from .sqlite_namespace import NamespaceSQL
 from .sqlite_reliability import ReliabilitySQL
-from .store import Garbage, MetaStore, NodeEntry, Upload
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS entries (
-    id        INTEGER PRIMARY KEY,
-    parent    INTEGER NOT NULL,
-    name      TEXT    NOT NULL,
-    kind      TEXT    NOT NULL CHECK (kind IN ('file', 'directory')),
-    size      INTEGER NOT NULL DEFAULT 0,
-    mtime     REAL    NOT NULL,
-    file_id   TEXT,
-    layout    TEXT,
-    checksums BLOB,
-    UNIQUE (parent, name)
-);
-CREATE TABLE IF NOT EXISTS uploads (
-    file_id   TEXT PRIMARY KEY,
-    path      TEXT NOT NULL,
-    layout    TEXT NOT NULL,
-    overwrite INTEGER NOT NULL,
-    parents   INTEGER NOT NULL,
-    created   REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS garbage (
-    file_id   TEXT PRIMARY KEY,
-    layout    TEXT NOT NULL,
-    size      INTEGER NOT NULL,
-    since     REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS manifests (
-    dir_id    INTEGER PRIMARY KEY REFERENCES entries (id) ON DELETE CASCADE,
-    body      BLOB NOT NULL,
-    created   REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS entries_file_id ON entries (file_id);
-CREATE TABLE IF NOT EXISTS targets (
-    id             TEXT PRIMARY KEY,
-    node           TEXT NOT NULL,
-    url            TEXT NOT NULL,
-    capacity       INTEGER NOT NULL,
-    used           INTEGER NOT NULL,
-    chunks         INTEGER NOT NULL,
-    last_heartbeat REAL NOT NULL,
-    state          TEXT NOT NULL
-);
-"""
-
-ROOT_ID = 1
-_COLS = "id, kind, size, mtime, file_id, layout, checksums"
+from .store import (
+    CommitArgs,
+    CreateCheck,
+    Garbage,
+    MetaStore,
+    NodeEntry,
+    StoredFile,
+    Upload,
+)
+from .storethread import MAX_GROUP, StoreThread
 
 
-def _pack(checksums: tuple[int, ...]) -> bytes:
-    return struct.pack(f"<{len(checksums)}I", *checksums)
-
-
-def _unpack(blob: bytes | None) -> tuple[int, ...]:
-    if not blob:
-        return ()
-    return struct.unpack(f"<{len(blob) // 4}I", blob)
-
-
-class SQLiteStore(BatchSQL, ReliabilitySQL, MetaStore):
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")   # fsync on every commit
-        self.db.execute("PRAGMA foreign_keys=ON")
-        self.db.executescript(SCHEMA)
-        self.db.execute(
-            "INSERT OR IGNORE INTO entries (id, parent, name, kind, mtime) "
-            "VALUES (?, 0, '', 'directory', strftime('%s','now'))", (ROOT_ID,))
+class SQLiteStore(MetaStore):
+    def __init__(self, path: str | Path, *, max_group: int = MAX_GROUP) -> None:
+        self.database = Database(path)
+        self.path = self.database.path
+        self.namespace = NamespaceSQL(self.database)
+        self.batches = BatchSQL(self.namespace)
+        self.files = ReliabilitySQL(self.database)
+        # public: tests and benchmarks read its counters and queue work behind it
+        self.thread = StoreThread(self.database.transaction, max_group=max_group)
 
     def close(self) -> None:
-        self.db.close()
-
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        if self.db.in_transaction:
-            # Inside a batch or a group commit: a savepoint, so this operation fails
-            # alone and the enclosing transaction's one commit covers it.
-            self.db.execute("SAVEPOINT op")
-            try:
-                yield self.db
-            except BaseException:
-                self.db.execute("ROLLBACK TO op")
-                self.db.execute("RELEASE op")
-                raise
-            self.db.execute("RELEASE op")
-            return
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self.db
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
-        try:
-            self.db.execute("COMMIT")
-        except BaseException:
-            # Never leave a failed commit open: the next operation would nest in it.
-            if self.db.in_transaction:
-                self.db.execute("ROLLBACK")
-            raise
-
-    def group(self) -> AbstractContextManager[object]:
-        return self._tx()
-
-    # -- path resolution --------------------------------------------------------
-    def _child(self, parent_id: int, name: str) -> sqlite3.Row | tuple[Any, ...] | None:
-        return self.db.execute(
-            f"SELECT {_COLS} FROM entries WHERE parent = ? AND name = ?",
-            (parent_id, name)).fetchone()
-
-    def _resolve(self, path: str) -> tuple[Any, ...]:
-        """The row at ``path``; NotFound or NotADirectory when it is not there."""
-        row: tuple[Any, ...] = self.db.execute(
-            f"SELECT {_COLS} FROM entries WHERE id = ?", (ROOT_ID,)).fetchone()
-        walked = ""
-        for part in paths.parts(path):
-            if row[1] != "directory":
-                raise NotADirectory(f"{walked} is not a directory", path=path)
-            child = self._child(row[0], part)
-            walked += "/" + part
-            if child is None:
-                raise NotFound(f"no such file or directory: {walked}", path=path)
-            row = child
-        return row
-
-    def _resolve_dir(self, path: str) -> int:
-        row = self._resolve(path)
-        if row[1] != "directory":
-            raise NotADirectory(f"{path} is not a directory", path=path)
-        return int(row[0])
-
-    def _entry(self, path: str, row: tuple[Any, ...], checksums: bool) -> NodeEntry:
-        _, kind, size, mtime, file_id, layout, blob = row
-        if kind == "file":
-            return NodeEntry(path, kind, size, mtime, file_id,
-                         layout=Layout.from_json(json.loads(layout)),
-                         checksums=_unpack(blob) if checksums else None)
-        spec = LayoutSpec.from_json(json.loads(layout)) if layout else None
-        return NodeEntry(path, kind, 0, mtime, default_layout=spec)
-
-    def _touch(self, dir_id: int, now: float) -> None:
-        self.db.execute("UPDATE entries SET mtime = ? WHERE id = ?", (now, dir_id))
+        self.thread.close()
+        self.database.close()
 
     # -- namespace --------------------------------------------------------------
-    def stat(self, path: str, *, checksums: bool = True) -> NodeEntry:
-        path = paths.normalize(path)
-        return self._entry(path, self._resolve(path), checksums)
+    async def stat(self, path: str, *, checksums: bool = True) -> NodeEntry:
+        return await self.thread.run(self.namespace.stat, path, checksums=checksums)
 
-    def list_dir(self, path: str, *, after: str, limit: int) -> list[NodeEntry]:
-        path = paths.normalize(path)
-        row = self._resolve(path)
-        if row[1] != "directory":
-            raise NotADirectory(f"{path} is not a directory", path=path)
-        rows = self.db.execute(
-            f"SELECT name, {_COLS} FROM entries WHERE parent = ? AND name > ? "
-            "ORDER BY name LIMIT ?", (row[0], after, limit)).fetchall()
-        return [self._entry(paths.join(path, r[0]), r[1:], True) for r in rows]
+    async def list_dir(self, path: str, *, after: str, limit: int) -> list[NodeEntry]:
+        return await self.thread.run(self.namespace.list_dir, path, after=after, limit=limit)
 
-    def _mkdirs(self, path: str, *, parents: bool, exist_ok: bool, now: float) -> int:
-        """Create the directory ``path`` (and parents); returns its id.  In a transaction."""
-        current = ROOT_ID
-        walked = ""
-        names = paths.parts(path)
-        for i, part in enumerate(names):
-            walked += "/" + part
-            last = i == len(names) - 1
-            child = self._child(current, part)
-            if child is None:
-                if not last and not parents:
-                    raise NotFound(f"parent directory {walked} does not exist", path=path)
-                cur = self.db.execute(
-                    "INSERT INTO entries (parent, name, kind, mtime) VALUES (?, ?, 'directory', ?)",
-                    (current, part, now))
-                self._touch(current, now)
-                current = int(cur.lastrowid or 0)
-                continue
-            if child[1] != "directory":
-                if last:
-                    raise AlreadyExists(f"{walked} exists and is a file", path=path)
-                raise NotADirectory(f"{walked} is not a directory", path=path)
-            if last and not exist_ok:
-                raise AlreadyExists(f"directory {walked} already exists", path=path)
-            current = int(child[0])
-        return current
+    async def mkdir(self, path: str, *, parents: bool, exist_ok: bool, now: float,
+                    layout: LayoutSpec | None = None) -> NodeEntry:
+        return await self.thread.run(self.namespace.mkdir, path, parents=parents,
+                                     exist_ok=exist_ok, now=now, layout=layout)
 
-    def mkdir(self, path: str, *, parents: bool, exist_ok: bool, now: float,
-              layout: LayoutSpec | None = None) -> NodeEntry:
-        path = paths.normalize(path)
-        if path == "/":
-            if not exist_ok:
-                raise AlreadyExists("the root always exists", path=path)
-        with self._tx():
-            dir_id = self._mkdirs(path, parents=parents, exist_ok=exist_ok, now=now)
-            if layout is not None and layout.to_json():
-                self.db.execute("UPDATE entries SET layout = ? WHERE id = ?",
-                                (json.dumps(layout.to_json()), dir_id))
-        return self.stat(path)
+    async def set_layout(self, path: str, layout: LayoutSpec) -> NodeEntry:
+        return await self.thread.run(self.namespace.set_layout, path, layout)
 
-    def set_layout(self, path: str, layout: LayoutSpec) -> NodeEntry:
-        path = paths.normalize(path)
-        with self._tx():
-            dir_id = self._resolve_dir(path)
-            value = json.dumps(layout.to_json()) if layout.to_json() else None
-            self.db.execute("UPDATE entries SET layout = ? WHERE id = ?", (value, dir_id))
-        return self.stat(path)
+    async def inherited_layout(self, path: str) -> LayoutSpec:
+        return await self.thread.run(self.namespace.inherited_layout, path)
 
-    def inherited_layout(self, path: str) -> LayoutSpec:
-        spec = LayoutSpec()
-        row = self.db.execute(f"SELECT {_COLS} FROM entries WHERE id = ?", (ROOT_ID,)).fetchone()
-        chain = [row]
-        for part in paths.parts(paths.normalize(path))[:-1]:
-            row = self._child(row[0], part)
-            if row is None or row[1] != "directory":
-                break
-            chain.append(row)
-        for row in reversed(chain):          # nearest directory wins, field by field
-            if row[5]:
-                spec = spec.merged_over(LayoutSpec.from_json(json.loads(row[5])))
-        return spec
+    async def rename(self, src: str, dst: str, *, overwrite: bool, now: float) -> NodeEntry:
+        return await self.thread.run(self.namespace.rename, src, dst, overwrite=overwrite,
+                                     now=now)
 
-    def _garbage_file(self, row: tuple[Any, ...], now: float) -> None:
-        _, _, size, _, file_id, layout, _ = row
-        self.db.execute("INSERT OR REPLACE INTO garbage VALUES (?, ?, ?, ?)",
-                        (file_id, layout, size, now))
+    async def remove(self, path: str, *, recursive: bool, now: float) -> int:
+        return await self.thread.run(self.namespace.remove, path, recursive=recursive, now=now)
 
-    def rename(self, src: str, dst: str, *, overwrite: bool, now: float) -> NodeEntry:
-        src, dst = paths.normalize(src), paths.normalize(dst)
-        if src == "/" or dst == "/":
-            raise InvalidPath("cannot rename the root")
-        with self._tx():
-            row = self._resolve(src)
-            if src == dst:
-                return self._entry(dst, row, False)
-            if row[1] == "directory" and paths.is_within(dst, src):
-                raise InvalidPath(f"cannot move {src} inside itself", src=src, dst=dst)
-            dst_parent, dst_name = paths.split(dst)
-            parent_id = self._resolve_dir(dst_parent)
-            existing = self._child(parent_id, dst_name)
-            if existing is not None:
-                self._replace_for_rename(row, existing, dst, overwrite, now)
-            src_parent = self._resolve_dir(paths.split(src)[0])
-            self.db.execute("UPDATE entries SET parent = ?, name = ? WHERE id = ?",
-                            (parent_id, dst_name, row[0]))
-            self._touch(src_parent, now)
-            self._touch(parent_id, now)
-        return self.stat(dst, checksums=False)
+    async def counts(self) -> tuple[int, int, int]:
+        return await self.thread.run(self.namespace.counts)
 
-    def _replace_for_rename(self, row: tuple[Any, ...], existing: tuple[Any, ...], dst: str,
-                            overwrite: bool, now: float) -> None:
-        if existing[1] == "directory":
-            if row[1] != "directory":
-                raise IsADirectory(f"{dst} is a directory", path=dst)
-            has_child = self.db.execute("SELECT 1 FROM entries WHERE parent = ? LIMIT 1",
-                                        (existing[0],)).fetchone()
-            if has_child:
-                raise DirectoryNotEmpty(f"{dst} is not empty", path=dst)
-        elif row[1] == "directory":
-            raise NotADirectory(f"{dst} is a file", path=dst)
-        elif not overwrite:
-            raise AlreadyExists(f"{dst} already exists", path=dst)
-        else:
-            self._garbage_file(existing, now)
-        self.db.execute("DELETE FROM entries WHERE id = ?", (existing[0],))
-
-    def remove(self, path: str, *, recursive: bool, now: float) -> int:
-        path = paths.normalize(path)
-        if path == "/":
-            raise InvalidPath("cannot remove the root")
-        with self._tx():
-            row = self._resolve(path)
-            parent_id = self._resolve_dir(paths.split(path)[0])
-            if row[1] == "file":
-                self._garbage_file(row, now)
-                self.db.execute("DELETE FROM entries WHERE id = ?", (row[0],))
-                self._touch(parent_id, now)
-                return 1
-            has_child = self.db.execute("SELECT 1 FROM entries WHERE parent = ? LIMIT 1",
-                                        (row[0],)).fetchone()
-            if has_child and not recursive:
-                raise DirectoryNotEmpty(f"{path} is not empty", path=path)
-            subtree = ("WITH RECURSIVE sub(id) AS (SELECT ? UNION ALL "
-                       "SELECT e.id FROM entries e JOIN sub ON e.parent = sub.id) ")
-            # Python's sqlite3 gives rowcount -1 for a statement that begins with
-            # WITH, so count the garbage rows through total_changes instead.
-            before = self.db.total_changes
-            self.db.execute(
-                subtree + "INSERT OR REPLACE INTO garbage "
-                "SELECT file_id, layout, size, ? FROM entries "
-                "WHERE id IN (SELECT id FROM sub) AND kind = 'file'", (row[0], now))
-            files = self.db.total_changes - before
-            self.db.execute(subtree + "DELETE FROM entries WHERE id IN (SELECT id FROM sub)",
-                            (row[0],))
-            self._touch(parent_id, now)
-            return max(files, 0)
-
-    def counts(self) -> tuple[int, int, int]:
-        files, size = self.db.execute(
-            "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM entries WHERE kind = 'file'").fetchone()
-        dirs = self.db.execute(
-            "SELECT COUNT(*) FROM entries WHERE kind = 'directory'").fetchone()[0]
-        return int(files), int(dirs), int(size)
-
-    def subtree_files(self, path: str) -> dict[str, NodeEntry]:
-        path = paths.normalize(path)
-        dir_id = self._resolve_dir(path)
-        rows = self.db.execute(
-            "WITH RECURSIVE sub(id, rel, kind) AS ("
-            " SELECT id, name, kind FROM entries WHERE parent = ?"
-            " UNION ALL SELECT e.id, sub.rel || '/' || e.name, e.kind"
-            " FROM entries e JOIN sub ON e.parent = sub.id WHERE sub.kind = 'directory')"
-            " SELECT sub.rel, e.size, e.mtime, e.file_id, e.layout, e.checksums"
-            " FROM sub JOIN entries e ON e.id = sub.id WHERE sub.kind = 'file'",
-            (dir_id,)).fetchall()
-        layouts: dict[str, Layout] = {}
-        out = {}
-        for rel, size, mtime, file_id, layout, blob in rows:
-            if layout not in layouts:
-                layouts[layout] = Layout.from_json(json.loads(layout))
-            out[rel] = NodeEntry(paths.join(path, rel), "file", size, mtime, file_id,
-                             layout=layouts[layout], checksums=_unpack(blob))
-        return out
+    async def subtree_files(self, path: str) -> dict[str, NodeEntry]:
+        return await self.thread.run(self.namespace.subtree_files, path)
 
     # -- manifests --------------------------------------------------------------
-    def put_manifest(self, path: str, body: bytes, *, now: float) -> None:
-        with self._tx():
-            dir_id = self._resolve_dir(paths.normalize(path))
-            self.db.execute("INSERT OR REPLACE INTO manifests VALUES (?, ?, ?)",
-                            (dir_id, body, now))
+    async def put_manifest(self, path: str, body: bytes, *, now: float) -> None:
+        await self.thread.run(self.namespace.put_manifest, path, body, now=now)
 
-    def get_manifest(self, path: str) -> tuple[bytes, float]:
-        path = paths.normalize(path)
-        row = self.db.execute("SELECT body, created FROM manifests WHERE dir_id = ?",
-                              (self._resolve_dir(path),)).fetchone()
-        if row is None:
-            raise NotFound(f"no manifest recorded for {path}", path=path)
-        return bytes(row[0]), float(row[1])
+    async def get_manifest(self, path: str) -> tuple[bytes, float]:
+        return await self.thread.run(self.namespace.get_manifest, path)
 
-    # -- uploads ----------------------------------------------------------------
-    def begin_upload(self, upload: Upload) -> None:
-        with self._tx():
-            self.db.execute("INSERT INTO uploads VALUES (?, ?, ?, ?, ?, ?)", (
-                upload.file_id, upload.path, json.dumps(upload.layout.to_json()),
-                int(upload.overwrite), int(upload.parents), upload.created))
+    # -- writes: these may share one transaction with writes queued alongside ----
+    async def begin_upload(self, upload: Upload) -> None:
+        await self.thread.write(self.namespace.begin_uploads, [upload])
 
-    def get_upload(self, file_id: str) -> Upload:
-        row = self.db.execute("SELECT * FROM uploads WHERE file_id = ?", (file_id,)).fetchone()
-        if row is None:
-            raise UploadNotFound(f"no pending upload {file_id}", file_id=file_id)
-        return Upload(row[0], row[1], Layout.from_json(json.loads(row[2])), bool(row[3]),
-                      bool(row[4]), row[5])
+    async def get_upload(self, file_id: str) -> Upload:
+        return await self.thread.run(self.namespace.get_upload, file_id)
 
-    def commit_upload(self, file_id: str, *, size: int, checksums: tuple[int, ...],
-                      mtime: float, now: float) -> NodeEntry:
-        with self._tx():
-            upload = self.get_upload(file_id)
-            parent, name = paths.split(upload.path)
-            parent_id = self._mkdirs(parent, parents=upload.parents, exist_ok=True, now=now) \
-                if parent != "/" else ROOT_ID
-            existing = self._child(parent_id, name)
-            if existing is not None:
-                if existing[1] == "directory":
-                    raise IsADirectory(f"{upload.path} is a directory", path=upload.path)
-                if not upload.overwrite:
-                    raise AlreadyExists(f"{upload.path} already exists", path=upload.path)
-                self._garbage_file(existing, now)
-                self.db.execute("DELETE FROM entries WHERE id = ?", (existing[0],))
-            self.db.execute(
-                "INSERT INTO entries (parent, name, kind, size, mtime, file_id, layout, checksums)"
-                " VALUES (?, ?, 'file', ?, ?, ?, ?, ?)",
-                (parent_id, name, size, mtime, file_id, json.dumps(upload.layout.to_json()),
-                 _pack(checksums)))
-            self.db.execute("DELETE FROM uploads WHERE file_id = ?", (file_id,))
-            self._touch(parent_id, now)
-        return NodeEntry(upload.path, "file", size, mtime, file_id, upload.layout,
-                     checksums=checksums)
+    async def commit_upload(self, file_id: str, *, size: int, checksums: tuple[int, ...],
+                            mtime: float, now: float) -> NodeEntry:
+        return await self.thread.write(self.namespace.commit_upload, file_id, size=size,
+                                       checksums=checksums, mtime=mtime, now=now)
 
-    def abort_upload(self, file_id: str, *, now: float) -> None:
-        with self._tx():
-            upload = self.get_upload(file_id)
-            self.db.execute("DELETE FROM uploads WHERE file_id = ?", (file_id,))
-            self.db.execute("INSERT OR REPLACE INTO garbage VALUES (?, ?, ?, ?)",
-                            (file_id, json.dumps(upload.layout.to_json()), 0, now))
+    async def abort_upload(self, file_id: str, *, now: float) -> None:
+        await self.thread.write(self.namespace.abort_upload, file_id, now=now)
 
-    def expired_uploads(self, before: float) -> list[Upload]:
-        ids = self.db.execute("SELECT file_id FROM uploads WHERE created < ?",
-                              (before,)).fetchall()
-        return [self.get_upload(r[0]) for r in ids]
+    async def check_creates(self, items: Sequence[CreateCheck]
+                            ) -> list[LayoutSpec | StagerError]:
+        return await self.thread.run(self.batches.check_creates, items)
 
-    def take_garbage(self, limit: int) -> list[Garbage]:
-        rows = self.db.execute("SELECT * FROM garbage ORDER BY since LIMIT ?",
-                               (limit,)).fetchall()
-        return [Garbage(r[0], Layout.from_json(json.loads(r[1])), r[2], r[3]) for r in rows]
+    async def begin_uploads(self, uploads: Sequence[Upload]) -> None:
+        await self.thread.write(self.namespace.begin_uploads, uploads)
 
-    def drop_garbage(self, file_ids: list[str]) -> None:
-        with self._tx():
-            self.db.executemany("DELETE FROM garbage WHERE file_id = ?",
-                                [(f,) for f in file_ids])
+    async def get_uploads(self, file_ids: Sequence[str]) -> list[Upload | StagerError]:
+        return await self.thread.run(self.batches.get_uploads, file_ids)
 
-    # -- targets ----------------------------------------------------------------
-    def upsert_target(self, target: TargetInfo) -> None:
-        with self._tx():
-            self.db.execute(
-                "INSERT OR REPLACE INTO targets VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (target.id, target.node, target.url, target.capacity, target.used,
-                 target.chunks, target.last_heartbeat, target.state))
+    async def commit_uploads(self, items: Sequence[CommitArgs], *,
+                             now: float) -> list[NodeEntry | StagerError]:
+        return await self.thread.write(self.batches.commit_uploads, items, now=now)
 
-    def get_target(self, target_id: str) -> TargetInfo:
-        row = self.db.execute("SELECT * FROM targets WHERE id = ?", (target_id,)).fetchone()
-        if row is None:
-            raise NotFound(f"no target {target_id}", target=target_id)
-        return _target(row)
+    async def abort_uploads(self, file_ids: Sequence[str], *, now: float
+                            ) -> list[StagerError | None]:
+        return await self.thread.write(self.batches.abort_uploads, file_ids, now=now)
 
-    def list_targets(self) -> list[TargetInfo]:
-        return [_target(r) for r in self.db.execute("SELECT * FROM targets ORDER BY id")]
+    # -- garbage collection -------------------------------------------------------
+    async def expired_uploads(self, before: float) -> list[Upload]:
+        return await self.thread.run(self.namespace.expired_uploads, before)
 
+    async def take_garbage(self, limit: int) -> list[Garbage]:
+        return await self.thread.run(self.namespace.take_garbage, limit)
 
-def _target(row: tuple[Any, ...]) -> TargetInfo:
-    return TargetInfo(id=row[0], node=row[1], url=row[2], capacity=row[3], used=row[4],
-                      chunks=row[5], last_heartbeat=row[6], state=row[7])
+    async def drop_garbage(self, file_ids: list[str]) -> None:
+        await self.thread.run(self.namespace.drop_garbage, file_ids)
+
+    # -- reliability ------------------------------------------------------------------
+    async def file_by_id(self, file_id: str) -> StoredFile | None:
+        return await self.thread.run(self.files.file_by_id, file_id)
+
+    async def path_of_file(self, file_id: str) -> str | None:
+        return await self.thread.run(self.files.path_of_file, file_id)
+
+    async def files_page(self, *, after: int, limit: int,
+                         targets: frozenset[str] | None = None) -> list[StoredFile]:
+        return await self.thread.run(self.files.files_page, after=after, limit=limit,
+                                     targets=targets)
+
+    async def replace_layout(self, file_id: str, old: Layout, new: Layout) -> bool:
+        return await self.thread.run(self.files.replace_layout, file_id, old, new)
+
+    # -- targets ----------------------------------------------------------------------
+    async def upsert_target(self, target: TargetInfo) -> None:
+        await self.thread.run(self.namespace.upsert_target, target)
+
+    async def get_target(self, target_id: str) -> TargetInfo:
+        return await self.thread.run(self.namespace.get_target, target_id)
+
+    async def list_targets(self) -> list[TargetInfo]:
+        return await self.thread.run(self.namespace.list_targets)

@@ -1,4 +1,4 @@
-"""The SQL of rebuild, repair and fsck: part of the SQLite store (see :mod:`.sqlite`).
+"""The SQL of rebuild, repair and fsck: committed files by id and by target.
 
 Files are found by id (an index on ``entries.file_id``) and by the targets their
 layout names (SQLite's JSON1 ``json_each`` over the stored layout).  A layout is
@@ -8,13 +8,10 @@ never resurrects a file deleted while its chunks were being copied.
 
 from __future__ import annotations
 
-import json
-import sqlite3
-import struct
-from contextlib import AbstractContextManager
 from typing import Any
 
 from ..protocol.models import Layout
+from .sqlite_db import Database, layout_of, layout_text, unpack
 from .store import StoredFile
 
 _FILE_COLS = "id, file_id, size, layout, checksums"
@@ -22,23 +19,16 @@ _FILE_COLS = "id, file_id, size, layout, checksums"
 
 def _stored(row: tuple[Any, ...]) -> StoredFile:
     row_id, file_id, size, layout, blob = row
-    sums: tuple[int, ...] = struct.unpack(f"<{len(blob) // 4}I", blob) if blob else ()
     return StoredFile(row=int(row_id), file_id=str(file_id), size=int(size),
-                      layout=Layout.from_json(json.loads(layout)), checksums=sums)
-
-
-def _layout_text(layout: Layout) -> str:
-    # The same encoding commit_upload stores, so the compare in replace_layout is exact.
-    return json.dumps(layout.to_json())
+                      layout=layout_of(layout), checksums=unpack(blob))
 
 
 class ReliabilitySQL:
-    """Mixed into :class:`~stager.meta.sqlite.SQLiteStore`, which provides these two."""
+    """Committed files as the background duties see them: by id, without paths."""
 
-    db: sqlite3.Connection
-
-    def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
-        raise NotImplementedError
+    def __init__(self, database: Database) -> None:
+        self.database = database
+        self.db = database.db
 
     def file_by_id(self, file_id: str) -> StoredFile | None:
         row = self.db.execute(
@@ -74,8 +64,8 @@ class ReliabilitySQL:
         return [_stored(r) for r in rows]
 
     def replace_layout(self, file_id: str, old: Layout, new: Layout) -> bool:
-        with self._tx():
+        with self.database.transaction():
             cur = self.db.execute(
                 "UPDATE entries SET layout = ? WHERE file_id = ? AND kind = 'file' "
-                "AND layout = ?", (_layout_text(new), file_id, _layout_text(old)))
+                "AND layout = ?", (layout_text(new), file_id, layout_text(old)))
             return cur.rowcount == 1

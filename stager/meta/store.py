@@ -1,15 +1,25 @@
-"""The metadata store interface.  SQLite is the first implementation.
+"""The metadata store: the one interface a store implements.  SQLite is the first.
 
-Every method is blocking and runs on the store's own thread (see
-:class:`~stager.meta.service.MetaService`); implementations may assume one
-caller at a time.  No SQL lives outside the implementations.
+Every method the metadata service and its background duties (garbage
+collection, rebuild, repair, fsck) need, as coroutines, so that a store may
+wait on a network database without a thread (PostgreSQL) or run blocking SQL
+on a thread of its own (:class:`~stager.meta.sqlite.SQLiteStore`).  No SQL
+lives outside the implementations.
+
+What every implementation guarantees:
+
+* **atomic**: each call happens entirely or not at all (one transaction);
+* **durable when answered**: a write whose await has returned is committed
+  (on disk, or on the database server) and survives a crash;
+* **in order**: a call sees every write answered before it was made;
+* **errors** are those of :mod:`stager.errors` (NotFound, AlreadyExists, …),
+  raised as the single operation raises them.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from ..errors import StagerError
@@ -67,132 +77,180 @@ class StoredFile:
     checksums: tuple[int, ...]
 
 
+# (path, overwrite, parents) of one file about to be created
+CreateCheck = tuple[str, bool, bool]
+# (file_id, size, checksums, mtime) of one upload to commit
+CommitArgs = tuple[str, int, tuple[int, ...], float]
+
+
 class MetaStore(ABC):
+    """Namespace, uploads, garbage, manifests, layouts and the target registry.
+
+    Used from one event loop; calls may overlap (the service does not wait for one
+    to finish before making the next), and each still has the guarantees above.
+    """
+
     # -- namespace -------------------------------------------------------------
     @abstractmethod
-    def stat(self, path: str, *, checksums: bool = True) -> NodeEntry:
+    async def stat(self, path: str, *, checksums: bool = True) -> NodeEntry:
         """The entry at ``path``; NotFound / NotADirectory when it is not there."""
 
     @abstractmethod
-    def list_dir(self, path: str, *, after: str, limit: int) -> list[NodeEntry]:
+    async def list_dir(self, path: str, *, after: str, limit: int) -> list[NodeEntry]:
         """Up to ``limit`` children of a directory, by name, after ``after``."""
 
     @abstractmethod
-    def mkdir(self, path: str, *, parents: bool, exist_ok: bool, now: float,
-              layout: LayoutSpec | None = None) -> NodeEntry: ...
+    async def mkdir(self, path: str, *, parents: bool, exist_ok: bool, now: float,
+                    layout: LayoutSpec | None = None) -> NodeEntry:
+        """Create a directory (and its parents with ``parents``), with a default layout
+        for the files below it."""
 
     @abstractmethod
-    def set_layout(self, path: str, layout: LayoutSpec) -> NodeEntry: ...
+    async def set_layout(self, path: str, layout: LayoutSpec) -> NodeEntry:
+        """Set the default layout of directory ``path`` (an empty spec clears it)."""
 
     @abstractmethod
-    def inherited_layout(self, path: str) -> LayoutSpec:
-        """The default layout a new file at ``path`` inherits from its ancestors."""
+    async def inherited_layout(self, path: str) -> LayoutSpec:
+        """The default layout a new file at ``path`` inherits from its ancestors: the
+        nearest directory's, field by field."""
 
     @abstractmethod
-    def rename(self, src: str, dst: str, *, overwrite: bool, now: float) -> NodeEntry: ...
+    async def rename(self, src: str, dst: str, *, overwrite: bool, now: float) -> NodeEntry:
+        """Move ``src`` to ``dst`` atomically: a reader sees it at one of the two, never
+        at both or neither.  A file replaced at ``dst`` goes to garbage in the same
+        transaction."""
 
     @abstractmethod
-    def remove(self, path: str, *, recursive: bool, now: float) -> int:
-        """Remove a file or directory; returns how many files were removed."""
+    async def remove(self, path: str, *, recursive: bool, now: float) -> int:
+        """Remove a file or directory (its files go to garbage in the same transaction);
+        returns how many files were removed."""
 
     @abstractmethod
-    def counts(self) -> tuple[int, int, int]:
+    async def counts(self) -> tuple[int, int, int]:
         """(files, directories, bytes) in the namespace."""
 
     @abstractmethod
-    def subtree_files(self, path: str) -> dict[str, NodeEntry]:
+    async def subtree_files(self, path: str) -> dict[str, NodeEntry]:
         """Every file below directory ``path``, by path relative to it, with checksums."""
 
     # -- manifests ---------------------------------------------------------------
     @abstractmethod
-    def put_manifest(self, path: str, body: bytes, *, now: float) -> None:
+    async def put_manifest(self, path: str, body: bytes, *, now: float) -> None:
         """Attach a manifest to directory ``path`` (it goes when the directory goes)."""
 
     @abstractmethod
-    def get_manifest(self, path: str) -> tuple[bytes, float]:
+    async def get_manifest(self, path: str) -> tuple[bytes, float]:
         """The manifest of directory ``path`` and when it was stored; NotFound if none."""
 
     # -- writes ----------------------------------------------------------------
     @abstractmethod
-    def begin_upload(self, upload: Upload) -> None: ...
+    async def begin_upload(self, upload: Upload) -> None:
+        """Record a write in progress; nothing of it is visible in the namespace."""
 
     @abstractmethod
-    def get_upload(self, file_id: str) -> Upload: ...
+    async def get_upload(self, file_id: str) -> Upload:
+        """The pending upload ``file_id``; UploadNotFound when there is none."""
 
     @abstractmethod
-    def commit_upload(self, file_id: str, *, size: int, checksums: tuple[int, ...],
-                      mtime: float, now: float) -> NodeEntry:
-        """Make the upload visible at its path (replacing a file if allowed)."""
+    async def commit_upload(self, file_id: str, *, size: int, checksums: tuple[int, ...],
+                            mtime: float, now: float) -> NodeEntry:
+        """Make the upload visible at its path: a file is visible only after this.
+        A file it replaces (if the upload allows) goes to garbage in the same
+        transaction; missing parents are made if the upload allows."""
 
     @abstractmethod
-    def abort_upload(self, file_id: str, *, now: float) -> None: ...
+    async def abort_upload(self, file_id: str, *, now: float) -> None:
+        """Drop a pending upload; its chunks go to garbage."""
 
-    # -- batched writes (stager/meta/batch.py): one transaction, one fsync per batch --
+    # -- batched writes (stager/meta/batch.py) -----------------------------------
     @abstractmethod
-    def check_creates(self, items: Sequence[tuple[str, bool, bool]]
-                      ) -> list[LayoutSpec | StagerError]:
+    async def check_creates(self, items: Sequence[CreateCheck]
+                            ) -> list[LayoutSpec | StagerError]:
         """For each ``(path, overwrite, parents)``: the layout a new file there inherits,
-        or why it cannot be created (what a single create checks)."""
+        or the error a single create there raises.  Reads only."""
 
     @abstractmethod
-    def begin_uploads(self, uploads: Sequence[Upload]) -> None: ...
+    async def begin_uploads(self, uploads: Sequence[Upload]) -> None:
+        """:meth:`begin_upload` for each, in one transaction."""
 
     @abstractmethod
-    def get_uploads(self, file_ids: Sequence[str]) -> list[Upload | StagerError]: ...
+    async def get_uploads(self, file_ids: Sequence[str]) -> list[Upload | StagerError]:
+        """:meth:`get_upload` for each: the upload, or its error in its place."""
 
     @abstractmethod
-    def commit_uploads(self, items: Sequence[tuple[str, int, tuple[int, ...], float]], *,
-                       now: float) -> list[NodeEntry | StagerError]:
-        """Commit each ``(file_id, size, checksums, mtime)``; an item that fails changes
-        nothing and does not stop the others."""
+    async def commit_uploads(self, items: Sequence[CommitArgs], *,
+                             now: float) -> list[NodeEntry | StagerError]:
+        """Commit each ``(file_id, size, checksums, mtime)`` in one transaction; an item
+        that fails changes nothing and does not stop the others."""
 
     @abstractmethod
-    def abort_uploads(self, file_ids: Sequence[str], *, now: float
-                      ) -> list[StagerError | None]: ...
+    async def abort_uploads(self, file_ids: Sequence[str], *, now: float
+                            ) -> list[StagerError | None]:
+        """:meth:`abort_upload` for each in one transaction; ``None`` where it went, the
+        error in its place where not."""
 
-    def group(self) -> AbstractContextManager[object]:
-        """Run the operations inside in one transaction: one commit (one fsync) for all,
-        each operation still failing alone.  A store that cannot group runs them as
-        they come."""
-        return nullcontext()
+    # -- garbage collection ------------------------------------------------------
+    @abstractmethod
+    async def expired_uploads(self, before: float) -> list[Upload]:
+        """Pending uploads begun before ``before`` (``inf``: all of them)."""
 
     @abstractmethod
-    def expired_uploads(self, before: float) -> list[Upload]: ...
+    async def take_garbage(self, limit: int) -> list[Garbage]:
+        """Up to ``limit`` files waiting to be purged, oldest first (they stay listed
+        until :meth:`drop_garbage`)."""
 
     @abstractmethod
-    def take_garbage(self, limit: int) -> list[Garbage]: ...
-
-    @abstractmethod
-    def drop_garbage(self, file_ids: list[str]) -> None: ...
+    async def drop_garbage(self, file_ids: list[str]) -> None:
+        """Forget garbage whose chunks are purged."""
 
     # -- reliability (rebuild, repair, fsck) -------------------------------------
     @abstractmethod
-    def file_by_id(self, file_id: str) -> StoredFile | None:
+    async def file_by_id(self, file_id: str) -> StoredFile | None:
         """The committed file with this id, or ``None``."""
 
     @abstractmethod
-    def path_of_file(self, file_id: str) -> str | None:
+    async def path_of_file(self, file_id: str) -> str | None:
         """Where the committed file with this id is in the namespace, or ``None``."""
 
     @abstractmethod
-    def files_page(self, *, after: int, limit: int,
-                   targets: frozenset[str] | None = None) -> list[StoredFile]:
+    async def files_page(self, *, after: int, limit: int,
+                         targets: frozenset[str] | None = None) -> list[StoredFile]:
         """Committed files with row id above ``after``, in row order; only those whose
         layout names one of ``targets`` when given."""
 
     @abstractmethod
-    def replace_layout(self, file_id: str, old: Layout, new: Layout) -> bool:
-        """Swap a committed file's layout if it is still ``old``; False when it is not."""
+    async def replace_layout(self, file_id: str, old: Layout, new: Layout) -> bool:
+        """Compare-and-swap: set a committed file's layout to ``new`` if it is still
+        ``old``; False when it is not (the file was replaced, removed or rebuilt
+        meanwhile), and then nothing changes."""
 
     # -- targets ---------------------------------------------------------------
     @abstractmethod
-    def upsert_target(self, target: TargetInfo) -> None: ...
+    async def upsert_target(self, target: TargetInfo) -> None:
+        """Register a target, or update its stored record."""
 
     @abstractmethod
-    def get_target(self, target_id: str) -> TargetInfo: ...
+    async def get_target(self, target_id: str) -> TargetInfo:
+        """The stored record of a target; NotFound when it was never registered."""
 
     @abstractmethod
-    def list_targets(self) -> list[TargetInfo]: ...
+    async def list_targets(self) -> list[TargetInfo]:
+        """Every registered target, by id."""
 
     @abstractmethod
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Finish what is under way and release the store (once, at shutdown)."""
+
+
+async def all_files(store: MetaStore, *, page: int = 1000,
+                    targets: frozenset[str] | None = None) -> AsyncIterator[StoredFile]:
+    """Every committed file (whose layout names one of ``targets`` when given), in
+    row order, one :meth:`MetaStore.files_page` at a time."""
+    after = 0
+    while True:
+        files = await store.files_page(after=after, limit=page, targets=targets)
+        for f in files:
+            yield f
+        if len(files) < page:
+            return
+        after = files[-1].row

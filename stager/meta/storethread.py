@@ -1,9 +1,9 @@
-"""The metadata store's one thread, with group commit.
+"""The SQLite store's one thread, with group commit.
 
-Every store call is blocking and the store assumes one caller at a time, so all
+SQLite calls are blocking and the connection takes one caller at a time, so all
 calls run in order on one thread and the event loop never waits on SQLite or on
 an fsync.  Calls made with :meth:`StoreThread.write` that queued up while the
-thread was busy run together inside one store transaction (``store.group()``):
+thread was busy run together inside one transaction (``group()``):
 one commit, one fsync, for all of them.  Each still fails alone (its own
 transaction nests as a savepoint), and every caller is answered only after the
 shared commit, so an acknowledged write is durable exactly as before.  A read
@@ -17,10 +17,9 @@ import queue
 import threading
 from collections import deque
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
-
-from .store import MetaStore
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -62,8 +61,12 @@ _STOP = object()
 
 
 class StoreThread:
-    def __init__(self, store: MetaStore, *, max_group: int = MAX_GROUP) -> None:
-        self.store = store
+    """Runs blocking calls one at a time on its own thread; ``group()`` opens the one
+    transaction that queued writes share (each call's own nests inside it)."""
+
+    def __init__(self, group: Callable[[], AbstractContextManager[object]], *,
+                 max_group: int = MAX_GROUP) -> None:
+        self.group = group
         self.max_group = max_group
         self.groups = 0              # shared transactions run (for tests and metrics)
         self.grouped_calls = 0       # calls that ran inside one
@@ -101,11 +104,7 @@ class StoreThread:
         while True:
             if not pending:
                 pending.append(self._queue.get())
-            while True:                  # everything queued so far
-                try:
-                    pending.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
+            self._take_queued(pending)
             head = pending.popleft()
             if head is _STOP:
                 self._refuse(pending)
@@ -116,13 +115,17 @@ class StoreThread:
                 group.append(pending.popleft())
             self._execute(group)
 
-    def _refuse(self, pending: deque[Any]) -> None:
-        """Answer calls that raced with close() instead of leaving them waiting."""
+    def _take_queued(self, pending: deque[Any]) -> None:
+        """Move everything queued so far to ``pending``, without waiting."""
         while True:
             try:
                 pending.append(self._queue.get_nowait())
             except queue.Empty:
-                break
+                return
+
+    def _refuse(self, pending: deque[Any]) -> None:
+        """Answer calls that raced with close() instead of leaving them waiting."""
+        self._take_queued(pending)
         for call in pending:
             if isinstance(call, _Call):
                 call.outcome = (False, RuntimeError("the metadata store is closed"))
@@ -134,7 +137,7 @@ class StoreThread:
             group[0].answer()
             return
         try:
-            with self.store.group():
+            with self.group():
                 for call in group:
                     call.execute()
         except BaseException as exc:     # the shared commit failed: none of it is durable

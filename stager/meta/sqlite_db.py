@@ -1,0 +1,132 @@
+"""The SQLite store's connection: schema, transactions, and how values are encoded.
+
+Shared by the helper objects that hold the store's SQL (:mod:`.sqlite_namespace`,
+:mod:`.sqlite_batch`, :mod:`.sqlite_reliability`); they all run on the store's
+one thread (:mod:`.storethread`), so one connection serves them all.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from ..protocol.models import Layout
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS entries (
+    id        INTEGER PRIMARY KEY,
+    parent    INTEGER NOT NULL,
+    name      TEXT    NOT NULL,
+    kind      TEXT    NOT NULL CHECK (kind IN ('file', 'directory')),
+    size      INTEGER NOT NULL DEFAULT 0,
+    mtime     REAL    NOT NULL,
+    file_id   TEXT,
+    layout    TEXT,
+    checksums BLOB,
+    UNIQUE (parent, name)
+);
+CREATE TABLE IF NOT EXISTS uploads (
+    file_id   TEXT PRIMARY KEY,
+    path      TEXT NOT NULL,
+    layout    TEXT NOT NULL,
+    overwrite INTEGER NOT NULL,
+    parents   INTEGER NOT NULL,
+    created   REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS garbage (
+    file_id   TEXT PRIMARY KEY,
+    layout    TEXT NOT NULL,
+    size      INTEGER NOT NULL,
+    since     REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS manifests (
+    dir_id    INTEGER PRIMARY KEY REFERENCES entries (id) ON DELETE CASCADE,
+    body      BLOB NOT NULL,
+    created   REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS entries_file_id ON entries (file_id);
+CREATE TABLE IF NOT EXISTS targets (
+    id             TEXT PRIMARY KEY,
+    node           TEXT NOT NULL,
+    url            TEXT NOT NULL,
+    capacity       INTEGER NOT NULL,
+    used           INTEGER NOT NULL,
+    chunks         INTEGER NOT NULL,
+    last_heartbeat REAL NOT NULL,
+    state          TEXT NOT NULL
+);
+"""
+
+ROOT_ID = 1
+
+
+def pack(checksums: tuple[int, ...]) -> bytes:
+    return struct.pack(f"<{len(checksums)}I", *checksums)
+
+
+def unpack(blob: bytes | None) -> tuple[int, ...]:
+    if not blob:
+        return ()
+    return struct.unpack(f"<{len(blob) // 4}I", blob)
+
+
+def layout_text(layout: Layout) -> str:
+    """How a layout is stored: one encoding everywhere, so that the compare-and-swap
+    of :meth:`~.sqlite_reliability.ReliabilitySQL.replace_layout` is exact."""
+    return json.dumps(layout.to_json())
+
+
+def layout_of(text: str) -> Layout:
+    return Layout.from_json(json.loads(text))
+
+
+class Database:
+    """One SQLite file: WAL, fsync on every commit, foreign keys on."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")   # fsync on every commit
+        self.db.execute("PRAGMA foreign_keys=ON")
+        self.db.executescript(SCHEMA)
+        self.db.execute(
+            "INSERT OR IGNORE INTO entries (id, parent, name, kind, mtime) "
+            "VALUES (?, 0, '', 'directory', strftime('%s','now'))", (ROOT_ID,))
+
+    def close(self) -> None:
+        self.db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One transaction; inside another (a batch, a group commit) a savepoint, so
+        that this operation fails alone and the enclosing transaction's one commit
+        (one fsync) covers it."""
+        if self.db.in_transaction:
+            self.db.execute("SAVEPOINT op")
+            try:
+                yield self.db
+            except BaseException:
+                self.db.execute("ROLLBACK TO op")
+                self.db.execute("RELEASE op")
+                raise
+            self.db.execute("RELEASE op")
+            return
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.db
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        try:
+            self.db.execute("COMMIT")
+        except BaseException:
+            # Never leave a failed commit open: the next operation would nest in it.
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            raise
