@@ -43,3 +43,13 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any]]) -> None:
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def wait_for_wake(event: asyncio.Event, timeout: float) -> None:
+    """Sleep until ``event`` is set or ``timeout`` seconds pass, then clear it: the wait
+    of a background loop that runs on a timer and can be woken early."""
+    try:
+        await asyncio.wait_for(event.wait(), timeout)
+    except TimeoutError:
+        pass
+    event.clear()

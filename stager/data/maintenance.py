@@ -7,18 +7,15 @@ and a middleware that hands every chunk a read found corrupt to the scrubber.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 from aiohttp import web
 
+from ..aio import cancel_and_wait
 from ..config import Config
 from ..errors import BadRequest, CorruptChunk
 from ..protocol.models import field_of
-from ..storage.chunkstore import TMP_SUFFIX
 from ..web.middleware import Handler
 from ..web.requests import read_json
 from .scrub import Scrubber
@@ -35,14 +32,9 @@ def install(app: web.Application, service: DataService, config: Config) -> Scrub
     app.middlewares.append(suspect_middleware)
 
     async def background(app: web.Application) -> AsyncIterator[None]:
-        task = None
-        if config.scrub_interval > 0:
-            task = asyncio.create_task(scrubber.run())
+        tasks = [asyncio.create_task(scrubber.run())] if config.scrub_interval > 0 else []
         yield
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(tasks)
 
     app.cleanup_ctx.append(background)
     return scrubber
@@ -60,39 +52,17 @@ async def suspect_middleware(request: web.Request, handler: Handler) -> web.Stre
         raise
 
 
-def _top_dirs(chunks_dir: Path) -> list[Path]:
-    try:
-        return sorted(p for p in chunks_dir.iterdir() if p.is_dir())
-    except FileNotFoundError:
-        return []
-
-
-def _scan(top: Path) -> list[list[object]]:
-    """``[name, bytes, mtime]`` of every chunk file below ``top`` (temporaries skipped)."""
-    rows: list[list[object]] = []
-    for dirpath, _, names in os.walk(top):
-        for name in names:
-            if name.startswith(".") or name.endswith(TMP_SUFFIX):
-                continue
-            try:
-                st = os.stat(os.path.join(dirpath, name))
-            except FileNotFoundError:
-                continue        # deleted while we looked
-            rows.append([name, st.st_size, int(st.st_mtime)])
-    rows.sort()
-    return rows
-
-
 async def list_chunks(request: web.Request) -> web.StreamResponse:
     """Every chunk as one JSON array per line, then ``{"done": true, "count": N}``."""
     store = request.app[SCRUBBER].store
     response = web.StreamResponse(headers={"Content-Type": NDJSON})
     await response.prepare(request)
     count = 0
-    for top in await asyncio.to_thread(_top_dirs, store.chunks_dir):
-        rows = await asyncio.to_thread(_scan, top)
+    for top in await asyncio.to_thread(store.top_dirs):
+        rows = await asyncio.to_thread(store.scan, top)
         if rows:
-            await response.write("".join(json.dumps(r) + "\n" for r in rows).encode())
+            await response.write("".join(json.dumps([r.name, r.size, r.mtime]) + "\n"
+                                         for r in rows).encode())
             count += len(rows)
     await response.write(json.dumps({"done": True, "count": count}).encode() + b"\n")
     await response.write_eof()

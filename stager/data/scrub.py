@@ -23,6 +23,7 @@ from typing import Any
 
 import aiohttp
 
+from ..aio import wait_for_wake
 from ..config import Config
 from ..errors import CorruptChunk
 from ..ratelimit import TokenBucket
@@ -122,11 +123,7 @@ class Scrubber:
             wait = max(0.0, next_pass - time.monotonic())
             if self._unreported:
                 wait = min(wait, REPORT_RETRY)
-            try:
-                await asyncio.wait_for(self._wake.wait(), wait)
-            except TimeoutError:
-                pass
-            self._wake.clear()
+            await wait_for_wake(self._wake, wait)
             try:
                 if self._suspects:
                     names, self._suspects = sorted(self._suspects), set()

@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..aio import wait_for_wake
 from ..config import Config
 from ..errors import NotFound
 from ..protocol.models import Layout, TargetInfo, chunk_id
@@ -117,11 +118,7 @@ class Rebuilder:
         """Watch for lost targets and rebuild, for as long as the server runs."""
         delay = tick
         while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), delay)
-            except TimeoutError:
-                pass
-            self._wake.clear()
+            await wait_for_wake(self._wake, delay)
             try:
                 self.service.refresh_health()
                 await self.check_timeouts()

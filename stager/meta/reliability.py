@@ -10,13 +10,13 @@ sections of ``GET /v1/status``, and the handlers of ``/v1/targets/{id}/remove``,
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 from aiohttp import web
 
+from ..aio import cancel_and_wait
 from ..config import Config
 from ..dataplane import DataPlane
 from ..errors import BadRequest
@@ -90,11 +90,7 @@ def install(app: web.Application, service: MetaService, config: Config,
     async def background(app: web.Application) -> AsyncIterator[None]:
         tasks = [asyncio.create_task(job) for job in reliability.tasks()]
         yield
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(tasks)
 
     app.cleanup_ctx.append(background)
     return reliability

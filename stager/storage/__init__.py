@@ -1,5 +1,5 @@
 """Chunk storage on a local directory (a storage target)."""
 
-from .chunkstore import ChunkStore, OpenChunk, Usage
+from .chunkstore import ChunkStore, OpenChunk, StoredChunk, Usage
 
-__all__ = ["ChunkStore", "OpenChunk", "Usage"]
+__all__ = ["ChunkStore", "OpenChunk", "StoredChunk", "Usage"]

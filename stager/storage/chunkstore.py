@@ -40,6 +40,15 @@ PURGED_KEPT = 200_000     # at most this many purged file ids remembered
 T = TypeVar("T")
 
 
+@dataclass(frozen=True, order=True)
+class StoredChunk:
+    """A chunk file as a listing shows it."""
+
+    name: str
+    size: int                   # bytes on disk, trailer included
+    mtime: int
+
+
 @dataclass(frozen=True)
 class Usage:
     capacity: int
@@ -120,40 +129,7 @@ class ChunkStore:
     # -- write ---------------------------------------------------------------
     def put(self, chunk: str, data: bytes | memoryview, crc: int) -> None:
         """Store ``data`` as ``chunk`` durably; idempotent for the same bytes."""
-        actual = crc32c(data)
-        if actual != crc:
-            raise ChecksumMismatch(
-                f"chunk {chunk}: body CRC32C {actual:08x} != declared {crc:08x}",
-                chunk=chunk, expected=f"{crc:08x}", actual=f"{actual:08x}")
-        self._refuse_purged([chunk])
-        path = self.path_of(chunk)
-        trailer = chunkfile.build_trailer(data, crc)
-        size = len(data) + len(trailer)
-        if self._capacity and self._used + size > self._capacity:
-            raise InsufficientStorage(f"target full: {self._used} of {self._capacity} bytes used",
-                                      capacity=self._capacity, used=self._used)
-        old = self._existing_size(path)
-        try:
-            self._ensure_dir(path.parent)
-            tmp = path.with_name(f".{chunk}.{uuid.uuid4().hex[:8]}{TMP_SUFFIX}")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                _write_all(fd, data)
-                _write_all(fd, trailer)
-                os.fsync(fd)
-            except BaseException:
-                os.close(fd)
-                _unlink_quietly(tmp)
-                raise
-            os.close(fd)
-            os.replace(tmp, path)
-            _fsync_dir(path.parent)
-        except OSError as exc:
-            raise _storage_error(exc, chunk) from exc
-        with self._lock:
-            self._used += size - (old or 0)
-            self._count += 0 if old is not None else 1
-        self._undo_if_purged([chunk])
+        self.put_many([(chunk, data, crc)])
 
     def put_many(self, items: Sequence[tuple[str, bytes | memoryview, int]]) -> None:
         """Store many chunks durably, each as :meth:`put` does, waiting on the disk
@@ -172,9 +148,9 @@ class ChunkStore:
             return
         if len({p.chunk for p in batch}) != len(batch):
             raise BadRequest("a chunk appears twice in one batch")
-        self._refuse_purged([p.chunk for p in batch])
         for p in batch:
             p.check()
+        self._refuse_purged([p.chunk for p in batch])
         size = sum(p.size for p in batch)
         if self._capacity and self._used + size > self._capacity:
             raise InsufficientStorage(f"target full: {self._used} of {self._capacity} bytes used",
@@ -211,13 +187,6 @@ class ChunkStore:
             for p in installed:
                 self._used += p.size - (p.old or 0)
                 self._count += 0 if p.old is not None else 1
-
-    def _ensure_dir(self, directory: Path) -> None:
-        if directory.is_dir():
-            return
-        directory.mkdir(parents=True, exist_ok=True)
-        _fsync_dir(directory.parent)
-        _fsync_dir(directory.parent.parent)
 
     @staticmethod
     def _existing_size(path: Path) -> int | None:
@@ -300,10 +269,30 @@ class ChunkStore:
         self._refuse_purged(gone)
 
     def list_chunks(self) -> list[str]:
+        return sorted(f.name for top in self.top_dirs() for f in self.scan(top))
+
+    def top_dirs(self) -> list[Path]:
+        """The first level of fan-out directories: :meth:`scan` one at a time to walk
+        every chunk without holding all of them."""
+        try:
+            return sorted(p for p in self.chunks_dir.iterdir() if p.is_dir())
+        except FileNotFoundError:
+            return []
+
+    def scan(self, top: Path) -> list[StoredChunk]:
+        """Every chunk file below ``top`` (temporary files skipped), by name."""
         out = []
-        for _, _, names in os.walk(self.chunks_dir):
-            out.extend(n for n in names if not n.endswith(TMP_SUFFIX))
-        return sorted(out)
+        for dirpath, _, names in os.walk(top):
+            for name in names:
+                if name.startswith(".") or name.endswith(TMP_SUFFIX):
+                    continue
+                try:
+                    st = os.stat(os.path.join(dirpath, name))
+                except FileNotFoundError:
+                    continue        # deleted while we looked
+                out.append(StoredChunk(name, st.st_size, int(st.st_mtime)))
+        out.sort()
+        return out
 
     # -- space ---------------------------------------------------------------
     def usage(self) -> Usage:
