@@ -83,6 +83,10 @@ class NamespaceSQL:
         spec = LayoutSpec.from_json(json.loads(layout)) if layout else None
         return NodeEntry(path, kind, 0, mtime, default_layout=spec)
 
+    def _has_child(self, dir_id: int) -> bool:
+        return self.db.execute("SELECT 1 FROM entries WHERE parent = ? LIMIT 1",
+                               (dir_id,)).fetchone() is not None
+
     def _touch(self, dir_id: int, now: float) -> None:
         self.db.execute("UPDATE entries SET mtime = ? WHERE id = ?", (now, dir_id))
 
@@ -195,8 +199,7 @@ class NamespaceSQL:
         if existing[1] == "directory":
             if row[1] != "directory":
                 raise IsADirectory(f"{dst} is a directory", path=dst)
-            has_child = self.db.execute("SELECT 1 FROM entries WHERE parent = ? LIMIT 1",
-                                        (existing[0],)).fetchone()
+            has_child = self._has_child(existing[0])
             if has_child:
                 raise DirectoryNotEmpty(f"{dst} is not empty", path=dst)
         elif row[1] == "directory":
@@ -219,8 +222,7 @@ class NamespaceSQL:
                 self.db.execute("DELETE FROM entries WHERE id = ?", (row[0],))
                 self._touch(parent_id, now)
                 return 1
-            has_child = self.db.execute("SELECT 1 FROM entries WHERE parent = ? LIMIT 1",
-                                        (row[0],)).fetchone()
+            has_child = self._has_child(row[0])
             if has_child and not recursive:
                 raise DirectoryNotEmpty(f"{path} is not empty", path=path)
             subtree = ("WITH RECURSIVE sub(id) AS (SELECT ? UNION ALL "

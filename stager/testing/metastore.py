@@ -1,0 +1,137 @@
+"""Conformance tests for :class:`~stager.meta.store.MetaStore` implementations.
+
+Every store runs the same suite, as every fsspec backend runs fsspec's::
+
+    class TestMyStore(MetaStoreTests):
+        @pytest.fixture
+        def open_store(self, tmp_path):      # opens the store again on the same data
+            return lambda: MyStore(tmp_path / "db")
+
+The tests check what the interface promises: a file is visible only after its
+commit, a rename is atomic, a batch is one transaction whose items fail alone,
+a layout is swapped by compare-and-swap, and what was answered survives a reopen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from ..errors import AlreadyExists, IsADirectory, NotFound, UploadNotFound
+from ..meta.store import MetaStore, Upload, all_files
+from ..protocol.models import Layout, TargetInfo
+
+LAYOUT = Layout(chunk_size=1 << 20, stripe_count=2, replicas=1, targets=("t0", "t1"),
+                nodes=("n0", "n1"))
+OTHER = Layout(chunk_size=1 << 20, stripe_count=2, replicas=1, targets=("t0", "t2"),
+               nodes=("n0", "n2"))
+
+
+def upload(file_id: str, path: str, *, overwrite: bool = True) -> Upload:
+    return Upload(file_id.ljust(32, "0"), path, LAYOUT, overwrite, True, 1.0)
+
+
+class MetaStoreTests:
+    """Subclass with an ``open_store`` fixture: a callable that opens the store."""
+
+    @pytest.fixture
+    async def store(self, open_store: Callable[[], MetaStore]) -> AsyncIterator[MetaStore]:
+        store = open_store()
+        yield store
+        store.close()
+
+    async def put(self, store: MetaStore, file_id: str, path: str, size: int = 0) -> str:
+        u = upload(file_id, path)
+        await store.begin_upload(u)
+        await store.commit_upload(u.file_id, size=size, checksums=(7,) if size else (),
+                                  mtime=2.0, now=2.0)
+        return u.file_id
+
+    async def test_a_file_is_visible_only_after_its_commit(self, store: MetaStore) -> None:
+        u = upload("a1", "/d/f")
+        await store.begin_upload(u)
+        with pytest.raises(NotFound):
+            await store.stat("/d/f")
+        assert (await store.get_upload(u.file_id)).path == "/d/f"
+        entry = await store.commit_upload(u.file_id, size=5, checksums=(9,), mtime=3.0,
+                                          now=3.0)
+        assert (entry.path, entry.size, entry.layout) == ("/d/f", 5, LAYOUT)
+        assert (await store.stat("/d/f")).checksums == (9,)
+        with pytest.raises(UploadNotFound):
+            await store.get_upload(u.file_id)
+
+    async def test_a_replaced_file_goes_to_garbage(self, store: MetaStore) -> None:
+        first = await self.put(store, "b1", "/f")
+        await self.put(store, "b2", "/f")
+        assert [g.file_id for g in await store.take_garbage(10)] == [first]
+        await store.drop_garbage([first])
+        assert await store.take_garbage(10) == []
+        refused = upload("b3", "/f", overwrite=False)
+        await store.begin_upload(refused)
+        with pytest.raises(AlreadyExists):
+            await store.commit_upload(refused.file_id, size=0, checksums=(), mtime=1.0,
+                                      now=1.0)
+        assert (await store.get_upload(refused.file_id)).path == "/f"   # still pending
+
+    async def test_rename_is_atomic_and_remove_collects(self, store: MetaStore) -> None:
+        await store.mkdir("/a/b", parents=True, exist_ok=False, now=1.0)
+        file_id = await self.put(store, "c1", "/a/b/f")
+        await store.rename("/a", "/z", overwrite=False, now=2.0)
+        with pytest.raises(NotFound):
+            await store.stat("/a/b/f")
+        assert (await store.stat("/z/b/f")).file_id == file_id
+        assert await store.path_of_file(file_id) == "/z/b/f"
+        with pytest.raises(IsADirectory):
+            await store.rename("/z/b/f", "/z/b", overwrite=True, now=3.0)
+        assert await store.remove("/z", recursive=True, now=4.0) == 1
+        assert [g.file_id for g in await store.take_garbage(10)] == [file_id]
+        assert await store.counts() == (0, 1, 0)                # the root remains
+
+    async def test_a_batch_commits_together_and_items_fail_alone(self, store: MetaStore
+                                                                 ) -> None:
+        await self.put(store, "d0", "/taken")
+        batch = [upload("d1", "/n/one"), upload("d2", "/taken", overwrite=False),
+                 upload("d3", "/n/two")]
+        await store.begin_uploads(batch)
+        checks = await store.check_creates([("/n/x", True, True), ("/taken", False, True)])
+        assert isinstance(checks[1], AlreadyExists) and not isinstance(checks[0], Exception)
+        results = await store.commit_uploads(
+            [(u.file_id, 0, (), 1.0) for u in batch] + [("f" * 32, 0, (), 1.0)], now=1.0)
+        assert [type(r).__name__ for r in results] == [
+            "NodeEntry", "AlreadyExists", "NodeEntry", "UploadNotFound"]
+        assert [e.path for e in await store.list_dir("/n", after="", limit=10)] == [
+            "/n/one", "/n/two"]
+        aborted = await store.abort_uploads([batch[1].file_id, "e" * 32], now=2.0)
+        assert aborted[0] is None and isinstance(aborted[1], UploadNotFound)
+
+    async def test_replace_layout_is_compare_and_swap(self, store: MetaStore) -> None:
+        file_id = await self.put(store, "e1", "/f", size=10)
+        assert await store.replace_layout(file_id, LAYOUT, OTHER)
+        assert not await store.replace_layout(file_id, LAYOUT, OTHER)     # not old any more
+        stored = await store.file_by_id(file_id)
+        assert stored is not None and stored.layout == OTHER and stored.checksums == (7,)
+        on_t2 = [f.file_id async for f in all_files(store, targets=frozenset({"t2"}))]
+        assert on_t2 == [file_id]
+        await store.remove("/f", recursive=False, now=2.0)
+        assert not await store.replace_layout(file_id, OTHER, LAYOUT)    # never resurrected
+        assert await store.file_by_id(file_id) is None
+
+    async def test_overlapping_calls_and_reopen_keep_what_was_answered(
+            self, open_store: Callable[[], MetaStore]) -> None:
+        store = open_store()
+        try:
+            await store.upsert_target(TargetInfo("t0", "n0", "http://127.0.0.1:1"))
+            uploads = [upload(f"f{i:02d}", f"/many/f{i}") for i in range(20)]
+            await asyncio.gather(*(store.begin_upload(u) for u in uploads))
+            await asyncio.gather(*(store.commit_upload(u.file_id, size=0, checksums=(),
+                                                       mtime=1.0, now=1.0) for u in uploads))
+        finally:
+            store.close()
+        again = open_store()
+        try:
+            assert len(await again.list_dir("/many", after="", limit=100)) == 20
+            assert [t.id for t in await again.list_targets()] == ["t0"]
+        finally:
+            again.close()
