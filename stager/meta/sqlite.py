@@ -61,9 +61,6 @@ class SQLiteStore(MetaStore):
     async def set_layout(self, path: str, layout: LayoutSpec) -> NodeEntry:
         return await self.thread.run(self.namespace.set_layout, path, layout)
 
-    async def inherited_layout(self, path: str) -> LayoutSpec:
-        return await self.thread.run(self.namespace.inherited_layout, path)
-
     async def rename(self, src: str, dst: str, *, overwrite: bool, now: float) -> NodeEntry:
         return await self.thread.run(self.namespace.rename, src, dst, overwrite=overwrite,
                                      now=now)
@@ -145,9 +142,6 @@ class SQLiteStore(MetaStore):
     # -- targets ----------------------------------------------------------------------
     async def upsert_target(self, target: TargetInfo) -> None:
         await self.thread.run(self.namespace.upsert_target, target)
-
-    async def get_target(self, target_id: str) -> TargetInfo:
-        return await self.thread.run(self.namespace.get_target, target_id)
 
     async def list_targets(self) -> list[TargetInfo]:
         return await self.thread.run(self.namespace.list_targets)

@@ -349,12 +349,6 @@ class NamespaceSQL:
                 (target.id, target.node, target.url, target.capacity, target.used,
                  target.chunks, target.last_heartbeat, target.state))
 
-    def get_target(self, target_id: str) -> TargetInfo:
-        row = self.db.execute("SELECT * FROM targets WHERE id = ?", (target_id,)).fetchone()
-        if row is None:
-            raise NotFound(f"no target {target_id}", target=target_id)
-        return _target(row)
-
     def list_targets(self) -> list[TargetInfo]:
         return [_target(r) for r in self.db.execute("SELECT * FROM targets ORDER BY id")]
 

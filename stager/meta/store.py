@@ -110,11 +110,6 @@ class MetaStore(ABC):
         """Set the default layout of directory ``path`` (an empty spec clears it)."""
 
     @abstractmethod
-    async def inherited_layout(self, path: str) -> LayoutSpec:
-        """The default layout a new file at ``path`` inherits from its ancestors: the
-        nearest directory's, field by field."""
-
-    @abstractmethod
     async def rename(self, src: str, dst: str, *, overwrite: bool, now: float) -> NodeEntry:
         """Move ``src`` to ``dst`` atomically: a reader sees it at one of the two, never
         at both or neither.  A file replaced at ``dst`` goes to garbage in the same
@@ -166,8 +161,9 @@ class MetaStore(ABC):
     @abstractmethod
     async def check_creates(self, items: Sequence[CreateCheck]
                             ) -> list[LayoutSpec | StagerError]:
-        """For each ``(path, overwrite, parents)``: the layout a new file there inherits,
-        or the error a single create there raises.  Reads only."""
+        """For each ``(path, overwrite, parents)``: the default layout a new file there
+        inherits (the nearest directory's, field by field), or the error a create
+        there raises.  Reads only."""
 
     @abstractmethod
     async def begin_uploads(self, uploads: Sequence[Upload]) -> None:
@@ -228,10 +224,6 @@ class MetaStore(ABC):
     @abstractmethod
     async def upsert_target(self, target: TargetInfo) -> None:
         """Register a target, or update its stored record."""
-
-    @abstractmethod
-    async def get_target(self, target_id: str) -> TargetInfo:
-        """The stored record of a target; NotFound when it was never registered."""
 
     @abstractmethod
     async def list_targets(self) -> list[TargetInfo]:
