@@ -33,13 +33,16 @@ from .storethread import MAX_GROUP, StoreThread
 
 
 class SQLiteStore(MetaStore):
+    """The store in one SQLite file at ``path``; up to ``max_group`` queued upload
+    writes share one transaction (1: none do)."""
+
     def __init__(self, path: str | Path, *, max_group: int = MAX_GROUP) -> None:
         self.database = Database(path)
         self.path = self.database.path
         self.namespace = NamespaceSQL(self.database)
         self.batches = BatchSQL(self.namespace)
         self.files = ReliabilitySQL(self.database)
-        # public: tests and benchmarks read its counters and queue work behind it
+        # Public: its counters say how writes were grouped (tests, benchmarks).
         self.thread = StoreThread(self.database.transaction, max_group=max_group)
 
     def close(self) -> None:
