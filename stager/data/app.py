@@ -11,7 +11,8 @@ from ..config import Config
 from ..errors import BadRequest, PayloadTooLarge, RangeNotSatisfiable
 from ..protocol import headers as H
 from ..protocol.batch import split_chunk_batch
-from ..protocol.models import ReadItem, field_of, parse_chunk_id
+from ..protocol.messages import PurgeRequest, ReadRequest
+from ..protocol.models import parse_chunk_id
 from ..protocol.ranges import content_range, parse_range, unsatisfied_range
 from ..web.metrics import ServerMetrics
 from ..web.middleware import METRICS_KEY, error_response, json_response
@@ -154,8 +155,7 @@ async def delete_chunk(request: web.Request) -> web.Response:
 
 async def batch_read(request: web.Request) -> web.StreamResponse:
     body = await read_json(request, request.app[CONFIG].max_json_body)
-    items = [ReadItem.from_json(i) for i in field_of(body, "items", list)]
-    batch = await _svc(request).open_batch(items)
+    batch = await _svc(request).open_batch(list(ReadRequest.from_json(body).items))
     response = web.StreamResponse(headers={"Content-Type": "application/octet-stream",
                                            H.TARGET: _svc(request).identity.target_id})
     response.content_length = batch.total
@@ -178,9 +178,8 @@ async def batch_read(request: web.Request) -> web.StreamResponse:
 
 
 async def purge(request: web.Request) -> web.Response:
-    body = await read_json(request, request.app[CONFIG].max_json_body)
-    file_ids = field_of(body, "file_ids", list)
-    return json_response({"removed": await _svc(request).purge(file_ids)})
+    req = PurgeRequest.from_json(await read_json(request, request.app[CONFIG].max_json_body))
+    return json_response({"removed": await _svc(request).purge(list(req.file_ids))})
 
 
 HANDLERS = {

@@ -24,7 +24,8 @@ from typing import Any
 import aiohttp
 
 from ..config import Config
-from ..errors import CorruptChunk
+from ..errors import TRANSPORT_FAILURES, CorruptChunk, StagerError, error_from_wire
+from ..protocol.routes import route
 from ..ratelimit import TokenBucket
 from ..storage import ChunkStore
 
@@ -137,7 +138,7 @@ class Scrubber:
                         (await self.full_pass(rate=self.config.scrub_rate)).corrupt)
                 if self._unreported:
                     await self._report()
-            except (OSError, aiohttp.ClientError, TimeoutError) as exc:
+            except (*TRANSPORT_FAILURES, StagerError) as exc:
                 log.warning("scrub report to %s failed, will retry: %s",
                             self.config.meta_url, exc)
             except Exception:
@@ -148,9 +149,9 @@ class Scrubber:
         body = json.dumps({"target": self.target_id, "chunks": chunks})
         timeout = aiohttp.ClientTimeout(total=30)
         async with aiohttp.ClientSession(timeout=timeout) as session, session.post(
-                f"{self.config.meta_url}/v1/scrub/report", data=body,
+                route("scrub_report").url(self.config.meta_url), data=body,
                 headers={"Content-Type": "application/json"}) as resp:
             if resp.status >= 400:
-                raise OSError(f"HTTP {resp.status}: {await resp.text()}")
+                raise error_from_wire(resp.status, await resp.read())
         self._unreported.difference_update(chunks)
         log.info("reported %d corrupt chunk(s) of %s", len(chunks), self.target_id)
