@@ -115,6 +115,7 @@ async def test_odd_names_travel_whole(aclient: AsyncClient, ns: str) -> None:
 @pytest.mark.parametrize("model", [
     m.Heartbeat(1, 2, 3),
     m.ScrubRequest(), m.ScrubRequest(5), m.FsckRequest(True),
+    m.ScrubReport("t0", ("a" * 32 + ".1",)),
     m.MkdirRequest("/d", True, True, LayoutSpec(chunk_size=8192)),
     m.SetLayoutRequest("/d", LayoutSpec(replicas=2)),
     m.AbortRequest("a" * 32),
@@ -136,3 +137,7 @@ def test_models_reject_bad_fields() -> None:
             m.RemoveRequest.from_json(bad)
     with pytest.raises(BadRequest):
         m.PurgeRequest.from_json({"file_ids": ["../x"]})
+    with pytest.raises(BadRequest):
+        m.ScrubRequest.from_json({"rate": -1})
+    with pytest.raises(BadRequest):
+        m.ScrubReport.from_json({"target": "t0", "chunks": [1]})

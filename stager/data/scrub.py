@@ -25,6 +25,7 @@ import aiohttp
 
 from ..config import Config
 from ..errors import TRANSPORT_FAILURES, CorruptChunk, StagerError, error_from_wire
+from ..protocol.messages import ScrubReport
 from ..protocol.routes import route
 from ..ratelimit import TokenBucket
 from ..storage import ChunkStore
@@ -146,7 +147,7 @@ class Scrubber:
 
     async def _report(self) -> None:
         chunks = sorted(self._unreported)
-        body = json.dumps({"target": self.target_id, "chunks": chunks})
+        body = json.dumps(ScrubReport(self.target_id, tuple(chunks)).to_json())
         timeout = aiohttp.ClientTimeout(total=30)
         async with aiohttp.ClientSession(timeout=timeout) as session, session.post(
                 route("scrub_report").url(self.config.meta_url), data=body,

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import BadRequest
 from .models import (
     FileInfo,
     Layout,
@@ -66,7 +67,28 @@ class ScrubRequest:
 
     @classmethod
     def from_json(cls, obj: Any) -> ScrubRequest:
-        return cls(field_of(obj, "rate", int, None))
+        rate = field_of(obj, "rate", int, None)
+        if rate is not None and rate < 0:
+            raise BadRequest("rate must not be negative")
+        return cls(rate)
+
+
+@dataclass(frozen=True)
+class ScrubReport:
+    """A data server names the chunks of its target that failed verification."""
+
+    target: str
+    chunks: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"target": self.target, "chunks": list(self.chunks)}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> ScrubReport:
+        chunks = field_of(obj, "chunks", list)
+        if not all(isinstance(c, str) for c in chunks):
+            raise BadRequest("chunks must be a list of chunk ids")
+        return cls(field_of(obj, "target", str), tuple(chunks))
 
 
 @dataclass(frozen=True)
