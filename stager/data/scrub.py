@@ -4,7 +4,7 @@ A background pass runs every ``scrub_interval`` seconds at most ``scrub_rate``
 bytes/s, so it never competes hard with training reads.  Chunks a read found
 corrupt (see :func:`stager.data.maintenance.suspect_middleware`) are checked at
 once, without waiting for the next pass.  Corrupt chunks are reported to the
-metadata server (``POST /v1/scrub/report``), which copies a good replica over
+metadata server (the ``scrub_report`` route), which copies a good replica over
 them; reports that fail are kept and sent again.  A corrupt chunk is left in
 place, never deleted here: when every replica is bad, readers must still get a
 clear ``CorruptChunk`` rather than a missing chunk.
