@@ -20,7 +20,9 @@ from stager.errors import (
     unreachable,
 )
 from stager.protocol import messages as m
-from stager.protocol.models import FileInfo, LayoutSpec, ReadItem
+from stager.protocol.batch import CommitItem, CreateItem
+from stager.protocol.models import FileInfo, Layout, LayoutSpec, ReadItem, TargetInfo
+from stager.protocol.openapi import SCHEMAS
 from stager.protocol.routes import ROUTES, route
 from stager.web.middleware import error_response
 
@@ -141,3 +143,42 @@ def test_models_reject_bad_fields() -> None:
         m.ScrubRequest.from_json({"rate": -1})
     with pytest.raises(BadRequest):
         m.ScrubReport.from_json({"target": "t0", "chunks": [1]})
+
+
+# -- the OpenAPI document describes the models ----------------------------------------------
+def _examples() -> dict[str, object]:
+    layout = Layout(8192, 1, 1, ("t0",), ("n0",))
+    return {
+        "Heartbeat": m.Heartbeat(1, 2, 3),
+        "TargetList": m.TargetList((TargetInfo("t0", "n0", "http://h:1"),)),
+        "ScrubRequest": m.ScrubRequest(5),
+        "ScrubReport": m.ScrubReport("t0", ()),
+        "FsckRequest": m.FsckRequest(True),
+        "Listing": m.Listing("/d", (), "x"),
+        "MkdirRequest": m.MkdirRequest("/d", True, True, LayoutSpec(replicas=1)),
+        "SetLayoutRequest": m.SetLayoutRequest("/d", LayoutSpec(replicas=1)),
+        "CreateRequest": CreateItem("/f", LayoutSpec(replicas=1)),
+        "Upload": m.Upload("a" * 32, "/f", layout, {"t0": "http://h:1"}),
+        "CommitRequest": CommitItem("a" * 32, 1, (0,), 1.0),
+        "AbortRequest": m.AbortRequest("a" * 32),
+        "RenameRequest": m.RenameRequest("/a", "/b"),
+        "RemoveRequest": m.RemoveRequest("/a"),
+        "RemoveResult": m.RemoveResult(1),
+        "ReadRequest": m.ReadRequest(()),
+        "PurgeRequest": m.PurgeRequest(()),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_examples()))
+def test_the_openapi_schema_names_every_field_of_its_model(name: str) -> None:
+    schema = SCHEMAS[name]
+    sent = _examples()[name].to_json()      # type: ignore[attr-defined]
+    assert set(sent) <= set(schema["properties"]), name
+    assert set(schema["required"]) <= set(sent), name
+
+
+def test_every_json_request_body_has_a_model() -> None:
+    bodies = {r.body for r in ROUTES if r.body not in (None, "binary")}
+    parsed_elsewhere = {"Target", "Manifest", "JobReport", "CreateBatchRequest",
+                        "CommitBatchRequest", "AbortBatchRequest"}
+    assert bodies - parsed_elsewhere <= set(_examples())
