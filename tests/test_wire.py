@@ -95,7 +95,7 @@ def test_query_values_are_encoded_and_none_left_out() -> None:
 def test_every_route_builds_and_names_its_parameters() -> None:
     for r in ROUTES:
         names = re.findall(r"\{(\w+)", r.path)
-        assert sorted(names) == sorted(p.name for p in r.params if p.where == "path"), r.op
+        assert sorted(names) == sorted(r.path_params), r.op
         r.target(**{n: "x" for n in names})
         with pytest.raises(KeyError):
             r.target(**{n: "x" for n in names}, bogus="y")
@@ -126,6 +126,8 @@ async def test_odd_names_travel_whole(aclient: AsyncClient, ns: str) -> None:
     m.ManifestStored("/d", 4),
     m.ReadRequest((ReadItem("a" * 32 + ".0", 0, 10),)),
     m.PurgeRequest(("b" * 32,)),
+    m.ChunkStored("a" * 32 + ".0", 1, 0xdeadbeef), m.ChunkBatchStored(2, 3),
+    m.ChunkDeleted(False),
     m.Listing("/d", (FileInfo("/d/x", "file", 3),), "x"),
 ], ids=lambda v: type(v).__name__)
 def test_models_round_trip_through_json(model: object) -> None:
@@ -166,6 +168,8 @@ def _examples() -> dict[str, object]:
         "RemoveResult": m.RemoveResult(1),
         "ReadRequest": m.ReadRequest(()),
         "PurgeRequest": m.PurgeRequest(()),
+        "ChunkInfo": m.ChunkStored("a" * 32 + ".0", 1, 7),
+        "ChunkBatchInfo": m.ChunkBatchStored(1, 2),
     }
 
 

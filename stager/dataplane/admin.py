@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 
 from ..errors import TRANSPORT_FAILURES, TargetUnavailable, unreachable
-from ..protocol.messages import ScrubRequest
+from ..protocol.messages import ChunkDeleted, ScrubRequest
 from ..protocol.routes import route
 from .transport import DataPlane
 
@@ -68,4 +68,4 @@ async def scrub_target(plane: DataPlane, target: str, url: str,
 
 async def delete_chunk(plane: DataPlane, target: str, url: str, chunk: str) -> bool:
     async with plane.request(target, url, route("delete_chunk"), chunk=chunk) as resp:
-        return bool((await resp.json()).get("deleted"))
+        return ChunkDeleted.from_json(await resp.json()).deleted

@@ -31,7 +31,7 @@ from ..errors import (
 )
 from ..protocol import headers
 from ..protocol.batch import ChunkItem, chunk_batch_head
-from ..protocol.messages import PurgeRequest, ReadRequest
+from ..protocol.messages import PurgeRequest, ReadRequest, RemoveResult
 from ..protocol.models import ReadItem
 from ..protocol.routes import Route, route
 from . import rawhttp
@@ -162,7 +162,7 @@ class DataPlane:
         as :class:`TargetUnavailable` (and the target tried last for a while).
         ``kwargs``: the route's path parameters, ``query``, and aiohttp's request
         options (``data``, ``headers``, ``timeout``); ``json_body`` is sent as JSON."""
-        params = {k: kwargs.pop(k) for k in _path_params(op)}
+        params = {k: kwargs.pop(k) for k in op.path_params}
         where = op.url(url, query=kwargs.pop("query", None), **params)
         if json_body is not None:
             kwargs["data"] = json.dumps(json_body).encode()
@@ -319,7 +319,7 @@ class DataPlane:
     async def purge(self, target: str, url: str, file_ids: Sequence[str]) -> int:
         async with self.request(target, url, _PURGE,
                                 json_body=PurgeRequest(tuple(file_ids)).to_json()) as resp:
-            return int((await resp.json()).get("removed", 0))
+            return RemoveResult.from_json(await resp.json()).removed
 
 
 def _client_timeout(seconds: float) -> aiohttp.ClientTimeout:
@@ -340,7 +340,3 @@ async def _read_exactly(resp: aiohttp.ClientResponse, out: memoryview, target: s
     if pos != want:
         raise TargetUnavailable(f"target {target} sent {pos} of {want} bytes of {what}",
                                 target=target)
-
-
-def _path_params(op: Route) -> list[str]:
-    return [p.name for p in op.params if p.where == "path"]

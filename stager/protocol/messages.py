@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..checksum import from_hex, to_hex
 from ..errors import BadRequest
 from .models import (
     FileInfo,
@@ -263,6 +264,55 @@ class ReadRequest:
     @classmethod
     def from_json(cls, obj: Any) -> ReadRequest:
         return cls(tuple(ReadItem.from_json(i) for i in field_of(obj, "items", list)))
+
+
+@dataclass(frozen=True)
+class ChunkStored:
+    """The answer to storing one chunk."""
+
+    chunk: str
+    size: int
+    crc: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"chunk": self.chunk, "size": self.size, "crc32c": to_hex(self.crc)}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> ChunkStored:
+        try:
+            crc = from_hex(field_of(obj, "crc32c", str))
+        except ValueError:
+            raise BadRequest("crc32c must be 8 hex digits") from None
+        return cls(field_of(obj, "chunk", str), field_of(obj, "size", int), crc)
+
+
+@dataclass(frozen=True)
+class ChunkBatchStored:
+    """The answer to storing a chunk batch: how many chunks and bytes."""
+
+    chunks: int
+    bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"chunks": self.chunks, "bytes": self.bytes}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> ChunkBatchStored:
+        return cls(field_of(obj, "chunks", int), field_of(obj, "bytes", int))
+
+
+@dataclass(frozen=True)
+class ChunkDeleted:
+    """Whether a chunk was there to delete."""
+
+    deleted: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"deleted": self.deleted}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> ChunkDeleted:
+        return cls(field_of(obj, "deleted", bool))
 
 
 @dataclass(frozen=True)

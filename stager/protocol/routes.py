@@ -37,6 +37,11 @@ class Route:
     body: str | None = None       # a schema name, or "binary"
     responses: dict[int, str] = field(default_factory=dict)  # status → schema / "binary"
 
+    @property
+    def path_params(self) -> tuple[str, ...]:
+        """The names of the parameters in the path."""
+        return tuple(p.name for p in self.params if p.where == "path")
+
     def target(self, *, query: Mapping[str, Any] | None = None, **values: Any) -> str:
         """The request target: the path with ``values`` filled in and quoted, then
         ``query`` (``None`` values left out).  A rest-of-path parameter
