@@ -309,7 +309,7 @@ class DataPlane:
         except StagerError:
             counter.errors += 1
             raise
-        except OSError as exc:      # connection errors and timeouts
+        except TRANSPORT_FAILURES as exc:
             raise self._unreachable(target, url, exc) from exc
         finally:
             counter.seconds += time.perf_counter() - start
