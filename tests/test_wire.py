@@ -110,7 +110,12 @@ async def test_odd_names_travel_whole(aclient: AsyncClient, ns: str) -> None:
     assert (await aclient.stat(odd, cached=False)).path == odd
     assert [e.path for e in await aclient.ls(f"{ns}/a b")] == [odd]
     assert await aclient.cat(odd) == b"odd"
-    assert await aclient.rm(f"{ns}", recursive=True) == 1
+    # pages continue "after" an odd name: the query is quoted too
+    second = f"{ns}/a b/100% #1?x=y&z+ü;,@ 2"
+    await aclient.pipe(second, b"2")
+    paged = [e.path async for e in aclient.iter_dir(f"{ns}/a b", page_size=1)]
+    assert paged == [odd, second]
+    assert await aclient.rm(f"{ns}", recursive=True) == 2
 
 
 # -- models --------------------------------------------------------------------------------
