@@ -30,13 +30,18 @@
 Each class also inherits the built-in it means, so callers that know nothing of
 stager (``except FileNotFoundError``) keep working.  :data:`ERROR_TABLE` is used
 by the server middleware one way (exception → status + code) and by the client
-the other way (code → exception).  Nobody parses message text.
+the other way (code → exception, :func:`error_from_wire`).  Nobody parses
+message text.  Foreign exceptions of the transport (aiohttp, timeouts, socket
+errors) become :class:`Unavailable` in one place too: :func:`unreachable`.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 from typing import Any
+
+import aiohttp
 
 
 class StagerError(Exception):
@@ -218,7 +223,15 @@ for _cls, _status, _code in ERROR_TABLE:
 
 
 def error_from_wire(status: int, body: Any) -> StagerError:
-    """Rebuild the exception a server sent as ``{"error": CODE, "message": ...}``."""
+    """Rebuild the exception a server sent as ``{"error": CODE, "message": ...}``.
+
+    ``body`` is the JSON value, or the raw bytes of the response body.  A body
+    that is not JSON (a proxy's error page) names no code: a 4xx is then a
+    :class:`BadRequest`, a 5xx the table's class for its status."""
+    if isinstance(body, bytes | bytearray | memoryview):
+        body = _json_or_none(bytes(body))
+    if body is None and status < 500:
+        return BadRequest(f"HTTP {status}")
     code = body.get("error") if isinstance(body, dict) else None
     message = body.get("message", "") if isinstance(body, dict) else ""
     details = body.get("details", {}) if isinstance(body, dict) else {}
@@ -227,6 +240,27 @@ def error_from_wire(status: int, body: Any) -> StagerError:
         cls = BadRequest if 400 <= status < 500 else InternalError
     err = cls(message or f"HTTP {status}", **(details if isinstance(details, dict) else {}))
     return err
+
+
+def _json_or_none(raw: bytes) -> Any:
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return None
+
+
+# What the transport raises when the other end cannot be reached, answers
+# nothing in time, or hangs up mid-answer.
+TRANSPORT_FAILURES: tuple[type[BaseException], ...] = (TimeoutError, OSError,
+                                                       aiohttp.ClientError)
+
+
+def unreachable(exc: BaseException, what: str, **details: Any) -> Unavailable:
+    """The stager error for a transport failure ``exc`` talking to ``what``
+    (``"metadata server URL unreachable"``): :class:`TargetUnavailable` when
+    ``details`` name a ``target``, else :class:`Unavailable`."""
+    cls = TargetUnavailable if "target" in details else Unavailable
+    return cls(f"{what}: {type(exc).__name__}: {exc}", **details)
 
 
 def errno_of(exc: BaseException) -> int:

@@ -25,6 +25,7 @@ from stager.config import load_config
 from stager.errors import ERROR_TABLE, InvalidPath, TargetUnavailable, error_from_wire
 from stager.protocol import paths
 from stager.protocol.models import LayoutSpec
+from stager.protocol.routes import route
 from stager.testing import ThreadCluster
 
 SMALL = 64 * 1024
@@ -178,10 +179,10 @@ async def test_commit_with_the_wrong_number_of_checksums(aclient: AsyncClient,
         await writer.write(b"x" * (SMALL + 1))
         await writer.close()
         with pytest.raises(ValueError):
-            await aclient._meta("POST", "/v1/commit", body={
+            await aclient.meta.request(route("commit"), body={
                 "file_id": file_id, "size": SMALL + 1, "checksums": ["00000000"]})
         with pytest.raises(ValueError):
-            await aclient._meta("POST", "/v1/commit", body={
+            await aclient.meta.request(route("commit"), body={
                 "file_id": file_id, "size": -1, "checksums": []})
         assert not await aclient.exists(f"{ns}/c")
         await aclient.abort(file_id)

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..protocol.messages import TargetList
+from ..protocol.routes import route
 from ..web.server import write_json_atomic
 from .supervise import restart
 
@@ -87,9 +89,9 @@ def _wait_ready(server: Server, deadline: float) -> None:
 def _wait_targets(meta_url: str, want: int, deadline: float) -> None:
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(f"{meta_url}/v1/targets", timeout=2) as resp:
-                targets = json.load(resp)["targets"]
-            if sum(t["state"] == "up" for t in targets) >= want:
+            with urllib.request.urlopen(route("list_targets").url(meta_url), timeout=2) as resp:
+                targets = TargetList.from_json(json.load(resp)).targets
+            if sum(t.up for t in targets) >= want:
                 return
         except OSError:
             pass

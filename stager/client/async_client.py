@@ -3,44 +3,33 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
 import aiohttp
 
 from ..aio import gather_or_cancel
 from ..config import Config, load_config
 from ..dataplane import DataPlane, PlaneOptions, StripedReader, StripedWriter, make_session
-from ..dataplane.transport import ChunkBody, TargetCounters
-from ..errors import (
-    IsADirectory,
-    NoTargets,
-    NotFound,
-    StagerError,
-    Unavailable,
-    error_from_wire,
-)
+from ..dataplane.transport import TargetCounters
+from ..errors import IsADirectory, NoTargets, NotFound, StagerError, Unavailable
+from ..protocol import messages as m
 from ..protocol import paths
+from ..protocol.batch import CommitItem, CreateItem
 from ..protocol.manifest import Manifest
 from ..protocol.models import FileInfo, LayoutSpec, TargetInfo
+from ..protocol.routes import route
 from .bulk import WriteItem, put_tree, write_many
 from .fileio import AsyncReadFile, AsyncWriteFile
+from .metaconn import LONG, MetaConnection
 
 if TYPE_CHECKING:
     from ..stage import StageReport
 
 LOCAL_PIECE = 8 << 20      # bytes per read/write of a local file
-# scrub and fsck answer when they are done: minutes on big targets
-_LONG = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=None)
-
-
-def _quote(path: str) -> str:
-    return quote(paths.normalize(path).lstrip("/"), safe="/")
 
 
 class AsyncClient:
@@ -63,7 +52,9 @@ class AsyncClient:
         self._session: aiohttp.ClientSession | None = None
         self._plane: DataPlane | None = None
         self._limit: asyncio.Semaphore | None = None
-        self._stat_cache: dict[str, tuple[float, FileInfo]] = {}
+        self.meta = MetaConnection(self.meta_url, lambda: self.plane.session,
+                                   retries=self.config.retries,
+                                   stat_ttl=self.config.stat_cache_ttl)
 
     # -- lifecycle ----------------------------------------------------------------
     async def __aenter__(self) -> AsyncClient:
@@ -94,49 +85,16 @@ class AsyncClient:
     def target_counters(self) -> dict[str, TargetCounters]:
         return dict(self.plane.counters)
 
-    # -- metadata requests -----------------------------------------------------------
-    async def _meta(self, method: str, route: str, *, body: Any = None,
-                    params: Mapping[str, Any] | None = None,
-                    timeout: aiohttp.ClientTimeout | None = None) -> Any:
-        session = self.plane.session
-        # ChunkBody: a large manifest is megabytes; raw bytes of that size make aiohttp warn.
-        data = ChunkBody(json.dumps(body).encode()) if body is not None else None
-        hdrs = {"Content-Type": "application/json"} if data is not None else {}
-        attempts = self.config.retries + 1 if method == "GET" else 1
-        extra = {"timeout": timeout} if timeout is not None else {}
-        for attempt in range(attempts):
-            try:
-                async with session.request(method, self.meta_url + route, data=data,
-                                           params=params, headers=hdrs, **extra) as resp:
-                    payload = await resp.json(content_type=None)
-                    if resp.status >= 400:
-                        raise error_from_wire(resp.status, payload)
-                    return payload
-            except StagerError:
-                raise
-            except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
-                if attempt + 1 < attempts:
-                    await asyncio.sleep(0.1 * 2 ** attempt)
-                    continue
-                raise Unavailable(f"metadata server {self.meta_url} unreachable: "
-                                  f"{type(exc).__name__}: {exc}", url=self.meta_url) from exc
-
-    def _forget(self, *names: str) -> None:
-        for name in names:
-            name = paths.normalize(name)
-            for key in [k for k in self._stat_cache if paths.is_within(k, name)]:
-                del self._stat_cache[key]
-
     # -- namespace -------------------------------------------------------------------
     async def stat(self, path: str, *, cached: bool = True) -> FileInfo:
         """The file's or directory's info; reused for ``stat_cache_ttl`` seconds."""
         path = paths.normalize(path)
-        hit = self._stat_cache.get(path)
+        hit = self.meta.cached_stat(path) if cached else None
+        if hit is not None:
+            return hit
         now = time.monotonic()
-        if cached and hit is not None and now - hit[0] < self.config.stat_cache_ttl:
-            return hit[1]
-        info = FileInfo.from_json(await self._meta("GET", f"/v1/stat/{_quote(path)}"))
-        self._stat_cache[path] = (now, info)
+        info = FileInfo.from_json(await self.meta.request(route("stat"), path=path))
+        self.meta.remember_stat(path, info, now)
         return info
 
     async def exists(self, path: str) -> bool:
@@ -151,13 +109,12 @@ class AsyncClient:
         """Every entry of a directory, one page request at a time."""
         after: str | None = ""
         while after is not None:
-            params: dict[str, Any] = {"after": after}
-            if page_size:
-                params["limit"] = page_size
-            page = await self._meta("GET", f"/v1/list/{_quote(path)}", params=params)
-            for entry in page["entries"]:
-                yield FileInfo.from_json(entry)
-            after = page.get("next")
+            page = m.Listing.from_json(await self.meta.request(
+                route("list"), path=paths.normalize(path),
+                query={"after": after, "limit": page_size or None}))
+            for entry in page.entries:
+                yield entry
+            after = page.next
 
     async def ls(self, path: str = "/") -> list[FileInfo]:
         return [e async for e in self.iter_dir(path)]
@@ -177,41 +134,38 @@ class AsyncClient:
 
     async def mkdir(self, path: str, *, parents: bool = True, exist_ok: bool = True,
                     layout: LayoutSpec | None = None) -> FileInfo:
-        body: dict[str, Any] = {"path": paths.normalize(path), "parents": parents,
-                                "exist_ok": exist_ok}
-        if layout is not None:
-            body["layout"] = layout.to_json()
-        return FileInfo.from_json(await self._meta("POST", "/v1/mkdir", body=body))
+        body = m.MkdirRequest(paths.normalize(path), parents, exist_ok, layout)
+        return FileInfo.from_json(await self.meta.request(route("mkdir"), body=body.to_json()))
 
     async def set_layout(self, path: str, layout: LayoutSpec) -> FileInfo:
         """The default layout new files below directory ``path`` inherit."""
-        return FileInfo.from_json(await self._meta(
-            "POST", "/v1/layout", body={"path": paths.normalize(path),
-                                        "layout": layout.to_json()}))
+        body = m.SetLayoutRequest(paths.normalize(path), layout)
+        return FileInfo.from_json(await self.meta.request(route("set_layout"),
+                                                          body=body.to_json()))
 
     async def rename(self, src: str, dst: str, *, overwrite: bool = False) -> FileInfo:
-        self._forget(src, dst)
-        return FileInfo.from_json(await self._meta(
-            "POST", "/v1/rename", body={"src": paths.normalize(src), "dst": paths.normalize(dst),
-                                        "overwrite": overwrite}))
+        self.meta.forget(src, dst)
+        body = m.RenameRequest(paths.normalize(src), paths.normalize(dst), overwrite)
+        return FileInfo.from_json(await self.meta.request(route("rename"), body=body.to_json()))
 
     async def rm(self, path: str, *, recursive: bool = False) -> int:
         """Delete a file or directory; returns how many files went."""
-        self._forget(path)
-        result = await self._meta("POST", "/v1/remove",
-                                  body={"path": paths.normalize(path), "recursive": recursive})
-        return int(result["removed"])
+        self.meta.forget(path)
+        body = m.RemoveRequest(paths.normalize(path), recursive)
+        return m.RemoveResult.from_json(
+            await self.meta.request(route("remove"), body=body.to_json())).removed
 
     async def put_manifest(self, manifest: Manifest) -> int:
         """Record ``manifest`` on its directory; returns the number of files."""
-        body = await self._meta("PUT", f"/v1/manifest/{_quote(manifest.path)}",
-                                body=manifest.to_json())
-        return int(body["files"])
+        answer = await self.meta.request(route("put_manifest"),
+                                         path=paths.normalize(manifest.path),
+                                         body=manifest.to_json())
+        return m.ManifestStored.from_json(answer).files
 
     async def get_manifest(self, path: str) -> Manifest | None:
         """The dataset manifest of directory ``path``, resolved; ``None`` if none recorded."""
         try:
-            body = await self._meta("GET", f"/v1/manifest/{_quote(path)}")
+            body = await self.meta.request(route("get_manifest"), path=paths.normalize(path))
         except NotFound:
             if not (await self.stat(path, cached=False)).is_dir:
                 raise
@@ -219,40 +173,38 @@ class AsyncClient:
         return Manifest.from_json(body)
 
     async def status(self) -> dict[str, Any]:
-        return dict(await self._meta("GET", "/v1/status"))
+        return dict(await self.meta.request(route("status")))
 
     # -- administration (stager/meta/reliability.py) ----------------------------------
     async def remove_target(self, target_id: str) -> TargetInfo:
         """Declare a target lost: its chunks are re-replicated onto other targets."""
-        return TargetInfo.from_json(await self._meta(
-            "POST", f"/v1/targets/{quote(target_id, safe='')}/remove", body={}))
+        return TargetInfo.from_json(await self.meta.request(
+            route("remove_target"), target_id=target_id, body={}))
 
     async def scrub(self, *, rate: int | None = None) -> dict[str, Any]:
         """Every up target verifies all its chunks now; corrupt copies are repaired."""
-        body = {"rate": rate} if rate is not None else {}
-        return dict(await self._meta("POST", "/v1/scrub", body=body, timeout=_LONG))
+        return dict(await self.meta.request(route("scrub"), body=m.ScrubRequest(rate).to_json(),
+                                            timeout=LONG))
 
     async def fsck(self, *, repair: bool = False) -> dict[str, Any]:
         """Namespace against chunks: missing and orphan copies (``repair`` fixes them)."""
-        return dict(await self._meta("POST", "/v1/fsck", body={"repair": repair},
-                                     timeout=_LONG))
+        return dict(await self.meta.request(route("fsck"), body=m.FsckRequest(repair).to_json(),
+                                            timeout=LONG))
 
     async def targets(self) -> list[TargetInfo]:
-        body = await self._meta("GET", "/v1/targets")
-        return [TargetInfo.from_json(t) for t in body["targets"]]
+        return list(m.TargetList.from_json(await self.meta.request(route("list_targets"))).targets)
 
     # -- loader telemetry (stager/meta/jobtable.py) ----------------------------------------
     async def report_job(self, job: str, rank: int, report: Mapping[str, Any], *,
                          worker: int | None = None, timeout: float | None = None) -> None:
-        """Send one loader's telemetry (``PUT /v1/jobs/{job}/ranks/{rank}``), once."""
-        await self._meta("PUT", f"/v1/jobs/{quote(job, safe='')}/ranks/{int(rank)}",
-                         body=dict(report),
-                         params={"worker": int(worker)} if worker is not None else None,
-                         timeout=aiohttp.ClientTimeout(total=timeout) if timeout else None)
+        """Send one loader's telemetry (the ``report_rank`` route), once."""
+        await self.meta.request(route("report_rank"), job=job, rank=int(rank), body=dict(report),
+                                query={"worker": int(worker) if worker is not None else None},
+                                timeout=aiohttp.ClientTimeout(total=timeout) if timeout else None)
 
     async def jobs(self) -> list[dict[str, Any]]:
         """Live loader telemetry: every job with its ranks and summary, worst stall first."""
-        return list((await self._meta("GET", "/v1/jobs"))["jobs"])
+        return list((await self.meta.request(route("list_jobs")))["jobs"])
 
     # -- reading ---------------------------------------------------------------------
     def reader(self, info: FileInfo) -> StripedReader:
@@ -312,34 +264,25 @@ class AsyncClient:
     async def create(self, path: str, *, layout: LayoutSpec | None = None,
                      overwrite: bool = True) -> tuple[str, StripedWriter]:
         """Begin a write; returns the file id and a writer.  See :meth:`commit`."""
-        body: dict[str, Any] = {"path": paths.normalize(path), "overwrite": overwrite}
-        if layout is not None:
-            body["layout"] = layout.to_json()
-        upload = await self._meta("POST", "/v1/create", body=body)
-        info = FileInfo.from_json({"path": upload["path"], "type": "file",
-                                   "layout": upload["layout"],
-                                   "locations": upload["locations"]})
-        assert info.layout is not None
-        writer = StripedWriter(self.plane, upload["file_id"], info.layout, info.locations,
+        body = CreateItem(paths.normalize(path), layout, overwrite)
+        upload = m.Upload.from_json(await self.meta.request(route("create"), body=body.to_json()))
+        writer = StripedWriter(self.plane, upload.file_id, upload.layout, upload.locations,
                                max_in_flight=self.config.readahead_chunks)
-        return upload["file_id"], writer
+        return upload.file_id, writer
 
     async def commit(self, file_id: str, writer: StripedWriter, *,
                      mtime: float | None = None) -> FileInfo:
         size, checksums = await writer.close()
-        body: dict[str, Any] = {"file_id": file_id, "size": size,
-                                "checksums": [f"{c:08x}" for c in checksums]}
-        if mtime is not None:
-            body["mtime"] = mtime
-        info = FileInfo.from_json(await self._meta("POST", "/v1/commit", body=body))
-        self._forget(info.path)
+        body = CommitItem(file_id, size, tuple(checksums), mtime)
+        info = FileInfo.from_json(await self.meta.request(route("commit"), body=body.to_json()))
+        self.meta.forget(info.path)
         return info
 
     async def abort(self, file_id: str, writer: StripedWriter | None = None) -> None:
         if writer is not None:
             await writer.abort()
         try:
-            await self._meta("POST", "/v1/abort", body={"file_id": file_id})
+            await self.meta.request(route("abort"), body=m.AbortRequest(file_id).to_json())
         except (NotFound, Unavailable):
             pass  # committed, already collected, or the server will collect it
 

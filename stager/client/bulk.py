@@ -4,12 +4,13 @@ One file at a time, a small file costs a create and a commit on the metadata
 server (each a transaction with an fsync) and a chunk request per replica.  Here
 a batch of files (up to :data:`~stager.protocol.batch.MAX_BATCH_ITEMS`) costs:
 
-1. one ``POST /v1/create-batch``: file ids, layouts and locations of them all;
-2. their chunks grouped by target into chunk batches (``POST /v1/write``, at most
-   :data:`CHUNK_BATCH_BYTES` each), sent to every target at once;
-3. one ``POST /v1/commit-batch`` for the files whose chunks are all stored;
-4. one ``POST /v1/abort-batch`` for the files that failed, so their chunks are
-   collected.
+1. one batched create (route ``create_batch``): file ids, layouts and locations
+   of them all;
+2. their chunks grouped by target into chunk batches (route ``batch_write``, at
+   most :data:`CHUNK_BATCH_BYTES` each), sent to every target at once;
+3. one batched commit (``commit_batch``) for the files whose chunks are all stored;
+4. one batched abort (``abort_batch``) for the files that failed, so their chunks
+   are collected.
 
 Each file becomes visible at step 3, whole, or not at all.  A file that failed
 because a server was unreachable is written again as a new upload (its layout
@@ -33,13 +34,15 @@ from ..errors import NoTargets, StagerError, TargetUnavailable, Unavailable
 from ..layout import chunk_targets
 from ..protocol import paths
 from ..protocol.batch import MAX_BATCH_ITEMS, CommitItem, CreateItem, result_of
+from ..protocol.messages import Upload
 from ..protocol.models import FileInfo, Layout, LayoutSpec, chunk_id
+from ..protocol.routes import route
 
 if TYPE_CHECKING:
     from .async_client import AsyncClient
 
 T = TypeVar("T")
-CHUNK_BATCH_BYTES = 8 << 20      # bytes of chunks per POST /v1/write
+CHUNK_BATCH_BYTES = 8 << 20      # bytes of chunks per chunk batch
 
 Result = FileInfo | StagerError
 
@@ -112,7 +115,7 @@ async def _write_batch(client: AsyncClient, items: Sequence[WriteItem],
         await asyncio.shield(_abort(client, pending))
         raise
     await _abort(client, [u.file_id for u in uploads if u.index in failed])
-    client._forget(*(items[u.index].path for u in uploads))
+    client.meta.forget(*(items[u.index].path for u in uploads))
     assert all(r is not None for r in results)
     return results  # type: ignore[return-value]
 
@@ -122,20 +125,15 @@ async def _create(client: AsyncClient, items: Sequence[WriteItem],
                   results: list[Result | None]) -> list[_Upload]:
     body = {"items": [CreateItem(paths.normalize(i.path), layout, overwrite).to_json()
                       for i in items]}
-    answer = await client._meta("POST", "/v1/create-batch", body=body)
+    answer = await client.meta.request(route("create_batch"), body=body)
     uploads = []
     for index, obj in enumerate(answer["results"]):
-        got = result_of(obj, _upload_of)
+        got = result_of(obj, Upload.from_json)
         if isinstance(got, StagerError):
             results[index] = got
         else:
-            file_id, chosen, locations = got
-            uploads.append(_Upload(index, file_id, chosen, locations))
+            uploads.append(_Upload(index, got.file_id, got.layout, got.locations))
     return uploads
-
-
-def _upload_of(obj: Any) -> tuple[str, Layout, dict[str, str]]:
-    return str(obj["file_id"]), Layout.from_json(obj["layout"]), dict(obj["locations"])
 
 
 async def _put_chunks(client: AsyncClient, items: Sequence[WriteItem],
@@ -197,7 +195,7 @@ async def _commit(client: AsyncClient, items: Sequence[WriteItem], uploads: list
     body = {"items": [CommitItem(u.file_id, memoryview(items[u.index].data).nbytes,
                                  tuple(u.checksums), items[u.index].mtime).to_json()
                       for u in uploads]}
-    answer = await client._meta("POST", "/v1/commit-batch", body=body)
+    answer = await client.meta.request(route("commit_batch"), body=body)
     for up, obj in zip(uploads, answer["results"], strict=True):
         results[up.index] = result_of(obj, FileInfo.from_json)
 
@@ -206,7 +204,7 @@ async def _abort(client: AsyncClient, file_ids: list[str]) -> None:
     if not file_ids:
         return
     try:
-        await client._meta("POST", "/v1/abort-batch", body={"file_ids": file_ids})
+        await client.meta.request(route("abort_batch"), body={"file_ids": file_ids})
     except StagerError:
         pass  # the server collects abandoned uploads itself after upload_grace
 
@@ -246,8 +244,9 @@ async def put_tree(client: AsyncClient, src: Path, dst: str, *, layout: LayoutSp
             done[f.path] = result
 
     async def write_large(f: _Local) -> None:
-        done[f.path] = await client._put_file(f.path, paths.join(dst, f.rel), layout,
-                                              overwrite)
+        infos = await client.put(f.path, paths.join(dst, f.rel), layout=layout,
+                                 overwrite=overwrite)
+        done[f.path] = infos[0]
 
     await gather_or_cancel([_pool(list(size_groups(small)), GROUPS_IN_FLIGHT, write_group),
                             _pool(large, files_in_flight, write_large)])

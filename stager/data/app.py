@@ -11,7 +11,15 @@ from ..config import Config
 from ..errors import BadRequest, PayloadTooLarge, RangeNotSatisfiable
 from ..protocol import headers as H
 from ..protocol.batch import split_chunk_batch
-from ..protocol.models import ReadItem, field_of, parse_chunk_id
+from ..protocol.messages import (
+    ChunkBatchStored,
+    ChunkDeleted,
+    ChunkStored,
+    PurgeRequest,
+    ReadRequest,
+    RemoveResult,
+)
+from ..protocol.models import parse_chunk_id
 from ..protocol.ranges import content_range, parse_range, unsatisfied_range
 from ..web.metrics import ServerMetrics
 from ..web.middleware import METRICS_KEY, error_response, json_response
@@ -84,8 +92,7 @@ async def put_chunk(request: web.Request) -> web.Response:
     await _svc(request).put(chunk, data, crc)
     _count(request, received=len(data))
     buffers.give(data)      # only once stored: a failed or cancelled put may still hold it
-    return json_response({"chunk": chunk, "size": len(data), "crc32c": to_hex(crc)},
-                         status=201)
+    return json_response(ChunkStored(chunk, len(data), crc).to_json(), status=201)
 
 
 async def batch_write(request: web.Request) -> web.Response:
@@ -99,7 +106,7 @@ async def batch_write(request: web.Request) -> web.Response:
     received = sum(len(data) for _, data in pieces)
     buffers.give(body)      # only once stored, as in put_chunk
     _count(request, received=received)
-    return json_response({"chunks": len(pieces), "bytes": received}, status=201)
+    return json_response(ChunkBatchStored(len(pieces), received).to_json(), status=201)
 
 
 def _chunk_headers(request: web.Request, size: int, crc: int) -> dict[str, str]:
@@ -149,13 +156,12 @@ async def head_chunk(request: web.Request) -> web.Response:
 
 async def delete_chunk(request: web.Request) -> web.Response:
     deleted = await _svc(request).delete(_chunk(request))
-    return json_response({"deleted": deleted})
+    return json_response(ChunkDeleted(deleted).to_json())
 
 
 async def batch_read(request: web.Request) -> web.StreamResponse:
     body = await read_json(request, request.app[CONFIG].max_json_body)
-    items = [ReadItem.from_json(i) for i in field_of(body, "items", list)]
-    batch = await _svc(request).open_batch(items)
+    batch = await _svc(request).open_batch(list(ReadRequest.from_json(body).items))
     response = web.StreamResponse(headers={"Content-Type": "application/octet-stream",
                                            H.TARGET: _svc(request).identity.target_id})
     response.content_length = batch.total
@@ -178,9 +184,9 @@ async def batch_read(request: web.Request) -> web.StreamResponse:
 
 
 async def purge(request: web.Request) -> web.Response:
-    body = await read_json(request, request.app[CONFIG].max_json_body)
-    file_ids = field_of(body, "file_ids", list)
-    return json_response({"removed": await _svc(request).purge(file_ids)})
+    req = PurgeRequest.from_json(await read_json(request, request.app[CONFIG].max_json_body))
+    removed = await _svc(request).purge(list(req.file_ids))
+    return json_response(RemoveResult(removed).to_json())
 
 
 HANDLERS = {

@@ -1,4 +1,4 @@
-"""One batched read (``POST /v1/read``): many pieces of many chunks, in order.
+"""One batched read (the ``batch_read`` route): many pieces of many chunks, in order.
 
 Each chunk is opened once per request (its trailer read and checked once), and
 the request is refused before its response starts when a chunk is missing or a

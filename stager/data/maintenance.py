@@ -14,8 +14,8 @@ from aiohttp import web
 
 from ..aio import cancel_and_wait
 from ..config import Config
-from ..errors import BadRequest, CorruptChunk
-from ..protocol.models import field_of
+from ..errors import CorruptChunk
+from ..protocol.messages import ScrubRequest
 from ..web.middleware import Handler
 from ..web.requests import read_json
 from .scrub import Scrubber
@@ -75,10 +75,7 @@ async def scrub_chunks(request: web.Request) -> web.StreamResponse:
     ``rate`` (bytes/s, default 0 = no limit).  Corrupt chunks are listed, not
     reported: the caller (the metadata server's ``stager scrub``) repairs them.
     """
-    body = await read_json(request, 1 << 16)
-    rate = field_of(body, "rate", int, 0)
-    if rate < 0:
-        raise BadRequest("rate must not be negative")
+    rate = ScrubRequest.from_json(await read_json(request, 1 << 16)).rate or 0
     response = web.StreamResponse(headers={"Content-Type": NDJSON})
     await response.prepare(request)
 

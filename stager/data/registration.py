@@ -9,7 +9,10 @@ import logging
 import aiohttp
 
 from ..config import Config
+from ..errors import TRANSPORT_FAILURES, StagerError, error_from_wire
+from ..protocol.messages import Heartbeat
 from ..protocol.models import TargetInfo
+from ..protocol.routes import route
 from .service import DataService
 
 log = logging.getLogger("stager.data")
@@ -33,19 +36,19 @@ async def register_and_heartbeat(service: DataService, config: Config, url: str)
                     body = TargetInfo(id=ident.target_id, node=ident.node, url=url,
                                       capacity=usage.capacity, used=usage.used,
                                       chunks=usage.chunks).to_json()
-                    await _post(session, f"{config.meta_url}/v1/targets", body)
+                    await _post(session, route("register_target").url(config.meta_url), body)
                     log.info("registered target %s at %s", ident.target_id, config.meta_url)
                     registered = True
                 else:
                     status = await _post(
-                        session, f"{config.meta_url}/v1/targets/{ident.target_id}/heartbeat",
-                        {"capacity": usage.capacity, "used": usage.used,
-                         "chunks": usage.chunks})
+                        session, route("heartbeat").url(config.meta_url,
+                                                        target_id=ident.target_id),
+                        Heartbeat(usage.capacity, usage.used, usage.chunks).to_json())
                     if status == 404:
                         registered = False
                         continue
                 delay = config.heartbeat_interval
-            except (TimeoutError, aiohttp.ClientError, OSError, RuntimeError) as exc:
+            except (*TRANSPORT_FAILURES, StagerError) as exc:
                 log.warning("metadata server %s unreachable: %s", config.meta_url, exc)
                 delay = min(max(delay * 2, 0.1), config.heartbeat_interval)
             await asyncio.sleep(delay)
@@ -57,5 +60,5 @@ async def _post(session: aiohttp.ClientSession, url: str, body: object) -> int:
         if resp.status == 404:
             return 404
         if resp.status >= 400:
-            raise RuntimeError(f"{url}: HTTP {resp.status}: {await resp.text()}")
+            raise error_from_wire(resp.status, await resp.read())
         return resp.status

@@ -4,7 +4,7 @@ A background pass runs every ``scrub_interval`` seconds at most ``scrub_rate``
 bytes/s, so it never competes hard with training reads.  Chunks a read found
 corrupt (see :func:`stager.data.maintenance.suspect_middleware`) are checked at
 once, without waiting for the next pass.  Corrupt chunks are reported to the
-metadata server (``POST /v1/scrub/report``), which copies a good replica over
+metadata server (the ``scrub_report`` route), which copies a good replica over
 them; reports that fail are kept and sent again.  A corrupt chunk is left in
 place, never deleted here: when every replica is bad, readers must still get a
 clear ``CorruptChunk`` rather than a missing chunk.
@@ -25,7 +25,9 @@ import aiohttp
 
 from ..aio import wait_for_wake
 from ..config import Config
-from ..errors import CorruptChunk
+from ..errors import TRANSPORT_FAILURES, CorruptChunk, StagerError, error_from_wire
+from ..protocol.messages import ScrubReport
+from ..protocol.routes import route
 from ..ratelimit import TokenBucket
 from ..storage import ChunkStore
 
@@ -134,7 +136,7 @@ class Scrubber:
                         (await self.full_pass(rate=self.config.scrub_rate)).corrupt)
                 if self._unreported:
                     await self._report()
-            except (OSError, aiohttp.ClientError, TimeoutError) as exc:
+            except (*TRANSPORT_FAILURES, StagerError) as exc:
                 log.warning("scrub report to %s failed, will retry: %s",
                             self.config.meta_url, exc)
             except Exception:
@@ -142,12 +144,12 @@ class Scrubber:
 
     async def _report(self) -> None:
         chunks = sorted(self._unreported)
-        body = json.dumps({"target": self.target_id, "chunks": chunks})
+        body = json.dumps(ScrubReport(self.target_id, tuple(chunks)).to_json())
         timeout = aiohttp.ClientTimeout(total=30)
         async with aiohttp.ClientSession(timeout=timeout) as session, session.post(
-                f"{self.config.meta_url}/v1/scrub/report", data=body,
+                route("scrub_report").url(self.config.meta_url), data=body,
                 headers={"Content-Type": "application/json"}) as resp:
             if resp.status >= 400:
-                raise OSError(f"HTTP {resp.status}: {await resp.text()}")
+                raise error_from_wire(resp.status, await resp.read())
         self._unreported.difference_update(chunks)
         log.info("reported %d corrupt chunk(s) of %s", len(chunks), self.target_id)

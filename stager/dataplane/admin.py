@@ -14,7 +14,9 @@ from typing import Any
 
 import aiohttp
 
-from ..errors import TargetUnavailable
+from ..errors import TRANSPORT_FAILURES, TargetUnavailable, unreachable
+from ..protocol.messages import ChunkDeleted, ScrubRequest
+from ..protocol.routes import route
 from .transport import DataPlane
 
 
@@ -38,15 +40,14 @@ async def _lines(resp: aiohttp.ClientResponse, target: str) -> AsyncIterator[Any
                 yield value
                 return
             yield value
-    except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
-        raise TargetUnavailable(f"target {target}: stream broken: {exc}",
-                                target=target) from exc
+    except (*TRANSPORT_FAILURES, ValueError) as exc:    # ValueError: a line cut short
+        raise unreachable(exc, f"target {target}: stream broken", target=target) from exc
     raise TargetUnavailable(f"target {target}: stream ended early", target=target)
 
 
 async def list_chunks(plane: DataPlane, target: str, url: str) -> AsyncIterator[StoredChunk]:
     """Every chunk stored on ``target``."""
-    async with plane._request(target, url, "GET", "/v1/chunks") as resp:
+    async with plane.request(target, url, route("list_chunks")) as resp:
         async for value in _lines(resp, target):
             if isinstance(value, list):
                 name, size, mtime = value
@@ -56,9 +57,8 @@ async def list_chunks(plane: DataPlane, target: str, url: str) -> AsyncIterator[
 async def scrub_target(plane: DataPlane, target: str, url: str,
                        rate: int | None = None) -> dict[str, Any]:
     """Have ``target`` verify every chunk now; its final report (``corrupt`` names)."""
-    body = json.dumps({"rate": rate} if rate is not None else {}).encode()
-    async with plane._request(target, url, "POST", "/v1/scrub", data=body,
-                              headers={"Content-Type": "application/json"}) as resp:
+    async with plane.request(target, url, route("scrub_chunks"),
+                             json_body=ScrubRequest(rate).to_json()) as resp:
         last: dict[str, Any] = {}
         async for value in _lines(resp, target):
             if isinstance(value, dict):
@@ -67,5 +67,5 @@ async def scrub_target(plane: DataPlane, target: str, url: str,
 
 
 async def delete_chunk(plane: DataPlane, target: str, url: str, chunk: str) -> bool:
-    async with plane._request(target, url, "DELETE", f"/v1/chunks/{chunk}") as resp:
-        return bool((await resp.json()).get("deleted"))
+    async with plane.request(target, url, route("delete_chunk"), chunk=chunk) as resp:
+        return ChunkDeleted.from_json(await resp.json()).deleted

@@ -1,8 +1,9 @@
 """Chunk requests to data servers: the one place chunk bytes cross the wire.
 
 Both the client library and the metadata server's whole-file gateway use this
-module, so there is one read path and one write path.  Foreign exceptions
-(aiohttp, timeouts, OS errors) are mapped to stager errors here and nowhere else.
+module, so there is one read path and one write path.  Every request to a data
+server goes through :meth:`DataPlane.request` (or its raw twin for reads), which
+counts it per target and maps its failures through :mod:`stager.errors`.
 """
 
 from __future__ import annotations
@@ -21,18 +22,23 @@ from aiohttp.abc import AbstractStreamWriter
 
 from ..checksum import to_hex
 from ..errors import (
-    BadRequest,
+    TRANSPORT_FAILURES,
     CorruptChunk,
     StagerError,
     TargetUnavailable,
     error_from_wire,
+    unreachable,
 )
 from ..protocol import headers
 from ..protocol.batch import ChunkItem, chunk_batch_head
+from ..protocol.messages import PurgeRequest, ReadRequest, RemoveResult
 from ..protocol.models import ReadItem
+from ..protocol.routes import Route, route
 from . import rawhttp
 
 READ_BUFSIZE = 1 << 20
+_PUT_CHUNK, _GET_CHUNK = route("put_chunk"), route("get_chunk")
+_BATCH_WRITE, _BATCH_READ, _PURGE = route("batch_write"), route("batch_read"), route("purge")
 
 
 class ChunkBody(payload.BytesPayload):
@@ -149,23 +155,40 @@ class DataPlane:
         return sorted(targets, key=recently_failed)
 
     @asynccontextmanager
-    async def _request(self, target: str, url: str, method: str, path: str,
-                       **kwargs: Any) -> AsyncIterator[aiohttp.ClientResponse]:
+    async def request(self, target: str, url: str, op: Route, *, json_body: Any = None,
+                      **kwargs: Any) -> AsyncIterator[aiohttp.ClientResponse]:
+        """One request ``op`` to ``target`` at ``url``: counted in the target's
+        counters, an error answer raised as its stager error, a transport failure
+        as :class:`TargetUnavailable` (and the target tried last for a while).
+        ``kwargs``: the route's path parameters, ``query``, and aiohttp's request
+        options (``data``, ``headers``, ``timeout``); ``json_body`` is sent as JSON."""
+        params = {k: kwargs.pop(k) for k in op.path_params}
+        where = op.url(url, query=kwargs.pop("query", None), **params)
+        if json_body is not None:
+            kwargs["data"] = json.dumps(json_body).encode()
+            kwargs["headers"] = {"Content-Type": "application/json", **kwargs.get("headers", {})}
         counter = self.counter(target)
         counter.requests += 1
         start = time.perf_counter()
         try:
-            async with self.session.request(method, url + path, **kwargs) as resp:
+            async with self.session.request(op.method, where, **kwargs) as resp:
                 if resp.status >= 400:
-                    raise await _wire_error(resp)
+                    raise error_from_wire(resp.status, await resp.read())
                 yield resp
         except StagerError:
             counter.errors += 1
             raise
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise _unreachable(counter, target, url, exc) from exc
+        except TRANSPORT_FAILURES as exc:
+            raise self._unreachable(target, url, exc) from exc
         finally:
             counter.seconds += time.perf_counter() - start
+
+    def _unreachable(self, target: str, url: str, exc: BaseException) -> StagerError:
+        """Count a connection failure (so failover tries the target last) and name it."""
+        counter = self.counter(target)
+        counter.errors += 1
+        counter.failed_at = time.monotonic()
+        return unreachable(exc, f"target {target} at {url} unreachable", target=target, url=url)
 
     async def put_chunk(self, target: str, url: str, chunk: str, data: bytes | memoryview,
                         crc: int) -> None:
@@ -173,8 +196,8 @@ class DataPlane:
         hdrs = {headers.CRC32C: to_hex(crc)}
         for attempt in range(self.options.retries + 1):
             try:
-                async with self._request(target, url, "PUT", f"/v1/chunks/{chunk}",
-                                         data=ChunkBody(data), headers=hdrs):
+                async with self.request(target, url, _PUT_CHUNK, chunk=chunk,
+                                        data=ChunkBody(data), headers=hdrs):
                     self.counter(target).bytes_written += len(data)
                     return
             except TargetUnavailable:
@@ -185,14 +208,14 @@ class DataPlane:
     async def put_chunks(self, target: str, url: str,
                          items: Sequence[tuple[str, bytes | memoryview, int]]) -> None:
         """Store many ``(chunk, data, crc)`` on one target in one request
-        (``POST /v1/write``, see :mod:`stager.protocol.batch`); retried (idempotent)."""
+        (a chunk batch, see :mod:`stager.protocol.batch`); retried (idempotent)."""
         head = chunk_batch_head([ChunkItem(c, memoryview(d).nbytes, crc) for c, d, crc in items])
         body = b"".join([head, *(d for _, d, _ in items)])
         hdrs = {"Content-Type": "application/octet-stream"}
         for attempt in range(self.options.retries + 1):
             try:
-                async with self._request(target, url, "POST", "/v1/write",
-                                         data=ChunkBody(body), headers=hdrs):
+                async with self.request(target, url, _BATCH_WRITE, data=ChunkBody(body),
+                                        headers=hdrs):
                     self.counter(target).bytes_written += len(body) - len(head)
                     return
             except TargetUnavailable:
@@ -223,15 +246,15 @@ class DataPlane:
         pool = self._raw_pool()
         if pool is not None:
             try:
-                got = await self._read_raw(pool, target, url, "GET", f"/v1/chunks/{chunk}",
-                                           hdrs, None, out, chunk, timeout)
+                got = await self._read_raw(pool, target, url, _GET_CHUNK.target(chunk=chunk),
+                                           _GET_CHUNK.method, hdrs, None, out, chunk, timeout)
             except rawhttp.Unsupported:
                 pass    # a response the raw client does not frame: aiohttp reads it below
             else:
                 crc = got.get(headers.CRC32C.lower())
                 return int(crc, 16) if whole and crc else None
-        async with self._request(target, url, "GET", f"/v1/chunks/{chunk}",
-                                 headers=hdrs, timeout=_client_timeout(timeout)) as resp:
+        async with self.request(target, url, _GET_CHUNK, chunk=chunk, headers=hdrs,
+                                timeout=_client_timeout(timeout)) as resp:
             await _read_exactly(resp, out, target, chunk)
             self.counter(target).bytes_read += len(out)
             crc = resp.headers.get(headers.CRC32C)
@@ -240,20 +263,20 @@ class DataPlane:
     async def batch_read_into(self, target: str, url: str, items: Sequence[ReadItem],
                               out: memoryview, *, patient: bool = False) -> None:
         """Many pieces from one target in one request, concatenated into ``out``."""
-        body = json.dumps({"items": [i.to_json() for i in items]}).encode()
+        body = json.dumps(ReadRequest(tuple(items)).to_json()).encode()
         timeout = self.read_timeout(patient)
         pool = self._raw_pool()
         if pool is not None:
             try:
-                await self._read_raw(pool, target, url, "POST", "/v1/read",
-                                     {"Content-Type": "application/json"}, body, out, "batch",
-                                     timeout)
+                await self._read_raw(pool, target, url, _BATCH_READ.target(),
+                                     _BATCH_READ.method, {"Content-Type": "application/json"},
+                                     body, out, "batch", timeout)
                 return
             except rawhttp.Unsupported:
                 pass    # a response the raw client does not frame: aiohttp reads it below
-        async with self._request(target, url, "POST", "/v1/read", data=body,
-                                 headers={"Content-Type": "application/json"},
-                                 timeout=_client_timeout(timeout)) as resp:
+        async with self.request(target, url, _BATCH_READ, data=body,
+                                headers={"Content-Type": "application/json"},
+                                timeout=_client_timeout(timeout)) as resp:
             await _read_exactly(resp, out, target, "batch")
             self.counter(target).bytes_read += len(out)
 
@@ -261,18 +284,18 @@ class DataPlane:
         pool = getattr(self.session.connector, "raw", None)
         return pool if self.options.raw_reads and not self.session.closed else None
 
-    async def _read_raw(self, pool: rawhttp.RawPool, target: str, url: str, method: str,
-                        path: str, hdrs: dict[str, str], body: bytes | None, out: memoryview,
+    async def _read_raw(self, pool: rawhttp.RawPool, target: str, url: str, path: str,
+                        method: str, hdrs: dict[str, str], body: bytes | None, out: memoryview,
                         what: str, timeout: float | None = None) -> dict[str, str]:
         """One read through :mod:`rawhttp` into ``out``, counted and mapped as
-        :meth:`_request` does; returns the response headers (lower-case names)."""
+        :meth:`request` does; returns the response headers (lower-case names)."""
         counter = self.counter(target)
         counter.requests += 1
         start = time.perf_counter()
         try:
             resp = await pool.request(url, method, path, hdrs, body, out, timeout=timeout)
             if resp.status >= 400:
-                raise _error_of(resp.status, _json_or_none(resp.body))
+                raise error_from_wire(resp.status, resp.body)
         except rawhttp.Unsupported:
             counter.requests -= 1   # the caller sends it again through aiohttp
             raise
@@ -286,31 +309,21 @@ class DataPlane:
         except StagerError:
             counter.errors += 1
             raise
-        except OSError as exc:      # connection errors and timeouts
-            raise _unreachable(counter, target, url, exc) from exc
+        except TRANSPORT_FAILURES as exc:
+            raise self._unreachable(target, url, exc) from exc
         finally:
             counter.seconds += time.perf_counter() - start
         counter.bytes_read += len(out)
         return resp.headers
 
     async def purge(self, target: str, url: str, file_ids: Sequence[str]) -> int:
-        body = json.dumps({"file_ids": list(file_ids)}).encode()
-        async with self._request(target, url, "POST", "/v1/purge", data=body,
-                                 headers={"Content-Type": "application/json"}) as resp:
-            return int((await resp.json()).get("removed", 0))
+        async with self.request(target, url, _PURGE,
+                                json_body=PurgeRequest(tuple(file_ids)).to_json()) as resp:
+            return RemoveResult.from_json(await resp.json()).removed
 
 
 def _client_timeout(seconds: float) -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout(total=None, sock_connect=seconds, sock_read=seconds)
-
-
-def _unreachable(counter: TargetCounters, target: str, url: str,
-                 exc: BaseException) -> TargetUnavailable:
-    """Count a connection failure (so failover tries the target last) and name it."""
-    counter.errors += 1
-    counter.failed_at = time.monotonic()
-    return TargetUnavailable(f"target {target} at {url} unreachable: "
-                             f"{type(exc).__name__}: {exc}", target=target, url=url)
 
 
 async def _read_exactly(resp: aiohttp.ClientResponse, out: memoryview, target: str,
@@ -327,24 +340,3 @@ async def _read_exactly(resp: aiohttp.ClientResponse, out: memoryview, target: s
     if pos != want:
         raise TargetUnavailable(f"target {target} sent {pos} of {want} bytes of {what}",
                                 target=target)
-
-
-async def _wire_error(resp: aiohttp.ClientResponse) -> StagerError:
-    try:
-        body = await resp.json(content_type=None)
-    except (ValueError, aiohttp.ClientError):
-        body = None
-    return _error_of(resp.status, body)
-
-
-def _json_or_none(raw: bytes) -> Any:
-    try:
-        return json.loads(raw) if raw else None
-    except ValueError:
-        return None
-
-
-def _error_of(status: int, body: Any) -> StagerError:
-    if body is None:
-        return BadRequest(f"HTTP {status}") if status < 500 else error_from_wire(status, {})
-    return error_from_wire(status, body)

@@ -3,8 +3,8 @@
 With ``Loader(job=…)`` (or ``STAGER_JOB`` set, or ``report=True``) a
 :class:`Reporter` on the loader's background I/O loop sends a compact summary
 of ``stats()`` every ``report_interval`` seconds and once more on ``close()``
-(``PUT /v1/jobs/{job}/ranks/{rank}``; see :mod:`stager.protocol.jobreport`), so
-``stager jobs`` and ``GET /v1/jobs`` show operators which jobs starve.
+(the ``report_rank`` route; see :mod:`stager.protocol.jobreport`), so ``stager
+jobs`` and the ``list_jobs`` route show operators which jobs starve.
 
 Reporting never gets in the training loop's way: the reports are built and sent
 off the consumer's thread, and a metadata server that is down, slow or answers

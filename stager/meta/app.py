@@ -11,12 +11,12 @@ from pathlib import Path
 
 from aiohttp import web
 
-from ..checksum import from_hex
 from ..config import Config
 from ..dataplane import DataPlane, PlaneOptions, make_session
-from ..errors import BadRequest, PayloadTooLarge, RangeNotSatisfiable, StagerError
+from ..errors import PayloadTooLarge, RangeNotSatisfiable, StagerError
+from ..protocol import messages as m
 from ..protocol.batch import CommitItem, CreateItem, error_json, parse_items
-from ..protocol.models import FileInfo, LayoutSpec, TargetInfo, check_file_id, field_of
+from ..protocol.models import FileInfo, LayoutSpec, TargetInfo, check_file_id
 from ..protocol.ranges import content_range, parse_range, unsatisfied_range
 from ..web.metrics import ServerMetrics
 from ..web.middleware import METRICS_KEY, error_response, json_response, large_json_response
@@ -62,7 +62,7 @@ def make_meta_app(config: Config) -> web.Application:
     app.cleanup_ctx.append(_background)
     # rebuild, repair, scrub, fsck: after _data_plane, whose plane they use
     reliability.install(app, service, config, lambda: app[GATEWAY].plane)
-    jobtable.install(app)           # live loader telemetry (GET /v1/jobs)
+    jobtable.install(app)           # live loader telemetry (the list_jobs route)
     return app
 
 
@@ -113,7 +113,7 @@ async def status(request: web.Request) -> web.Response:
 
 
 async def list_targets(request: web.Request) -> web.Response:
-    return json_response({"targets": [t.to_json() for t in _svc(request).list_targets()]})
+    return json_response(m.TargetList(tuple(_svc(request).list_targets())).to_json())
 
 
 async def register_target(request: web.Request) -> web.Response:
@@ -122,10 +122,10 @@ async def register_target(request: web.Request) -> web.Response:
 
 
 async def heartbeat(request: web.Request) -> web.Response:
-    body = await _body(request)
-    target = await _svc(request).heartbeat(
-        request.match_info["target_id"], capacity=field_of(body, "capacity", int, 0),
-        used=field_of(body, "used", int, 0), chunks=field_of(body, "chunks", int, 0))
+    beat = m.Heartbeat.from_json(await _body(request))
+    target = await _svc(request).heartbeat(request.match_info["target_id"],
+                                           capacity=beat.capacity, used=beat.used,
+                                           chunks=beat.chunks)
     return json_response(target.to_json())
 
 
@@ -138,59 +138,39 @@ async def list_dir(request: web.Request) -> web.Response:
     path = path_arg(request)
     entries, nxt = await _svc(request).list(path, after=request.query.get("after", ""),
                                             limit=query_int(request, "limit"))
-    detail = query_bool(request, "detail", True)
-    return json_response({
-        "path": path,
-        "entries": [e.to_json() if detail else {"path": e.path, "type": e.type}
-                    for e in entries],
-        "next": nxt,
-    })
+    listing = m.Listing(path, tuple(entries), nxt, detail=query_bool(request, "detail", True))
+    return json_response(listing.to_json())
 
 
 async def mkdir(request: web.Request) -> web.Response:
-    body = await _body(request)
-    info = await _svc(request).mkdir(
-        field_of(body, "path", str), parents=field_of(body, "parents", bool, False),
-        exist_ok=field_of(body, "exist_ok", bool, False),
-        layout=LayoutSpec.from_json(body.get("layout")) if body.get("layout") else None)
+    req = m.MkdirRequest.from_json(await _body(request))
+    info = await _svc(request).mkdir(req.path, parents=req.parents, exist_ok=req.exist_ok,
+                                     layout=req.layout)
     return json_response(info.to_json())
 
 
 async def set_layout(request: web.Request) -> web.Response:
-    body = await _body(request)
-    info = await _svc(request).set_layout(field_of(body, "path", str),
-                                          LayoutSpec.from_json(field_of(body, "layout", dict)))
-    return json_response(info.to_json())
+    req = m.SetLayoutRequest.from_json(await _body(request))
+    return json_response((await _svc(request).set_layout(req.path, req.layout)).to_json())
 
 
 async def create(request: web.Request) -> web.Response:
-    body = await _body(request)
-    upload, info = await _svc(request).create(
-        field_of(body, "path", str), layout=LayoutSpec.from_json(body.get("layout")),
-        overwrite=field_of(body, "overwrite", bool, True),
-        parents=field_of(body, "parents", bool, True))
-    assert info.layout is not None
-    return json_response({"file_id": upload.file_id, "path": upload.path,
-                          "layout": info.layout.to_json(), "locations": info.locations})
+    req = CreateItem.from_json(await _body(request))
+    upload, info = await _svc(request).create(req.path, layout=req.layout,
+                                              overwrite=req.overwrite, parents=req.parents)
+    return json_response(_upload(upload, info).to_json())
 
 
 async def commit(request: web.Request) -> web.Response:
-    body = await _body(request)
-    raw = field_of(body, "checksums", list)
-    try:
-        checksums = tuple(from_hex(c) for c in raw)
-    except (TypeError, ValueError):
-        raise BadRequest("checksums must be 8-digit hex strings") from None
-    mtime = field_of(body, "mtime", (int, float), None)
-    info = await _svc(request).commit(check_file_id(field_of(body, "file_id", str)),
-                                      size=field_of(body, "size", int), checksums=checksums,
-                                      mtime=float(mtime) if mtime is not None else None)
+    req = CommitItem.from_json(await _body(request))
+    info = await _svc(request).commit(req.file_id, size=req.size, checksums=req.checksums,
+                                      mtime=req.mtime)
     return json_response(info.to_json())
 
 
 async def abort(request: web.Request) -> web.Response:
-    body = await _body(request)
-    await _svc(request).abort(check_file_id(field_of(body, "file_id", str)))
+    req = m.AbortRequest.from_json(await _body(request))
+    await _svc(request).abort(req.file_id)
     return json_response({"aborted": True})
 
 
@@ -199,7 +179,7 @@ async def create_batch(request: web.Request) -> web.Response:
     items = parse_items(await _body(request), CreateItem.from_json, key=lambda i: i.path)
     results = await _svc(request).create_many(items)
     return json_response({"results": [
-        error_json(r) if isinstance(r, StagerError) else _upload_json(*r) for r in results]})
+        error_json(r) if isinstance(r, StagerError) else _upload(*r).to_json() for r in results]})
 
 
 async def commit_batch(request: web.Request) -> web.Response:
@@ -215,30 +195,27 @@ async def abort_batch(request: web.Request) -> web.Response:
     return json_response({"results": [None if r is None else error_json(r) for r in results]})
 
 
-def _upload_json(upload: Upload, info: FileInfo) -> dict[str, object]:
+def _upload(upload: Upload, info: FileInfo) -> m.Upload:
     assert info.layout is not None
-    return {"file_id": upload.file_id, "path": upload.path, "layout": info.layout.to_json(),
-            "locations": info.locations}
+    return m.Upload(upload.file_id, upload.path, info.layout, info.locations)
 
 
 async def rename(request: web.Request) -> web.Response:
-    body = await _body(request)
-    info = await _svc(request).rename(field_of(body, "src", str), field_of(body, "dst", str),
-                                      overwrite=field_of(body, "overwrite", bool, False))
+    req = m.RenameRequest.from_json(await _body(request))
+    info = await _svc(request).rename(req.src, req.dst, overwrite=req.overwrite)
     return json_response(info.to_json())
 
 
 async def remove(request: web.Request) -> web.Response:
-    body = await _body(request)
-    removed = await _svc(request).remove(field_of(body, "path", str),
-                                         recursive=field_of(body, "recursive", bool, False))
-    return json_response({"removed": removed})
+    req = m.RemoveRequest.from_json(await _body(request))
+    removed = await _svc(request).remove(req.path, recursive=req.recursive)
+    return json_response(m.RemoveResult(removed).to_json())
 
 
 async def put_manifest(request: web.Request) -> web.Response:
     body = await read_json(request, request.app[CONFIG].max_manifest_size)
     count = await _svc(request).put_manifest(path_arg(request), body)
-    return json_response({"path": path_arg(request), "files": count})
+    return json_response(m.ManifestStored(path_arg(request), count).to_json())
 
 
 async def get_manifest(request: web.Request) -> web.Response:
@@ -315,7 +292,7 @@ async def gateway_put(request: web.Request) -> web.Response:
 async def gateway_delete(request: web.Request) -> web.Response:
     removed = await _svc(request).remove(path_arg(request),
                                          recursive=query_bool(request, "recursive"))
-    return json_response({"removed": removed})
+    return json_response(m.RemoveResult(removed).to_json())
 
 
 HANDLERS = {

@@ -2,7 +2,7 @@
 
 Every reporting loader (a rank, or one DataLoader worker of a rank) owns one
 entry, keyed by (job, rank, worker) and replaced by each report it sends
-(``PUT /v1/jobs/{job}/ranks/{rank}``).  ``GET /v1/jobs`` groups the entries by
+(the ``report_rank`` route).  The ``list_jobs`` route groups the entries by
 job with a job-level summary, worst stall first; ``GET /metrics`` exposes each
 entry's stall fraction and samples/s as gauges.
 

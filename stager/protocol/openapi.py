@@ -51,8 +51,8 @@ SCHEMAS: dict[str, Any] = {
     "MkdirRequest": _obj({"path": _STR, "parents": _BOOL, "exist_ok": _BOOL,
                           "layout": _ref("LayoutSpec")}, ("path",)),
     "SetLayoutRequest": _obj({"path": _STR, "layout": _ref("LayoutSpec")}, ("path", "layout")),
-    "CreateRequest": _obj({"path": _STR, "layout": _ref("LayoutSpec"), "overwrite": _BOOL},
-                          ("path",)),
+    "CreateRequest": _obj({"path": _STR, "layout": _ref("LayoutSpec"), "overwrite": _BOOL,
+                           "parents": _BOOL}, ("path",)),
     "Upload": _obj({"file_id": _STR, "path": _STR, "layout": _ref("Layout"),
                     "locations": {"type": "object", "additionalProperties": _STR}},
                    ("file_id", "path", "layout", "locations")),
@@ -62,9 +62,8 @@ SCHEMAS: dict[str, Any] = {
     "AbortRequest": _obj({"file_id": _STR}, ("file_id",)),
     "ItemError": _obj({"error": _STR, "message": _STR, "status": _INT,
                        "details": {"type": "object"}}, ("error", "message", "status")),
-    "CreateBatchRequest": _obj({"items": {"type": "array", "items": _obj(
-        {"path": _STR, "layout": _ref("LayoutSpec"), "overwrite": _BOOL, "parents": _BOOL},
-        ("path",))}}, ("items",)),
+    "CreateBatchRequest": _obj({"items": {"type": "array", "items": _ref("CreateRequest")}},
+                               ("items",)),
     "CreateBatchResult": _obj({"results": {"type": "array", "items": {
         "oneOf": [_ref("Upload"), _ref("ItemError")]}}}, ("results",)),
     "CommitBatchRequest": _obj({"items": {"type": "array", "items": _ref("CommitRequest")}},

@@ -2,12 +2,19 @@
 
 The servers register their handlers from this table (by ``op``), and the
 OpenAPI document is generated from it, so the document cannot miss a route.
-Clients build URLs from the same constants.
+Clients build every URL from the same table: ``route("stat").url(base, path=p)``,
+so no route path is written anywhere else.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote, urlencode
+
+_PLACEHOLDER = re.compile(r"\{(\w+)(:[^}]*)?\}")
 
 
 @dataclass(frozen=True)
@@ -29,6 +36,39 @@ class Route:
     params: tuple[Param, ...] = ()
     body: str | None = None       # a schema name, or "binary"
     responses: dict[int, str] = field(default_factory=dict)  # status → schema / "binary"
+
+    @property
+    def path_params(self) -> tuple[str, ...]:
+        """The names of the parameters in the path."""
+        return tuple(p.name for p in self.params if p.where == "path")
+
+    def target(self, *, query: Mapping[str, Any] | None = None, **values: Any) -> str:
+        """The request target: the path with ``values`` filled in and quoted, then
+        ``query`` (``None`` values left out).  A rest-of-path parameter
+        (``{path:.*}``) keeps its ``/`` separators and loses a leading ``/``; any
+        other parameter is one path segment, ``/`` and all quoted."""
+        def fill(m: re.Match[str]) -> str:
+            name, rest = m.group(1), m.group(2) is not None
+            if name not in values:
+                raise KeyError(f"{self.op}: path parameter {name!r} missing")
+            text = str(values.pop(name))
+            return quote(text.lstrip("/"), safe="/") if rest else quote(text, safe="")
+
+        out = _PLACEHOLDER.sub(fill, self.path)
+        if values:
+            raise KeyError(f"{self.op}: unknown path parameters {sorted(values)}")
+        pairs = [(k, _query_text(v)) for k, v in (query or {}).items() if v is not None]
+        return out + ("?" + urlencode(pairs) if pairs else "")
+
+    def url(self, base: str, *, query: Mapping[str, Any] | None = None, **values: Any) -> str:
+        """``base`` (``http://host:port``) joined to :meth:`target`."""
+        return base.rstrip("/") + self.target(query=query, **values)
+
+
+def _query_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 P_PATH = Param("path", "path", description="namespace path, / separated", required=True)
@@ -175,9 +215,9 @@ def routes_for(role: str) -> tuple[Route, ...]:
     return tuple(r for r in ROUTES if r.role in ("common", role))
 
 
-def url_path(route_path: str, **values: str) -> str:
-    """Fill a route pattern: ``url_path("/v1/stat/{path:.*}", path="a/b")``."""
-    out = route_path
-    for name, value in values.items():
-        out = out.replace("{" + name + ":.*}", value).replace("{" + name + "}", value)
-    return out
+_BY_OP: dict[str, Route] = {r.op: r for r in ROUTES}
+
+
+def route(op: str) -> Route:
+    """The route whose operation id is ``op`` (``KeyError`` when none is)."""
+    return _BY_OP[op]

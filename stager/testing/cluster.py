@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config, load_config
+from ..protocol.routes import route
 
 FAST = {"heartbeat_interval": 0.2, "target_timeout": 3.0, "gc_interval": 0.2,
         "connect_timeout": 2.0, "request_timeout": 10.0}
@@ -173,7 +174,7 @@ def wait_for_targets(meta_url: str, up: int, timeout: float = 15, *, exact: bool
     seen = -1
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(f"{meta_url}/v1/targets", timeout=2) as resp:
+            with urllib.request.urlopen(route("list_targets").url(meta_url), timeout=2) as resp:
                 seen = sum(t["state"] == "up" for t in json.load(resp)["targets"])
             if seen == up or (seen >= up and not exact):
                 return

@@ -46,9 +46,10 @@ def base_app(role: str, *, client_max_size: int, identity: Mapping[str, Any],
         return web.Response(body=request.app[METRICS_KEY].render(),
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
-    app.router.add_get("/v1/health", health, allow_head=False)
-    app.router.add_get("/openapi.json", openapi, allow_head=False)
-    app.router.add_get("/metrics", metrics, allow_head=False)
+    common = {"health": health, "openapi": openapi, "metrics": metrics}
+    for route in routes_for("common"):
+        if route.role == "common":
+            app.router.add_route(route.method, route.path, common[route.op])
     return app
 
 

@@ -1,0 +1,329 @@
+"""The JSON bodies of the routes in :mod:`stager.protocol.routes`, one model each.
+
+Servers parse a request with ``from_json`` and answer with ``to_json``; clients
+build the request with the same model and read the answer with it, so a field
+is named in one place.  Parsing is strict, as in :mod:`stager.protocol.models`:
+a wrong type or a missing field is a :class:`~stager.errors.BadRequest`.  The
+write bodies shared with the batch routes (create, commit) live in
+:mod:`stager.protocol.batch`; the value objects they carry (layouts, file
+infos, targets) in :mod:`stager.protocol.models`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..checksum import from_hex, to_hex
+from ..errors import BadRequest
+from .models import (
+    FileInfo,
+    Layout,
+    LayoutSpec,
+    ReadItem,
+    TargetInfo,
+    check_file_id,
+    field_of,
+)
+
+
+# -- metadata server: cluster --------------------------------------------------------------
+@dataclass(frozen=True)
+class Heartbeat:
+    """What a data server reports of its target with every heartbeat."""
+
+    capacity: int = 0
+    used: int = 0
+    chunks: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"capacity": self.capacity, "used": self.used, "chunks": self.chunks}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Heartbeat:
+        return cls(capacity=field_of(obj, "capacity", int, 0), used=field_of(obj, "used", int, 0),
+                   chunks=field_of(obj, "chunks", int, 0))
+
+
+@dataclass(frozen=True)
+class TargetList:
+    targets: tuple[TargetInfo, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"targets": [t.to_json() for t in self.targets]}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> TargetList:
+        return cls(tuple(TargetInfo.from_json(t) for t in field_of(obj, "targets", list)))
+
+
+@dataclass(frozen=True)
+class ScrubRequest:
+    """Verify every chunk now, at most ``rate`` bytes a second (``None``: the default)."""
+
+    rate: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rate": self.rate} if self.rate is not None else {}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> ScrubRequest:
+        rate = field_of(obj, "rate", int, None)
+        if rate is not None and rate < 0:
+            raise BadRequest("rate must not be negative")
+        return cls(rate)
+
+
+@dataclass(frozen=True)
+class ScrubReport:
+    """A data server names the chunks of its target that failed verification."""
+
+    target: str
+    chunks: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"target": self.target, "chunks": list(self.chunks)}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> ScrubReport:
+        chunks = field_of(obj, "chunks", list)
+        if not all(isinstance(c, str) for c in chunks):
+            raise BadRequest("chunks must be a list of chunk ids")
+        return cls(field_of(obj, "target", str), tuple(chunks))
+
+
+@dataclass(frozen=True)
+class FsckRequest:
+    repair: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"repair": self.repair}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> FsckRequest:
+        return cls(field_of(obj, "repair", bool, False))
+
+
+# -- metadata server: namespace ------------------------------------------------------------
+@dataclass(frozen=True)
+class Listing:
+    """One page of a directory; ``next`` is the ``after`` of the next page, or None.
+    Without ``detail`` the entries carry only their path and type."""
+
+    path: str
+    entries: tuple[FileInfo, ...]
+    next: str | None = None
+    detail: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        entries = [e.to_json() if self.detail else {"path": e.path, "type": e.type}
+                   for e in self.entries]
+        return {"path": self.path, "entries": entries, "next": self.next}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Listing:
+        return cls(path=field_of(obj, "path", str),
+                   entries=tuple(FileInfo.from_json(e) for e in field_of(obj, "entries", list)),
+                   next=field_of(obj, "next", str, None))
+
+
+@dataclass(frozen=True)
+class MkdirRequest:
+    path: str
+    parents: bool = False
+    exist_ok: bool = False
+    layout: LayoutSpec | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"path": self.path, "parents": self.parents,
+                               "exist_ok": self.exist_ok}
+        if self.layout is not None:
+            out["layout"] = self.layout.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Any) -> MkdirRequest:
+        path = field_of(obj, "path", str)
+        layout = obj.get("layout")
+        return cls(path=path, parents=field_of(obj, "parents", bool, False),
+                   exist_ok=field_of(obj, "exist_ok", bool, False),
+                   layout=LayoutSpec.from_json(layout) if layout else None)
+
+
+@dataclass(frozen=True)
+class SetLayoutRequest:
+    path: str
+    layout: LayoutSpec
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "layout": self.layout.to_json()}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> SetLayoutRequest:
+        return cls(field_of(obj, "path", str), LayoutSpec.from_json(field_of(obj, "layout", dict)))
+
+
+@dataclass(frozen=True)
+class Upload:
+    """The answer to a create: where the new file's chunks go."""
+
+    file_id: str
+    path: str
+    layout: Layout
+    locations: dict[str, str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file_id": self.file_id, "path": self.path, "layout": self.layout.to_json(),
+                "locations": dict(self.locations)}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Upload:
+        return cls(file_id=check_file_id(field_of(obj, "file_id", str)),
+                   path=field_of(obj, "path", str),
+                   layout=Layout.from_json(field_of(obj, "layout", dict)),
+                   locations=dict(field_of(obj, "locations", dict)))
+
+
+@dataclass(frozen=True)
+class AbortRequest:
+    file_id: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file_id": self.file_id}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> AbortRequest:
+        return cls(check_file_id(field_of(obj, "file_id", str)))
+
+
+@dataclass(frozen=True)
+class RenameRequest:
+    src: str
+    dst: str
+    overwrite: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"src": self.src, "dst": self.dst, "overwrite": self.overwrite}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> RenameRequest:
+        return cls(field_of(obj, "src", str), field_of(obj, "dst", str),
+                   field_of(obj, "overwrite", bool, False))
+
+
+@dataclass(frozen=True)
+class RemoveRequest:
+    path: str
+    recursive: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "recursive": self.recursive}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> RemoveRequest:
+        return cls(field_of(obj, "path", str), field_of(obj, "recursive", bool, False))
+
+
+@dataclass(frozen=True)
+class RemoveResult:
+    removed: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"removed": self.removed}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> RemoveResult:
+        return cls(field_of(obj, "removed", int))
+
+
+@dataclass(frozen=True)
+class ManifestStored:
+    """The answer to recording a manifest: its directory and how many files it lists."""
+
+    path: str
+    files: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "files": self.files}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> ManifestStored:
+        return cls(field_of(obj, "path", str), field_of(obj, "files", int))
+
+
+# -- data servers --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ReadRequest:
+    """A batched read: the pieces, answered concatenated in this order."""
+
+    items: tuple[ReadItem, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"items": [i.to_json() for i in self.items]}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> ReadRequest:
+        return cls(tuple(ReadItem.from_json(i) for i in field_of(obj, "items", list)))
+
+
+@dataclass(frozen=True)
+class ChunkStored:
+    """The answer to storing one chunk."""
+
+    chunk: str
+    size: int
+    crc: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"chunk": self.chunk, "size": self.size, "crc32c": to_hex(self.crc)}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> ChunkStored:
+        try:
+            crc = from_hex(field_of(obj, "crc32c", str))
+        except ValueError:
+            raise BadRequest("crc32c must be 8 hex digits") from None
+        return cls(field_of(obj, "chunk", str), field_of(obj, "size", int), crc)
+
+
+@dataclass(frozen=True)
+class ChunkBatchStored:
+    """The answer to storing a chunk batch: how many chunks and bytes."""
+
+    chunks: int
+    bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"chunks": self.chunks, "bytes": self.bytes}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> ChunkBatchStored:
+        return cls(field_of(obj, "chunks", int), field_of(obj, "bytes", int))
+
+
+@dataclass(frozen=True)
+class ChunkDeleted:
+    """Whether a chunk was there to delete."""
+
+    deleted: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"deleted": self.deleted}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> ChunkDeleted:
+        return cls(field_of(obj, "deleted", bool))
+
+
+@dataclass(frozen=True)
+class PurgeRequest:
+    """Delete every chunk of these files."""
+
+    file_ids: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file_ids": list(self.file_ids)}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> PurgeRequest:
+        return cls(tuple(check_file_id(f) for f in field_of(obj, "file_ids", list)))

@@ -1,0 +1,193 @@
+"""The wire contract: the error table round-trips, and URLs come from the route table."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+import stager.errors as errors_module
+from stager import AsyncClient
+from stager.errors import (
+    ERROR_TABLE,
+    BadRequest,
+    InternalError,
+    StagerError,
+    TargetUnavailable,
+    Unavailable,
+    error_from_wire,
+    unreachable,
+)
+from stager.protocol import messages as m
+from stager.protocol.batch import CommitItem, CreateItem
+from stager.protocol.models import FileInfo, Layout, LayoutSpec, ReadItem, TargetInfo
+from stager.protocol.openapi import SCHEMAS
+from stager.protocol.routes import ROUTES, route
+from stager.web.middleware import error_response
+
+
+def _error_classes() -> list[type[StagerError]]:
+    return [obj for obj in vars(errors_module).values()
+            if isinstance(obj, type) and issubclass(obj, StagerError) and obj is not StagerError]
+
+
+def test_every_error_class_is_in_the_table() -> None:
+    listed = {cls for cls, _, _ in ERROR_TABLE}
+    assert set(_error_classes()) == listed
+    codes = [code for _, _, code in ERROR_TABLE]
+    assert len(codes) == len(set(codes))
+
+
+@pytest.mark.parametrize("cls", _error_classes(), ids=lambda c: c.__name__)
+def test_every_error_class_round_trips_through_the_wire(cls: type[StagerError]) -> None:
+    """class -> the server's response (status + JSON body) -> the same class."""
+    sent = cls("it broke", where="here")
+    response = error_response(sent)
+    assert response.status == sent.status
+    assert response.body is not None
+    got = error_from_wire(response.status, bytes(response.body))   # type: ignore[arg-type]
+    assert type(got) is cls
+    assert got.message == "it broke" and got.details == {"where": "here"}
+    assert got.status == sent.status and got.code == sent.code
+
+
+def test_a_body_that_is_not_json_is_decoded_by_status() -> None:
+    assert type(error_from_wire(404, b"<html>not found</html>")) is BadRequest
+    assert type(error_from_wire(500, b"oops")) is InternalError
+    assert type(error_from_wire(503, b"")) is Unavailable
+
+
+def test_transport_failures_become_unavailable() -> None:
+    err = unreachable(ConnectionRefusedError("refused"), "metadata server M unreachable",
+                      url="M")
+    assert type(err) is Unavailable and "ConnectionRefusedError" in str(err)
+    err = unreachable(TimeoutError(), "target t0 at U unreachable", target="t0", url="U")
+    assert type(err) is TargetUnavailable and err.details == {"target": "t0", "url": "U"}
+
+
+# -- URLs ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("path, want", [
+    ("/a/b", "/v1/stat/a/b"),
+    ("a b/c", "/v1/stat/a%20b/c"),
+    ("/100%/x?y#z", "/v1/stat/100%25/x%3Fy%23z"),
+    ("/ü+&=;", "/v1/stat/%C3%BC%2B%26%3D%3B"),
+    ("/", "/v1/stat/"),
+])
+def test_rest_of_path_parameters_keep_their_slashes(path: str, want: str) -> None:
+    assert route("stat").target(path=path) == want
+    assert route("stat").url("http://h:1/", path=path) == "http://h:1" + want
+
+
+def test_segment_parameters_are_quoted_whole() -> None:
+    assert route("remove_target").target(target_id="a/b c") == "/v1/targets/a%2Fb%20c/remove"
+    assert (route("report_rank").target(job="j/1", rank=3, query={"worker": 2})
+            == "/v1/jobs/j%2F1/ranks/3?worker=2")
+
+
+def test_query_values_are_encoded_and_none_left_out() -> None:
+    got = route("list").target(path="d", query={"after": "a&b c", "limit": None,
+                                                "detail": False})
+    assert got == "/v1/list/d?after=a%26b+c&detail=false"
+    assert route("list").target(path="d", query={"after": ""}) == "/v1/list/d?after="
+
+
+def test_every_route_builds_and_names_its_parameters() -> None:
+    for r in ROUTES:
+        names = re.findall(r"\{(\w+)", r.path)
+        assert sorted(names) == sorted(r.path_params), r.op
+        r.target(**{n: "x" for n in names})
+        with pytest.raises(KeyError):
+            r.target(**{n: "x" for n in names}, bogus="y")
+    with pytest.raises(KeyError):
+        route("stat").target()
+
+
+async def test_odd_names_travel_whole(aclient: AsyncClient, ns: str) -> None:
+    """A name with every character URLs treat specially reaches the server intact."""
+    odd = f"{ns}/a b/100% #1?x=y&z+ü;,@"
+    await aclient.pipe(odd, b"odd")
+    assert (await aclient.stat(odd, cached=False)).path == odd
+    assert [e.path for e in await aclient.ls(f"{ns}/a b")] == [odd]
+    assert await aclient.cat(odd) == b"odd"
+    # pages continue "after" an odd name: the query is quoted too
+    second = f"{ns}/a b/100% #1?x=y&z+ü;,@ 2"
+    await aclient.pipe(second, b"2")
+    paged = [e.path async for e in aclient.iter_dir(f"{ns}/a b", page_size=1)]
+    assert paged == [odd, second]
+    assert await aclient.rm(f"{ns}", recursive=True) == 2
+
+
+# -- models --------------------------------------------------------------------------------
+@pytest.mark.parametrize("model", [
+    m.Heartbeat(1, 2, 3),
+    m.ScrubRequest(), m.ScrubRequest(5), m.FsckRequest(True),
+    m.ScrubReport("t0", ("a" * 32 + ".1",)),
+    m.MkdirRequest("/d", True, True, LayoutSpec(chunk_size=8192)),
+    m.SetLayoutRequest("/d", LayoutSpec(replicas=2)),
+    m.AbortRequest("a" * 32),
+    m.RenameRequest("/a", "/b", True),
+    m.RemoveRequest("/a", True), m.RemoveResult(3),
+    m.ManifestStored("/d", 4),
+    m.ReadRequest((ReadItem("a" * 32 + ".0", 0, 10),)),
+    m.PurgeRequest(("b" * 32,)),
+    m.ChunkStored("a" * 32 + ".0", 1, 0xdeadbeef), m.ChunkBatchStored(2, 3),
+    m.ChunkDeleted(False),
+    m.Listing("/d", (FileInfo("/d/x", "file", 3),), "x"),
+], ids=lambda v: type(v).__name__)
+def test_models_round_trip_through_json(model: object) -> None:
+    wire = json.loads(json.dumps(model.to_json()))    # type: ignore[attr-defined]
+    assert type(model).from_json(wire) == model      # type: ignore[attr-defined]
+
+
+def test_models_reject_bad_fields() -> None:
+    for bad in ({}, {"path": 1}, {"path": "/a", "recursive": "yes"}):
+        with pytest.raises(BadRequest):
+            m.RemoveRequest.from_json(bad)
+    with pytest.raises(BadRequest):
+        m.PurgeRequest.from_json({"file_ids": ["../x"]})
+    with pytest.raises(BadRequest):
+        m.ScrubRequest.from_json({"rate": -1})
+    with pytest.raises(BadRequest):
+        m.ScrubReport.from_json({"target": "t0", "chunks": [1]})
+
+
+# -- the OpenAPI document describes the models ----------------------------------------------
+def _examples() -> dict[str, object]:
+    layout = Layout(8192, 1, 1, ("t0",), ("n0",))
+    return {
+        "Heartbeat": m.Heartbeat(1, 2, 3),
+        "TargetList": m.TargetList((TargetInfo("t0", "n0", "http://h:1"),)),
+        "ScrubRequest": m.ScrubRequest(5),
+        "ScrubReport": m.ScrubReport("t0", ()),
+        "FsckRequest": m.FsckRequest(True),
+        "Listing": m.Listing("/d", (), "x"),
+        "MkdirRequest": m.MkdirRequest("/d", True, True, LayoutSpec(replicas=1)),
+        "SetLayoutRequest": m.SetLayoutRequest("/d", LayoutSpec(replicas=1)),
+        "CreateRequest": CreateItem("/f", LayoutSpec(replicas=1)),
+        "Upload": m.Upload("a" * 32, "/f", layout, {"t0": "http://h:1"}),
+        "CommitRequest": CommitItem("a" * 32, 1, (0,), 1.0),
+        "AbortRequest": m.AbortRequest("a" * 32),
+        "RenameRequest": m.RenameRequest("/a", "/b"),
+        "RemoveRequest": m.RemoveRequest("/a"),
+        "RemoveResult": m.RemoveResult(1),
+        "ReadRequest": m.ReadRequest(()),
+        "PurgeRequest": m.PurgeRequest(()),
+        "ChunkInfo": m.ChunkStored("a" * 32 + ".0", 1, 7),
+        "ChunkBatchInfo": m.ChunkBatchStored(1, 2),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_examples()))
+def test_the_openapi_schema_names_every_field_of_its_model(name: str) -> None:
+    schema = SCHEMAS[name]
+    sent = _examples()[name].to_json()      # type: ignore[attr-defined]
+    assert set(sent) <= set(schema["properties"]), name
+    assert set(schema["required"]) <= set(sent), name
+
+
+def test_every_json_request_body_has_a_model() -> None:
+    bodies = {r.body for r in ROUTES if r.body not in (None, "binary")}
+    parsed_elsewhere = {"Target", "Manifest", "JobReport", "CreateBatchRequest",
+                        "CommitBatchRequest", "AbortBatchRequest"}
+    assert bodies - parsed_elsewhere <= set(_examples())
