@@ -62,29 +62,36 @@ class Loader:
 
     ``source``: a path or ``stager://`` URL of a directory, staged dataset,
     tar shard, Parquet file or zarr array.  ``format``: ``"auto"``, ``"files"``,
-    ``"tar"``, ``"parquet"`` or ``"zarr"``.  ``map`` runs on each sample and
-    ``collate`` on each batch's list of samples, both in a thread pool of
-    ``decode_threads`` (default: the cores, at most 4).  ``prefetch_batches`` /
-    ``prefetch_bytes`` bound what is read ahead; on glibc, malloc keeps up to
-    twice ``prefetch_bytes`` of the memory the window frees for reuse (config
-    ``loader_keep_freed``; see :mod:`stager.loader.memory`).  ``output="numpy"`` gives
-    Parquet batches as dicts of arrays.
-    ``order`` names an order policy (default ``window_of_blocks`` when shuffling,
-    ``sequential`` otherwise; a state saved under another policy with the
-    default left alone resumes under that one); ``shuffle_block`` (samples per block) and
-    ``shuffle_window`` (positions per window) tune the two-level shuffle.
-    ``prefetch_next_epoch``: when a pass ends, keep prefetching the next epoch
-    from its start (what the next ``iter()`` reads unless ``set_epoch`` or
-    ``load_state_dict`` moves elsewhere; then that prefetch is dropped).
+    ``"tar"``, ``"parquet"`` or ``"zarr"``.  The other keyword arguments are
+    grouped by role (:mod:`.options`), into :attr:`sharding`, :attr:`ordering`,
+    :attr:`prefetch`, :attr:`decoding` and :attr:`telemetry`:
 
-    Telemetry: ``stats()`` always; with ``job="name"`` (or ``STAGER_JOB``, or
-    ``report=True``, which names the job after the scheduler's job id) the
-    loader also reports a summary of it to the metadata server every
-    ``report_interval`` seconds (default 5) and once on ``close()``, from its
-    I/O thread, so ``stager jobs`` shows which jobs starve.  Each rank, and each
-    DataLoader worker of a rank, is one entry.  Reports that fail are counted
-    in ``stats()["reports_failed"]`` and logged once; they never raise or block
-    an iteration.  ``report=False`` turns reporting off whatever the environment.
+    - which batches: ``rank``, ``world_size``, ``drop_last``, ``partition`` (a
+      policy of ``PARTITIONS``, default ``interleaved``);
+    - in what order: ``seed``, ``shuffle``; ``order`` names an order policy
+      (default ``window_of_blocks`` when shuffling, ``sequential`` otherwise; a
+      state saved under another policy with the default left alone resumes under
+      that one); ``shuffle_block`` (samples per block) and ``shuffle_window``
+      (positions per window) tune the two-level shuffle;
+    - read ahead: ``prefetch_batches`` / ``prefetch_bytes`` bound what is read
+      ahead; on glibc, malloc keeps up to twice ``prefetch_bytes`` of the memory
+      the window frees for reuse (config ``loader_keep_freed``; see
+      :mod:`stager.loader.memory`).  ``prefetch_next_epoch``: when a pass ends,
+      keep prefetching the next epoch from its start (what the next ``iter()``
+      reads unless ``set_epoch`` or ``load_state_dict`` moves elsewhere; then that
+      prefetch is dropped).  ``fetch``: :class:`~.fetch.FetchOptions`;
+    - on the samples: ``map`` runs on each sample and ``collate`` on each batch's
+      list of samples, both in a thread pool of ``decode_threads`` (default: the
+      cores, at most 4).  ``output="numpy"`` gives Parquet batches as dicts of
+      arrays;
+    - telemetry: ``stats()`` always; with ``job="name"`` (or ``STAGER_JOB``, or
+      ``report=True``, which names the job after the scheduler's job id) the
+      loader also reports a summary of it to the metadata server every
+      ``report_interval`` seconds (default 5) and once on ``close()``, from its
+      I/O thread, so ``stager jobs`` shows which jobs starve.  Each rank, and each
+      DataLoader worker of a rank, is one entry.  Reports that fail are counted
+      in ``stats()["reports_failed"]`` and logged once; they never raise or block
+      an iteration.  ``report=False`` turns reporting off whatever the environment.
     """
 
     def __init__(self, source: str, *, batch_size: int, meta_url: str | None = None,
@@ -97,13 +104,13 @@ class Loader:
         self._origin_pid = os.getpid()
         self._client = client or Client(meta_url or url_meta, config=config)
         self._client_args = (self._client.meta_url, self._client.aio.config)
-        index_options: dict[str, Any] = {"output": options.get("output", "arrow")}
-        if index_cache is not _DEFAULT_CACHE:
-            index_options["index_cache"] = index_cache
         try:
             self.sharding, self.ordering, self.prefetch, self.decoding, self.telemetry = \
                 group_options(self._client.aio.config, os.environ, batch_size=batch_size,
                               **options)
+            index_options: dict[str, Any] = {"output": self.decoding.output}
+            if index_cache is not _DEFAULT_CACHE:
+                index_options["index_cache"] = index_cache
             self.index = sync(self._client.loop, self._build_index, path, format,
                               index_options)
         except BaseException:
