@@ -63,8 +63,10 @@ class GroupBounds:
 class FetchGroup:
     """The group being gathered: its units (their keys, units and extents, one
     :class:`Spans` per batch that joined), the bytes they take, the batches that
-    joined, the shuffle blocks they draw on, and the future its fetch resolves
-    (key -> the unit's value)."""
+    joined, the shuffle blocks they draw on (sorted), and the future its fetch
+    resolves (unit -> its value: a group's units are distinct, as a unit used
+    again within the prefetch horizon keeps its key, and a group spans fewer
+    batches than that)."""
 
     keys: list[int] = field(default_factory=list)
     units: list[int] = field(default_factory=list)
@@ -106,17 +108,26 @@ class FetchGroup:
         window's blocks into it."""
         if blocks is None or self.blocks is None or not len(blocks):
             return None
-        return np.isin(blocks, self.blocks) | np.isin(blocks - 1, self.blocks)
+        return _among(blocks, self.blocks) | _among(blocks - 1, self.blocks)
 
     def inside(self, blocks: np.ndarray) -> np.ndarray:
         """Which of a batch's samples lie in the group's own blocks (not the ones
         right after them: in a shuffled order those belong to another window)."""
         assert self.blocks is not None
-        return np.isin(blocks, self.blocks)
+        return _among(blocks, self.blocks)
 
     def spans(self) -> Spans:
         """The extents of every unit of the group, in the order of :attr:`units`."""
         return Spans.concat(self.parts)
+
+
+def _among(values: np.ndarray, ordered: np.ndarray) -> np.ndarray:
+    """``np.isin(values, ordered)`` for a sorted ``ordered`` (a tenth of its cost on
+    a batch: this runs twice a batch on the I/O thread)."""
+    if not len(ordered):
+        return np.zeros(len(values), dtype=bool)
+    at = np.minimum(np.searchsorted(ordered, values), len(ordered) - 1)
+    return ordered[at] == values
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

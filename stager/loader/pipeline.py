@@ -38,6 +38,7 @@ from .spans import Spans
 from .stats import Counters
 from .window import Window
 
+#: (samples, unit of each, unit -> its value: the batch's units, maybe others too) -> batch
 Assemble = Callable[[np.ndarray, np.ndarray, dict[int, Any]], Any]
 #: segment number (1, 2, …) -> the sample ids of its batches, or None when there is none
 Segments = Callable[[int], list[np.ndarray] | None]
@@ -261,7 +262,7 @@ class Pipeline:
         task.add_done_callback(self._tasks.discard)
 
     async def _fetch(self, group: FetchGroup) -> None:
-        """Fetch the group's units; resolve its future with each key's value."""
+        """Fetch the group's units; resolve its future with each unit's value."""
         ready = group.ready
         assert ready is not None
         try:
@@ -280,7 +281,7 @@ class Pipeline:
         if self.index.decodes:
             self.window.resize(group.keys, [self.index.nbytes(v) for v in values])
         if not ready.done():
-            ready.set_result(dict(zip(group.keys, values, strict=True)))
+            ready.set_result(dict(zip(group.units, values, strict=True)))
 
     async def _read(self, group: FetchGroup) -> list[Any]:
         """Each unit's value: its fetched bytes, decoded in the pool when the format
@@ -306,17 +307,16 @@ class Pipeline:
         # Take every future before the first await: a later batch that uses one of
         # these keys last may finish first and drop it.
         units, futures = self.window.futures(keys)
-        groups = {id(f): f for f in futures}      # a fetch group's future or two
-        assert None not in groups.values(), "a unit was dropped before its last batch"
+        groups = dict.fromkeys(futures)             # a fetch group's future or two
+        assert None not in groups, "a unit was dropped before its last batch"
         try:
-            for f in groups.values():
+            for f in groups:
                 await f                             # type: ignore[misc]
-            if len(groups) == 1:
-                got = futures[0].result()   # type: ignore[union-attr]
-                decoded = {u: got[k] for k, u in zip(keys, units, strict=True)}
+            if len(groups) == 1:        # unit -> value of the group's units, this batch's too
+                decoded = futures[0].result()       # type: ignore[union-attr]
             else:
-                decoded = {u: f.result()[k]  # type: ignore[union-attr]
-                           for k, u, f in zip(keys, units, futures, strict=True)}
+                decoded = {u: f.result()[u]         # type: ignore[union-attr]
+                           for u, f in zip(units, futures, strict=True)}
             if self.assemble_inline:
                 result = self._assemble(batch.samples, batch.units, decoded)
             else:
