@@ -437,3 +437,34 @@ def test_a_loader_made_before_fork_reads_in_the_child(data: dict[str, Any]) -> N
         child.join(30)
         assert child.exitcode == 0 and got == expected
         assert indices(list(loader)) == expected     # the parent's loader still works
+
+
+def test_spans_cut_fetched_bytes_into_units_with_several_extents_or_none() -> None:
+    """A unit may have several extents (a zarr row's chunks) or none (a row never
+    written): each unit gets its own, in the order of the units asked for."""
+    from stager.loader.spans import Spans
+    spans = Spans(np.array([0, 1, 2]), np.zeros(3, dtype=np.int64), np.array([3, 5, 7]),
+                  np.array([9, 9, 4]))
+    units = np.array([9, 6, 4])
+    assert spans.split(units, [b"a", b"b", b"c"]) == [[b"a", b"b"], [], [b"c"]]
+    assert spans.unit_sizes(units).tolist() == [8, 0, 7]
+    assert spans.of_units(np.array([4])).file.tolist() == [2]
+
+
+def test_zarr_rows_never_written_read_as_the_fill_value(servers: ProcessCluster,
+                                                        tmp_path: Path) -> None:
+    import zarr
+    from zarr.storage import LocalStore
+
+    data = np.full((40, 3), -1, dtype=np.int32)
+    data[:8], data[24:32] = 1, 7        # the other rows' chunks are never written
+    arr = zarr.create_array(LocalStore(tmp_path / "z"), shape=data.shape, chunks=(8, 3),
+                            dtype="i4", fill_value=-1)
+    arr[:8], arr[24:32] = data[:8], data[24:32]
+    with Client(servers.meta_url) as c:
+        c.put(tmp_path / "z", "/loader-sparse-zarr")
+    with Loader("/loader-sparse-zarr", meta_url=servers.meta_url, batch_size=5, seed=4,
+                drop_last=False, prefetch_next_epoch=False) as loader:
+        order = loader.global_order(0)
+        got = np.concatenate(list(loader))
+    assert np.array_equal(got, data[order])

@@ -174,7 +174,7 @@ def test_bad_ranks_are_refused() -> None:
 def test_plan_keys_split_units_used_far_apart() -> None:
     """A unit used again within the prefetch horizon keeps its key (fetched once);
     used again further away it gets a new key (fetched again), so memory stays bounded."""
-    from stager.loader.pipeline import plan_keys
+    from stager.loader.window import plan_keys
 
     units_of = [np.array([0, 0, 1]), np.array([1, 2]), np.array([3]), np.array([3]),
                 np.array([0])]

@@ -34,12 +34,13 @@ from ..client import Client
 from ..config import Config
 from . import formats
 from .dataset import parse_source, resolve
-from .fetch import Fetcher, FetchOptions
+from .fetch import Fetcher
 from .memory import keep_freed_memory
+from .options import group_options
 from .order import TWO_LEVEL, epoch_order, regular_blocks
 from .partition import PARTITIONS, WORKER_SPLITS, Span, cursor_after
-from .pipeline import Limits, Pipeline
-from .report import Reporter, check_interval, job_to_report
+from .pipeline import Pipeline
+from .report import Reporter
 from .stats import Counters, copy_counters
 
 STATE_VERSION = 1
@@ -61,83 +62,86 @@ class Loader:
 
     ``source``: a path or ``stager://`` URL of a directory, staged dataset,
     tar shard, Parquet file or zarr array.  ``format``: ``"auto"``, ``"files"``,
-    ``"tar"``, ``"parquet"`` or ``"zarr"``.  ``map`` runs on each sample and
-    ``collate`` on each batch's list of samples, both in a thread pool of
-    ``decode_threads`` (default: the cores, at most 4).  ``prefetch_batches`` /
-    ``prefetch_bytes`` bound what is read ahead; on glibc, malloc keeps up to
-    twice ``prefetch_bytes`` of the memory the window frees for reuse (config
-    ``loader_keep_freed``; see :mod:`stager.loader.memory`).  ``output="numpy"`` gives
-    Parquet batches as dicts of arrays.
-    ``order`` names an order policy (default ``window_of_blocks`` when shuffling,
-    ``sequential`` otherwise; a state saved under another policy with the
-    default left alone resumes under that one); ``shuffle_block`` (samples per block) and
-    ``shuffle_window`` (positions per window) tune the two-level shuffle.
-    ``prefetch_next_epoch``: when a pass ends, keep prefetching the next epoch
-    from its start (what the next ``iter()`` reads unless ``set_epoch`` or
-    ``load_state_dict`` moves elsewhere; then that prefetch is dropped).
+    ``"tar"``, ``"parquet"`` or ``"zarr"``.  The other keyword arguments are
+    grouped by role (:mod:`.options`), into :attr:`sharding`, :attr:`ordering`,
+    :attr:`prefetch`, :attr:`decoding` and :attr:`telemetry`:
 
-    Telemetry: ``stats()`` always; with ``job="name"`` (or ``STAGER_JOB``, or
-    ``report=True``, which names the job after the scheduler's job id) the
-    loader also reports a summary of it to the metadata server every
-    ``report_interval`` seconds (default 5) and once on ``close()``, from its
-    I/O thread, so ``stager jobs`` shows which jobs starve.  Each rank, and each
-    DataLoader worker of a rank, is one entry.  Reports that fail are counted
-    in ``stats()["reports_failed"]`` and logged once; they never raise or block
-    an iteration.  ``report=False`` turns reporting off whatever the environment.
+    - which batches: ``rank``, ``world_size``, ``drop_last``, ``partition`` (a
+      policy of ``PARTITIONS``, default ``interleaved``);
+    - in what order: ``seed``, ``shuffle``; ``order`` names an order policy
+      (default ``window_of_blocks`` when shuffling, ``sequential`` otherwise; a
+      state saved under another policy with the default left alone resumes under
+      that one); ``shuffle_block`` (samples per block) and ``shuffle_window``
+      (positions per window) tune the two-level shuffle;
+    - read ahead: ``prefetch_batches`` / ``prefetch_bytes`` bound what is read
+      ahead; on glibc, malloc keeps up to twice ``prefetch_bytes`` of the memory
+      the window frees for reuse (config ``loader_keep_freed``; see
+      :mod:`stager.loader.memory`).  ``prefetch_next_epoch``: when a pass ends,
+      keep prefetching the next epoch from its start (what the next ``iter()``
+      reads unless ``set_epoch`` or ``load_state_dict`` moves elsewhere; then that
+      prefetch is dropped).  ``fetch``: :class:`~.fetch.FetchOptions`;
+    - on the samples: ``map`` runs on each sample and ``collate`` on each batch's
+      list of samples, both in a thread pool of ``decode_threads`` (default: the
+      cores, at most 4).  ``output="numpy"`` gives Parquet batches as dicts of
+      arrays;
+    - telemetry: ``stats()`` always; with ``job="name"`` (or ``STAGER_JOB``, or
+      ``report=True``, which names the job after the scheduler's job id) the
+      loader also reports a summary of it to the metadata server every
+      ``report_interval`` seconds (default 5) and once on ``close()``, from its
+      I/O thread, so ``stager jobs`` shows which jobs starve.  Each rank, and each
+      DataLoader worker of a rank, is one entry.  Reports that fail are counted
+      in ``stats()["reports_failed"]`` and logged once; they never raise or block
+      an iteration.  ``report=False`` turns reporting off whatever the environment.
     """
 
-    def __init__(self, source: str, *, batch_size: int, rank: int = 0, world_size: int = 1,
-                 seed: int = 0, shuffle: bool = True, format: str = "auto",
-                 drop_last: bool = True, meta_url: str | None = None,
+    def __init__(self, source: str, *, batch_size: int, meta_url: str | None = None,
                  client: Client | None = None, config: Config | None = None,
-                 map: Callable[[Any], Any] | None = None,
-                 collate: Callable[[list[Any]], Any] | None = None,
-                 output: str = "arrow", order: str | None = None,
-                 shuffle_block: int | None = None, shuffle_window: int | None = None,
-                 partition: str = "interleaved", prefetch_batches: int = 6,
-                 prefetch_bytes: int = 256 << 20, decode_threads: int | None = None,
-                 fetch: FetchOptions | None = None, index_cache: Any = _DEFAULT_CACHE,
-                 prefetch_next_epoch: bool = True, job: str | None = None,
-                 report: bool | None = None, report_interval: float | None = None) -> None:
+                 format: str = "auto", index_cache: Any = _DEFAULT_CACHE,
+                 **options: Any) -> None:
         path, url_meta = parse_source(source)
-        PARTITIONS[partition](0, 0, world_size, rank, batch_size, drop_last)  # checks
-        self.source, self.batch_size, self.rank, self.world_size = path, batch_size, rank, \
-            world_size
-        self.seed, self.shuffle, self.drop_last = seed, shuffle, drop_last
-        self.map, self.collate, self.partition = map, collate, partition
-        self.order = order or ("window_of_blocks" if shuffle else "sequential")
-        self._order_given = order is not None
-        self.limits = Limits(max(1, prefetch_batches), max(1, prefetch_bytes))
-        self.decode_threads = max(1, decode_threads or min(4, os.cpu_count() or 1))
-        self.fetch_options = fetch or FetchOptions()
+        self.source = path
         self._owns_client = client is None
         self._origin_pid = os.getpid()
         self._client = client or Client(meta_url or url_meta, config=config)
         self._client_args = (self._client.meta_url, self._client.aio.config)
-        options: dict[str, Any] = {"output": output}
-        if index_cache is not _DEFAULT_CACHE:
-            options["index_cache"] = index_cache
         try:
-            config = self._client.aio.config
-            self.report_job = job_to_report(report, job, config.job, os.environ)
-            self.report_interval = check_interval(config.report_interval if report_interval
-                                                  is None else report_interval)
-            self.index = sync(self._client.loop, self._build_index, path, format, options)
+            self.sharding, self.ordering, self.prefetch, self.decoding, self.telemetry = \
+                group_options(self._client.aio.config, os.environ, batch_size=batch_size,
+                              **options)
+            index_options: dict[str, Any] = {"output": self.decoding.output}
+            if index_cache is not _DEFAULT_CACHE:
+                index_options["index_cache"] = index_cache
+            self.index = sync(self._client.loop, self._build_index, path, format,
+                              index_options)
         except BaseException:
             if self._owns_client:
                 self._client.close()
             raise
         self.format = self.index.format
-        self.blocks = (regular_blocks(len(self.index), shuffle_block) if shuffle_block
-                       else self.index.block_starts())
+        # the state of the order: load_state_dict may change both
+        self.seed, self.order = self.ordering.seed, self.ordering.policy
+        self.blocks = (regular_blocks(len(self.index), self.ordering.block)
+                       if self.ordering.block else self.index.block_starts())
         mean_block = len(self.index) / max(1, len(self.blocks))
-        self.window = shuffle_window or max(1, int(round(8 * mean_block)))
+        self.window = self.ordering.window or max(1, int(round(8 * mean_block)))
         self.workers = (0, 1)           # (worker id, worker count) inside this rank
-        self.lookahead = prefetch_next_epoch    # prefetch on into the next epoch
+        self.lookahead = self.prefetch.next_epoch   # prefetch on into the next epoch
         self.in_worker = False          # a copy made by for_worker (reports its worker id)
         self._move_to(0, 0)
         self._order_cache: tuple[int, np.ndarray] | None = None
         self._reset_process_state()
+
+    @property
+    def batch_size(self) -> int:
+        return self.sharding.batch_size
+
+    @property
+    def rank(self) -> int:
+        return self.sharding.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.sharding.world_size
 
     async def _build_index(self, path: str, fmt: str, options: dict[str, Any]) -> formats.Index:
         client = self._client.aio
@@ -177,8 +181,9 @@ class Loader:
         self._pass_steps: int | None = None     # batches of the pass from here (lazily)
 
     def _rank_plan(self, cursor: int) -> list[Span]:
-        return PARTITIONS[self.partition](len(self.index), cursor, self.world_size, self.rank,
-                                          self.batch_size, self.drop_last)
+        s = self.sharding
+        return PARTITIONS[s.partition](len(self.index), cursor, s.world_size, s.rank,
+                                       s.batch_size, s.drop_last)
 
     def _plan(self, cursor: int) -> list[Span]:
         """This rank's (and worker's) batches from ``cursor``, as spans of the order."""
@@ -235,8 +240,8 @@ class Loader:
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"unsupported loader state version {state.get('version')!r}")
         saved = state.get("order")
-        if saved != self.order and not self._order_given and saved in TWO_LEVEL \
-                and self.shuffle:
+        if saved != self.order and self.ordering.order is None and saved in TWO_LEVEL \
+                and self.ordering.shuffle:
             # saved under the older default shuffle: resume exactly, under it
             self.order = saved
             self._order_cache = None
@@ -254,11 +259,11 @@ class Loader:
     # -- iteration --------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         self.begin_pass()
-        if self.report_job is not None and self._reporter is None:
+        if self.telemetry.job is not None and self._reporter is None:
             # here, not in __init__: only a process that reads reports (not the main
             # process of a DataLoader whose workers read)
-            self._reporter = Reporter(self, self._client, self.report_job,
-                                      self.report_interval)
+            self._reporter = Reporter(self, self._client, self.telemetry.job,
+                                      self.telemetry.interval)
             self._reporter.start()
         plan = self._plan(self._cursor)
         order = self.global_order(self._epoch)
@@ -354,30 +359,32 @@ class Loader:
         client = self._client.aio
         self._targets = client.plane.counters
         self._targets_base = copy_counters(self._targets)
-        return Fetcher(client, self.index.files, self.fetch_options)
+        return Fetcher(client, self.index.files, self.prefetch.fetch)
 
     def _pipeline(self, batches: list[np.ndarray]) -> Pipeline:
         if self._fetcher is None:           # once per loader and process
             self._fetcher = sync(self._client.loop, self._prepare)
             if self._client_args[1].loader_keep_freed:
-                keep_freed_memory(2 * self.limits.max_bytes)
+                keep_freed_memory(2 * self.prefetch.bytes)
         if self._pool is None:
-            self._pool = cf.ThreadPoolExecutor(self.decode_threads,
+            self._pool = cf.ThreadPoolExecutor(self.decoding.threads,
                                                thread_name_prefix="stager-decode")
-        return Pipeline(self.index, self._fetcher, batches, loop=self._client.loop, pool=self._pool,
-                        limits=self.limits, assemble=self._assemble, counters=self.counters,
+        return Pipeline(self.index, self._fetcher, batches, loop=self._client.loop,
+                        pool=self._pool, prefetch=self.prefetch, assemble=self._assemble,
+                        counters=self.counters,
                         segments=self._next_epochs(self._epoch, self.seed),
-                        blocks=self.blocks, assemble_inline=self.map is None
-                        and self.collate is None and self.index.batch_inline)
+                        blocks=self.blocks,
+                        assemble_inline=self.decoding.plain and self.index.batch_inline)
 
     def _assemble(self, samples: np.ndarray, units: np.ndarray, decoded: dict[int, Any]) -> Any:
-        if self.map is None and self.collate is None:
+        decoding = self.decoding
+        if decoding.plain:
             return self.index.batch(samples, units, decoded)
         items = [self.index.sample(int(s), int(u), decoded[int(u)])
                  for s, u in zip(samples, units, strict=True)]
-        if self.map is not None:
-            items = [self.map(x) for x in items]
-        return self.collate(items) if self.collate is not None else items
+        if decoding.map is not None:
+            items = [decoding.map(x) for x in items]
+        return decoding.collate(items) if decoding.collate is not None else items
 
     # -- workers, telemetry, lifecycle ----------------------------------------------------
     def for_worker(self, worker: int, workers: int) -> Loader:
@@ -400,7 +407,7 @@ class Loader:
         out = self.counters.snapshot(self._targets, self._targets_base)
         epoch, cursor = self._next_pass()
         out.update(rank=self.rank, world_size=self.world_size, epoch=epoch, cursor=cursor,
-                   format=self.format, report_job=self.report_job, reports_sent=0,
+                   format=self.format, report_job=self.telemetry.job, reports_sent=0,
                    reports_failed=0, report_error=None)
         if self._reporter is not None:
             out.update(self._reporter.counts())

@@ -2,13 +2,12 @@
 
 A *unit* is what is fetched and decoded as a whole: a file (``files``), one
 sample's tar members (``tar``), a row group (``parquet``), a row of chunks
-along axis 0 (``zarr``).  Each unit is a list of byte extents; the loader
-fetches the extents of many units in one go, decodes each unit once (in a
-thread pool) and builds batches from the decoded units.  Formats whose units
-are one extent each (``files``, ``tar``) give them as arrays
-(:meth:`Index.spans_of`), so thousands of small samples are planned without an
-object each.  An index is plain data (picklable), so a DataLoader worker
-started with ``spawn`` gets it too.
+along axis 0 (``zarr``).  Every format gives the byte extents of many units at
+once as arrays (:meth:`Index.spans_of`), so thousands of small samples are
+planned without an object each; the loader fetches them in one go, decodes
+each unit once (in a thread pool) and builds batches from the decoded units.
+An index is plain data (picklable), so a DataLoader worker started with
+``spawn`` gets it too.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from typing import Any
 import numpy as np
 
 from ...protocol.models import FileInfo
-from ..fetch import Buffer, Extent
 from ..spans import Spans
 
 
@@ -30,9 +28,6 @@ class Index(ABC):
 
     format = ""
     decodes = False          # True when units need decoding (in the thread pool)
-    # True when every unit is one extent, given by :meth:`spans_of`; a unit's
-    # decoded value is then its bytes, not a list of buffers
-    one_extent = False
     # True when :meth:`batch` only arranges bytes already fetched (no decoding, no
     # columnar build): cheap enough to run on the I/O loop
     batch_inline = False
@@ -52,20 +47,20 @@ class Index(ABC):
         return np.asarray(samples, dtype=np.int64)
 
     @abstractmethod
-    def extents(self, unit: int) -> list[Extent]:
+    def spans_of(self, units: np.ndarray) -> Spans:
+        """The extents of each of ``units`` (distinct), in that order, each with its unit."""
         raise NotImplementedError
 
-    def extents_of(self, units: list[int]) -> list[list[Extent]]:
-        """:meth:`extents` of each unit."""
-        return [self.extents(u) for u in units]
+    def per_unit(self, units: np.ndarray, spans: Spans, buffers: list[bytes]) -> list[Any]:
+        """Each unit's fetched value (``buffers``: the bytes of each extent of
+        ``spans``, which :meth:`spans_of` gave for ``units``): the list of its
+        extents' bytes.  Formats whose unit is one extent keep its bytes alone."""
+        return spans.split(units, buffers)
 
-    def spans_of(self, units: np.ndarray) -> Spans:
-        """The one extent of each unit, as arrays (formats with :attr:`one_extent`)."""
-        raise NotImplementedError(f"{self.format} units are not one extent each")
-
-    def decode(self, unit: int, buffers: list[Buffer]) -> Any:
-        """Turn a unit's fetched extents into what :meth:`sample` reads from."""
-        return buffers
+    def decode(self, unit: int, fetched: Any) -> Any:
+        """Turn a unit's fetched value (see :meth:`per_unit`) into what
+        :meth:`sample` reads from (formats with :attr:`decodes`)."""
+        return fetched
 
     def nbytes(self, decoded: Any) -> int:
         """Memory a decoded unit holds (for the prefetch bound)."""

@@ -21,7 +21,7 @@ from ...client import AsyncClient
 from ...errors import BadRequest
 from ...protocol.models import FileInfo
 from ..dataset import Dataset
-from ..fetch import Buffer, Extent
+from ..spans import Spans
 from .base import Index, SeekableRaw
 
 SUFFIXES = (".parquet", ".pq")
@@ -30,7 +30,7 @@ SUFFIXES = (".parquet", ".pq")
 class SparseFile(SeekableRaw):
     """A file of ``size`` bytes of which only ``[offset, offset + len(data))`` is present."""
 
-    def __init__(self, size: int, offset: int, data: Buffer) -> None:
+    def __init__(self, size: int, offset: int, data: bytes) -> None:
         super().__init__()
         self.size, self.offset, self.data = size, offset, memoryview(data)
         self.pos = 0
@@ -75,6 +75,10 @@ class ParquetIndex(Index):
         self.metadata = metadata
         self.units = units
         self.output = output
+        spans = [row_group_span(metadata[f], rg) for f, rg in units]
+        self._file = np.array([f for f, _ in units], dtype=np.int64)
+        self._lo = np.array([lo for lo, _ in spans], dtype=np.int64)
+        self._hi = np.array([hi for _, hi in spans], dtype=np.int64)
 
     def block_starts(self) -> np.ndarray:
         return self.unit_start[:-1].copy()
@@ -82,15 +86,14 @@ class ParquetIndex(Index):
     def units_of(self, samples: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.unit_start, samples, side="right") - 1
 
-    def extents(self, unit: int) -> list[Extent]:
-        f, rg = self.units[unit]
-        lo, hi = row_group_span(self.metadata[f], rg)
-        return [Extent(f, lo, hi - lo)]
+    def spans_of(self, units: np.ndarray) -> Spans:
+        """A row group is one extent: the byte range of its column chunks."""
+        lo = self._lo[units]
+        return Spans(self._file[units], lo, self._hi[units] - lo, units)
 
-    def decode(self, unit: int, buffers: list[Buffer]) -> pa.Table:
+    def decode(self, unit: int, fetched: list[bytes]) -> pa.Table:
         f, rg = self.units[unit]
-        lo, _ = row_group_span(self.metadata[f], rg)
-        sparse = SparseFile(self.files[f].size, lo, buffers[0])
+        sparse = SparseFile(self.files[f].size, int(self._lo[unit]), fetched[0])
         return pq.ParquetFile(sparse, metadata=self.metadata[f]).read_row_group(rg)
 
     def nbytes(self, decoded: Any) -> int:

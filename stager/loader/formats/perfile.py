@@ -11,15 +11,12 @@ from typing import Any
 import numpy as np
 
 from ..dataset import Dataset
-from ..fetch import Extent
 from ..spans import Spans
 from .base import Index
 
 
 class FilesIndex(Index):
     format = "files"
-
-    one_extent = True
     batch_inline = True
 
     def __init__(self, source: Dataset) -> None:
@@ -27,11 +24,12 @@ class FilesIndex(Index):
         self.keys = source.names()
         self._sizes = np.array([f.size for f in self.files], dtype=np.int64)
 
-    def extents(self, unit: int) -> list[Extent]:
-        return [Extent(unit, 0, self.files[unit].size)]
-
     def spans_of(self, units: np.ndarray) -> Spans:
-        return Spans(units, np.zeros(len(units), dtype=np.int64), self._sizes[units])
+        return Spans(units, np.zeros(len(units), dtype=np.int64), self._sizes[units], units)
+
+    def per_unit(self, units: np.ndarray, spans: Spans, buffers: list[bytes]) -> list[Any]:
+        """A file is one extent: its value is its bytes."""
+        return buffers
 
     def sample(self, sample: int, unit: int, decoded: Any) -> dict[str, Any]:
         return {"__key__": self.keys[sample], "__index__": sample, "data": bytes(decoded)}

@@ -32,7 +32,6 @@ from ...client import AsyncClient
 from ...errors import BadRequest
 from ...protocol.models import FileInfo
 from ..dataset import Dataset
-from ..fetch import Extent
 from ..spans import Spans
 from .base import Index, SeekableRaw
 
@@ -95,17 +94,16 @@ class TarIndex(Index):
         change = (np.diff(self.shard) != 0) | (np.diff(first) != 0)
         return np.concatenate(([0], np.nonzero(change)[0] + 1)).astype(np.int64)
 
-    one_extent = True
     batch_inline = True
-
-    def extents(self, unit: int) -> list[Extent]:
-        s = int(self.shard[unit])
-        f = self.fields[unit]
-        return [Extent(s, f[i + 1], f[i + 2]) for i in range(0, len(f), 3)]  # type: ignore[arg-type]
 
     def spans_of(self, units: np.ndarray) -> Spans:
         start = self._start[units]
-        return Spans(self.shard[units].astype(np.int64), start, self._stop[units] - start)
+        return Spans(self.shard[units].astype(np.int64), start, self._stop[units] - start,
+                     units)
+
+    def per_unit(self, units: np.ndarray, spans: Spans, buffers: list[bytes]) -> list[Any]:
+        """A sample is one extent: its value is its bytes (no list per sample)."""
+        return buffers
 
     def sample(self, sample: int, unit: int, decoded: Any) -> dict[str, Any]:
         """The sample's fields, cut from its bytes (``decoded``, from its first

@@ -20,7 +20,7 @@ import numpy as np
 from ...client import AsyncClient
 from ...errors import BadRequest
 from ..dataset import Dataset
-from ..fetch import Buffer, Extent
+from ..spans import Spans
 from .base import Index
 
 METADATA = ("zarr.json", ".zarray", ".zattrs")
@@ -68,6 +68,11 @@ class ZarrIndex(Index):
         where = {f.rel: i for i, f in enumerate(source.files)}
         # per unit: (object key, file number) of the objects that exist
         self.unit_files = [[(k, where[k]) for k in keys if k in where] for keys in unit_keys]
+        # the same as arrays: unit u's objects are files ``_object_file[_first[u]:_first[u + 1]]``
+        self._first = np.concatenate(([0], np.cumsum([len(u) for u in self.unit_files])
+                                      )).astype(np.int64)
+        self._object_file = np.array([f for u in self.unit_files for _, f in u], dtype=np.int64)
+        self._sizes = np.array([f.size for f in self.files], dtype=np.int64)
 
     def block_starts(self) -> np.ndarray:
         return np.arange(0, self.n, self.rows, dtype=np.int64)
@@ -75,11 +80,18 @@ class ZarrIndex(Index):
     def units_of(self, samples: np.ndarray) -> np.ndarray:
         return np.asarray(samples, dtype=np.int64) // self.rows
 
-    def extents(self, unit: int) -> list[Extent]:
-        return [Extent(f, 0, self.files[f].size) for _, f in self.unit_files[unit]]
+    def spans_of(self, units: np.ndarray) -> Spans:
+        """Each unit's objects that exist, whole (none for a row never written)."""
+        first = self._first[units]
+        counts = self._first[units + 1] - first
+        before = np.cumsum(counts) - counts              # where each unit's objects begin
+        at = np.arange(int(counts.sum()), dtype=np.int64)
+        files = self._object_file[np.repeat(first - before, counts) + at]
+        return Spans(files, np.zeros(len(files), dtype=np.int64), self._sizes[files],
+                     np.repeat(units, counts))
 
-    def decode(self, unit: int, buffers: list[Buffer]) -> np.ndarray:
-        chunks = {k: bytes(b) for (k, _), b in zip(self.unit_files[unit], buffers, strict=True)}
+    def decode(self, unit: int, fetched: list[bytes]) -> np.ndarray:
+        chunks = {k: bytes(b) for (k, _), b in zip(self.unit_files[unit], fetched, strict=True)}
         arr = _open(self.docs, chunks)
         lo = unit * self.rows
         return np.asarray(arr[lo:min(lo + self.rows, self.n)])
