@@ -32,37 +32,23 @@ SEQUENTIAL_RUN = 2            # reads continuing each other before readahead sta
 WRITE_BLOCK = 4 << 20         # bytes buffered before they go to the striped writer
 
 
-class _RunAwareReadFile(AsyncReadFile):
-    """The client's read file, streaming only after a run of contiguous reads."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._run = 0
-
-    async def readinto(self, out: memoryview) -> int:
-        self._run = self._run + 1 if self.pos == self._last_end else 0
-        return await super().readinto(out)
-
-    def _sequential(self, n: int) -> bool:
-        # One large read is already fetched piece by piece in parallel; a stream
-        # only pays off when more reads will follow, which a run predicts.
-        return self._run >= SEQUENTIAL_RUN
-
-
 class StagerReadFile(AbstractBufferedFile):
     """A seekable read-only file; fsspec's cache is off by default (see the module doc)."""
 
     def __init__(self, fs: StagerFileSystem, path: str, info: FileInfo, *,
                  block_size: int | None = None, cache_type: str = "none",
                  cache_options: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        self._afile: _RunAwareReadFile = fs._run(self._make, fs, info)
+        self._afile: AsyncReadFile = fs._run(self._make, fs, info)
         super().__init__(fs, path, "rb", block_size=block_size, cache_type=cache_type,
                          cache_options=cache_options, size=info.size, **kwargs)
         self.details = to_fsspec(info)
 
     @staticmethod
-    async def _make(fs: StagerFileSystem, info: FileInfo) -> _RunAwareReadFile:
-        return _RunAwareReadFile(fs.client, info)
+    async def _make(fs: StagerFileSystem, info: FileInfo) -> AsyncReadFile:
+        # One large read is already fetched piece by piece in parallel; a stream
+        # only pays off when more reads will follow, which a run predicts.
+        return AsyncReadFile(fs.client, info, stream_after=SEQUENTIAL_RUN,
+                             large_reads_stream=False)
 
     def _fetch_range(self, start: int, end: int) -> bytes:
         return self.fs._run(self._pread, start, end)
