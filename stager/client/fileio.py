@@ -27,8 +27,9 @@ class AsyncReadFile:
     one of a whole chunk or more when ``large_reads_stream``, starts a readahead
     stream; later reads take their bytes from it while it stays in step.  The
     stream's pieces are fresh buffers, so :meth:`read` joins them into its
-    ``bytes`` with one copy: a sequential reader pays one copy per byte, as
-    :meth:`readinto` does into the caller's buffer.
+    ``bytes`` with one copy (:meth:`read_parts` leaves the join to the caller):
+    a sequential reader pays one copy per byte, as :meth:`readinto` does into the
+    caller's buffer.
     """
 
     def __init__(self, client: AsyncClient, info: FileInfo, *, stream_after: int = 1,
@@ -68,18 +69,24 @@ class AsyncReadFile:
         return self.pos
 
     async def read(self, size: int = -1) -> bytes:
+        return b"".join(await self.read_parts(size))
+
+    async def read_parts(self, size: int = -1) -> list[memoryview]:
+        """The next ``size`` bytes (all when negative), as views of the buffers they
+        arrived in: joining them is the one copy a ``bytes`` result needs, which a
+        caller on another thread can make there while this loop reads on."""
         if self.closed:
             raise ValueError("read of a closed file")
         end = self.size if size is None or size < 0 else min(self.size, self.pos + size)
         n = end - self.pos
         if n <= 0:
-            return b""
+            return []
         if await self._streaming(n):
-            data = b"".join(await self._take(n))
+            parts = await self._take(n)
         else:
-            data = bytes(await self.reader.read(self.pos, end))
+            parts = [memoryview(await self.reader.read(self.pos, end))]
         self._advance(n)
-        return data
+        return parts
 
     async def readinto(self, out: memoryview) -> int:
         n = max(0, min(len(out), self.size - self.pos))
