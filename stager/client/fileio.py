@@ -128,7 +128,7 @@ class AsyncReadFile:
     async def _take(self, n: int) -> list[memoryview]:
         """The stream's next ``n`` bytes, as views of its pieces (not copied)."""
         assert self._stream is not None
-        parts = []
+        parts: list[memoryview] = []
         left = n
         while left:
             if not self._pending:
