@@ -61,7 +61,8 @@ def measure(tmp: Path, quick: bool) -> dict[str, Any]:
     with NodeCluster(tmp / "plain-cluster", DATA_SERVERS, mode="loopback") as cluster:
         with Client(cluster.meta_url) as c:
             c.put(shards, "/plain", files_in_flight=8)
-        fast, paced = [], []
+        fast: list[dict[str, float]] = []
+        paced: list[dict[str, float]] = []
         for r in range(runs(quick)):
             made: list[Loader] = []
 
@@ -77,7 +78,8 @@ def measure(tmp: Path, quick: bool) -> dict[str, Any]:
     return {"rate": statistics.median(f["rate"] for f in fast),
             "rates": [f["rate"] for f in fast],
             "cpu": statistics.median(f["cpu"] for f in fast),
-            "ttfb": fast[0]["ttfb"], "ttfb_again": (fast[1] if len(fast) > 1 else paced[0])["ttfb"],
+            "ttfb": fast[0]["ttfb"],
+            "ttfb_again": (fast[1] if len(fast) > 1 else paced[0])["ttfb"],
             "step": statistics.median(BATCH / (0.8 * f["rate"]) for f in fast),
             "stall": statistics.median(p["stall"] for p in paced),
             "stalls": [p["stall"] for p in paced],
