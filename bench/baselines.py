@@ -139,9 +139,14 @@ def fsspec_sequential(url: str, piece: int = 8 * MiB) -> int:
     """``open()`` then ``read(piece)`` until the end: fsspec's default block cache."""
     import fsspec
 
-    fs = fsspec.filesystem("http", skip_instance_cache=True)
+    return open_read(fsspec.filesystem("http", skip_instance_cache=True), url, piece)
+
+
+def open_read(fs: Any, path: str, piece: int = 8 * MiB) -> int:
+    """Read a file front to back as a pandas or pyarrow user does through any fsspec
+    filesystem: ``open()``, then ``read(piece)`` until the end; returns bytes read."""
     n = 0
-    with fs.open(url, "rb") as fh:
+    with fs.open(path, "rb") as fh:
         while data := fh.read(piece):
             n += len(data)
     return n

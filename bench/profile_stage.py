@@ -26,7 +26,7 @@ from typing import Any
 import stager
 
 from .common import MiB, write_local
-from .profile_small import measured, report
+from .profiling import measured, report
 
 
 def profile(files: int, mib: int, rounds: int, sources: list[str], get: bool,

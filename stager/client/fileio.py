@@ -21,17 +21,32 @@ if TYPE_CHECKING:
 
 
 class AsyncReadFile:
-    def __init__(self, client: AsyncClient, info: FileInfo) -> None:
+    """A seekable file reading through the striped reader.
+
+    A read continuing the previous ones (``stream_after`` of them in a row), or
+    one of a whole chunk or more when ``large_reads_stream``, starts a readahead
+    stream; later reads take their bytes from it while it stays in step.  The
+    stream's pieces are fresh buffers, so :meth:`read` joins them into its
+    ``bytes`` with one copy (:meth:`read_parts` leaves the join to the caller):
+    a sequential reader pays one copy per byte, as :meth:`readinto` does into the
+    caller's buffer.
+    """
+
+    def __init__(self, client: AsyncClient, info: FileInfo, *, stream_after: int = 1,
+                 large_reads_stream: bool = True) -> None:
         self.client = client
         self.info = info
         self.reader = client.reader(info)
         self.size = info.size
         self.pos = 0
         self.closed = False
+        self.stream_after = stream_after
+        self.large_reads_stream = large_reads_stream
         self._stream: AsyncIterator[memoryview] | None = None
         self._stream_pos = 0          # file offset of the first byte of _pending
         self._pending = memoryview(b"")
         self._last_end = -1           # where the previous read ended
+        self._run = 0                 # reads in a row that continued the one before
 
     @property
     def path(self) -> str:
@@ -54,36 +69,55 @@ class AsyncReadFile:
         return self.pos
 
     async def read(self, size: int = -1) -> bytes:
+        return b"".join(await self.read_parts(size))
+
+    async def read_parts(self, size: int = -1) -> list[memoryview]:
+        """The next ``size`` bytes (all when negative), as views of the buffers they
+        arrived in: joining them is the one copy a ``bytes`` result needs, which a
+        caller on another thread can make there while this loop reads on."""
         if self.closed:
             raise ValueError("read of a closed file")
         end = self.size if size is None or size < 0 else min(self.size, self.pos + size)
-        if end <= self.pos:
-            return b""
-        out = bytearray(end - self.pos)
-        await self.readinto(memoryview(out))
-        return bytes(out)
+        n = end - self.pos
+        if n <= 0:
+            return []
+        if await self._streaming(n):
+            parts = await self._take(n)
+        else:
+            parts = [memoryview(await self.reader.read(self.pos, end))]
+        self._advance(n)
+        return parts
 
     async def readinto(self, out: memoryview) -> int:
         n = max(0, min(len(out), self.size - self.pos))
         if n == 0:
             return 0
-        sequential = self._sequential(n)
-        if self._stream is not None and self._stream_pos == self.pos:
-            await self._from_stream(out[:n])
-        elif sequential and self.pos + n < self.size:
-            await self._start_stream()
-            await self._from_stream(out[:n])
+        if await self._streaming(n):
+            filled = 0
+            for part in await self._take(n):
+                out[filled:filled + len(part)] = part
+                filled += len(part)
         else:
             await self.reader.read_into(self.pos, out[:n])
-        self.pos += n
-        self._last_end = self.pos
+        self._advance(n)
         return n
 
-    def _sequential(self, n: int) -> bool:
-        """Whether a read of ``n`` bytes at ``pos`` should start a readahead stream."""
-        # A second read that continues the previous one, or one large read,
-        # means a sequential reader: serve it from a readahead stream.
-        return self.pos == self._last_end or n >= self.reader.layout.chunk_size
+    async def _streaming(self, n: int) -> bool:
+        """Whether the read of ``n`` bytes at ``pos`` comes from the readahead stream
+        (started here when the read looks sequential and more bytes follow it)."""
+        self._run = self._run + 1 if self.pos == self._last_end else 0
+        if self._stream is not None and self._stream_pos == self.pos:
+            return True
+        sequential = self._run >= self.stream_after or (
+            self.large_reads_stream and n >= self.reader.layout.chunk_size)
+        if sequential and self.pos + n < self.size:
+            await self._start_stream()
+            return True
+        return False
+
+    def _advance(self, n: int) -> None:
+        self.pos += n
+        self._last_end = self.pos
 
     async def _start_stream(self) -> None:
         await self._stop_stream()
@@ -91,17 +125,20 @@ class AsyncReadFile:
         self._stream_pos = self.pos
         self._pending = memoryview(b"")
 
-    async def _from_stream(self, out: memoryview) -> None:
+    async def _take(self, n: int) -> list[memoryview]:
+        """The stream's next ``n`` bytes, as views of its pieces (not copied)."""
         assert self._stream is not None
-        filled = 0
-        while filled < len(out):
+        parts: list[memoryview] = []
+        left = n
+        while left:
             if not self._pending:
                 self._pending = await anext(self._stream)
-            n = min(len(self._pending), len(out) - filled)
-            out[filled:filled + n] = self._pending[:n]
-            self._pending = self._pending[n:]
-            filled += n
-        self._stream_pos += filled
+            part = self._pending[:left]
+            parts.append(part)
+            self._pending = self._pending[len(part):]
+            left -= len(part)
+        self._stream_pos += n
+        return parts
 
     async def _stop_stream(self) -> None:
         if self._stream is not None:
