@@ -164,11 +164,6 @@ def current() -> ProcessHolder:
     return _current
 
 
-def io_loop(kind: str = "auto") -> Loop:
-    """This process's I/O loop (see :meth:`ProcessHolder.io_loop`)."""
-    return _current.io_loop(kind)
-
-
 def release(owner: int) -> None:
     """Close ``owner``'s clients of this process (a finalizer's callback: it finds the
     holder when it runs, so an owner collected in a forked child closes the child's)."""

@@ -34,6 +34,8 @@ from ..config import Config, load_config, parse_size
 from ..errors import IsADirectory, NotADirectory
 from ..protocol import paths
 from ..protocol.models import FileInfo, LayoutSpec
+from ..stage.copy import copy_in, copy_out
+from ..stage.source import ThreadSource
 from .buffered import StagerReadFile, StagerWriteFile
 from .info import to_fsspec
 from .ranges import read_ranges
@@ -263,8 +265,6 @@ class StagerFileSystem(AsyncFileSystem):
 
     async def _get_file(self, rpath: str, lpath: str, callback: Any = DEFAULT_CALLBACK,
                         **kwargs: Any) -> None:
-        from ..stage.copy import copy_out
-
         info = await self._stat(rpath)
         if info.is_dir:
             await asyncio.to_thread(os.makedirs, lpath, exist_ok=True)
@@ -299,8 +299,6 @@ class StagerFileSystem(AsyncFileSystem):
 
     async def _put_file(self, lpath: str, rpath: str, callback: Any = DEFAULT_CALLBACK,
                         mode: str = "overwrite", **kwargs: Any) -> None:
-        from ..stage.copy import copy_in
-
         rpath = self._strip_protocol(rpath)
         st = await asyncio.to_thread(os.stat, lpath)
         if stat.S_ISDIR(st.st_mode):
@@ -364,8 +362,6 @@ def _local_fs() -> Any:
     return LocalFileSystem()
 
 
-def _local_source() -> Any:
+def _local_source() -> ThreadSource:
     """One thread pool for local reads per process (``put`` may run many files at once)."""
-    from ..stage.source import ThreadSource
-
     return current().once("fs.local-source", lambda: ThreadSource("file://", _local_fs(), "/"))
