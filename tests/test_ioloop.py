@@ -135,3 +135,29 @@ def test_a_forked_child_closes_its_own_and_leaves_the_parents(cluster: ThreadClu
     assert out.stdout.split() == ["ok"]
     assert "Unclosed" not in out.stderr, out.stderr
     assert out.stderr == ""
+
+
+# A pass left half read: its iterator is collected only as the interpreter finalizes.
+MID_PASS = r"""
+import sys
+from stager import Client, Loader
+meta, source = sys.argv[1:3]
+with Client(meta) as c:
+    for i in range(40):
+        c.pipe(f"{source}/s{i:02d}.bin", bytes([i]) * 5000)
+loader = Loader(source, meta_url=meta, batch_size=2, format="files", prefetch_batches=8)
+batches = iter(loader)
+print(len(next(batches)))
+"""
+
+
+def test_the_process_exits_with_a_pass_left_half_read(cluster: ThreadCluster, ns: str) -> None:
+    """At exit the holder stops the I/O loop it started: a prefetch stopped later, by an
+    iterator collected as the interpreter finalizes, ends instead of waiting forever on
+    a loop whose thread is frozen; nothing is left unclosed."""
+    out = subprocess.run([sys.executable, "-W", "always::ResourceWarning", "-c", MID_PASS,
+                          cluster.meta_url, ns],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["2"]
+    assert out.stderr == ""

@@ -11,7 +11,7 @@ process they were made in.  All of them take both from :func:`current`:
   uvloop").  The first caller in a process chooses the kind; later ones share it.
 - one client per owner (a ``Client``, a filesystem) and loop, made on first
   use, closed by :meth:`ProcessHolder.release` and, for what is still open,
-  when the process exits.
+  when the process exits (:meth:`ProcessHolder.shutdown`, which stops the loop too).
 
 After ``fork`` (PyTorch DataLoader workers) the child gets a new, empty
 holder, so it starts its own loop and clients on first use.  The parent's
@@ -28,7 +28,7 @@ import atexit
 import itertools
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..aio import loop_factory
@@ -55,6 +55,7 @@ class ProcessHolder:
     def __init__(self, parent: ProcessHolder | None = None) -> None:
         self.parent = parent            # the holder of the process this one was forked from
         self.loop: Loop | None = None   # the I/O loop, once started
+        self._thread: threading.Thread | None = None
         # reentrant: a finalizer (release) may run in a collection inside a locked section
         self._lock = threading.RLock()
         self._clients: dict[tuple[int, Loop], AsyncClient] = {}
@@ -69,7 +70,9 @@ class ProcessHolder:
         with self._lock:
             if self.loop is None:
                 new = (loop_factory(kind) or asyncio.new_event_loop)()
-                threading.Thread(target=new.run_forever, name=THREAD_NAME, daemon=True).start()
+                self._thread = threading.Thread(target=new.run_forever, name=THREAD_NAME,
+                                                daemon=True)
+                self._thread.start()
                 self.loop = new
             return self.loop
 
@@ -112,12 +115,24 @@ class ProcessHolder:
             else:
                 self._close(client, loop)
 
-    def close(self) -> None:
-        """Close every client this process made (at exit)."""
+    def shutdown(self) -> None:
+        """At exit: cancel what still runs on the I/O loop, close every client this
+        process made, then stop the loop and close it.  Its thread is a daemon, frozen
+        once the interpreter finalizes: anything that waited on it then (a prefetch
+        stopped by a collected iterator) would wait forever; on a closed loop it ends."""
+        loop, thread = self.loop, self._thread
+        running = loop is not None and loop.is_running()
+        if running:
+            _wait_there(_cancel_tasks(spare=set(self._closing)), loop)
         with self._lock:
             clients, self._clients = self._clients, {}
-        for (_, loop), client in clients.items():
-            self._close(client, loop)
+        for (_, where), client in clients.items():
+            self._close(client, where)
+        if running and loop is not None and thread is not None:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(CLOSE_TIMEOUT)
+            if not thread.is_alive():
+                loop.close()
 
     def _take(self, owner: int) -> list[tuple[Loop, AsyncClient]]:
         with self._lock:
@@ -135,15 +150,33 @@ class ProcessHolder:
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
             return
-        if loop.is_running():
-            try:
-                asyncio.run_coroutine_threadsafe(client.close(), loop).result(CLOSE_TIMEOUT)
-                return
-            except TimeoutError:
-                return                  # it goes on there
-            except RuntimeError:
-                pass                    # the loop closed meanwhile
-        _close_idle(client, loop)
+        if not (loop.is_running() and _wait_there(client.close(), loop)):
+            _close_idle(client, loop)
+
+
+def _wait_there(coro: Coroutine[Any, Any, None], loop: Loop) -> bool:
+    """Run ``coro`` on ``loop``, running on another thread, for up to CLOSE_TIMEOUT
+    seconds (then it goes on there); False when the loop closed meanwhile."""
+    try:
+        asyncio.run_coroutine_threadsafe(coro, loop).result(CLOSE_TIMEOUT)
+    except TimeoutError:
+        pass
+    except RuntimeError:
+        coro.close()
+        if not loop.is_closed():
+            raise
+        return False
+    return True
+
+
+async def _cancel_tasks(spare: set[asyncio.Task[None]]) -> None:
+    """Cancel every other task of the running loop but ``spare``, let them end, and finish
+    its async generators (as ``asyncio.run`` does before it closes its loop)."""
+    tasks = asyncio.all_tasks() - spare - {asyncio.current_task()}
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.get_running_loop().shutdown_asyncgens()
 
 
 def _close_idle(client: AsyncClient, loop: Loop) -> None:
@@ -176,4 +209,4 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-atexit.register(lambda: _current.close())
+atexit.register(lambda: _current.shutdown())
