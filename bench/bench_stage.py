@@ -29,6 +29,7 @@ from typing import Any
 
 import fsspec
 
+from stager import stage as staging
 from stager.testing.cluster import ProcessCluster
 from stager.testing.httpserver import HttpServer
 from stager.testing.netns import NetnsFabric, netns_unavailable
@@ -83,7 +84,7 @@ def fsspec_get(url: str, dst: Path) -> float:
 async def _stage(meta_url: str, src: str, dst: str, **options: Any) -> tuple[float, int]:
     async with new_client(meta_url) as client:
         start = time.perf_counter()
-        report = await client.stage(src, dst, **options)
+        report = await staging.stage(client, src, dst, **options)
         seconds = time.perf_counter() - start
         return seconds, report.copied
 

@@ -52,7 +52,7 @@ class Config:
     target_id: str = ""              # stable id of a data server's target; default: generated once
     capacity: int = 0                # bytes a target offers; 0 = the file system's size
     event_loop: str = "auto"         # "uvloop", "asyncio" or "auto": servers (per role) and
-                                     # the client's I/O thread (stager/client/ioloop.py)
+                                     # the client's I/O thread (stager/client/holder.py)
     # layout defaults
     chunk_size: int = 4 * MiB
     stripe_count: int = 0            # 0 = all healthy targets, at most max_stripe_count

@@ -33,6 +33,7 @@ from stager.errors import (
 )
 from stager.protocol.batch import MAX_BATCH_ITEMS
 from stager.protocol.models import LayoutSpec
+from stager.stage import stage_sync
 from stager.testing import ThreadCluster
 
 SMALL = 64 * 1024
@@ -413,7 +414,7 @@ def test_staging_small_files_goes_in_batches(cluster: ThreadCluster, client: Cli
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         (src / rel).write_bytes(data)
     before = meta_requests(http, cluster)
-    report = client.stage(f"file://{src}", ns)
+    report = stage_sync(client, f"file://{src}", ns)
     after = meta_requests(http, cluster)
     assert report.copied == 300 and report.manifest_files == 300
     assert after.get("create", 0) == before.get("create", 0)
@@ -421,5 +422,5 @@ def test_staging_small_files_goes_in_batches(cluster: ThreadCluster, client: Cli
     assert 1 <= after.get("create_batch", 0) - before.get("create_batch", 0) <= 3
     for rel, data in list(files.items())[::23]:
         assert client.cat(f"{ns}/{rel}") == data
-    again = client.stage(f"file://{src}", ns)
+    again = stage_sync(client, f"file://{src}", ns)
     assert again.copied == 0 and again.skipped == 300          # staged mtimes match

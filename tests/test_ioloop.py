@@ -66,7 +66,7 @@ def test_the_environment_chooses_asyncio(cluster: ThreadCluster, ns: str) -> Non
 FORK = r"""
 import json, os, sys
 from stager import Client
-from stager.client import ioloop
+from stager.client import holder
 meta, path = sys.argv[1:3]
 c = Client(meta)
 c.pipe(path, b"z" * 3000)
@@ -78,7 +78,7 @@ if pid == 0:
         cat = len(c.cat(path))
         child = c.loop
         out = {"new": child is not parent, "running": child.is_running(),
-               "kept": ioloop._INHERITED == [parent], "cat": cat}
+               "kept": holder.current().parent.loop is parent, "cat": cat}
     except BaseException as exc:
         out = {"error": repr(exc)}
     os.write(w, json.dumps(out).encode())
@@ -101,3 +101,63 @@ def test_a_forked_child_starts_its_own_loop(cluster: ThreadCluster, ns: str) -> 
     # the child's loop is new and works; the parent's is kept, untouched, and still works
     assert got["child"] == {"new": True, "running": True, "kept": True, "cat": 3000}, got
     assert got["parent_cat"] == 3000 and got["parent_same"] is True
+
+
+# A plain fork whose child exits normally: atexit, finalizers and teardown all run there.
+FORK_EXIT = r"""
+import os, sys
+import fsspec
+from stager import Client
+meta, path = sys.argv[1:3]
+c = Client(meta)
+c.pipe(path, b"q" * 2000)
+fs = fsspec.filesystem("stager", meta_url=meta, skip_instance_cache=True)
+assert fs.cat(path) == b"q" * 2000
+pid = os.fork()
+if pid == 0:
+    assert c.cat(path) == fs.cat(path) == b"q" * 2000
+    sys.exit(0)
+_, status = os.waitpid(pid, 0)
+assert status == 0, status
+assert c.cat(path) == fs.cat(path) == b"q" * 2000
+print("ok")
+"""
+
+
+def test_a_forked_child_closes_its_own_and_leaves_the_parents(cluster: ThreadCluster,
+                                                              ns: str) -> None:
+    """The child closes the sessions it made and neither closes nor collects the
+    parent's copies: nothing warns, in either process, and the parent reads on."""
+    out = subprocess.run([sys.executable, "-W", "always::ResourceWarning", "-c", FORK_EXIT,
+                          cluster.meta_url, f"{ns}/e.bin"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["ok"]
+    assert "Unclosed" not in out.stderr, out.stderr
+    assert out.stderr == ""
+
+
+# A pass left half read: its iterator is collected only as the interpreter finalizes.
+MID_PASS = r"""
+import sys
+from stager import Client, Loader
+meta, source = sys.argv[1:3]
+with Client(meta) as c:
+    for i in range(40):
+        c.pipe(f"{source}/s{i:02d}.bin", bytes([i]) * 5000)
+loader = Loader(source, meta_url=meta, batch_size=2, format="files", prefetch_batches=8)
+batches = iter(loader)
+print(len(next(batches)))
+"""
+
+
+def test_the_process_exits_with_a_pass_left_half_read(cluster: ThreadCluster, ns: str) -> None:
+    """At exit the holder stops the I/O loop it started: a prefetch stopped later, by an
+    iterator collected as the interpreter finalizes, ends instead of waiting forever on
+    a loop whose thread is frozen; nothing is left unclosed."""
+    out = subprocess.run([sys.executable, "-W", "always::ResourceWarning", "-c", MID_PASS,
+                          cluster.meta_url, ns],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["2"]
+    assert out.stderr == ""

@@ -17,7 +17,7 @@ import pytest
 from stager import Client
 from stager.errors import BadRequest, NotFound
 from stager.protocol.models import LayoutSpec
-from stager.stage import plan
+from stager.stage import plan, stage_sync
 from stager.testing import ThreadCluster
 from stager.testing.cluster import ProcessCluster
 from stager.testing.httpserver import HttpServer
@@ -53,7 +53,7 @@ def tree(tmp_path: Path, payload) -> tuple[Path, dict[str, bytes]]:
 
 def test_stage_a_local_tree_records_a_manifest(client: Client, ns: str, tree) -> None:
     src, files = tree
-    report = client.stage(str(src), f"{ns}/ds")
+    report = stage_sync(client, str(src), f"{ns}/ds")
     assert (report.files, report.copied, report.skipped) == (6, 6, 0)
     assert report.bytes_copied == sum(len(v) for v in files.values())
     assert staged(client, f"{ns}/ds") == files
@@ -70,28 +70,28 @@ def test_stage_a_local_tree_records_a_manifest(client: Client, ns: str, tree) ->
 
 def test_rerun_skips_unchanged_and_restages_changed(client: Client, ns: str, tree) -> None:
     src, files = tree
-    client.stage(str(src), f"{ns}/ds")
+    stage_sync(client, str(src), f"{ns}/ds")
     ids = {e.path: e.file_id for e in client.walk(f"{ns}/ds")}
-    again = client.stage(str(src), f"{ns}/ds")
+    again = stage_sync(client, str(src), f"{ns}/ds")
     assert (again.copied, again.skipped, again.bytes_copied) == (0, 6, 0)
     assert {e.path: e.file_id for e in client.walk(f"{ns}/ds")} == ids
 
     (src / "a.txt").write_bytes(b"ALPHA\n")                  # same size, new mtime
     os.utime(src / "a.txt", (time.time() + 5, time.time() + 5))
     (src / "sub" / "b.csv").write_bytes(b"longer,now\n")
-    third = client.stage(str(src), f"{ns}/ds")
+    third = stage_sync(client, str(src), f"{ns}/ds")
     assert (third.copied, third.skipped) == (2, 4)
     assert client.cat(f"{ns}/ds/a.txt") == b"ALPHA\n"
     assert client.cat(f"{ns}/ds/sub/b.csv") == b"longer,now\n"
     assert client.stat(f"{ns}/ds/big.bin").file_id == ids[f"{ns}/ds/big.bin"]
 
-    forced = client.stage(str(src), f"{ns}/ds", resume=False)
+    forced = stage_sync(client, str(src), f"{ns}/ds", resume=False)
     assert forced.copied == 6
 
 
 def test_include_exclude_and_layout(client: Client, ns: str, tree) -> None:
     src, files = tree
-    report = client.stage(str(src), f"{ns}/sel", include=["*.txt", "sub/**"],
+    report = stage_sync(client, str(src), f"{ns}/sel", include=["*.txt", "sub/**"],
                           exclude=["empty"], layout=LayoutSpec(chunk_size=MiB, stripe_count=2,
                                                                replicas=2))
     assert sorted(staged(client, f"{ns}/sel")) == ["a.txt", "sub/b.csv", "sub/deep/c d.txt"]
@@ -99,7 +99,7 @@ def test_include_exclude_and_layout(client: Client, ns: str, tree) -> None:
     layout = client.stat(f"{ns}/sel/a.txt").layout
     assert (layout.chunk_size, layout.stripe_count, layout.replicas) == (MiB, 2, 2)
     # asking for another layout restages even unchanged files
-    again = client.stage(str(src), f"{ns}/sel", include=["*.txt"],
+    again = stage_sync(client, str(src), f"{ns}/sel", include=["*.txt"],
                          layout=LayoutSpec(chunk_size=2 * MiB))
     assert again.copied == 2 and client.stat(f"{ns}/sel/a.txt").layout.chunk_size == 2 * MiB
 
@@ -115,13 +115,13 @@ def test_selection_globs() -> None:
 
 def test_stage_a_single_file(client: Client, ns: str, tree) -> None:
     src, files = tree
-    client.stage(f"file://{src}/mid.bin", f"{ns}/one.bin")
+    stage_sync(client, f"file://{src}/mid.bin", f"{ns}/one.bin")
     assert client.cat(f"{ns}/one.bin") == files["mid.bin"]
     client.mkdir(f"{ns}/dir")
-    client.stage(str(src / "a.txt"), f"{ns}/dir")               # into an existing directory
+    stage_sync(client, str(src / "a.txt"), f"{ns}/dir")               # into an existing directory
     assert client.cat(f"{ns}/dir/a.txt") == files["a.txt"]
-    assert client.stage(str(src / "a.txt"), f"{ns}/dir").skipped == 1
-    client.stage(str(src / "a.txt"), f"{ns}/new/")             # a trailing / means "into"
+    assert stage_sync(client, str(src / "a.txt"), f"{ns}/dir").skipped == 1
+    stage_sync(client, str(src / "a.txt"), f"{ns}/new/")             # a trailing / means "into"
     assert client.cat(f"{ns}/new/a.txt") == files["a.txt"]
 
 
@@ -129,9 +129,9 @@ def test_stage_from_memory(client: Client, ns: str) -> None:
     mem = fsspec.filesystem("memory")
     mem.pipe({"/stage-src/x/1": b"one", "/stage-src/x/2": b"two" * 1000})
     try:
-        client.stage("memory://stage-src/x", f"{ns}/m")
+        stage_sync(client, "memory://stage-src/x", f"{ns}/m")
         assert staged(client, f"{ns}/m") == {"1": b"one", "2": b"two" * 1000}
-        assert client.stage("memory://stage-src/x", f"{ns}/m").skipped == 2
+        assert stage_sync(client, "memory://stage-src/x", f"{ns}/m").skipped == 2
     finally:
         mem.rm("/stage-src", recursive=True)
 
@@ -151,20 +151,20 @@ def test_stage_from_http_with_etags(client: Client, ns: str, http_tree) -> None:
     server, root = http_tree
     files = {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*")
              if p.is_file()}
-    report = client.stage(server.url + "/", f"{ns}/h")
+    report = stage_sync(client, server.url + "/", f"{ns}/h")
     assert report.copied == len(files)
     assert staged(client, f"{ns}/h") == files            # names with spaces decoded
     manifest = client.get_manifest(f"{ns}/h")
     etags = manifest.extra["source_etags"]
     assert set(etags) == set(files) and all(etags.values())
-    assert client.stage(server.url + "/", f"{ns}/h").skipped == len(files)
+    assert stage_sync(client, server.url + "/", f"{ns}/h").skipped == len(files)
 
     # same size, same second: only the ETag tells the file changed
     path = root / "a.txt"
     stat = path.stat()
     path.write_bytes(b"ALPHA\n")
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1000))
-    third = client.stage(server.url + "/", f"{ns}/h")
+    third = stage_sync(client, server.url + "/", f"{ns}/h")
     assert third.copied == 1 and client.cat(f"{ns}/h/a.txt") == b"ALPHA\n"
 
 
@@ -188,29 +188,29 @@ def plain_http(tmp_path: Path, payload) -> Iterator[tuple[str, dict[str, bytes]]
 
 def test_stage_from_a_server_without_ranges(client: Client, ns: str, plain_http) -> None:
     url, files = plain_http
-    client.stage(url + "/", f"{ns}/plain")
+    stage_sync(client, url + "/", f"{ns}/plain")
     assert staged(client, f"{ns}/plain") == files
 
 
 def test_stage_out_and_back(client: Client, cluster: ThreadCluster, ns: str, tree,
                             tmp_path: Path) -> None:
     src, files = tree
-    client.stage(str(src), f"{ns}/res")
+    stage_sync(client, str(src), f"{ns}/res")
     netloc = cluster.meta_url.removeprefix("http://")
     out = tmp_path / "out"
-    report = client.stage(f"stager://{netloc}{ns}/res", f"file://{out}")
+    report = stage_sync(client, f"stager://{netloc}{ns}/res", f"file://{out}")
     assert report.copied == len(files)
     assert {p.relative_to(out).as_posix(): p.read_bytes()
             for p in out.rglob("*") if p.is_file()} == files
     assert not [p for p in out.rglob("*") if ".stager-tmp" in p.name]
-    assert client.stage(f"stager://{ns}/res", f"file://{out}").skipped == len(files)
+    assert stage_sync(client, f"stager://{ns}/res", f"file://{out}").skipped == len(files)
 
-    copied = client.stage(f"stager://{netloc}{ns}/res", f"{ns}/copy")   # stager to stager
+    copied = stage_sync(client, f"stager://{netloc}{ns}/res", f"{ns}/copy")   # stager to stager
     assert copied.copied == len(files) and staged(client, f"{ns}/copy") == files
 
     mem = fsspec.filesystem("memory")
     try:
-        client.stage(f"stager://{ns}/res/sub", "memory://stage-out/r")
+        stage_sync(client, f"stager://{ns}/res/sub", "memory://stage-out/r")
         assert mem.cat("/stage-out/r/b.csv") == files["sub/b.csv"]
         assert not [p for p in mem.find("/stage-out") if ".stager-tmp" in p]
     finally:
@@ -219,17 +219,17 @@ def test_stage_out_and_back(client: Client, cluster: ThreadCluster, ns: str, tre
 
 def test_bad_input_is_a_clear_error(client: Client, ns: str, tmp_path: Path) -> None:
     with pytest.raises(BadRequest, match="unknown protocol 'nope'"):
-        client.stage("nope://x", f"{ns}/x")
+        stage_sync(client, "nope://x", f"{ns}/x")
     with pytest.raises(NotFound, match="does not exist"):
-        client.stage(str(tmp_path / "missing"), f"{ns}/x")
+        stage_sync(client, str(tmp_path / "missing"), f"{ns}/x")
     with pytest.raises(BadRequest, match="nothing to stage"):
-        client.stage(str(tmp_path), "file:///tmp/elsewhere")
+        stage_sync(client, str(tmp_path), "file:///tmp/elsewhere")
     with pytest.raises(BadRequest, match="names the cluster"):
-        client.stage(str(tmp_path), "stager://127.0.0.1:1/x")
+        stage_sync(client, str(tmp_path), "stager://127.0.0.1:1/x")
     (tmp_path / "f").write_bytes(b"1")
     client.pipe(f"{ns}/file", b"1")
     with pytest.raises(NotADirectoryError, match="is a file"):
-        client.stage(str(tmp_path), f"{ns}/file")
+        stage_sync(client, str(tmp_path), f"{ns}/file")
 
 
 def test_interrupted_staging_is_invisible_then_restaged_whole(tmp_path: Path, payload) -> None:

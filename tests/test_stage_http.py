@@ -23,6 +23,7 @@ from stager.errors import NotFound, SourceError
 from stager.protocol.models import LayoutSpec
 from stager.protocol.ranges import parse_content_range
 from stager.stage import run as stage_run
+from stager.stage import stage
 from stager.stage.feed import PROBE_BYTES
 from stager.stage.httpraw import RawHttp
 from stager.stage.progress import Progress
@@ -127,7 +128,7 @@ async def test_a_small_file_is_listed_and_read_by_one_request(
         aclient: AsyncClient, ns: str, tmp_path: Path, payload) -> None:
     files = make_tree(tmp_path, payload)
     async with Source(tmp_path) as src:
-        report = await aclient.stage(src.url + "/", f"{ns}/d", **OPTIONS)
+        report = await stage(aclient, src.url + "/", f"{ns}/d", **OPTIONS)
         assert report.copied == len(files)
         assert await staged(aclient, f"{ns}/d") == files
         for rel in files:
@@ -145,7 +146,7 @@ async def test_a_small_file_is_listed_and_read_by_one_request(
         # the rerun asks each file for one byte if its ETag is not the one recorded:
         # the server answers 304, reading no file, not even the large one
         src.seen.clear()
-        again = await aclient.stage(src.url + "/", f"{ns}/d", **OPTIONS)
+        again = await stage(aclient, src.url + "/", f"{ns}/d", **OPTIONS)
         assert (again.copied, again.skipped) == (0, len(files))
         ranged = [s for s in src.seen if s.rel.endswith((".bin", ".txt"))]
         assert len(ranged) == len(files) - 1
@@ -153,9 +154,9 @@ async def test_a_small_file_is_listed_and_read_by_one_request(
         assert all(s.if_none_match == etags[s.rel] for s in ranged)
 
         # no manifest, no ETags recorded: one byte each, and size and mtime decide
-        await aclient.stage(src.url + "/", f"{ns}/n", manifest=False, **OPTIONS)
+        await stage(aclient, src.url + "/", f"{ns}/n", manifest=False, **OPTIONS)
         src.seen.clear()
-        again = await aclient.stage(src.url + "/", f"{ns}/n", manifest=False, **OPTIONS)
+        again = await stage(aclient, src.url + "/", f"{ns}/n", manifest=False, **OPTIONS)
         assert (again.copied, again.skipped) == (0, len(files))
         ranged = [s for s in src.seen if s.rel.endswith((".bin", ".txt"))]
         assert {(s.range, s.status, s.if_none_match) for s in ranged} == {
@@ -167,10 +168,10 @@ async def test_a_single_file(aclient: AsyncClient, ns: str, tmp_path: Path, payl
     async with Source(tmp_path) as src:
         for name in ("a b.txt", "mid.bin", "large.bin"):
             url = f"{src.url}/{name.replace(' ', '%20')}"
-            report = await aclient.stage(url, f"{ns}/one/", **OPTIONS)
+            report = await stage(aclient, url, f"{ns}/one/", **OPTIONS)
             assert report.copied == 1
             assert await aclient.cat(f"{ns}/one/{name}") == files[name]
-            assert (await aclient.stage(url, f"{ns}/one/", **OPTIONS)).skipped == 1
+            assert (await stage(aclient, url, f"{ns}/one/", **OPTIONS)).skipped == 1
 
 
 async def test_progress_totals_grow_to_the_whole_tree(
@@ -187,7 +188,7 @@ async def test_progress_totals_grow_to_the_whole_tree(
     total = sum(len(d) for d in files.values())
     async with Source(tmp_path) as src:
         for _ in range(2):          # copied, then skipped: the same totals, all done
-            await aclient.stage(src.url + "/", f"{ns}/p", **OPTIONS)
+            await stage(aclient, src.url + "/", f"{ns}/p", **OPTIONS)
             p = made[-1]
             assert (p.files_total, p.bytes_total) == (len(files), total)
             assert (p.files_done, p.bytes_done) == (len(files), total)
@@ -212,7 +213,7 @@ async def test_a_file_changed_after_its_listing_is_an_error(
 
             src.after = alter
             with pytest.raises(SourceError, match=f"{name} changed while staging"):
-                await aclient.stage(src.url + "/", f"{ns}/{name}", include=[name],
+                await stage(aclient, src.url + "/", f"{ns}/{name}", include=[name],
                                     **OPTIONS)
             assert not await aclient.exists(f"{ns}/{name}/{name}")     # nothing half-visible
             (tmp_path / name).write_bytes(files[name])
@@ -222,12 +223,12 @@ async def test_a_changed_file_found_by_a_rerun_is_restaged(
         aclient: AsyncClient, ns: str, tmp_path: Path, payload) -> None:
     files = make_tree(tmp_path, payload)
     async with Source(tmp_path) as src:
-        await aclient.stage(src.url + "/", f"{ns}/r", **OPTIONS)
+        await stage(aclient, src.url + "/", f"{ns}/r", **OPTIONS)
         path = tmp_path / "small/s03.bin"
         st = path.stat()
         path.write_bytes(bytes(reversed(files["small/s03.bin"])))     # same size
         os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1000))
-        again = await aclient.stage(src.url + "/", f"{ns}/r", **OPTIONS)
+        again = await stage(aclient, src.url + "/", f"{ns}/r", **OPTIONS)
         assert (again.copied, again.skipped) == (1, len(files) - 1)
         assert await aclient.cat(f"{ns}/r/small/s03.bin") == path.read_bytes()
 
@@ -237,10 +238,10 @@ async def test_servers_without_head_or_ranges(aclient: AsyncClient, ns: str, tmp
                                               payload, head: bool, ranges: bool) -> None:
     files = make_tree(tmp_path, payload)
     async with Source(tmp_path, head=head, ranges=ranges) as src:
-        report = await aclient.stage(src.url + "/", f"{ns}/o", **OPTIONS)
+        report = await stage(aclient, src.url + "/", f"{ns}/o", **OPTIONS)
         assert report.copied == len(files)
         assert await staged(aclient, f"{ns}/o") == files
-        again = await aclient.stage(src.url + "/", f"{ns}/o", **OPTIONS)
+        again = await stage(aclient, src.url + "/", f"{ns}/o", **OPTIONS)
         assert (again.copied, again.skipped) == (0, len(files))
     if not head:
         assert not [s for s in src.seen if s.method == "HEAD" and s.rel != "empty"]
@@ -256,7 +257,7 @@ async def test_a_file_gone_after_the_listing_is_named(aclient: AsyncClient, ns: 
 
         src.after = remove
         with pytest.raises(NotFound, match=r"small/s05\.bin: no such file"):
-            await aclient.stage(src.url + "/", f"{ns}/g", **OPTIONS)
+            await stage(aclient, src.url + "/", f"{ns}/g", **OPTIONS)
         assert not await aclient.exists(f"{ns}/g/small/s05.bin")
         assert await aclient.get_manifest(f"{ns}/g") is None
 

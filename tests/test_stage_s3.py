@@ -34,6 +34,7 @@ from boto3.s3.transfer import TransferConfig  # noqa: E402
 from stager import Client  # noqa: E402
 from stager.errors import NotFound  # noqa: E402
 from stager.protocol.models import LayoutSpec  # noqa: E402
+from stager.stage import stage_sync  # noqa: E402
 from stager.stage.source import AsyncSource, open_source, source_etag  # noqa: E402
 from stager.testing import ThreadCluster  # noqa: E402
 
@@ -225,7 +226,7 @@ def test_client_stage_reads_large_objects_in_ranged_parts(
         s3: S3, client: Client, ns: str, payload: Callable[[int], bytes]) -> None:
     files = upload_tree(s3, "api-bucket", "ds", payload)
     seen = len(s3.log)
-    report = client.stage("s3://api-bucket/ds", f"{ns}/ds", storage_options=s3.options,
+    report = stage_sync(client, "s3://api-bucket/ds", f"{ns}/ds", storage_options=s3.options,
                           layout=LayoutSpec(chunk_size=MiB), part_size=PART)
     assert (report.files, report.copied, report.manifest_files) == (len(files),) * 3
     assert staged(client, f"{ns}/ds") == files
@@ -267,11 +268,11 @@ def test_changed_objects_are_restaged(s3: S3, client: Client, ns: str,
     for name in ("same.bin", "grown.bin", "kept.bin"):
         s3.api.put_object(Bucket="change-bucket", Key=f"p/{name}", Body=b"a" * 1000)
     dst = f"{ns}/p"
-    assert client.stage("s3://change-bucket/p", dst, storage_options=s3.options).copied == 3
+    assert stage_sync(client, "s3://change-bucket/p", dst, storage_options=s3.options).copied == 3
     # same size, other bytes: only the ETag tells (LastModified may not move in 1 s)
     s3.api.put_object(Bucket="change-bucket", Key="p/same.bin", Body=b"b" * 1000)
     s3.api.put_object(Bucket="change-bucket", Key="p/grown.bin", Body=b"c" * 1001)
-    report = client.stage("s3://change-bucket/p", dst, storage_options=s3.options)
+    report = stage_sync(client, "s3://change-bucket/p", dst, storage_options=s3.options)
     assert (report.copied, report.skipped) == (2, 1)
     assert staged(client, dst) == {"same.bin": b"b" * 1000, "grown.bin": b"c" * 1001,
                                    "kept.bin": b"a" * 1000}
@@ -286,7 +287,7 @@ def test_missing_bucket_or_prefix_fails_clearly(s3: S3, cluster: ThreadCluster,
         assert r.returncode == 1, r.stderr
         assert f"{url} does not exist" in r.stderr and "Traceback" not in r.stderr
         with pytest.raises(NotFound, match="does not exist"):
-            client.stage(url, f"{ns}/x", storage_options=s3.options)
+            stage_sync(client, url, f"{ns}/x", storage_options=s3.options)
     with pytest.raises(NotFound):
         client.stat(f"{ns}/x")                        # nothing was created
 
@@ -345,6 +346,6 @@ def test_stage_out_to_s3(s3: S3, cluster: ThreadCluster, client: Client, ns: str
         assert got == data, rel
 
     # and back in again, through the sync client: the same bytes
-    report = client.stage("s3://out-bucket/run1", f"{ns}/back", storage_options=s3.options)
+    report = stage_sync(client, "s3://out-bucket/run1", f"{ns}/back", storage_options=s3.options)
     assert report.copied == len(files)
     assert staged(client, f"{ns}/back") == files

@@ -4,6 +4,8 @@ and the device feeder (CPU path here; the CUDA path is in test_torch_gpu.py)."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -219,6 +221,29 @@ def test_resume_through_the_dataloader(make: Any) -> None:
 def test_spawned_workers_get_a_picklable_dataset(make: Any) -> None:
     dl = StagerDataLoader(make(), num_workers=1, multiprocessing_context="spawn")
     assert sorted(i for b in dl for i in keys_of(b)) == list(range(N))
+
+
+# The dataset is never closed, as in most training scripts; ResourceWarnings are shown.
+EPOCH = r"""
+import sys, warnings
+warnings.filterwarnings("ignore", "This DataLoader will create")
+from stager.torch import StagerDataLoader, StagerDataset
+meta, path = sys.argv[1:3]
+ds = StagerDataset(path, meta_url=meta, batch_size=4, drop_last=False)
+print(sum(len(b) for b in StagerDataLoader(ds, num_workers=2, multiprocessing_context="fork")))
+"""
+
+
+def test_an_epoch_with_workers_leaves_stderr_clean(ds: dict[str, Any]) -> None:
+    """Each process closes the sessions it opened (the main one at exit) and no worker
+    touches the parent's: no "Unclosed client session" or "Unclosed connector"."""
+    out = subprocess.run([sys.executable, "-W", "always::ResourceWarning", "-c", EPOCH,
+                          ds["meta"], "/torch-ds/files"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(N)]
+    assert "Unclosed" not in out.stderr, out.stderr
+    assert out.stderr == ""
 
 
 def test_persistent_workers_are_refused(make: Any) -> None:

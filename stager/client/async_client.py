@@ -7,7 +7,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 
@@ -25,9 +25,6 @@ from ..protocol.routes import route
 from .bulk import WriteItem, put_tree, write_many
 from .fileio import AsyncReadFile, AsyncWriteFile
 from .metaconn import LONG, MetaConnection
-
-if TYPE_CHECKING:
-    from ..stage import StageReport
 
 LOCAL_PIECE = 8 << 20      # bytes per read/write of a local file
 
@@ -358,15 +355,6 @@ class AsyncClient:
                                            mtime=mtime)
         finally:
             fh.close()
-
-    # -- staging ---------------------------------------------------------------------
-    async def stage(self, src: str, dst: str, **options: Any) -> StageReport:
-        """Copy a dataset from any fsspec URL into the stager path ``dst`` (or a
-        ``stager://`` path out to any URL), in parallel and resumably; ``options``
-        are :class:`stager.stage.StageOptions` fields."""
-        from ..stage import StageOptions, stage
-
-        return await stage(self, src, dst, StageOptions(**options))
 
     # -- files -----------------------------------------------------------------------
     async def open(self, path: str, mode: str = "rb", *, layout: LayoutSpec | None = None,

@@ -1,9 +1,10 @@
 """``Client``: the blocking twin of :class:`AsyncClient`, made from it.
 
-Coroutines run on the process's I/O thread (:mod:`.ioloop`, shared with the
-Loader and the ``stager://`` filesystem).  After ``fork`` the child starts its
-own I/O thread and this client opens a new session there, so PyTorch
-DataLoader workers can use a client made before they were forked.
+Coroutines run on the process's I/O thread, through the client the process
+holder keeps for this ``Client`` (:mod:`.holder`, shared with the Loader and
+the ``stager://`` filesystem).  A forked child gets its own I/O thread and
+client on first use, so PyTorch DataLoader workers can use a ``Client`` made
+before they were forked.
 """
 
 from __future__ import annotations
@@ -11,44 +12,40 @@ from __future__ import annotations
 import asyncio
 import functools
 import io
-import os
+import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from fsspec.asyn import sync
 
-from ..config import Config
+from ..config import Config, load_config
 from .async_client import AsyncClient
 from .fileio import AsyncReadFile, AsyncWriteFile
-from .ioloop import io_loop
+from .holder import current, new_owner, release
 
 T = TypeVar("T")
-_FORKED: list[AsyncClient] = []     # clients inherited through fork (see Client.aio)
 
 MIRRORED = ("stat", "exists", "ls", "mkdir", "set_layout", "rename", "rm", "status",
             "targets", "cat", "read_into", "get", "put", "pipe", "put_manifest", "get_manifest",
-            "stage", "remove_target", "scrub", "fsck", "write_many", "jobs")
+            "remove_target", "scrub", "fsck", "write_many", "jobs")
 
 
 class Client:
     """Blocking client; every method is the AsyncClient method of the same name."""
 
     def __init__(self, meta_url: str | None = None, *, config: Config | None = None) -> None:
-        self._args = (meta_url, config)
-        self._pid = os.getpid()
-        self._async = AsyncClient(meta_url, config=config)
+        self.config = config or load_config()
+        self._meta_url = meta_url
+        self._owner = new_owner()
+        weakref.finalize(self, release, self._owner)    # forgotten without close()
+
+    def _new_client(self) -> AsyncClient:
+        return AsyncClient(self._meta_url, config=self.config)
 
     @property
     def aio(self) -> AsyncClient:
-        """The async client behind this one (re-created in a forked child)."""
-        if self._pid != os.getpid():
-            # The parent's client belongs to the parent's loop: keep the copy alive,
-            # unused, so collecting it here does not report its session as unclosed.
-            _FORKED.append(self._async)
-            meta_url, config = self._args
-            self._async = AsyncClient(meta_url, config=config)
-            self._pid = os.getpid()
-        return self._async
+        """The async client behind this one, in this process (a forked child makes its own)."""
+        return current().client(self._owner, self.loop, self._new_client)
 
     @property
     def meta_url(self) -> str:
@@ -57,14 +54,14 @@ class Client:
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         """The I/O loop this client's coroutines run on (this process's)."""
-        return io_loop(self._async.config.event_loop)
+        return current().io_loop(self.config.event_loop)
 
     def _run(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any, **kwargs: Any) -> T:
         return sync(self.loop, fn, *args, **kwargs)
 
     def close(self) -> None:
-        if self._pid == os.getpid():
-            self._run(self._async.close)
+        """Close this process's session; it is made again if the client is used again."""
+        current().release(self._owner)
 
     def __enter__(self) -> Client:
         return self

@@ -2,14 +2,14 @@
 
 Only the ``_`` coroutines are written here, over :class:`~stager.AsyncClient`;
 fsspec's ``mirror_sync_methods`` makes the blocking twins, which run on
-stager's I/O thread (:mod:`stager.client.ioloop`, shared with ``Client`` and
+stager's I/O thread (:mod:`stager.client.holder`, shared with ``Client`` and
 ``Loader``).  ``stager://HOST:PORT/path`` names the cluster (its
 metadata server); ``stager:///path`` takes it from ``STAGER_META_URL``.
 
 Errors are stager's, which are also the built-ins fsspec callers expect
 (``FileNotFoundError``, ``FileExistsError``, ``IsADirectoryError``, …).
 The filesystem is safe to use after ``fork``: the child gets a fresh I/O loop
-and its own client (see :mod:`stager.fs.session`).
+and its own client (see :mod:`stager.client.holder`).
 """
 
 from __future__ import annotations
@@ -29,15 +29,16 @@ from fsspec.utils import stringify_path
 
 from ..aio import gather_or_cancel
 from ..client import AsyncClient
-from ..client.ioloop import io_loop
+from ..client.holder import current, new_owner, release
 from ..config import Config, load_config, parse_size
 from ..errors import IsADirectory, NotADirectory
 from ..protocol import paths
 from ..protocol.models import FileInfo, LayoutSpec
+from ..stage.copy import copy_in, copy_out
+from ..stage.source import ThreadSource
 from .buffered import StagerReadFile, StagerWriteFile
 from .info import to_fsspec
 from .ranges import read_ranges
-from .session import ClientHolder
 
 T = TypeVar("T")
 _BACKGROUND: set[asyncio.Future[Any]] = set()      # started by _schedule, kept until done
@@ -61,30 +62,29 @@ class StagerFileSystem(AsyncFileSystem):
                  asynchronous: bool = False, loop: Any = None, batch_size: int | None = None,
                  **kwargs: Any) -> None:
         config = config or load_config()
-        if loop is None and not asynchronous:
-            loop = io_loop(config.event_loop)
+        self._io_loop = loop is None and not asynchronous      # else the caller's loops
+        if self._io_loop:
+            loop = current().io_loop(config.event_loop)
         super().__init__(asynchronous=asynchronous, loop=loop, batch_size=batch_size, **kwargs)
         self.config = config
         self.meta_url = (meta_url or self.config.meta_url).rstrip("/")
-        self._holder = ClientHolder(self.meta_url, self.config)
-        # Close the session when the filesystem goes (or at exit), from any thread.
-        self._finalizer = weakref.finalize(self, self._holder.close)
+        self._owner = new_owner()
+        weakref.finalize(self, release, self._owner)   # when the filesystem goes, or at exit
 
     # -- process, loop and client -----------------------------------------------------
     @property
     def loop(self) -> Any:
-        """The process's I/O loop (stager's, see :mod:`stager.client.ioloop`); in a forked
-        child, the child's own."""
-        if self._pid != os.getpid():
-            self._pid = os.getpid()
-            if not self.asynchronous:
-                self._loop = io_loop(self.config.event_loop)
-        return self._loop
+        """The process's I/O loop (see :mod:`stager.client.holder`; in a forked child, the
+        child's own), or the loop given, or none with ``asynchronous=True``."""
+        return current().io_loop(self.config.event_loop) if self._io_loop else self._loop
 
     @property
     def client(self) -> AsyncClient:
-        """The client of this process and loop (use inside a coroutine)."""
-        return self._holder.get()
+        """The client of this process and the running loop (use inside a coroutine)."""
+        return current().client(self._owner, asyncio.get_running_loop(), self._new_client)
+
+    def _new_client(self) -> AsyncClient:
+        return AsyncClient(self.meta_url, config=self.config)
 
     def _run(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any, **kwargs: Any) -> T:
         return sync(self.loop, fn, *args, **kwargs)
@@ -108,11 +108,11 @@ class StagerFileSystem(AsyncFileSystem):
 
     async def aclose(self) -> None:
         """Close this filesystem's clients (the running loop's one awaited)."""
-        await self._holder.aclose()
+        await current().arelease(self._owner)
 
     def close(self) -> None:
         """Close this filesystem's clients; they are made again if it is used again."""
-        self._holder.close()
+        current().release(self._owner)
 
     # -- URLs ------------------------------------------------------------------------
     @classmethod
@@ -265,8 +265,6 @@ class StagerFileSystem(AsyncFileSystem):
 
     async def _get_file(self, rpath: str, lpath: str, callback: Any = DEFAULT_CALLBACK,
                         **kwargs: Any) -> None:
-        from ..stage.copy import copy_out
-
         info = await self._stat(rpath)
         if info.is_dir:
             await asyncio.to_thread(os.makedirs, lpath, exist_ok=True)
@@ -301,8 +299,6 @@ class StagerFileSystem(AsyncFileSystem):
 
     async def _put_file(self, lpath: str, rpath: str, callback: Any = DEFAULT_CALLBACK,
                         mode: str = "overwrite", **kwargs: Any) -> None:
-        from ..stage.copy import copy_in
-
         rpath = self._strip_protocol(rpath)
         st = await asyncio.to_thread(os.stat, lpath)
         if stat.S_ISDIR(st.st_mode):
@@ -366,14 +362,6 @@ def _local_fs() -> Any:
     return LocalFileSystem()
 
 
-_LOCAL_SOURCES: dict[int, Any] = {}
-
-
-def _local_source() -> Any:
+def _local_source() -> ThreadSource:
     """One thread pool for local reads per process (``put`` may run many files at once)."""
-    from ..stage.source import ThreadSource
-
-    pid = os.getpid()
-    if pid not in _LOCAL_SOURCES:
-        _LOCAL_SOURCES[pid] = ThreadSource("file://", _local_fs(), "/")
-    return _LOCAL_SOURCES[pid]
+    return current().once("fs.local-source", lambda: ThreadSource("file://", _local_fs(), "/"))

@@ -31,6 +31,7 @@ import numpy as np
 from fsspec.asyn import sync
 
 from ..client import Client
+from ..client.holder import current
 from ..config import Config
 from . import formats
 from .dataset import parse_source, resolve
@@ -101,7 +102,7 @@ class Loader:
         path, url_meta = parse_source(source)
         self.source = path
         self._owns_client = client is None
-        self._origin_pid = os.getpid()
+        self._origin = current()        # the holder of the process that made this loader
         self._client = client or Client(meta_url or url_meta, config=config)
         self._client_args = (self._client.meta_url, self._client.aio.config)
         try:
@@ -151,7 +152,7 @@ class Loader:
 
     def _reset_process_state(self) -> None:
         """What must not cross a fork: the pool, the pipeline, counters."""
-        self._pid = os.getpid()
+        self._process = current()       # the holder of the process they belong to
         self._pool: cf.ThreadPoolExecutor | None = None
         self._fetcher: Fetcher | None = None
         self._active: _Stream | None = None
@@ -161,7 +162,7 @@ class Loader:
         self._reporter: Reporter | None = None
 
     def _check_process(self) -> None:
-        if self._pid != os.getpid():
+        if self._process is not current():
             self._reset_process_state()
 
     # -- plan -------------------------------------------------------------------------
@@ -419,7 +420,7 @@ class Loader:
             self._active = None
 
     def close(self) -> None:
-        if self._pid == os.getpid():
+        if self._process is current():
             self._stop_active()
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
@@ -427,14 +428,14 @@ class Loader:
             if self._reporter is not None:
                 self._reporter.close()      # the final report, with everything counted
             # A copy in a forked worker closes that process's own session.
-            if self._owns_client or self._origin_pid != os.getpid():
+            if self._owns_client or self._origin is not current():
                 self._client.close()
 
     def __del__(self) -> None:
         # Forgotten without close(): stop prefetching (without waiting: this may run
         # on any thread, the I/O loop's included).
         stream = self.__dict__.get("_active")
-        if stream is not None and self.__dict__.get("_pid") == os.getpid():
+        if stream is not None and self.__dict__.get("_process") is current():
             stream.pipeline.stop(wait=False)
 
     def __enter__(self) -> Loader:
@@ -446,7 +447,7 @@ class Loader:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         for key in ("_pool", "_fetcher", "_active", "counters", "_order_cache", "_client",
-                    "_targets", "_targets_base", "_reporter"):
+                    "_targets", "_targets_base", "_reporter", "_process", "_origin"):
             state.pop(key, None)
         return state
 
@@ -455,8 +456,7 @@ class Loader:
         meta_url, config = self._client_args
         self._client = Client(meta_url, config=config)
         self._owns_client = True
-        self._origin_pid = os.getpid()
+        self._origin = current()
         self._order_cache = None
-        self._pid = -1          # makes _check_process start this process's own state
         self._reset_process_state()
 

@@ -1,15 +1,23 @@
 """Staging: copy a dataset from any fsspec URL into stager, or results back out.
 
+::
+
+    report = await stage(aclient, "s3://bucket/ds", "/datasets/ds", include=["*.tar"])
+    report = stage_sync(client, "stager:///runs/7", "s3://bucket/runs/7")   # a blocking Client
+
 ``stage(client, SRC, DST)`` decides the direction from the URLs: a ``DST``
 without a protocol, or a ``stager://`` one, is a stager path (stage-in from
 ``SRC``, any fsspec URL, a bare path being local); otherwise ``SRC`` must be a
-``stager://`` URL (stage-out to ``DST``, any fsspec URL).
+``stager://`` URL (stage-out to ``DST``, any fsspec URL).  Staging is built on
+the client, not part of it: the client never imports this package.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
+from fsspec.asyn import sync
 from fsspec.core import split_protocol
 
 from ..errors import BadRequest
@@ -18,9 +26,9 @@ from .out import stage_out
 from .run import StageOptions, StageReport, stage_in
 
 if TYPE_CHECKING:
-    from ..client import AsyncClient
+    from ..client import AsyncClient, Client
 
-__all__ = ["StageOptions", "StageReport", "stage", "stager_url"]
+__all__ = ["StageOptions", "StageReport", "stage", "stage_sync", "stager_url"]
 
 
 def stager_url(url: str, *, bare_is_stager: bool) -> tuple[str | None, str] | None:
@@ -40,9 +48,12 @@ def _keep_slash(url: str, path: str) -> str:
     return canonical + "/" if url.endswith("/") and canonical != "/" else canonical
 
 
-async def stage(client: AsyncClient, src: str, dst: str,
-                options: StageOptions | None = None) -> StageReport:
-    options = options or StageOptions()
+async def stage(client: AsyncClient, src: str, dst: str, options: StageOptions | None = None,
+                **fields: Any) -> StageReport:
+    """Copy a dataset from any fsspec URL ``src`` into the stager path ``dst`` (or a
+    ``stager://`` path out to any URL), in parallel and resumably.  ``fields`` are
+    :class:`StageOptions` fields, over ``options``."""
+    options = replace(options or StageOptions(), **fields)
     if options.layout is not None:
         options.layout.validate()
     into = stager_url(dst, bare_is_stager=True)
@@ -55,6 +66,12 @@ async def stage(client: AsyncClient, src: str, dst: str,
         return await stage_out(client, out_of[1], dst, options)
     raise BadRequest(f"nothing to stage between {src!r} and {dst!r}: the destination must be "
                      "a stager path (stage-in) or the source a stager:// URL (stage-out)")
+
+
+def stage_sync(client: Client, src: str, dst: str, options: StageOptions | None = None,
+               **fields: Any) -> StageReport:
+    """:func:`stage` for a blocking :class:`~stager.Client`, on its I/O thread."""
+    return sync(client.loop, stage, client.aio, src, dst, options, **fields)
 
 
 def _same_cluster(client: AsyncClient, meta_url: str | None, url: str) -> None:
