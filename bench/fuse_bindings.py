@@ -9,7 +9,7 @@ Run as root, with ``pip install mfusepy`` (not a dependency of stager)::
 
     .venv/bin/python bench/fuse_bindings.py [--size 512MiB] [--source memory|cluster]
 
-The README's "Mount" section quotes its output.
+docs/mount.md quotes its output.
 """
 
 from __future__ import annotations

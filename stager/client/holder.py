@@ -7,8 +7,8 @@ process they were made in.  All of them take both from :func:`current`:
 
 - the I/O loop, started on first use.  It is uvloop's when config
   ``event_loop`` is ``"auto"`` (the default) and uvloop is installed: a
-  Loader spends less CPU per sample on it (bench/RESULTS.md, "Loader on
-  uvloop").  The first caller in a process chooses the kind; later ones share it.
+  Loader spends less CPU per sample on it (bench/NOTES.md: "The client's
+  loop is uvloop").  The first caller in a process chooses the kind; later ones share it.
 - one client per owner (a ``Client``, a filesystem) and loop, made on first
   use, closed by :meth:`ProcessHolder.release` and, for what is still open,
   when the process exits (:meth:`ProcessHolder.shutdown`, which stops the loop too).

@@ -3,7 +3,7 @@
 aiohttp hands a response body over as a fresh ``bytes`` object per socket read,
 which the reader then copies into its buffer; at loopback rates that allocation,
 the copy and the per-piece Python work were about half of the client's CPU
-(profiled with py-spy; figures in bench/RESULTS.md).  Here an
+(profiled with py-spy; figures in bench/NOTES.md).  Here an
 ``asyncio.BufferedProtocol`` hands the kernel the destination itself
 (``recv_into``), so a body is copied once: from the socket to its final place.
 

@@ -8,7 +8,7 @@ gives memory at the top of a heap back to the kernel as soon as more than
 batches fault fresh zeroed pages in again: 0.6-1.2 page faults per 16 KiB
 sample, and a sixth of the client's CPU in the loader benchmark (``python
 -m bench.profile_small loader`` prints the faults per sample; figures in
-bench/RESULTS.md).
+bench/NOTES.md).
 
 Samples of 128 KiB or more fared worse: malloc maps each one on its own
 (``M_MMAP_THRESHOLD``) and unmaps it when freed, so a 1 MiB sample faulted in
