@@ -109,7 +109,7 @@ async def _body(request: web.Request) -> dict[str, object]:
 
 # -- cluster ---------------------------------------------------------------------------
 async def status(request: web.Request) -> web.Response:
-    return json_response(await _svc(request).status())
+    return json_response((await _svc(request).status()).to_json())
 
 
 async def list_targets(request: web.Request) -> web.Response:
@@ -171,7 +171,7 @@ async def commit(request: web.Request) -> web.Response:
 async def abort(request: web.Request) -> web.Response:
     req = m.AbortRequest.from_json(await _body(request))
     await _svc(request).abort(req.file_id)
-    return json_response({"aborted": True})
+    return json_response(m.Aborted().to_json())
 
 
 # -- batched writes (stager/protocol/batch.py, stager/meta/batch.py) ----------------------

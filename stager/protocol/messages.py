@@ -197,6 +197,20 @@ class AbortRequest:
 
 
 @dataclass(frozen=True)
+class Aborted:
+    """The answer to an abort: the upload is abandoned (its chunks are collected)."""
+
+    aborted: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {"aborted": self.aborted}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Aborted:
+        return cls(field_of(obj, "aborted", bool))
+
+
+@dataclass(frozen=True)
 class RenameRequest:
     src: str
     dst: str
