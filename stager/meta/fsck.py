@@ -1,6 +1,6 @@
 """fsck: the namespace against the chunks the data servers really hold.
 
-Each up target lists its chunk files (``GET /v1/chunks``, streamed).  The
+Each up target lists its chunk files (the ``list_chunks`` route, streamed).  The
 namespace is read before and after the listings; a chunk copy is
 
 * **missing** when a file committed in both reads, with the same layout,

@@ -3,8 +3,8 @@
 :func:`install` adds them to the metadata application: one chunk copier shared
 by rebuild and repair (so ``rebuild_rate`` bounds both), the background tasks
 (lost-target detection and rebuild, the repair queue, the periodic fsck), their
-sections of ``GET /v1/status``, and the handlers of ``/v1/targets/{id}/remove``,
-``/v1/scrub``, ``/v1/scrub/report`` and ``/v1/fsck``.
+sections of the ``status`` route, and the handlers of the ``remove_target``,
+``scrub``, ``scrub_report`` and ``fsck`` routes.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Repair of single chunk copies: corrupt ones (scrub) and missing ones (fsck).
 
-Data servers report chunks that failed verification (``POST /v1/scrub/report``);
+Data servers report chunks that failed verification (the ``scrub_report`` route);
 each report is queued and the copy is overwritten with a good replica's bytes
 (:mod:`.copier`).  A copy no file refers to any more is left to fsck's orphan
 collection.  When no replica has good bytes the chunk is *unrecoverable*: it is
