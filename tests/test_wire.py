@@ -157,7 +157,7 @@ def _answers() -> dict[str, object]:
     m.ChunkStored("a" * 32 + ".0", 1, 0xdeadbeef), m.ChunkBatchStored(2, 3),
     m.ChunkDeleted(False),
     m.Listing("/d", (FileInfo("/d/x", "file", 3),), "x"),
-    m.Aborted(),
+    m.Aborted(), m.Health("meta", "1.0"), m.Health("data", "1.0", "t0", "n0"),
     *(example for name, example in sorted(_answers().items())),
 ], ids=lambda v: type(v).__name__)
 def test_models_round_trip_through_json(model: object) -> None:
@@ -215,6 +215,7 @@ def _examples() -> dict[str, object]:
         "ChunkDeleted": m.ChunkDeleted(True),
         "ManifestStored": m.ManifestStored("/d", 1),
         "Aborted": m.Aborted(),
+        "Health": m.Health("data", "1.0", "t0", "n0"),
         **_answers(),
         # the services' sections are additional properties; the schema names the rest
         "Status": replace(_answers()["Status"], sections={}),   # type: ignore[type-var]
@@ -240,6 +241,6 @@ def test_every_json_answer_has_a_model() -> None:
     answers = {s for r in ROUTES for s in r.responses.values()
                if s not in ("binary", "text", "ndjson", "Error")}
     shaped_elsewhere = {"object",           # /openapi.json: the document itself
-                        "Health", "Target", "FileInfo", "Manifest", "CreateBatchResult",
+                        "Target", "FileInfo", "Manifest", "CreateBatchResult",
                         "CommitBatchResult", "AbortBatchResult"}
     assert answers - shaped_elsewhere <= set(_examples())

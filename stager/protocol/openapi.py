@@ -27,7 +27,8 @@ LAYOUT_SPEC = _obj({"chunk_size": _INT, "stripe_count": _INT, "replicas": _INT})
 SCHEMAS: dict[str, Any] = {
     "Error": _obj({"error": _STR, "message": _STR, "details": {"type": "object"}},
                   ("error", "message")),
-    "Health": _obj({"ok": _BOOL, "role": _STR, "version": _STR, "id": _STR}, ("ok", "role")),
+    "Health": _obj({"ok": _BOOL, "role": _STR, "version": _STR, "id": _STR, "node": _STR},
+                   ("ok", "role", "version")),
     "LayoutSpec": LAYOUT_SPEC,
     "Layout": _obj({"chunk_size": _INT, "stripe_count": _INT, "replicas": _INT,
                     "targets": {"type": "array", "items": _STR},
