@@ -10,6 +10,7 @@ operator, never acted on by a program.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,7 +85,7 @@ class ScrubResult:
     unrecoverable: int
     deferred: int
     ignored: int
-    unreachable: tuple[str, ...]
+    unreachable: Sequence[str]
     seconds: float
 
     _COUNTS = ("checked", "bytes", "corrupt", "repaired", "unrecoverable", "deferred",
@@ -112,10 +113,10 @@ class FsckResult:
     chunks_expected: int
     chunks_found: int
     missing: int
-    missing_list: tuple[dict[str, Any], ...]
+    missing_list: Sequence[dict[str, Any]]
     orphans: int
-    orphan_list: tuple[dict[str, Any], ...]
-    unreachable: tuple[str, ...]
+    orphan_list: Sequence[dict[str, Any]]
+    unreachable: Sequence[str]
     under_replicated: int
     repaired: int
     orphans_deleted: int
