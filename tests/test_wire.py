@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -19,6 +20,8 @@ from stager.errors import (
     error_from_wire,
     unreachable,
 )
+from stager.protocol import cluster as c
+from stager.protocol import jobreport as j
 from stager.protocol import messages as m
 from stager.protocol.batch import CommitItem, CreateItem
 from stager.protocol.models import FileInfo, Layout, LayoutSpec, ReadItem, TargetInfo
@@ -119,6 +122,26 @@ async def test_odd_names_travel_whole(aclient: AsyncClient, ns: str) -> None:
 
 
 # -- models --------------------------------------------------------------------------------
+def _answers() -> dict[str, object]:
+    """An example of each answer model of the cluster, maintenance and jobs routes."""
+    target = TargetInfo("t0", "n0", "http://h:1", capacity=10, used=2, state="up")
+    return {
+        "Status": c.Status((target,), 1, 1, 10, 2, 3, 1, 7,
+                           {"targets_lost": 0, "fsck": None, "repair": {"pending": 0}}),
+        "ScrubQueued": c.ScrubQueued(2),
+        "ScrubResult": c.ScrubResult({"t0": {"checked": 1, "bytes": 5, "corrupt": [],
+                                             "seconds": 0.1}}, 1, 5, 0, 0, 0, 0, 0, ("t1",),
+                                     0.2),
+        "FsckResult": c.FsckResult(3, 4, 5, 1, ({"file_id": "a" * 32, "chunk": "a" * 32 + ".0",
+                                                "target": "t0", "path": None},), 1,
+                                   ({"target": "t0", "chunk": "b" * 32 + ".0"},), ("t1",), 0,
+                                   1, 0, False, 0.5),
+        "RankRecorded": j.RankRecorded("job", 1, None, 12.5),
+        "JobList": j.JobList((j.JobStatus("job", {"worst_stall_fraction": 0.5},
+                                          ({"job": "job", "rank": 0, "worker": None},)),)),
+    }
+
+
 @pytest.mark.parametrize("model", [
     m.Heartbeat(1, 2, 3),
     m.ScrubRequest(), m.ScrubRequest(5), m.FsckRequest(True),
@@ -134,6 +157,8 @@ async def test_odd_names_travel_whole(aclient: AsyncClient, ns: str) -> None:
     m.ChunkStored("a" * 32 + ".0", 1, 0xdeadbeef), m.ChunkBatchStored(2, 3),
     m.ChunkDeleted(False),
     m.Listing("/d", (FileInfo("/d/x", "file", 3),), "x"),
+    m.Aborted(), m.Health("meta", "1.0"), m.Health("data", "1.0", "t0", "n0"),
+    *(example for name, example in sorted(_answers().items())),
 ], ids=lambda v: type(v).__name__)
 def test_models_round_trip_through_json(model: object) -> None:
     wire = json.loads(json.dumps(model.to_json()))    # type: ignore[attr-defined]
@@ -150,6 +175,18 @@ def test_models_reject_bad_fields() -> None:
         m.ScrubRequest.from_json({"rate": -1})
     with pytest.raises(BadRequest):
         m.ScrubReport.from_json({"target": "t0", "chunks": [1]})
+    with pytest.raises(BadRequest):
+        c.FsckResult.from_json({**_answers()["FsckResult"].to_json(),  # type: ignore[attr-defined]
+                                "missing": "1"})
+    with pytest.raises(BadRequest):
+        j.JobList.from_json({"jobs": [{"job": "x", "summary": {}, "ranks": [1]}]})
+
+
+def test_status_keeps_the_sections_of_the_background_services_on_the_top_level() -> None:
+    wire = _answers()["Status"].to_json()      # type: ignore[attr-defined]
+    assert wire["targets_lost"] == 0 and wire["repair"] == {"pending": 0}
+    assert c.Status.from_json(wire).sections == {"targets_lost": 0, "fsck": None,
+                                                 "repair": {"pending": 0}}
 
 
 # -- the OpenAPI document describes the models ----------------------------------------------
@@ -175,6 +212,13 @@ def _examples() -> dict[str, object]:
         "PurgeRequest": m.PurgeRequest(()),
         "ChunkInfo": m.ChunkStored("a" * 32 + ".0", 1, 7),
         "ChunkBatchInfo": m.ChunkBatchStored(1, 2),
+        "ChunkDeleted": m.ChunkDeleted(True),
+        "ManifestStored": m.ManifestStored("/d", 1),
+        "Aborted": m.Aborted(),
+        "Health": m.Health("data", "1.0", "t0", "n0"),
+        **_answers(),
+        # the services' sections are additional properties; the schema names the rest
+        "Status": replace(_answers()["Status"], sections={}),   # type: ignore[type-var]
     }
 
 
@@ -191,3 +235,12 @@ def test_every_json_request_body_has_a_model() -> None:
     parsed_elsewhere = {"Target", "Manifest", "JobReport", "CreateBatchRequest",
                         "CommitBatchRequest", "AbortBatchRequest"}
     assert bodies - parsed_elsewhere <= set(_examples())
+
+
+def test_every_json_answer_has_a_model() -> None:
+    answers = {s for r in ROUTES for s in r.responses.values()
+               if s not in ("binary", "text", "ndjson", "Error")}
+    shaped_elsewhere = {"object",           # /openapi.json: the document itself
+                        "Target", "FileInfo", "Manifest", "CreateBatchResult",
+                        "CommitBatchResult", "AbortBatchResult"}
+    assert answers - shaped_elsewhere <= set(_examples())

@@ -19,6 +19,8 @@ from ..errors import IsADirectory, NoTargets, NotFound, StagerError, Unavailable
 from ..protocol import messages as m
 from ..protocol import paths
 from ..protocol.batch import CommitItem, CreateItem
+from ..protocol.cluster import FsckResult, ScrubResult, Status
+from ..protocol.jobreport import JobList
 from ..protocol.manifest import Manifest
 from ..protocol.models import FileInfo, LayoutSpec, TargetInfo
 from ..protocol.routes import route
@@ -170,7 +172,8 @@ class AsyncClient:
         return Manifest.from_json(body)
 
     async def status(self) -> dict[str, Any]:
-        return dict(await self.meta.request(route("status")))
+        """The cluster at a glance, as JSON (what ``stager status --json`` prints)."""
+        return Status.from_json(await self.meta.request(route("status"))).to_json()
 
     # -- administration (stager/meta/reliability.py) ----------------------------------
     async def remove_target(self, target_id: str) -> TargetInfo:
@@ -180,13 +183,13 @@ class AsyncClient:
 
     async def scrub(self, *, rate: int | None = None) -> dict[str, Any]:
         """Every up target verifies all its chunks now; corrupt copies are repaired."""
-        return dict(await self.meta.request(route("scrub"), body=m.ScrubRequest(rate).to_json(),
-                                            timeout=LONG))
+        return ScrubResult.from_json(await self.meta.request(
+            route("scrub"), body=m.ScrubRequest(rate).to_json(), timeout=LONG)).to_json()
 
     async def fsck(self, *, repair: bool = False) -> dict[str, Any]:
         """Namespace against chunks: missing and orphan copies (``repair`` fixes them)."""
-        return dict(await self.meta.request(route("fsck"), body=m.FsckRequest(repair).to_json(),
-                                            timeout=LONG))
+        return FsckResult.from_json(await self.meta.request(
+            route("fsck"), body=m.FsckRequest(repair).to_json(), timeout=LONG)).to_json()
 
     async def targets(self) -> list[TargetInfo]:
         return list(m.TargetList.from_json(await self.meta.request(route("list_targets"))).targets)
@@ -201,7 +204,8 @@ class AsyncClient:
 
     async def jobs(self) -> list[dict[str, Any]]:
         """Live loader telemetry: every job with its ranks and summary, worst stall first."""
-        return list((await self.meta.request(route("list_jobs")))["jobs"])
+        listing = JobList.from_json(await self.meta.request(route("list_jobs")))
+        return [j.to_json() for j in listing.jobs]
 
     # -- reading ---------------------------------------------------------------------
     def reader(self, info: FileInfo) -> StripedReader:

@@ -33,7 +33,7 @@ from ..checksum import crc32c
 from ..errors import NoTargets, StagerError, TargetUnavailable, Unavailable
 from ..layout import chunk_targets
 from ..protocol import paths
-from ..protocol.batch import MAX_BATCH_ITEMS, CommitItem, CreateItem, result_of
+from ..protocol.batch import MAX_BATCH_ITEMS, CommitItem, CreateItem, batch_body, read_results
 from ..protocol.messages import Upload
 from ..protocol.models import FileInfo, Layout, LayoutSpec, chunk_id
 from ..protocol.routes import route
@@ -123,12 +123,11 @@ async def _write_batch(client: AsyncClient, items: Sequence[WriteItem],
 async def _create(client: AsyncClient, items: Sequence[WriteItem],
                   layout: LayoutSpec | None, overwrite: bool,
                   results: list[Result | None]) -> list[_Upload]:
-    body = {"items": [CreateItem(paths.normalize(i.path), layout, overwrite).to_json()
-                      for i in items]}
+    body = batch_body([CreateItem(paths.normalize(i.path), layout, overwrite).to_json()
+                       for i in items])
     answer = await client.meta.request(route("create_batch"), body=body)
     uploads = []
-    for index, obj in enumerate(answer["results"]):
-        got = result_of(obj, Upload.from_json)
+    for index, got in enumerate(read_results(answer, Upload.from_json)):
         if isinstance(got, StagerError):
             results[index] = got
         else:
@@ -192,19 +191,19 @@ async def _commit(client: AsyncClient, items: Sequence[WriteItem], uploads: list
                   results: list[Result | None]) -> None:
     if not uploads:
         return
-    body = {"items": [CommitItem(u.file_id, memoryview(items[u.index].data).nbytes,
-                                 tuple(u.checksums), items[u.index].mtime).to_json()
-                      for u in uploads]}
+    body = batch_body([CommitItem(u.file_id, memoryview(items[u.index].data).nbytes,
+                                  tuple(u.checksums), items[u.index].mtime).to_json()
+                       for u in uploads])
     answer = await client.meta.request(route("commit_batch"), body=body)
-    for up, obj in zip(uploads, answer["results"], strict=True):
-        results[up.index] = result_of(obj, FileInfo.from_json)
+    for up, got in zip(uploads, read_results(answer, FileInfo.from_json), strict=True):
+        results[up.index] = got
 
 
 async def _abort(client: AsyncClient, file_ids: list[str]) -> None:
     if not file_ids:
         return
     try:
-        await client.meta.request(route("abort_batch"), body={"file_ids": file_ids})
+        await client.meta.request(route("abort_batch"), body=batch_body(file_ids, name="file_ids"))
     except StagerError:
         pass  # the server collects abandoned uploads itself after upload_grace
 

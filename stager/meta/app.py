@@ -13,9 +13,9 @@ from aiohttp import web
 
 from ..config import Config
 from ..dataplane import DataPlane, PlaneOptions, make_session
-from ..errors import PayloadTooLarge, RangeNotSatisfiable, StagerError
+from ..errors import PayloadTooLarge, RangeNotSatisfiable
 from ..protocol import messages as m
-from ..protocol.batch import CommitItem, CreateItem, error_json, parse_items
+from ..protocol.batch import CommitItem, CreateItem, parse_items, results_json
 from ..protocol.models import FileInfo, LayoutSpec, TargetInfo, check_file_id
 from ..protocol.ranges import content_range, parse_range, unsatisfied_range
 from ..web.metrics import ServerMetrics
@@ -109,7 +109,7 @@ async def _body(request: web.Request) -> dict[str, object]:
 
 # -- cluster ---------------------------------------------------------------------------
 async def status(request: web.Request) -> web.Response:
-    return json_response(await _svc(request).status())
+    return json_response((await _svc(request).status()).to_json())
 
 
 async def list_targets(request: web.Request) -> web.Response:
@@ -171,28 +171,26 @@ async def commit(request: web.Request) -> web.Response:
 async def abort(request: web.Request) -> web.Response:
     req = m.AbortRequest.from_json(await _body(request))
     await _svc(request).abort(req.file_id)
-    return json_response({"aborted": True})
+    return json_response(m.Aborted().to_json())
 
 
 # -- batched writes (stager/protocol/batch.py, stager/meta/batch.py) ----------------------
 async def create_batch(request: web.Request) -> web.Response:
     items = parse_items(await _body(request), CreateItem.from_json, key=lambda i: i.path)
     results = await _svc(request).create_many(items)
-    return json_response({"results": [
-        error_json(r) if isinstance(r, StagerError) else _upload(*r).to_json() for r in results]})
+    return json_response(results_json(results, lambda r: _upload(*r).to_json()))
 
 
 async def commit_batch(request: web.Request) -> web.Response:
     items = parse_items(await _body(request), CommitItem.from_json, key=lambda i: i.file_id)
     results = await _svc(request).commit_many(items)
-    return json_response({"results": [
-        error_json(r) if isinstance(r, StagerError) else r.to_json() for r in results]})
+    return json_response(results_json(results, FileInfo.to_json))
 
 
 async def abort_batch(request: web.Request) -> web.Response:
     file_ids = parse_items(await _body(request), check_file_id, key=str, name="file_ids")
     results = await _svc(request).abort_many(file_ids)
-    return json_response({"results": [None if r is None else error_json(r) for r in results]})
+    return json_response(results_json(results, lambda r: None))
 
 
 def _upload(upload: Upload, info: FileInfo) -> m.Upload:

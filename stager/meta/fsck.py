@@ -1,6 +1,6 @@
 """fsck: the namespace against the chunks the data servers really hold.
 
-Each up target lists its chunk files (``GET /v1/chunks``, streamed).  The
+Each up target lists its chunk files (the ``list_chunks`` route, streamed).  The
 namespace is read before and after the listings; a chunk copy is
 
 * **missing** when a file committed in both reads, with the same layout,
@@ -30,6 +30,7 @@ from ..dataplane import DataPlane
 from ..dataplane.admin import delete_chunk, list_chunks
 from ..errors import StagerError
 from ..layout import chunk_targets
+from ..protocol.cluster import FsckResult
 from ..protocol.models import Layout, chunk_id
 from .rebuild import Rebuilder
 from .repair import Repairer
@@ -67,7 +68,7 @@ class Fsck:
         self.last: dict[str, Any] | None = None
         self._lock = asyncio.Lock()
 
-    async def run(self, repair: bool = False) -> dict[str, Any]:
+    async def run(self, repair: bool = False) -> FsckResult:
         async with self._lock:
             start = time.monotonic()
             before = await self._committed()
@@ -93,7 +94,7 @@ class Fsck:
             result["orphan_list"] = result["orphan_list"][:MAX_LISTED]
             for m in result["missing_list"]:
                 m["path"] = await self.store.path_of_file(m["file_id"])
-            return result
+            return FsckResult(**result)
 
     async def _committed(self) -> dict[str, StoredFile]:
         return {f.file_id: f async for f in all_files(self.store)}

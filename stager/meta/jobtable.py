@@ -25,7 +25,16 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from ..errors import Unavailable
-from ..protocol.jobreport import MAX_REPORT_BYTES, check_entry, check_job, parse_report, ttl
+from ..protocol.jobreport import (
+    MAX_REPORT_BYTES,
+    JobList,
+    JobStatus,
+    RankRecorded,
+    check_entry,
+    check_job,
+    parse_report,
+    ttl,
+)
 from ..web.middleware import METRICS_KEY, json_response
 from ..web.requests import read_json
 
@@ -118,7 +127,7 @@ class JobTable:
         self._expire(self.clock())
         return list(self._entries.values())
 
-    def jobs(self) -> list[dict[str, Any]]:
+    def jobs(self) -> JobList:
         """Every job with its entries (by rank, worker) and summary; worst stall first."""
         now = self.clock()
         by_job: dict[str, list[RankEntry]] = {}
@@ -127,10 +136,10 @@ class JobTable:
         out = []
         for job, entries in by_job.items():
             entries.sort(key=lambda e: (e.rank, -1 if e.worker is None else e.worker))
-            out.append({"job": job, "summary": summarize(entries, now),
-                        "ranks": [e.to_json(now) for e in entries]})
-        out.sort(key=lambda j: (-j["summary"]["worst_stall_fraction"], j["job"]))
-        return out
+            out.append(JobStatus(job, summarize(entries, now),
+                                 tuple(e.to_json(now) for e in entries)))
+        out.sort(key=lambda j: (-j.summary["worst_stall_fraction"], j.job))
+        return JobList(tuple(out))
 
 
 class JobsCollector:
@@ -174,12 +183,11 @@ async def report_rank(request: web.Request) -> web.Response:
     rank, worker = check_entry(request.match_info["rank"], request.query.get("worker"))
     report = parse_report(await read_json(request, MAX_REPORT_BYTES), rank)
     entry = request.app[JOBS].report(job, rank, worker, report)
-    return json_response({"job": job, "rank": rank, "worker": worker,
-                          "expires": entry.expires})
+    return json_response(RankRecorded(job, rank, worker, entry.expires).to_json())
 
 
 async def list_jobs(request: web.Request) -> web.Response:
-    return json_response({"jobs": request.app[JOBS].jobs()})
+    return json_response(request.app[JOBS].jobs().to_json())
 
 
 HANDLERS = {"report_rank": report_rank, "list_jobs": list_jobs}

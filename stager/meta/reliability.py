@@ -3,8 +3,8 @@
 :func:`install` adds them to the metadata application: one chunk copier shared
 by rebuild and repair (so ``rebuild_rate`` bounds both), the background tasks
 (lost-target detection and rebuild, the repair queue, the periodic fsck), their
-sections of ``GET /v1/status``, and the handlers of ``/v1/targets/{id}/remove``,
-``/v1/scrub``, ``/v1/scrub/report`` and ``/v1/fsck``.
+sections of the ``status`` route, and the handlers of the ``remove_target``,
+``scrub``, ``scrub_report`` and ``fsck`` routes.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from aiohttp import web
 from ..aio import cancel_and_wait
 from ..config import Config
 from ..dataplane import DataPlane
-from ..errors import BadRequest
-from ..protocol.models import TargetInfo, field_of
+from ..protocol.cluster import ScrubQueued
+from ..protocol.messages import FsckRequest, ScrubReport, ScrubRequest
+from ..protocol.models import TargetInfo
 from ..web.middleware import json_response
 from ..web.requests import read_json
 from .copier import ChunkCopier
@@ -63,10 +64,10 @@ class Reliability:
             await asyncio.sleep(self.config.fsck_interval)
             try:
                 result = await self.fsck.run(repair=True)
-                if result["missing"] or result["orphans_deleted"]:
+                if result.missing or result.orphans_deleted:
                     log.info("fsck: %d missing (%d repaired), %d orphans (%d deleted)",
-                             result["missing"], result["repaired"], result["orphans"],
-                             result["orphans_deleted"])
+                             result.missing, result.repaired, result.orphans,
+                             result.orphans_deleted)
             except Exception:
                 log.exception("background fsck failed; will retry")
 
@@ -111,24 +112,19 @@ async def remove_target(request: web.Request) -> web.Response:
 
 
 async def scrub(request: web.Request) -> web.Response:
-    rate = field_of(await _body(request), "rate", int, None)
-    if rate is not None and rate < 0:
-        raise BadRequest("rate must not be negative")
-    return json_response(await _get(request).repairer.scrub_cluster(rate))
+    req = ScrubRequest.from_json(await _body(request))
+    return json_response((await _get(request).repairer.scrub_cluster(req.rate)).to_json())
 
 
 async def scrub_report(request: web.Request) -> web.Response:
-    body = await _body(request)
-    chunks = field_of(body, "chunks", list)
-    if not all(isinstance(c, str) for c in chunks):
-        raise BadRequest("chunks must be a list of chunk ids")
-    queued = _get(request).repairer.report(field_of(body, "target", str), chunks)
-    return json_response({"queued": queued})
+    report = ScrubReport.from_json(await _body(request))
+    queued = _get(request).repairer.report(report.target, list(report.chunks))
+    return json_response(ScrubQueued(queued).to_json())
 
 
 async def fsck(request: web.Request) -> web.Response:
-    repair = field_of(await _body(request), "repair", bool, False)
-    return json_response(await _get(request).fsck.run(repair=repair))
+    req = FsckRequest.from_json(await _body(request))
+    return json_response((await _get(request).fsck.run(repair=req.repair)).to_json())
 
 
 HANDLERS = {"remove_target": remove_target, "scrub": scrub, "scrub_report": scrub_report,

@@ -1,6 +1,6 @@
 """Repair of single chunk copies: corrupt ones (scrub) and missing ones (fsck).
 
-Data servers report chunks that failed verification (``POST /v1/scrub/report``);
+Data servers report chunks that failed verification (the ``scrub_report`` route);
 each report is queued and the copy is overwritten with a good replica's bytes
 (:mod:`.copier`).  A copy no file refers to any more is left to fsck's orphan
 collection.  When no replica has good bytes the chunk is *unrecoverable*: it is
@@ -21,6 +21,7 @@ from ..dataplane import DataPlane
 from ..dataplane.admin import scrub_target
 from ..errors import BadRequest, StagerError
 from ..layout import chunk_length, chunk_targets
+from ..protocol.cluster import ScrubResult
 from ..protocol.models import parse_chunk_id
 from .copier import ChunkCopier, Outcome
 from .service import MetaService
@@ -103,7 +104,7 @@ class Repairer:
         return name
 
     # -- stager scrub ------------------------------------------------------------------
-    async def scrub_cluster(self, rate: int | None = None) -> dict[str, Any]:
+    async def scrub_cluster(self, rate: int | None = None) -> ScrubResult:
         """Every up target verifies all its chunks now; corrupt copies are repaired."""
         start = time.monotonic()
         targets = self.service.healthy_targets()
@@ -131,7 +132,7 @@ class Repairer:
         summary["seconds"] = round(time.monotonic() - start, 3)
         self.last_scrub = {k: v for k, v in summary.items() if k != "targets"}
         self.last_scrub["finished"] = time.time()
-        return summary
+        return ScrubResult(**summary)
 
     def status(self) -> dict[str, Any]:
         return {**self.counts, "pending": self.pending, "last_scrub": self.last_scrub}

@@ -22,6 +22,7 @@ from ..errors import AlreadyExists, BadRequest, IsADirectory, NotFound, StagerEr
 from ..layout import choose_layout
 from ..protocol import paths
 from ..protocol.batch import CommitItem, CreateItem
+from ..protocol.cluster import Status
 from ..protocol.manifest import Manifest
 from ..protocol.models import FileInfo, Layout, LayoutSpec, TargetInfo
 from . import batch
@@ -244,20 +245,20 @@ class MetaService:
     def healthy_targets(self) -> list[TargetInfo]:
         return [t for t in self.list_targets() if t.up]
 
-    async def status(self) -> dict[str, Any]:
+    async def status(self) -> Status:
         targets = self.list_targets()
         files, dirs, size = await self.store.counts()
-        return {
-            "targets": [t.to_json() for t in targets],
-            "nodes": len({t.node for t in targets}),
-            "targets_up": sum(t.up for t in targets),
-            "capacity": sum(t.capacity for t in targets),
-            "used": sum(t.used for t in targets),
-            "files": files,
-            "directories": dirs,
-            "bytes": size,
-            **{k: v for extra in self.status_extras for k, v in extra().items()},
-        }
+        return Status(
+            targets=tuple(targets),
+            nodes=len({t.node for t in targets}),
+            targets_up=sum(t.up for t in targets),
+            capacity=sum(t.capacity for t in targets),
+            used=sum(t.used for t in targets),
+            files=files,
+            directories=dirs,
+            bytes=size,
+            sections={k: v for extra in self.status_extras for k, v in extra().items()},
+        )
 
     # -- garbage collection -----------------------------------------------------------
     async def collect_garbage(self, purge: Purger, *, limit: int = 256) -> int:

@@ -122,6 +122,12 @@ def parse_items(body: dict[str, Any], parse: Callable[[Any], T],
     return out
 
 
+def batch_body(values: Sequence[Any], *, name: str = "items") -> dict[str, Any]:
+    """A batch request as the client sends it: the items' JSON under ``name`` (what
+    :func:`parse_items` reads back)."""
+    return {name: list(values)}
+
+
 def check_count(count: int) -> None:
     if count > MAX_BATCH_ITEMS:
         raise PayloadTooLarge(f"{count} items in one batch; at most {MAX_BATCH_ITEMS}",
@@ -144,6 +150,18 @@ def result_of(obj: Any, parse: Callable[[Any], T]) -> T | StagerError:
         status = obj.get("status")
         return error_from_wire(status if isinstance(status, int) else 400, obj)
     return parse(obj)
+
+
+def results_json(results: Sequence[T | StagerError | None],
+                 to_json: Callable[[T], Any]) -> dict[str, Any]:
+    """A batch answer: each item's value (``to_json``), its error, or null, in order."""
+    return {"results": [error_json(r) if isinstance(r, StagerError)
+                        else None if r is None else to_json(r) for r in results]}
+
+
+def read_results(answer: Any, parse: Callable[[Any], T]) -> list[T | StagerError]:
+    """The items of a batch answer (see :func:`results_json`), each parsed or an error."""
+    return [result_of(obj, parse) for obj in field_of(answer, "results", list)]
 
 
 # -- chunk batches (data servers) -------------------------------------------------------

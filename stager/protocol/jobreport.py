@@ -4,8 +4,11 @@ A loader (one rank of a training job, or one DataLoader worker of a rank) sends
 ``PUT /v1/jobs/{job}/ranks/{rank}[?worker=W]`` every few seconds with a
 compact summary of its ``stats()``; ``GET /v1/jobs`` lists every job with its
 live entries.  The URL names the entry; the body carries the numbers.
-:func:`parse_report` is used by the metadata server; the loader builds the
-same fields (:mod:`stager.loader.report`).
+:func:`parse_report` is the report's model: the fields are tables (below), a
+report is the checked dict of them, and unknown fields are dropped so a newer
+loader can talk to an older server; the loader builds the same fields
+(:mod:`stager.loader.report`).  :class:`RankRecorded` and :class:`JobList` are
+the answers.
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import BadRequest
+from .models import field_of
 
 JOB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@+=-]{0,127}$")
 MAX_REPORT_BYTES = 64 << 10      # a report is ~1 KiB; anything near this is not one
@@ -136,6 +141,59 @@ def ttl(interval: float) -> float:
     return max(MIN_TTL, MISSED_REPORTS * interval)
 
 
+@dataclass(frozen=True)
+class RankRecorded:
+    """The answer to a report: the entry it went to, and when that entry expires."""
+
+    job: str
+    rank: int
+    worker: int | None
+    expires: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"job": self.job, "rank": self.rank, "worker": self.worker,
+                "expires": self.expires}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> RankRecorded:
+        return cls(field_of(obj, "job", str), field_of(obj, "rank", int),
+                   field_of(obj, "worker", int, None), field_of(obj, "expires", (int, float)))
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """One job: its summary, and its live entries (a report each, with ``job``,
+    ``rank``, ``worker``, ``state``, ``received``, ``expires`` and ``age`` added)."""
+
+    job: str
+    summary: dict[str, Any]
+    ranks: tuple[dict[str, Any], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"job": self.job, "summary": dict(self.summary), "ranks": list(self.ranks)}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> JobStatus:
+        ranks = field_of(obj, "ranks", list)
+        if not all(isinstance(r, dict) for r in ranks):
+            raise BadRequest("field 'ranks' must be a list of objects")
+        return cls(field_of(obj, "job", str), dict(field_of(obj, "summary", dict)), tuple(ranks))
+
+
+@dataclass(frozen=True)
+class JobList:
+    """Every job with live entries, worst stall first."""
+
+    jobs: tuple[JobStatus, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"jobs": [j.to_json() for j in self.jobs]}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> JobList:
+        return cls(tuple(JobStatus.from_json(j) for j in field_of(obj, "jobs", list)))
+
+
 _INT = {"type": "integer", "minimum": 0}
 _NUM = {"type": "number", "minimum": 0}
 _TARGET = {"type": "object", "required": ["target"], "properties": {
@@ -167,8 +225,12 @@ SCHEMAS: dict[str, Any] = {
                                  "ignored; the entry expires after "
                                  f"{MISSED_REPORTS} intervals without a report"},
     "JobEntry": _ENTRY,
-    "JobList": {"type": "object", "properties": {"jobs": {"type": "array", "items": {
-        "type": "object", "properties": {
-            "job": {"type": "string"}, "summary": _SUMMARY,
-            "ranks": {"type": "array", "items": _ENTRY}}}}}},
+    "RankRecorded": {"type": "object", "required": ["job", "rank", "worker", "expires"],
+                     "properties": {"job": {"type": "string"}, "rank": _INT,
+                                    "worker": {"type": ["integer", "null"]}, "expires": _NUM}},
+    "JobStatus": {"type": "object", "required": ["job", "summary", "ranks"], "properties": {
+        "job": {"type": "string"}, "summary": _SUMMARY,
+        "ranks": {"type": "array", "items": _ENTRY}}},
+    "JobList": {"type": "object", "required": ["jobs"], "properties": {"jobs": {
+        "type": "array", "items": {"$ref": "#/components/schemas/JobStatus"}}}},
 }

@@ -27,6 +27,29 @@ from .models import (
 )
 
 
+# -- every server ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Health:
+    """Liveness and identity: a data server also names its target (``id``) and node."""
+
+    role: str
+    version: str
+    id: str | None = None
+    node: str | None = None
+    ok: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"ok": self.ok, "role": self.role, "version": self.version}
+        out.update({k: v for k, v in (("id", self.id), ("node", self.node)) if v is not None})
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Health:
+        return cls(field_of(obj, "role", str), field_of(obj, "version", str),
+                   field_of(obj, "id", str, None), field_of(obj, "node", str, None),
+                   field_of(obj, "ok", bool))
+
+
 # -- metadata server: cluster --------------------------------------------------------------
 @dataclass(frozen=True)
 class Heartbeat:
@@ -194,6 +217,20 @@ class AbortRequest:
     @classmethod
     def from_json(cls, obj: Any) -> AbortRequest:
         return cls(check_file_id(field_of(obj, "file_id", str)))
+
+
+@dataclass(frozen=True)
+class Aborted:
+    """The answer to an abort: the upload is abandoned (its chunks are collected)."""
+
+    aborted: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {"aborted": self.aborted}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Aborted:
+        return cls(field_of(obj, "aborted", bool))
 
 
 @dataclass(frozen=True)

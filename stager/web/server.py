@@ -16,6 +16,7 @@ from aiohttp import web
 
 from ..aio import loop_factory
 from ..config import Config
+from ..protocol.messages import Health
 from ..protocol.openapi import openapi_document
 from ..protocol.routes import routes_for
 from ..version import __version__
@@ -26,16 +27,17 @@ log = logging.getLogger("stager.server")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def base_app(role: str, *, client_max_size: int, identity: Mapping[str, Any],
+def base_app(role: str, *, client_max_size: int, identity: Mapping[str, str],
              refresh_metrics: Callable[[ServerMetrics], Awaitable[None]] | None = None,
              ) -> web.Application:
-    """An application with the middlewares and the routes every server has."""
+    """An application with the middlewares and the routes every server has; ``identity``
+    is what its health answer names besides role and version (a target's ``id``, ``node``)."""
     app = web.Application(middlewares=MIDDLEWARES, client_max_size=client_max_size)
     app[METRICS_KEY] = ServerMetrics(role)
     document = openapi_document(role)
 
     async def health(request: web.Request) -> web.Response:
-        return json_response({"ok": True, "role": role, "version": __version__, **identity})
+        return json_response(Health(role, __version__, **identity).to_json())
 
     async def openapi(request: web.Request) -> web.Response:
         return json_response(document)
