@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
 import pytest
+from conftest import start_cluster
 
 from stager import AsyncClient, Client
 from stager.checksum import crc32c
@@ -247,8 +249,22 @@ def test_flipped_byte_is_detected(client: Client, cluster: ThreadCluster, http, 
     assert r.status == 500 and r.json()["error"] == "chunk_corrupt"
 
 
-async def test_corrupt_replica_fails_over_to_a_good_one(cluster: ThreadCluster, ns: str,
+@pytest.fixture
+def unrepaired(tmp_path: Path) -> Iterator[ThreadCluster]:
+    """A cluster whose data servers never scrub, so no repair rewrites a copy a test
+    damaged.  On the shared cluster a read of a bad copy has it repaired in the
+    background (see stager/data/scrub.py); that repair could land after a test's
+    later byte flips and put good bytes back under it."""
+    c = start_cluster(tmp_path, 3, scrub_interval=0)
+    yield c
+    c.stop()
+
+
+async def test_corrupt_replica_fails_over_to_a_good_one(unrepaired: ThreadCluster, ns: str,
                                                         payload) -> None:
+    """Failover and the all-copies-bad error, not repair (tests/test_scrub.py has that):
+    on a cluster that does not repair, the copies stay as the test damages them."""
+    cluster = unrepaired
     data = payload(2 * SMALL)
     with Client(cluster.meta_url) as c:
         chunk, holders = _file_on_one_target(c, cluster, f"{ns}/r.bin", data, replicas=2)
