@@ -9,7 +9,8 @@ and nowhere else:
 - a chunk of at least ``stream_above`` bytes that the pieces cover mostly is
   read whole with ``GET`` (``sendfile`` on the server) and checked here against
   its CRC32C: straight into the caller's buffer when one piece is the whole
-  chunk, else into a reused buffer the pieces are copied out of;
+  chunk (or a buffer of its own, when that piece is handed out as bytes), else
+  into a reused buffer the pieces are copied out of;
 - everything else is merged per chunk (``merge_gap``) into ranges that travel
   in batched requests (``POST /v1/read``, at most ``max_request_bytes`` each),
   checked block by block on the server; a whole small chunk inside is checked
@@ -206,7 +207,7 @@ class ReadEngine:
         whole = plan.chunks.known[rows] & self.options.reads_whole(
             full, np.add.reduceat(length, starts))
         direct = (count == 1) & (offset[starts] == 0) & (length[starts] == full) \
-            & ~plan.alone[ids[starts]] & (full >= self.options.stream_above)
+            & (full >= self.options.stream_above)
         jobs: list[tuple[np.ndarray, Job]] = []
         ends = np.append(starts, len(ids))
         for k in np.flatnonzero(direct | whole).tolist():
@@ -278,13 +279,16 @@ class ReadEngine:
 
     async def _read_direct(self, plan: ReadPlan, out: list[Any], target: str, url: str,
                            c: int, piece: int, patient: bool) -> None:
-        """Chunk ``c`` whole, straight into its place in the caller's buffer."""
-        at, n = int(plan.at[piece]), int(plan.length[piece])
-        view = memoryview(out[int(plan.dest[piece])])[at:at + n]
+        """Chunk ``c`` whole, straight into its place in the caller's buffer (a
+        piece ``alone``: into a buffer of its own, handed out as bytes)."""
+        at, n, d = int(plan.at[piece]), int(plan.length[piece]), int(plan.dest[piece])
+        view = memoryview(bytearray(n) if plan.alone[piece] else out[d])[at:at + n]
         async with self.limit:
             stored = await self.plane.read_chunk_into(target, url, plan.chunks.name[c], 0,
                                                       view, whole=True, patient=patient)
         self._verify(plan.chunks, c, target, view, stored)
+        if plan.alone[piece]:
+            out[d] = bytes(view)
 
     def _verify(self, chunks: Chunks, c: int, target: str, data: memoryview,
                 stored: int | None = None) -> None:
