@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -43,10 +43,12 @@ from .transport import DataPlane
 # Errors after which another replica may still have good bytes.
 FAILOVER_ERRORS = (TargetUnavailable, CorruptChunk, ChunkNotFound, StorageError)
 _SHIFT = 40            # chunk row << _SHIFT + offset: one sortable position
+RANGED, WHOLE, DIRECT = 0, 1, 2    # how a chunk's pieces are read (ReadEngine._kind)
 
 Buffer = bytes | bytearray | memoryview
 Outcome = tuple[np.ndarray, StagerError | None]     # the pieces a request served, its error
 Job = Callable[[], Awaitable[None]]
+T = TypeVar("T")
 
 
 def unknown_target(target: str) -> TargetUnavailable:
@@ -66,19 +68,28 @@ def final_error(name: str, errors: Sequence[StagerError]) -> StagerError:
 
 
 class _Failover:
-    """Per chunk of one plan: the replicas tried this round and the errors seen."""
+    """Where one plan's run stands: the pieces read, and per chunk the replicas
+    tried this round and the errors seen."""
 
-    def __init__(self, chunks: Chunks) -> None:
-        self.chunks = chunks
+    def __init__(self, plan: ReadPlan) -> None:
+        self.chunks = plan.chunks
+        self.done = np.zeros(len(plan), dtype=bool)
+        self.left = len(plan)                # pieces not done (cheaper than done.all())
+        self.untouched = True                # no piece done yet
         self.tried: dict[int, set[str]] = {}
         self.errors: dict[int, list[StagerError]] = {}
+
+    def read(self, ids: np.ndarray) -> None:
+        self.done[ids] = True
+        self.left -= len(ids)
+        self.untouched = False
 
     def failed(self, rows: np.ndarray, target: str, error: StagerError) -> None:
         for c in rows.tolist():
             self.tried.setdefault(c, set()).add(target)
             self.errors.setdefault(c, []).append(error)
 
-    def assign(self, rows: list[int], order: Any, last: bool,
+    def assign(self, rows: Sequence[int], order: Any, last: bool,
                ) -> tuple[dict[str, list[int]], set[int]]:
         """Each chunk's next target (grouped by target) and the chunks to be
         patient for: no other replica is left to try after this one."""
@@ -137,13 +148,14 @@ class ReadEngine:
         ``None`` where the piece is ``alone``: it becomes ``bytes``).  Raises the
         first chunk's error, or with ``raise_errors=False`` returns the error of
         each destination that could not be read."""
-        done = np.zeros(len(plan), dtype=bool)
-        state = _Failover(plan.chunks)
+        state = _Failover(plan)
+        kinds = self._route(plan)
         retries = self.options.retries
         for attempt in range(retries + 1):
-            await self._round(plan, out, done, state, last=attempt == retries)
-            if done.all():
+            await self._round(plan, out, kinds, state, last=attempt == retries)
+            if not state.left:
                 return {}
+            done = state.done
             stuck = np.unique(plan.chunk[~done]).tolist()
             if attempt == retries or all(state.hopeless(c) for c in stuck):
                 break
@@ -156,36 +168,84 @@ class ReadEngine:
         return {int(d): failed[c] for d, c in zip(plan.dest[~done].tolist(),
                                                    plan.chunk[~done].tolist(), strict=True)}
 
-    async def _round(self, plan: ReadPlan, out: list[Any], done: np.ndarray,
+    def _route(self, plan: ReadPlan) -> list[int]:
+        """How each chunk's pieces are read (DIRECT, WHOLE or RANGED), worked out
+        with numpy for many chunks and on plain ints for the few of a striped
+        read (where each numpy call costs more than the arithmetic)."""
+        bounds = plan.bounds
+        if len(bounds) > 5:
+            first = bounds[:-1]
+            return self._kind(np.diff(bounds), plan.offset[first], plan.length[first],
+                              plan.chunks.full, plan.chunks.known,
+                              np.add.reduceat(plan.length, first)).tolist()
+        b = bounds.tolist()
+        offset, length = plan.offset.tolist(), plan.length.tolist()
+        return [self._kind(b[c + 1] - b[c], offset[b[c]], length[b[c]], full, known,
+                           sum(length[b[c]:b[c + 1]]))
+                for c, (full, known) in enumerate(zip(plan.chunks.full.tolist(),
+                                                      plan.chunks.known.tolist(), strict=True))]
+
+    def _kind(self, count: Any, first_offset: Any, first_length: Any, full: Any, known: Any,
+              covered: Any) -> Any:
+        """The one place that decides how a chunk's pieces are read (element-wise
+        on arrays): ``count`` pieces covering ``covered`` of its ``full`` bytes, the
+        first at ``first_offset`` for ``first_length``.  See the module docstring."""
+        whole = known & self.options.reads_whole(full, covered)
+        direct = (count == 1) & (first_offset == 0) & (first_length == full) \
+            & (full >= self.options.stream_above)
+        return direct * DIRECT + whole * (1 - direct) * WHOLE
+
+    async def _round(self, plan: ReadPlan, out: list[Any], kinds: list[int],
                      state: _Failover, *, last: bool) -> None:
         """Every replica in turn until each piece is read or its chunk has none left."""
+        rows: Sequence[int] = range(len(kinds)) if state.untouched else \
+            np.unique(plan.chunk[~state.done]).tolist()
         while True:
-            rows = np.unique(plan.chunk[~done]).tolist()
             groups, patient = state.assign(rows, self.plane.order_replicas, last)
             if not groups:
                 return
-            target_of = np.full(len(plan.chunks.name), -1, dtype=np.int64)
-            for n, chunk_rows in enumerate(groups.values()):
-                target_of[chunk_rows] = n
-            of_piece = np.where(done, -1, target_of[plan.chunk])
-            jobs = [self._target(plan, out, t, np.flatnonzero(of_piece == n), patient)
-                    for n, t in enumerate(groups)]
-            for target, outcomes in zip(groups, await gather_or_cancel(jobs), strict=True):
+            jobs = [self._target(plan, out, kinds, t, chunks, state, patient)
+                    for t, chunks in groups.items()]
+            for target, outcomes in zip(groups, await _all(jobs), strict=True):
                 for ids, error in outcomes:
                     if error is None:
-                        done[ids] = True
+                        state.read(ids)
                     else:
                         state.failed(np.unique(plan.chunk[ids]), target, error)
+            if not state.left:
+                return
+            rows = np.unique(plan.chunk[~state.done]).tolist()
 
-    async def _target(self, plan: ReadPlan, out: list[Any], target: str, ids: np.ndarray,
-                      patient: set[int]) -> list[Outcome]:
-        """Pieces ``ids`` from ``target``: the pieces each request served, with its error."""
+    async def _target(self, plan: ReadPlan, out: list[Any], kinds: list[int], target: str,
+                      rows: list[int], state: _Failover, patient: set[int]) -> list[Outcome]:
+        """Chunks ``rows`` (their pieces not yet done) from ``target``: the pieces
+        each request served, with its error."""
         url = plan.chunks.urls.get(target)
         if url is None:
+            ids = np.flatnonzero(np.isin(plan.chunk, rows) & ~state.done)
             return [(ids, unknown_target(target))]
-        jobs = [self._attempt(ids_, job) for ids_, job in
-                self._route(plan, out, target, url, ids, patient)]
-        return list(await gather_or_cancel(jobs))
+        jobs: list[tuple[np.ndarray, Job]] = []
+        ranged: list[int] = []
+        bounds = plan.bounds.tolist()
+        first, done = state.untouched, state.done
+        for c in rows:
+            kind = kinds[c]
+            if kind == RANGED:
+                ranged.append(c)
+                continue
+            ids = np.arange(bounds[c], bounds[c + 1])
+            if not first:
+                ids = ids[~done[ids]]
+            jobs.append((ids, partial(self._read_direct, plan, out, target, url, c, int(ids[0]),
+                                      c in patient) if kind == DIRECT else
+                         partial(self._read_whole, plan, out, target, url, c, ids,
+                                 c in patient)))
+        if len(ranged) == len(kinds) and first:
+            jobs.extend(self._ranged(plan, out, target, url, np.arange(len(plan)), patient))
+        elif ranged:
+            ids = np.flatnonzero(np.isin(plan.chunk, ranged) & ~done)
+            jobs.extend(self._ranged(plan, out, target, url, ids, patient))
+        return await _all([self._attempt(ids, job) for ids, job in jobs])
 
     @staticmethod
     async def _attempt(ids: np.ndarray, job: Job) -> Outcome:
@@ -194,33 +254,6 @@ class ReadEngine:
         except FAILOVER_ERRORS as exc:
             return ids, exc
         return ids, None
-
-    def _route(self, plan: ReadPlan, out: list[Any], target: str, url: str,
-               ids: np.ndarray, patient: set[int]) -> list[tuple[np.ndarray, Job]]:
-        """The one place that decides how pieces are read: see the module docstring."""
-        ids = ids[np.lexsort((plan.offset[ids], plan.chunk[ids]))]
-        chunk, offset, length = plan.chunk[ids], plan.offset[ids], plan.length[ids]
-        starts = np.flatnonzero(np.diff(chunk, prepend=-1))
-        rows = chunk[starts]
-        full = plan.chunks.full[rows]
-        count = np.diff(starts, append=len(ids))
-        whole = plan.chunks.known[rows] & self.options.reads_whole(
-            full, np.add.reduceat(length, starts))
-        direct = (count == 1) & (offset[starts] == 0) & (length[starts] == full) \
-            & (full >= self.options.stream_above)
-        jobs: list[tuple[np.ndarray, Job]] = []
-        ends = np.append(starts, len(ids))
-        for k in np.flatnonzero(direct | whole).tolist():
-            mine = ids[ends[k]:ends[k + 1]]
-            c = int(rows[k])
-            jobs.append((mine, partial(self._read_direct, plan, out, target, url, c,
-                                       int(mine[0]), c in patient) if direct[k] else
-                         partial(self._read_whole, plan, out, target, url, c, mine,
-                                 c in patient)))
-        rest = np.repeat(~(direct | whole), count)
-        if rest.any():
-            jobs.extend(self._ranged(plan, out, target, url, ids[rest], patient))
-        return jobs
 
     def _ranged(self, plan: ReadPlan, out: list[Any], target: str, url: str,
                 ids: np.ndarray, patient: set[int]) -> list[tuple[np.ndarray, Job]]:
@@ -321,6 +354,14 @@ class ReadEngine:
         kept = sum(size * len(bufs) for size, bufs in self._spare.items())
         if kept + len(buf) <= self.options.bytes_in_flight:
             self._spare.setdefault(len(buf), []).append(buf)
+
+
+async def _all(jobs: list[Awaitable[T]]) -> list[T]:
+    """Every job's result; one job runs in this task (a striped read of one chunk
+    piece is the common case, and each task costs as much as planning it)."""
+    if len(jobs) == 1:
+        return [await jobs[0]]
+    return await gather_or_cancel(jobs)
 
 
 def _hand_out(plan: ReadPlan, out: list[Any], ids: np.ndarray, at: np.ndarray,

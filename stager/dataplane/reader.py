@@ -6,8 +6,6 @@ import asyncio
 from collections import deque
 from collections.abc import AsyncIterator
 
-import numpy as np
-
 from ..aio import cancel_and_wait
 from ..layout import pieces
 from ..protocol.models import FileInfo
@@ -49,9 +47,7 @@ class StripedReader:
             raise ValueError("read past the end of the file")
         if not len(out):
             return
-        plan = self._table.plan(np.zeros(1, dtype=np.int64), np.array([start]),
-                                np.array([len(out)]), alone=False)
-        await self.engine.run(plan, [out])
+        await self.engine.run(self._table.plan_range(0, start, start + len(out)), [out])
 
     async def stream(self, start: int = 0, stop: int | None = None,
                      ) -> AsyncIterator[memoryview]:

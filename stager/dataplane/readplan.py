@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..layout import chunk_length, chunk_targets
+from ..layout import chunk_length, chunk_targets, pieces
 from ..protocol.models import FileInfo, chunk_id
 
 
@@ -61,7 +61,9 @@ class ReadPlan:
     """One row per piece: ``length`` bytes of chunk ``chunk`` from ``offset`` go to
     destination ``dest`` at ``at``.  A piece marked ``alone`` is all of its
     destination and is handed out as ``bytes`` of its own (one copy, no
-    preallocated buffer); the others are written into the destination buffer."""
+    preallocated buffer); the others are written into the destination buffer.
+    Rows are sorted by chunk, then offset: the pieces of chunk ``c`` are rows
+    ``bounds[c]`` to ``bounds[c + 1]``."""
 
     chunk: np.ndarray
     offset: np.ndarray
@@ -69,6 +71,7 @@ class ReadPlan:
     dest: np.ndarray
     at: np.ndarray
     alone: np.ndarray
+    bounds: np.ndarray
     chunks: Chunks
 
     def __len__(self) -> int:
@@ -112,7 +115,9 @@ class FileTable:
         """Extent ``i`` (``length[i]`` bytes of file ``file[i]`` from ``offset[i]``)
         into destination ``i``.  ``alone``: an extent that is one piece is handed
         out as bytes of its own (else every destination is a caller's buffer)."""
-        file, offset, length = (np.asarray(a, dtype=np.int64) for a in (file, offset, length))
+        file = np.asarray(file, dtype=np.int64)
+        offset = np.asarray(offset, dtype=np.int64)
+        length = np.asarray(length, dtype=np.int64)
         self._check(file, offset, length)
         ids = np.flatnonzero(length > 0)
         file, offset, length = file[ids], offset[ids], length[ids]
@@ -128,15 +133,41 @@ class FileTable:
             base = index * cs[ext]
             lo = np.maximum(offset[ext], base)
             hi = np.minimum(offset[ext] + length[ext], base + cs[ext])
-        keys, chunk = np.unique((file[ext] << 32) | index, return_inverse=True)
-        rows = [self.where(k) for k in keys.tolist()]
+        key = (file[ext] << 32) | index
+        step = key[1:] - key[:-1]
+        if not ((step > 0) | ((step == 0) & (lo[1:] >= lo[:-1]))).all():
+            order = np.lexsort((lo, key))          # by chunk, then offset
+            ext, index, lo, hi, key = ext[order], index[order], lo[order], hi[order], key[order]
+        new = np.empty(len(key), dtype=bool)
+        new[:1] = True
+        np.not_equal(key[1:], key[:-1], out=new[1:])
+        bounds = np.flatnonzero(new)
+        rows = [self.where(k) for k in key[bounds].tolist()]
         crc = [r[3] for r in rows]
         chunks = Chunks([r[0] for r in rows], [r[1] for r in rows],
                         np.array([r[2] for r in rows], dtype=np.int64), crc,
                         np.array([c is not None for c in crc], dtype=bool), self.urls)
         single = count[ext] == 1 if alone else np.zeros(len(ext), dtype=bool)
-        return ReadPlan(chunk.reshape(-1), lo - index * cs[ext], hi - lo, ids[ext],
-                        lo - offset[ext], single, chunks)
+        return ReadPlan(np.cumsum(new) - 1, lo - index * cs[ext], hi - lo, ids[ext],
+                        lo - offset[ext], single, np.append(bounds, len(key)), chunks)
+
+    def plan_range(self, file: int, start: int, stop: int) -> ReadPlan:
+        """Bytes ``[start, stop)`` of file number ``file`` into destination 0 (a
+        caller's buffer) at 0: the striped reader's plan, a few chunk pieces,
+        built without the array machinery that pays off only for many extents."""
+        info = self.files[file]
+        assert info.layout is not None
+        got = list(pieces(info.layout.chunk_size, info.size, start, stop))
+        rows = [self.where(file << 32 | p.index) for p in got]
+        crc = [r[3] for r in rows]
+        n = len(got)
+        offset, length, at = np.array([(p.offset, p.length, p.file_offset - start)
+                                       for p in got], dtype=np.int64).reshape(n, 3).T
+        return ReadPlan(np.arange(n), offset, length, np.zeros(n, dtype=np.int64), at,
+                        np.zeros(n, dtype=bool), np.arange(n + 1),
+                        Chunks([r[0] for r in rows], [r[1] for r in rows],
+                               np.array([r[2] for r in rows], dtype=np.int64), crc,
+                               np.array([c is not None for c in crc], dtype=bool), self.urls))
 
     def _check(self, file: np.ndarray, offset: np.ndarray, length: np.ndarray) -> None:
         """A clear error for an extent of no file, or outside its file."""
