@@ -52,6 +52,8 @@ T = TypeVar("T")
 
 
 def unknown_target(target: str) -> TargetUnavailable:
+    """The error for a target a layout names but the caller has no address for
+    (reads here, and the striped writer)."""
     return TargetUnavailable(f"target {target} is unknown", target=target)
 
 
