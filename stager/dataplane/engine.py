@@ -91,7 +91,8 @@ class _Failover:
             self.tried.setdefault(c, set()).add(target)
             self.errors.setdefault(c, []).append(error)
 
-    def assign(self, rows: Sequence[int], order: Any, last: bool,
+    def assign(self, rows: Sequence[int], order: Callable[[Sequence[str]], list[str]],
+               last: bool,
                ) -> tuple[dict[str, list[int]], set[int]]:
         """Each chunk's next target (grouped by target) and the chunks to be
         patient for: no other replica is left to try after this one."""

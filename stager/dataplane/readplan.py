@@ -27,7 +27,8 @@ from ..protocol.models import FileInfo, chunk_id
 class ReadOptions:
     """How the executor turns a plan into requests (see ``ReadEngine``)."""
 
-    stream_above: int = 512 << 10       # chunks this large, wanted whole: GET (sendfile)
+    stream_above: int = 512 << 10       # chunks this large, wanted whole: GET (sendfile);
+                                        # the Loader's samples this large are large
     merge_gap: int = 16 << 10           # merge pieces of one chunk closer than this
     max_request_bytes: int = 8 << 20    # split a target's batch past this
     retries: int = 2
@@ -142,11 +143,7 @@ class FileTable:
         new[:1] = True
         np.not_equal(key[1:], key[:-1], out=new[1:])
         bounds = np.flatnonzero(new)
-        rows = [self.where(k) for k in key[bounds].tolist()]
-        crc = [r[3] for r in rows]
-        chunks = Chunks([r[0] for r in rows], [r[1] for r in rows],
-                        np.array([r[2] for r in rows], dtype=np.int64), crc,
-                        np.array([c is not None for c in crc], dtype=bool), self.urls)
+        chunks = self._chunks(key[bounds].tolist())
         single = count[ext] == 1 if alone else np.zeros(len(ext), dtype=bool)
         return ReadPlan(np.cumsum(new) - 1, lo - index * cs[ext], hi - lo, ids[ext],
                         lo - offset[ext], single, np.append(bounds, len(key)), chunks)
@@ -158,16 +155,19 @@ class FileTable:
         info = self.files[file]
         assert info.layout is not None
         got = list(pieces(info.layout.chunk_size, info.size, start, stop))
-        rows = [self.where(file << 32 | p.index) for p in got]
-        crc = [r[3] for r in rows]
         n = len(got)
         offset, length, at = np.array([(p.offset, p.length, p.file_offset - start)
                                        for p in got], dtype=np.int64).reshape(n, 3).T
         return ReadPlan(np.arange(n), offset, length, np.zeros(n, dtype=np.int64), at,
                         np.zeros(n, dtype=bool), np.arange(n + 1),
-                        Chunks([r[0] for r in rows], [r[1] for r in rows],
-                               np.array([r[2] for r in rows], dtype=np.int64), crc,
-                               np.array([c is not None for c in crc], dtype=bool), self.urls))
+                        self._chunks([file << 32 | p.index for p in got]))
+
+    def _chunks(self, keys: list[int]) -> Chunks:
+        rows = [self.where(k) for k in keys]
+        crc = [r[3] for r in rows]
+        return Chunks([r[0] for r in rows], [r[1] for r in rows],
+                      np.array([r[2] for r in rows], dtype=np.int64), crc,
+                      np.array([c is not None for c in crc], dtype=bool), self.urls)
 
     def _check(self, file: np.ndarray, offset: np.ndarray, length: np.ndarray) -> None:
         """A clear error for an extent of no file, or outside its file."""
