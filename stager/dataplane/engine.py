@@ -207,26 +207,31 @@ class ReadEngine:
             groups, patient = state.assign(rows, self.plane.order_replicas, last)
             if not groups:
                 return
-            jobs = [self._target(plan, out, kinds, t, chunks, state, patient)
-                    for t, chunks in groups.items()]
-            for target, outcomes in zip(groups, await _all(jobs), strict=True):
-                for ids, error in outcomes:
-                    if error is None:
-                        state.read(ids)
-                    else:
-                        state.failed(np.unique(plan.chunk[ids]), target, error)
+            requests = [(target, ids, job) for target, chunks in groups.items()
+                        for ids, job in self._requests(plan, out, kinds, target, chunks,
+                                                       state, patient)]
+            # In plan order (a striped read: file order), so that the first
+            # requests let through by ``limit`` keep every target busy.
+            requests.sort(key=lambda r: int(r[1][0]))
+            outcomes = await _all([self._attempt(ids, job) for _, ids, job in requests])
+            for (target, _, _), (ids, error) in zip(requests, outcomes, strict=True):
+                if error is None:
+                    state.read(ids)
+                else:
+                    state.failed(np.unique(plan.chunk[ids]), target, error)
             if not state.left:
                 return
             rows = np.unique(plan.chunk[~state.done]).tolist()
 
-    async def _target(self, plan: ReadPlan, out: list[Any], kinds: list[int], target: str,
-                      rows: list[int], state: _Failover, patient: set[int]) -> list[Outcome]:
-        """Chunks ``rows`` (their pieces not yet done) from ``target``: the pieces
-        each request served, with its error."""
+    def _requests(self, plan: ReadPlan, out: list[Any], kinds: list[int], target: str,
+                  rows: list[int], state: _Failover, patient: set[int],
+                  ) -> list[tuple[np.ndarray, Job]]:
+        """The requests that read chunks ``rows`` (their pieces not yet done) from
+        ``target``, each with the pieces it serves."""
         url = plan.chunks.urls.get(target)
         if url is None:
             ids = np.flatnonzero(np.isin(plan.chunk, rows) & ~state.done)
-            return [(ids, unknown_target(target))]
+            return [(ids, partial(_fail, unknown_target(target)))]
         jobs: list[tuple[np.ndarray, Job]] = []
         ranged: list[int] = []
         bounds = plan.bounds.tolist()
@@ -248,7 +253,7 @@ class ReadEngine:
         elif ranged:
             ids = np.flatnonzero(np.isin(plan.chunk, ranged) & ~done)
             jobs.extend(self._ranged(plan, out, target, url, ids, patient))
-        return await _all([self._attempt(ids, job) for ids, job in jobs])
+        return jobs
 
     @staticmethod
     async def _attempt(ids: np.ndarray, job: Job) -> Outcome:
@@ -357,6 +362,10 @@ class ReadEngine:
         kept = sum(size * len(bufs) for size, bufs in self._spare.items())
         if kept + len(buf) <= self.options.bytes_in_flight:
             self._spare.setdefault(len(buf), []).append(buf)
+
+
+async def _fail(error: StagerError) -> None:
+    raise error
 
 
 async def _all(jobs: list[Awaitable[T]]) -> list[T]:
