@@ -3,7 +3,7 @@
 Every read of committed file bytes ends here (plans: :mod:`.readplan`).  Each
 round, every chunk with pieces still to read goes to its first replica not yet
 tried (:meth:`DataPlane.order_replicas`: recently failed targets last), and the
-pieces each target holds are read as follows, decided in :meth:`ReadEngine._route`
+pieces each target holds are read as follows, decided in :meth:`ReadEngine._kind`
 and nowhere else:
 
 - a chunk of at least ``stream_above`` bytes that the pieces cover mostly is
@@ -44,6 +44,7 @@ from .transport import DataPlane
 FAILOVER_ERRORS = (TargetUnavailable, CorruptChunk, ChunkNotFound, StorageError)
 _SHIFT = 40            # chunk row << _SHIFT + offset: one sortable position
 RANGED, WHOLE, DIRECT = 0, 1, 2    # how a chunk's pieces are read (ReadEngine._kind)
+FEW_CHUNKS = 4         # up to this many, routed on plain ints (ReadEngine._route)
 
 Buffer = bytes | bytearray | memoryview
 Outcome = tuple[np.ndarray, StagerError | None]     # the pieces a request served, its error
@@ -176,7 +177,7 @@ class ReadEngine:
         with numpy for many chunks and on plain ints for the few of a striped
         read (where each numpy call costs more than the arithmetic)."""
         bounds = plan.bounds
-        if len(bounds) > 5:
+        if len(bounds) > FEW_CHUNKS + 1:
             first = bounds[:-1]
             return self._kind(np.diff(bounds), plan.offset[first], plan.length[first],
                               plan.chunks.full, plan.chunks.known,
