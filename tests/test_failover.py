@@ -20,7 +20,8 @@ from stager import AsyncClient
 from stager.config import load_config
 from stager.errors import TargetUnavailable
 from stager.layout import chunk_targets
-from stager.loader.fetch import Extent, Fetcher
+from stager.loader.fetch import Fetcher
+from stager.loader.spans import Spans
 from stager.protocol.models import FileInfo, LayoutSpec
 from stager.testing import ThreadCluster
 
@@ -88,7 +89,7 @@ async def test_batched_reads_fail_over_too(cluster: ThreadCluster, ns: str, payl
         hung = silenced(await c.stat(f"{ns}/b.bin"), primary, black_hole)
         fetcher = Fetcher(c, [hung])
         start = time.perf_counter()
-        out = await fetcher.fetch([Extent(0, SMALL + 100, 500), Extent(0, 10, 20)])
+        out = await fetcher.fetch(Spans.of([(0, SMALL + 100, 500), (0, 10, 20)]))
         took = time.perf_counter() - start
     print(f"failover: batched read with a silent primary took {took:.2f}s")
     assert out == [data[SMALL + 100:SMALL + 600], data[10:30]]

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..aio import gather_or_cancel
 from ..checksum import crc32c
-from ..errors import NoTargets, StagerError, TargetUnavailable, Unavailable
+from ..dataplane.engine import unknown_target
+from ..errors import NoTargets, StagerError, Unavailable
 from ..layout import chunk_targets
 from ..protocol import paths
 from ..protocol.batch import MAX_BATCH_ITEMS, CommitItem, CreateItem, batch_body, read_results
@@ -151,8 +152,7 @@ async def _put_chunks(client: AsyncClient, items: Sequence[WriteItem],
             for target in chunk_targets(up.layout, index):
                 url = up.locations.get(target)
                 if url is None:
-                    failed[up.index] = TargetUnavailable(f"target {target} is unknown",
-                                                         target=target)
+                    failed[up.index] = unknown_target(target)
                     continue
                 urls[target] = url
                 by_target[target].append((chunk_id(up.file_id, index), piece, crc, up.index))

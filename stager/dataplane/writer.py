@@ -7,9 +7,9 @@ from collections.abc import Callable, Mapping
 
 from ..aio import cancel_and_wait, gather_or_cancel
 from ..checksum import crc32c
-from ..errors import TargetUnavailable
 from ..layout import chunk_targets
 from ..protocol.models import Layout, chunk_id
+from .engine import unknown_target
 from .transport import DataPlane
 
 
@@ -142,7 +142,7 @@ class StripedWriter:
         for target in chunk_targets(self.layout, index):
             url = self.locations.get(target)
             if url is None:
-                raise TargetUnavailable(f"target {target} is unknown", target=target)
+                raise unknown_target(target)
             puts.append(self.plane.put_chunk(target, url, name, data, crc))
         await gather_or_cancel(puts)
         self._checksums[index] = crc

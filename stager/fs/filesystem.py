@@ -23,6 +23,7 @@ from collections.abc import Callable, Coroutine, Iterable
 from glob import has_magic
 from typing import Any, TypeVar
 
+import numpy as np
 from fsspec.asyn import AsyncFileSystem, sync, sync_wrapper
 from fsspec.callbacks import DEFAULT_CALLBACK
 from fsspec.utils import stringify_path
@@ -31,6 +32,8 @@ from ..aio import gather_or_cancel
 from ..client import AsyncClient
 from ..client.holder import current, new_owner, release
 from ..config import Config, load_config, parse_size
+from ..dataplane.engine import ReadEngine
+from ..dataplane.readplan import FileTable, ReadOptions
 from ..errors import IsADirectory, NotADirectory
 from ..protocol import paths
 from ..protocol.models import FileInfo, LayoutSpec
@@ -38,11 +41,11 @@ from ..stage.copy import copy_in, copy_out
 from ..stage.source import ThreadSource
 from .buffered import StagerReadFile, StagerWriteFile
 from .info import to_fsspec
-from .ranges import read_ranges
 
 T = TypeVar("T")
 _BACKGROUND: set[asyncio.Future[Any]] = set()      # started by _schedule, kept until done
 LAYOUT_KEYS = ("chunk_size", "stripe_count", "replicas")
+RANGES_REQUEST_BYTES = 16 << 20    # cat_ranges: per request; a target's requests run in parallel
 
 
 class StagerFileSystem(AsyncFileSystem):
@@ -231,7 +234,8 @@ class StagerFileSystem(AsyncFileSystem):
     async def _cat_ranges(self, paths_: list[str], starts: Any, ends: Any,
                           max_gap: int | None = None, batch_size: int | None = None,
                           on_error: str = "return", **kwargs: Any) -> list[Any]:
-        """Every range at once: coalesced per chunk, one batch per target (see ranges.py)."""
+        """Every range at once: one read plan, coalesced per chunk (``max_gap``), one
+        batch per target (see :mod:`stager.dataplane.engine`)."""
         if not isinstance(paths_, list):
             raise TypeError("paths must be a list")
         n = len(paths_)
@@ -254,7 +258,7 @@ class StagerFileSystem(AsyncFileSystem):
                 out[i] = IsADirectory(f"{name} is a directory", path=name)
             else:
                 wanted.append((i, (info, *_bounds(info.size, start, end))))
-        got = await read_ranges(self.client, [w for _, w in wanted], max_gap=max_gap or 0)
+        got = await self._read_ranges([w for _, w in wanted], max_gap or 0)
         for (i, _), data in zip(wanted, got, strict=True):
             out[i] = data
         if on_error != "return":
@@ -262,6 +266,23 @@ class StagerFileSystem(AsyncFileSystem):
                 if isinstance(item, BaseException):
                     raise item
         return out
+
+    async def _read_ranges(self, wanted: list[tuple[FileInfo, int, int]],
+                           max_gap: int) -> list[Any]:
+        """The bytes of each clipped ``(info, start, stop)``, or its error in its place."""
+        number: dict[str | None, int] = {}
+        infos: list[FileInfo] = []
+        for info, _, _ in wanted:
+            if info.file_id not in number:
+                number[info.file_id] = len(infos)
+                infos.append(info)
+        engine = ReadEngine(self.client.plane, self.client.limit, ReadOptions(
+            merge_gap=max_gap, max_request_bytes=RANGES_REQUEST_BYTES,
+            retries=self.client.config.retries))
+        return await engine.read_extents(
+            FileTable(infos), np.array([number[info.file_id] for info, _, _ in wanted]),
+            np.array([start for _, start, _ in wanted]),
+            np.array([max(0, stop - start) for _, start, stop in wanted]), raise_errors=False)
 
     async def _get_file(self, rpath: str, lpath: str, callback: Any = DEFAULT_CALLBACK,
                         **kwargs: Any) -> None:

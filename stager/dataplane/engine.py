@@ -1,0 +1,410 @@
+"""The one executor of read plans: per target, whole chunks or batched pieces, failover.
+
+Every read of committed file bytes ends here (plans: :mod:`.readplan`).  Each
+round, every chunk with pieces still to read goes to its first replica not yet
+tried (:meth:`DataPlane.order_replicas`: recently failed targets last), and the
+pieces each target holds are read as follows, decided in :meth:`ReadEngine._kind`
+and nowhere else:
+
+- a chunk of at least ``stream_above`` bytes that the pieces cover mostly is
+  read whole with ``GET`` (``sendfile`` on the server) and checked here against
+  its CRC32C: straight into the caller's buffer when one piece is the whole
+  chunk (or a buffer of its own, when that piece is handed out as bytes), else
+  into a reused buffer the pieces are copied out of;
+- everything else is merged per chunk (``merge_gap``) into ranges that travel
+  in batched requests (route ``batch_read``, at most ``max_request_bytes`` each),
+  checked block by block on the server; a whole small chunk inside is checked
+  here against its committed CRC32C.
+
+A request that fails (unreachable, corrupt, missing, storage error) hands its
+chunks to their next replica; a silent target is given up after the short
+``failover_timeout`` while another replica is left.  When every replica failed,
+the round is retried after a pause (unless every replica sent bad bytes), and
+then each chunk still unread gets one error, from :func:`final_error`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
+from typing import Any, TypeVar
+
+import numpy as np
+
+from ..aio import gather_or_cancel
+from ..checksum import crc32c
+from ..errors import ChunkNotFound, CorruptChunk, StagerError, StorageError, TargetUnavailable
+from ..protocol.batch import MAX_BATCH_ITEMS
+from ..protocol.models import ReadItem
+from .readplan import Chunks, FileTable, ReadOptions, ReadPlan
+from .transport import DataPlane
+
+# Errors after which another replica may still have good bytes.
+FAILOVER_ERRORS = (TargetUnavailable, CorruptChunk, ChunkNotFound, StorageError)
+_SHIFT = 40            # chunk row << _SHIFT + offset: one sortable position
+RANGED, WHOLE, DIRECT = 0, 1, 2    # how a chunk's pieces are read (ReadEngine._kind)
+FEW_CHUNKS = 4         # up to this many, routed on plain ints (ReadEngine._route)
+
+Buffer = bytes | bytearray | memoryview
+Outcome = tuple[np.ndarray, StagerError | None]     # the pieces a request served, its error
+Job = Callable[[], Awaitable[None]]
+T = TypeVar("T")
+
+
+def unknown_target(target: str) -> TargetUnavailable:
+    """The error for a target a layout names but the caller has no address for
+    (reads here, and the striped writer)."""
+    return TargetUnavailable(f"target {target} is unknown", target=target)
+
+
+def final_error(name: str, errors: Sequence[StagerError]) -> StagerError:
+    """What a reader sees when chunk ``name`` could not be read from any replica."""
+    if errors and all(isinstance(e, CorruptChunk) for e in errors):
+        return CorruptChunk(f"every replica of chunk {name} is corrupt", chunk=name)
+    last = errors[-1] if errors else TargetUnavailable(f"no replica of {name} is reachable")
+    targets = sorted({str(e.details.get("target")) for e in errors if e.details.get("target")})
+    if isinstance(last, TargetUnavailable | ChunkNotFound):
+        return TargetUnavailable(f"chunk {name} unavailable: {last}", chunk=name,
+                                 targets=targets, target=targets[0] if targets else None)
+    return last
+
+
+class _Failover:
+    """Where one plan's run stands: the pieces read, and per chunk the replicas
+    tried this round and the errors seen."""
+
+    def __init__(self, plan: ReadPlan) -> None:
+        self.chunks = plan.chunks
+        self.done = np.zeros(len(plan), dtype=bool)
+        self.left = len(plan)                # pieces not done (cheaper than done.all())
+        self.untouched = True                # no piece done yet
+        self.tried: dict[int, set[str]] = {}
+        self.errors: dict[int, list[StagerError]] = {}
+
+    def read(self, ids: np.ndarray) -> None:
+        self.done[ids] = True
+        self.left -= len(ids)
+        self.untouched = False
+
+    def failed(self, rows: np.ndarray, target: str, error: StagerError) -> None:
+        for c in rows.tolist():
+            self.tried.setdefault(c, set()).add(target)
+            self.errors.setdefault(c, []).append(error)
+
+    def assign(self, rows: Sequence[int], order: Callable[[Sequence[str]], list[str]],
+               last: bool,
+               ) -> tuple[dict[str, list[int]], set[int]]:
+        """Each chunk's next target (grouped by target) and the chunks to be
+        patient for: no other replica is left to try after this one."""
+        groups: dict[str, list[int]] = {}
+        patient: set[int] = set()
+        for c in rows:
+            replicas = self.chunks.replicas[c]
+            tried = self.tried.get(c)
+            left = [t for t in replicas if t not in tried] if tried else replicas
+            if not left:
+                continue
+            groups.setdefault(order(left)[0], []).append(c)
+            if len(set(replicas)) == 1 or (last and len(left) == 1):
+                patient.add(c)
+        return groups, patient
+
+    def hopeless(self, c: int) -> bool:
+        """Every replica answered, each with bad bytes: retrying will not help."""
+        errors = self.errors.get(c, [])
+        return bool(errors) and all(isinstance(e, CorruptChunk) for e in errors)
+
+
+class ReadEngine:
+    """Executes read plans against the data plane; holds the reused whole-chunk buffers."""
+
+    def __init__(self, plane: DataPlane, limit: asyncio.Semaphore,
+                 options: ReadOptions | None = None) -> None:
+        self.plane = plane
+        self.limit = limit
+        self.options = options or ReadOptions()
+        self._spare: dict[int, list[bytearray]] = {}     # whole-chunk buffers, by size
+
+    async def read_extents(self, table: FileTable, file: np.ndarray, offset: np.ndarray,
+                           length: np.ndarray, *, raise_errors: bool = True,
+                           ) -> list[Any]:
+        """The bytes of each extent (``length[i]`` bytes of file ``file[i]`` from
+        ``offset[i]``), in order; with ``raise_errors=False`` an extent that could
+        not be read gets its error in its place.  Each extent becomes ``bytes`` as
+        soon as its own read is done (copied out of the request buffer, which is
+        freed at once), so a batch never sits in memory twice."""
+        plan = table.plan(file, offset, length)
+        out: list[Any] = [b""] * len(file)
+        split = np.unique(plan.dest[~plan.alone]).tolist()
+        for d in split:
+            out[d] = bytearray(int(length[d]))
+        failed = await self.run(plan, out, raise_errors=raise_errors)
+        for d in split:
+            out[d] = bytes(out[d])
+        for d, error in failed.items():
+            out[d] = error
+        return out
+
+    async def run(self, plan: ReadPlan, out: list[Any], *,
+                  raise_errors: bool = True) -> dict[int, StagerError]:
+        """Read every piece of ``plan`` into ``out`` (a buffer per destination, or
+        ``None`` where the piece is ``alone``: it becomes ``bytes``).  Raises the
+        first chunk's error, or with ``raise_errors=False`` returns the error of
+        each destination that could not be read."""
+        state = _Failover(plan)
+        kinds = self._route(plan)
+        retries = self.options.retries
+        for attempt in range(retries + 1):
+            await self._round(plan, out, kinds, state, last=attempt == retries)
+            if not state.left:
+                return {}
+            done = state.done
+            stuck = np.unique(plan.chunk[~done]).tolist()
+            if attempt == retries or all(state.hopeless(c) for c in stuck):
+                break
+            state.tried.clear()
+            await asyncio.sleep(0.1 * 2 ** attempt)
+        failed = {c: final_error(plan.chunks.name[c], state.errors.get(c, []))
+                  for c in np.unique(plan.chunk[~done]).tolist()}
+        if raise_errors:
+            raise next(iter(failed.values()))
+        return {int(d): failed[c] for d, c in zip(plan.dest[~done].tolist(),
+                                                   plan.chunk[~done].tolist(), strict=True)}
+
+    def _route(self, plan: ReadPlan) -> list[int]:
+        """How each chunk's pieces are read (DIRECT, WHOLE or RANGED), worked out
+        with numpy for many chunks and on plain ints for the few of a striped
+        read (where each numpy call costs more than the arithmetic)."""
+        bounds = plan.bounds
+        if len(bounds) > FEW_CHUNKS + 1:
+            first = bounds[:-1]
+            return self._kind(np.diff(bounds), plan.offset[first], plan.length[first],
+                              plan.chunks.full, plan.chunks.known,
+                              np.add.reduceat(plan.length, first)).tolist()
+        b = bounds.tolist()
+        offset, length = plan.offset.tolist(), plan.length.tolist()
+        return [self._kind(b[c + 1] - b[c], offset[b[c]], length[b[c]], full, known,
+                           sum(length[b[c]:b[c + 1]]))
+                for c, (full, known) in enumerate(zip(plan.chunks.full.tolist(),
+                                                      plan.chunks.known.tolist(), strict=True))]
+
+    def _kind(self, count: Any, first_offset: Any, first_length: Any, full: Any, known: Any,
+              covered: Any) -> Any:
+        """The one place that decides how a chunk's pieces are read (element-wise
+        on arrays): ``count`` pieces covering ``covered`` of its ``full`` bytes, the
+        first at ``first_offset`` for ``first_length``.  See the module docstring."""
+        whole = known & self.options.reads_whole(full, covered)
+        direct = (count == 1) & (first_offset == 0) & (first_length == full) \
+            & (full >= self.options.stream_above)
+        return direct * DIRECT + whole * (1 - direct) * WHOLE
+
+    async def _round(self, plan: ReadPlan, out: list[Any], kinds: list[int],
+                     state: _Failover, *, last: bool) -> None:
+        """Every replica in turn until each piece is read or its chunk has none left."""
+        rows: Sequence[int] = range(len(kinds)) if state.untouched else \
+            np.unique(plan.chunk[~state.done]).tolist()
+        while True:
+            groups, patient = state.assign(rows, self.plane.order_replicas, last)
+            if not groups:
+                return
+            requests = [(target, ids, job) for target, chunks in groups.items()
+                        for ids, job in self._requests(plan, out, kinds, target, chunks,
+                                                       state, patient)]
+            # In plan order (a striped read: file order), so that the first
+            # requests let through by ``limit`` keep every target busy.
+            requests.sort(key=lambda r: int(r[1][0]))
+            outcomes = await _all([self._attempt(ids, job) for _, ids, job in requests])
+            for (target, _, _), (ids, error) in zip(requests, outcomes, strict=True):
+                if error is None:
+                    state.read(ids)
+                else:
+                    state.failed(np.unique(plan.chunk[ids]), target, error)
+            if not state.left:
+                return
+            rows = np.unique(plan.chunk[~state.done]).tolist()
+
+    def _requests(self, plan: ReadPlan, out: list[Any], kinds: list[int], target: str,
+                  rows: list[int], state: _Failover, patient: set[int],
+                  ) -> list[tuple[np.ndarray, Job]]:
+        """The requests that read chunks ``rows`` (their pieces not yet done) from
+        ``target``, each with the pieces it serves."""
+        url = plan.chunks.urls.get(target)
+        if url is None:
+            ids = np.flatnonzero(np.isin(plan.chunk, rows) & ~state.done)
+            return [(ids, partial(_fail, unknown_target(target)))]
+        jobs: list[tuple[np.ndarray, Job]] = []
+        ranged: list[int] = []
+        bounds = plan.bounds.tolist()
+        first, done = state.untouched, state.done
+        for c in rows:
+            kind = kinds[c]
+            if kind == RANGED:
+                ranged.append(c)
+                continue
+            ids = np.arange(bounds[c], bounds[c + 1])
+            if not first:
+                ids = ids[~done[ids]]
+            jobs.append((ids, partial(self._read_direct, plan, out, target, url, c, int(ids[0]),
+                                      c in patient) if kind == DIRECT else
+                         partial(self._read_whole, plan, out, target, url, c, ids,
+                                 c in patient)))
+        if len(ranged) == len(kinds) and first:
+            jobs.extend(self._ranged(plan, out, target, url, np.arange(len(plan)), patient))
+        elif ranged:
+            ids = np.flatnonzero(np.isin(plan.chunk, ranged) & ~done)
+            jobs.extend(self._ranged(plan, out, target, url, ids, patient))
+        return jobs
+
+    @staticmethod
+    async def _attempt(ids: np.ndarray, job: Job) -> Outcome:
+        try:
+            await job()     # made here: a request cancelled before it starts is never made
+        except FAILOVER_ERRORS as exc:
+            return ids, exc
+        return ids, None
+
+    def _ranged(self, plan: ReadPlan, out: list[Any], target: str, url: str,
+                ids: np.ndarray, patient: set[int]) -> list[tuple[np.ndarray, Job]]:
+        """Sorted pieces merged per chunk into runs; runs cut into batched requests."""
+        chunk, offset, length = plan.chunk[ids], plan.offset[ids], plan.length[ids]
+        base = chunk << _SHIFT
+        begin, end = base + offset, base + offset + length
+        new = np.ones(len(ids), dtype=bool)
+        new[1:] = begin[1:] > np.maximum.accumulate(end)[:-1] + self.options.merge_gap
+        new[1:] |= chunk[1:] != chunk[:-1]
+        first = np.flatnonzero(new)
+        lo = offset[first]
+        hi = np.maximum.reduceat(end, first) - base[first]
+        jobs = []
+        for a, b in _cut((hi - lo).tolist(), self.options.max_request_bytes):
+            p, q = int(first[a]), int(first[b]) if b < len(first) else len(ids)
+            rows = chunk[first[a:b]].tolist()
+            items = [ReadItem(plan.chunks.name[c], s, e - s) for c, s, e in
+                     zip(rows, lo[a:b].tolist(), hi[a:b].tolist(), strict=True)]
+            # where each piece lands in the request's buffer
+            size = hi[a:b] - lo[a:b]
+            shift = np.repeat(np.cumsum(size) - size - lo[a:b], np.diff(first[a:b],
+                                                                        append=q))
+            jobs.append((ids[p:q], partial(
+                self._read_batch, plan, out, target, url, items, ids[p:q], offset[p:q] + shift,
+                any(c in patient for c in rows))))
+        return jobs
+
+    async def _read_batch(self, plan: ReadPlan, out: list[Any], target: str, url: str,
+                          items: list[ReadItem], ids: np.ndarray, at: np.ndarray,
+                          patient: bool) -> None:
+        """One batched request; piece ``ids[k]`` is at ``at[k]`` of its buffer."""
+        view = memoryview(bytearray(sum(i.length for i in items)))
+        async with self.limit:
+            await self.plane.batch_read_into(target, url, items, view, patient=patient)
+        chunks = plan.chunks
+        rows, length = plan.chunk[ids], plan.length[ids]
+        whole = (plan.offset[ids] == 0) & (length == chunks.full[rows]) & chunks.known[rows]
+        for k in np.flatnonzero(whole).tolist():       # a whole small chunk: check it here
+            s = int(at[k])
+            self._verify(chunks, int(rows[k]), target, view[s:s + int(length[k])])
+        _hand_out(plan, out, ids, at, view)
+
+    async def _read_whole(self, plan: ReadPlan, out: list[Any], target: str, url: str,
+                          c: int, ids: np.ndarray, patient: bool) -> None:
+        """Chunk ``c`` whole into a reused buffer (see :meth:`take`), its pieces copied out."""
+        view = memoryview(self.take(int(plan.chunks.full[c])))
+        async with self.limit:
+            await self.plane.read_chunk_into(target, url, plan.chunks.name[c], 0, view,
+                                             whole=True, patient=patient)
+        try:
+            self._verify(plan.chunks, c, target, view)
+            _hand_out(plan, out, ids, plan.offset[ids], view)
+        finally:
+            self.give_back(view)
+
+    async def _read_direct(self, plan: ReadPlan, out: list[Any], target: str, url: str,
+                           c: int, piece: int, patient: bool) -> None:
+        """Chunk ``c`` whole, straight into its place in the caller's buffer (a
+        piece ``alone``: into a buffer of its own, handed out as bytes)."""
+        at, n, d = int(plan.at[piece]), int(plan.length[piece]), int(plan.dest[piece])
+        view = memoryview(bytearray(n) if plan.alone[piece] else out[d])[at:at + n]
+        async with self.limit:
+            stored = await self.plane.read_chunk_into(target, url, plan.chunks.name[c], 0,
+                                                      view, whole=True, patient=patient)
+        self._verify(plan.chunks, c, target, view, stored)
+        if plan.alone[piece]:
+            out[d] = bytes(view)
+
+    def _verify(self, chunks: Chunks, c: int, target: str, data: memoryview,
+                stored: int | None = None) -> None:
+        """Check a whole chunk end to end: against the CRC committed with the file,
+        or, when the file has no checksums, the one the target stored at write."""
+        name = chunks.name[c]
+        expected = chunks.crc[c] if chunks.crc[c] is not None else stored
+        if expected is None:
+            raise CorruptChunk(f"target {target} sent chunk {name} without a checksum",
+                               chunk=name, target=target)
+        actual = crc32c(data)
+        if actual != expected:
+            self.plane.counter(target).errors += 1     # the target sent bad bytes
+            raise CorruptChunk(f"chunk {name} from target {target}: CRC32C {actual:08x}, "
+                               f"expected {expected:08x}", chunk=name, target=target)
+
+    def take(self, size: int) -> bytearray:
+        """A buffer of ``size`` bytes: a spare one, else a new one (a new 4 MiB
+        buffer costs as much to zero and fault in as a chunk costs to receive)."""
+        spare = self._spare.get(size)
+        return spare.pop() if spare else bytearray(size)
+
+    def give_back(self, view: memoryview) -> None:
+        """Keep the buffer under ``view`` for the next whole-chunk read (at most
+        ``bytes_in_flight`` of them are kept).  Only a read that finished gives
+        its buffer back: a cancelled one may still be writing to it."""
+        buf = view.obj
+        view.release()
+        assert isinstance(buf, bytearray)
+        kept = sum(size * len(bufs) for size, bufs in self._spare.items())
+        if kept + len(buf) <= self.options.bytes_in_flight:
+            self._spare.setdefault(len(buf), []).append(buf)
+
+
+async def _fail(error: StagerError) -> None:
+    raise error
+
+
+async def _all(jobs: list[Awaitable[T]]) -> list[T]:
+    """Every job's result; one job runs in this task (a striped read of one chunk
+    piece is the common case, and each task costs as much as planning it)."""
+    if len(jobs) == 1:
+        return [await jobs[0]]
+    return await gather_or_cancel(jobs)
+
+
+def _hand_out(plan: ReadPlan, out: list[Any], ids: np.ndarray, at: np.ndarray,
+              view: memoryview) -> None:
+    """Copy piece ``ids[k]`` out of ``view[at[k]:]`` to its destination."""
+    alone = plan.alone[ids]
+    length = plan.length[ids]
+    if alone.all():         # the Loader's small samples: one bytes object each
+        for d, s, n in zip(plan.dest[ids].tolist(), at.tolist(), length.tolist(),
+                           strict=True):
+            out[d] = bytes(view[s:s + n])
+        return
+    for d, s, n, t, one in zip(plan.dest[ids].tolist(), at.tolist(), length.tolist(),
+                               plan.at[ids].tolist(), alone.tolist(), strict=True):
+        if one:
+            out[d] = bytes(view[s:s + n])
+        else:
+            out[d][t:t + n] = view[s:s + n]
+
+
+def _cut(sizes: list[int], limit: int) -> list[tuple[int, int]]:
+    """Runs of ``sizes`` bytes cut into requests ``[a, b)`` of at most ``limit``
+    bytes (a bigger run goes alone) and ``MAX_BATCH_ITEMS`` runs."""
+    out: list[tuple[int, int]] = []
+    a, size = 0, 0
+    for b, n in enumerate(sizes):
+        if b > a and (size + n > limit or b - a >= MAX_BATCH_ITEMS):
+            out.append((a, b))
+            a, size = b, 0
+        size += n
+    if sizes:
+        out.append((a, len(sizes)))
+    return out
