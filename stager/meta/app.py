@@ -73,7 +73,9 @@ async def _data_plane(app: web.Application) -> AsyncIterator[None]:
     app[GATEWAY] = Gateway(app[SERVICE], DataPlane(session, plane_options(config)), config)
     yield
     await session.close()
-    app[SERVICE].close()
+    # Closing the store joins its thread and checkpoints the SQLite WAL (an fsync):
+    # off the loop, which still closes other servers' connections meanwhile.
+    await asyncio.to_thread(app[SERVICE].close)
 
 
 async def _background(app: web.Application) -> AsyncIterator[None]:
