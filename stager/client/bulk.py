@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..aio import gather_or_cancel
 from ..checksum import crc32c
-from ..dataplane.engine import unknown_target
+from ..dataplane.transport import unknown_target
 from ..errors import NoTargets, StagerError, Unavailable
 from ..layout import chunk_targets
 from ..protocol import paths

@@ -38,7 +38,7 @@ from ..errors import ChunkNotFound, CorruptChunk, StagerError, StorageError, Tar
 from ..protocol.batch import MAX_BATCH_ITEMS
 from ..protocol.models import ReadItem
 from .readplan import Chunks, FileTable, ReadOptions, ReadPlan
-from .transport import DataPlane
+from .transport import DataPlane, unknown_target
 
 # Errors after which another replica may still have good bytes.
 FAILOVER_ERRORS = (TargetUnavailable, CorruptChunk, ChunkNotFound, StorageError)
@@ -50,12 +50,6 @@ Buffer = bytes | bytearray | memoryview
 Outcome = tuple[np.ndarray, StagerError | None]     # the pieces a request served, its error
 Job = Callable[[], Awaitable[None]]
 T = TypeVar("T")
-
-
-def unknown_target(target: str) -> TargetUnavailable:
-    """The error for a target a layout names but the caller has no address for
-    (reads here, and the striped writer)."""
-    return TargetUnavailable(f"target {target} is unknown", target=target)
 
 
 def final_error(name: str, errors: Sequence[StagerError]) -> StagerError:

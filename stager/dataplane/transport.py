@@ -129,6 +129,12 @@ def make_session(options: PlaneOptions, *, limit: int = 0) -> aiohttp.ClientSess
                                  read_bufsize=READ_BUFSIZE, raise_for_status=False)
 
 
+def unknown_target(target: str) -> TargetUnavailable:
+    """The error for a target a layout names but the caller has no address for
+    (the read engine, the striped writer, the batched writer)."""
+    return TargetUnavailable(f"target {target} is unknown", target=target)
+
+
 @dataclass
 class DataPlane:
     """Chunk operations against data servers over one shared HTTP session."""

@@ -9,8 +9,7 @@ from ..aio import cancel_and_wait, gather_or_cancel
 from ..checksum import crc32c
 from ..layout import chunk_targets
 from ..protocol.models import Layout, chunk_id
-from .engine import unknown_target
-from .transport import DataPlane
+from .transport import DataPlane, unknown_target
 
 
 class StripedWriter:
