@@ -79,6 +79,8 @@ class Config:
     stat_cache_ttl: float = 1.0
     failover_timeout: float = 1.0    # a replica silent this long (connect included) is left
                                      # for the next one; the last one tried gets request_timeout
+    write_timeout: float = 10.0      # a chunk write unanswered this long (and its bytes at
+                                     # 8 MiB/s) fails; the writer routes around the target
     write_retries: int = 6           # whole-write retries of in-memory data (pipe) with backoff
     # reliability (see stager/meta/rebuild.py, stager/data/scrub.py, stager/meta/fsck.py)
     target_lost_after: float = 600.0  # a target down this long is lost: its chunks re-replicated

@@ -28,11 +28,11 @@ from stager.errors import (
     InvalidPath,
     IsADirectory,
     NotADirectory,
+    NoTargets,
     NotFound,
-    TargetUnavailable,
 )
 from stager.protocol.batch import MAX_BATCH_ITEMS
-from stager.protocol.models import LayoutSpec
+from stager.protocol.models import FileInfo, LayoutSpec
 from stager.stage import stage_sync
 from stager.testing import ThreadCluster
 
@@ -356,8 +356,8 @@ async def test_write_many_spans_several_batches(aclient: AsyncClient, ns: str,
         assert await aclient.cat(path) == data
 
 
-def test_write_many_with_a_dead_target_fails_only_its_files(tmp_path: Path, slow_callbacks,
-                                                            http) -> None:
+def test_write_many_with_a_dead_target_routes_around_it(tmp_path: Path, slow_callbacks,
+                                                         http) -> None:
     cluster = start_cluster(tmp_path, 3)
     try:
         config = load_config({"write_retries": 0, "retries": 0, "connect_timeout": 1},
@@ -367,19 +367,31 @@ def test_write_many_with_a_dead_target_fails_only_its_files(tmp_path: Path, slow
             cluster.stop_data(2)        # still listed as up: the metadata server places on it
             items = [(f"/dead/f{i:02d}", os.urandom(5000 + i)) for i in range(24)]
             results = c.write_many(items, layout=LayoutSpec(stripe_count=1))
-            failed = [p for (p, _), r in zip(items, results, strict=True)
-                      if isinstance(r, Exception)]
-            assert failed, "some files were placed on the stopped target"
-            assert len(failed) < len(items)
             for (path, data), r in zip(items, results, strict=True):
-                if isinstance(r, Exception):
-                    assert isinstance(r, TargetUnavailable), r
-                    assert dead in str(r) or r.details.get("url") == dead
-                    assert not c.exists(path)
-                else:
-                    assert r.locations and dead not in r.locations.values()
-                    assert c.cat(path) == data
-            assert pending_uploads(cluster, "/dead") == []     # the failed ones aborted
+                assert isinstance(r, FileInfo), r
+                assert r.locations and dead not in r.locations.values()
+                assert c.cat(path) == data
+            states = {t.url: t.state for t in c.targets()}
+            assert states[dead] == "suspect"            # reported by the writer at once
+            assert pending_uploads(cluster, "/dead") == []
+    finally:
+        cluster.stop()
+
+
+def test_write_many_that_cannot_keep_its_replicas_fails_whole_and_shows_nothing(
+        tmp_path: Path, slow_callbacks, http) -> None:
+    cluster = start_cluster(tmp_path, 2)
+    try:
+        config = load_config({"write_retries": 0, "retries": 0, "connect_timeout": 1},
+                             env={})
+        with Client(cluster.meta_url, config=config) as c:
+            cluster.stop_data(1)
+            items = [(f"/short/f{i:02d}", os.urandom(3000 + i)) for i in range(10)]
+            results = c.write_many(items, layout=LayoutSpec(replicas=2))
+            for (path, _), r in zip(items, results, strict=True):
+                assert isinstance(r, NoTargets) and "need 2 nodes, 1 up" in str(r), r
+                assert not c.exists(path)
+            assert pending_uploads(cluster, "/short") == []     # aborted
     finally:
         cluster.stop()
 

@@ -333,7 +333,9 @@ async def test_failed_write_leaves_no_half_file(fault: ThreadCluster, payload) -
         for path in ("/half/new.bin", "/half/old.bin"):
             f = await c.open(path, "wb", layout=LayoutSpec(chunk_size=SMALL, stripe_count=3))
             await f.write(data[:SMALL])                          # chunk 0 goes out
-            i = data_index(fault, f.writer.layout.targets[1])  # type: ignore[union-attr]
+            await f.writer.flush()                   # type: ignore[union-attr]
+            # Its only copy's server stops: the write cannot route around it.
+            i = data_index(fault, f.writer.layout.targets[0])  # type: ignore[union-attr]
             await asyncio.to_thread(fault.stop_data, i)
             try:
                 with pytest.raises(ConnectionError):
@@ -351,11 +353,14 @@ def test_failed_gateway_put_leaves_no_half_file(fault: ThreadCluster, http, payl
     fault.stop_data(2)
     victim = fault.target_id(2)
     try:
+        # Three replicas on three nodes, one of them stopped: nothing to route to.
         for path in ("/gw/new.bin", "/gw/old.bin"):
-            r = http(fault.meta_url, "PUT", f"/v1/files{path}?chunk_size={SMALL}&stripe_count=3",
+            r = http(fault.meta_url, "PUT", f"/v1/files{path}?chunk_size={SMALL}&replicas=3",
                      body=payload(SMALL * 3))
-            body = assert_error(r, 503, "target_unavailable")
-            assert victim in body["message"]
+            body = assert_error(r, 503, "no_targets")
+            assert "3 nodes" in body["message"] or "3 distinct nodes" in body["message"]
+        assert {t["id"]: t["state"] for t in http(fault.meta_url, "GET", "/v1/targets")
+                .json()["targets"]}[victim] == "suspect"
     finally:
         restart(fault, 2)
     assert_error(http(fault.meta_url, "GET", "/v1/files/gw/new.bin"), 404, "not_found")

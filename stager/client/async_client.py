@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +18,11 @@ from ..dataplane.transport import TargetCounters
 from ..errors import IsADirectory, NoTargets, NotFound, StagerError, Unavailable
 from ..protocol import messages as m
 from ..protocol import paths
-from ..protocol.batch import CommitItem, CreateItem
+from ..protocol.batch import CommitItem, CreateItem, read_results
 from ..protocol.cluster import FsckResult, ScrubResult, Status
 from ..protocol.jobreport import JobList
 from ..protocol.manifest import Manifest
-from ..protocol.models import FileInfo, LayoutSpec, TargetInfo
+from ..protocol.models import FileInfo, Layout, LayoutSpec, TargetInfo
 from ..protocol.routes import route
 from .bulk import WriteItem, put_tree, write_many
 from .fileio import AsyncReadFile, AsyncWriteFile
@@ -43,11 +43,7 @@ class AsyncClient:
     def __init__(self, meta_url: str | None = None, *, config: Config | None = None) -> None:
         self.config = config or load_config()
         self.meta_url = (meta_url or self.config.meta_url).rstrip("/")
-        self.options = PlaneOptions(
-            connect_timeout=self.config.connect_timeout,
-            request_timeout=self.config.request_timeout,
-            connections_per_target=self.config.connections_per_target,
-            retries=self.config.retries, failover_timeout=self.config.failover_timeout)
+        self.options = PlaneOptions.of(self.config)
         self._session: aiohttp.ClientSession | None = None
         self._plane: DataPlane | None = None
         self._limit: asyncio.Semaphore | None = None
@@ -267,9 +263,26 @@ class AsyncClient:
         """Begin a write; returns the file id and a writer.  See :meth:`commit`."""
         body = CreateItem(paths.normalize(path), layout, overwrite)
         upload = m.Upload.from_json(await self.meta.request(route("create"), body=body.to_json()))
+
+        async def reroute(target: str, reason: str, chunks: int
+                          ) -> tuple[Layout, dict[str, str]]:
+            [got] = await self.reroute(target, reason, [m.RerouteItem(upload.file_id, chunks)])
+            if isinstance(got, StagerError):
+                raise got
+            return got.layout, got.locations
+
         writer = StripedWriter(self.plane, upload.file_id, upload.layout, upload.locations,
-                               max_in_flight=self.config.readahead_chunks)
+                               max_in_flight=self.config.readahead_chunks, reroute=reroute)
         return upload.file_id, writer
+
+    async def reroute(self, target: str, reason: str, items: Sequence[m.RerouteItem]
+                      ) -> list[m.Upload | StagerError]:
+        """Chunk writes to ``target`` failed (``reason``): the metadata server marks it
+        suspect and gives each upload a layout with another target in its slot (see
+        :mod:`stager.meta.reroute`); per item, the upload so placed or its error."""
+        answer = await self.meta.request(route("reroute"), body=m.RerouteRequest(
+            target, reason, tuple(items)).to_json())
+        return read_results(answer, m.Upload.from_json)
 
     async def commit(self, file_id: str, writer: StripedWriter, *,
                      mtime: float | None = None) -> FileInfo:

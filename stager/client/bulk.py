@@ -31,11 +31,12 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from ..aio import gather_or_cancel
 from ..checksum import crc32c
 from ..dataplane.transport import unknown_target
+from ..dataplane.writer import routes_around
 from ..errors import NoTargets, StagerError, Unavailable
 from ..layout import chunk_targets
 from ..protocol import paths
 from ..protocol.batch import MAX_BATCH_ITEMS, CommitItem, CreateItem, batch_body, read_results
-from ..protocol.messages import Upload
+from ..protocol.messages import RerouteItem, Upload
 from ..protocol.models import FileInfo, Layout, LayoutSpec, chunk_id
 from ..protocol.routes import route
 
@@ -138,24 +139,65 @@ async def _create(client: AsyncClient, items: Sequence[WriteItem],
 
 async def _put_chunks(client: AsyncClient, items: Sequence[WriteItem],
                       uploads: list[_Upload]) -> dict[int, StagerError]:
-    """Every chunk of every upload on each of its replicas; the files that failed."""
-    by_target: dict[str, list[tuple[str, memoryview, int, int]]] = defaultdict(list)
-    urls: dict[str, str] = {}
+    """Every chunk of every upload on each of its replicas; the files that failed.
+
+    A target whose chunk batch failed in a way to route around (see
+    :func:`~stager.dataplane.writer.routes_around`) is reported for every upload
+    whose layout names it; each such upload gets a layout with another target in
+    its slot, and the next round sends what the new layouts place where it is not
+    yet (the bytes are in memory).  An upload that cannot be placed fails alone.
+    """
     failed: dict[int, StagerError] = {}
+    pieces: dict[tuple[int, int], tuple[memoryview, int]] = {}
     for up in uploads:
         data = memoryview(items[up.index].data).cast("B")
         size = up.layout.chunk_size
         for index in range(up.layout.chunk_count(len(data))):
             piece = data[index * size:(index + 1) * size]
-            crc = crc32c(piece)
-            up.checksums.append(crc)
-            for target in chunk_targets(up.layout, index):
-                url = up.locations.get(target)
-                if url is None:
-                    failed[up.index] = unknown_target(target)
-                    continue
-                urls[target] = url
-                by_target[target].append((chunk_id(up.file_id, index), piece, crc, up.index))
+            up.checksums.append(crc32c(piece))
+            pieces[up.index, index] = piece, up.checksums[-1]
+    placed: dict[tuple[int, int], set[str]] = defaultdict(set)
+    for _ in range(MAX_ROUNDS):
+        live = [up for up in uploads if up.index not in failed]
+        broken = await _send_round(client, live, pieces, placed, failed)
+        if not broken:
+            return failed
+        for target, exc in broken.items():
+            await _reroute(client, target, exc, [up for up in uploads if up.index not in failed
+                                                 and target in up.layout.targets], failed)
+    for up in uploads:       # rounds used up: what is still short of its replicas fails
+        if up.index not in failed and _missing(up, placed):
+            failed[up.index] = Unavailable(f"{items[up.index].path}: chunk writes kept failing")
+    return failed
+
+
+MAX_ROUNDS = 8            # send rounds of a batch: the first, then one per reroute
+
+
+def _missing(up: _Upload, placed: dict[tuple[int, int], set[str]]) -> list[tuple[str, int]]:
+    """(target, chunk index) the upload's layout wants and that is not stored yet."""
+    return [(t, i) for i in range(len(up.checksums)) for t in chunk_targets(up.layout, i)
+            if t not in placed[up.index, i]]
+
+
+async def _send_round(client: AsyncClient, uploads: list[_Upload],
+                      pieces: dict[tuple[int, int], tuple[memoryview, int]],
+                      placed: dict[tuple[int, int], set[str]],
+                      failed: dict[int, StagerError]) -> dict[str, StagerError]:
+    """Send every chunk copy still missing, grouped per target; the targets to
+    route around, each with its error (other failures go to ``failed``)."""
+    by_target: dict[str, list[tuple[str, memoryview, int, int]]] = defaultdict(list)
+    urls: dict[str, str] = {}
+    for up in uploads:
+        for target, index in _missing(up, placed):
+            url = up.locations.get(target)
+            if url is None:
+                failed[up.index] = unknown_target(target)
+                continue
+            urls[target] = url
+            piece, crc = pieces[up.index, index]
+            by_target[target].append((chunk_id(up.file_id, index), piece, crc, up.index))
+    broken: dict[str, StagerError] = {}
 
     async def send(target: str, batch: list[tuple[str, memoryview, int, int]]) -> None:
         async with client.limit:
@@ -163,12 +205,39 @@ async def _put_chunks(client: AsyncClient, items: Sequence[WriteItem],
                 await client.plane.put_chunks(target, urls[target],
                                               [(c, d, crc) for c, d, crc, _ in batch])
             except StagerError as exc:
-                for *_, index in batch:
-                    failed.setdefault(index, exc)
+                if routes_around(exc):
+                    broken.setdefault(target, exc)
+                else:
+                    for *_, index in batch:
+                        failed.setdefault(index, exc)
+                return
+        for name, *_, index in batch:
+            placed[index, int(name.rsplit(".", 1)[1])].add(target)
 
     await asyncio.gather(*(send(t, b) for t, chunks in by_target.items()
                            for b in _slices(chunks)))
-    return failed
+    return broken
+
+
+async def _reroute(client: AsyncClient, target: str, exc: StagerError,
+                   affected: list[_Upload], failed: dict[int, StagerError]) -> None:
+    """Report ``target`` for the uploads whose layout names it; each takes its new
+    layout, or fails (with the report's error, or ``exc`` when nothing replaced it)."""
+    if not affected:
+        return
+    try:
+        answers: list[Upload | StagerError] = await client.reroute(
+            target, str(exc), [RerouteItem(up.file_id, len(up.checksums)) for up in affected])
+    except StagerError as why:
+        answers = [why] * len(affected)
+    for up, got in zip(affected, answers, strict=True):
+        if isinstance(got, StagerError):
+            failed[up.index] = got
+        elif target in got.layout.targets:
+            failed[up.index] = exc
+        else:
+            up.layout = got.layout
+            up.locations.update(got.locations)
 
 
 def _slices(chunks: list[tuple[str, memoryview, int, int]]

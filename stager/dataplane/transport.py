@@ -21,6 +21,7 @@ from aiohttp import payload
 from aiohttp.abc import AbstractStreamWriter
 
 from ..checksum import to_hex
+from ..config import Config
 from ..errors import (
     TRANSPORT_FAILURES,
     CorruptChunk,
@@ -37,6 +38,9 @@ from ..protocol.routes import Route, route
 from . import rawhttp
 
 READ_BUFSIZE = 1 << 20
+WRITE_FLOOR_RATE = 8 << 20     # bytes/s below which a chunk write counts as hung
+QUICK_FAILURE = 1.0            # seconds: a write failing faster is retried (a stale
+                               # keep-alive connection, a refused connect), a slower one not
 _PUT_CHUNK, _GET_CHUNK = route("put_chunk"), route("get_chunk")
 _BATCH_WRITE, _BATCH_READ, _PURGE = route("batch_write"), route("batch_read"), route("purge")
 
@@ -102,6 +106,17 @@ class PlaneOptions:
     avoid_failed_for: float = 5.0    # seconds a failed target is tried last
     raw_reads: bool = True           # reads land in their buffers by recv_into (rawhttp)
     failover_timeout: float | None = None  # silence after which a read gives a replica up
+    write_timeout: float = 10.0      # a chunk write not answered in this time (plus its
+                                     # bytes at WRITE_FLOOR_RATE) fails: routed around
+
+    @classmethod
+    def of(cls, config: Config) -> PlaneOptions:
+        """The options ``config`` sets (the client's and the metadata server's planes)."""
+        return cls(connect_timeout=config.connect_timeout,
+                   request_timeout=config.request_timeout,
+                   connections_per_target=config.connections_per_target,
+                   retries=config.retries, failover_timeout=config.failover_timeout,
+                   write_timeout=config.write_timeout)
 
 
 class _PlaneConnector(aiohttp.TCPConnector):
@@ -198,34 +213,37 @@ class DataPlane:
 
     async def put_chunk(self, target: str, url: str, chunk: str, data: bytes | memoryview,
                         crc: int) -> None:
-        """Store one chunk on one target; retried (PUT is idempotent)."""
-        hdrs = {headers.CRC32C: to_hex(crc)}
-        for attempt in range(self.options.retries + 1):
-            try:
-                async with self.request(target, url, _PUT_CHUNK, chunk=chunk,
-                                        data=ChunkBody(data), headers=hdrs):
-                    self.counter(target).bytes_written += len(data)
-                    return
-            except TargetUnavailable:
-                if attempt == self.options.retries:
-                    raise
-                await asyncio.sleep(0.05 * 2 ** attempt)
+        """Store one chunk on one target (see :meth:`_write`)."""
+        await self._write(target, url, _PUT_CHUNK, data, {headers.CRC32C: to_hex(crc)},
+                          len(data), chunk=chunk)
 
     async def put_chunks(self, target: str, url: str,
                          items: Sequence[tuple[str, bytes | memoryview, int]]) -> None:
         """Store many ``(chunk, data, crc)`` on one target in one request
-        (a chunk batch, see :mod:`stager.protocol.batch`); retried (idempotent)."""
+        (a chunk batch, see :mod:`stager.protocol.batch`; see :meth:`_write`)."""
         head = chunk_batch_head([ChunkItem(c, memoryview(d).nbytes, crc) for c, d, crc in items])
         body = b"".join([head, *(d for _, d, _ in items)])
-        hdrs = {"Content-Type": "application/octet-stream"}
+        await self._write(target, url, _BATCH_WRITE, body,
+                          {"Content-Type": "application/octet-stream"}, len(body) - len(head))
+
+    async def _write(self, target: str, url: str, op: Route, body: bytes | memoryview,
+                     hdrs: dict[str, str], payload_bytes: int, **params: str) -> None:
+        """One chunk write: given up after ``write_timeout`` (plus the time its bytes
+        take at :data:`WRITE_FLOOR_RATE`), so a hung target fails it instead of
+        stalling it; a quick transport failure is retried (PUT is idempotent), a
+        slow one is not: the writer routes around the target instead."""
+        limit = self.options.write_timeout + len(body) / WRITE_FLOOR_RATE
+        timeout = aiohttp.ClientTimeout(total=limit, sock_connect=min(
+            self.options.connect_timeout, self.options.write_timeout))
         for attempt in range(self.options.retries + 1):
+            start = time.monotonic()
             try:
-                async with self.request(target, url, _BATCH_WRITE, data=ChunkBody(body),
-                                        headers=hdrs):
-                    self.counter(target).bytes_written += len(body) - len(head)
+                async with self.request(target, url, op, data=ChunkBody(body), headers=hdrs,
+                                        timeout=timeout, **params):
+                    self.counter(target).bytes_written += payload_bytes
                     return
             except TargetUnavailable:
-                if attempt == self.options.retries:
+                if attempt == self.options.retries or time.monotonic() - start > QUICK_FAILURE:
                     raise
                 await asyncio.sleep(0.05 * 2 ** attempt)
 

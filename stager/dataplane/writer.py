@@ -1,15 +1,50 @@
-"""Striped writes: cut a stream into chunks and store each on all its replicas in parallel."""
+"""Striped writes: cut a stream into chunks and store each on all its replicas in parallel.
+
+A chunk write that fails on a target (refused, reset, timed out, 5xx, 507) does
+not fail the file when the writer has a ``reroute`` (the client's and the
+gateway's have): the writer reports the target, the metadata server marks it
+suspect and answers with a layout that has another target in its slot
+(:mod:`stager.meta.reroute`), and the writer
+
+* stores the chunks still being written where the new layout wants them, and
+* copies every chunk it already stored on fewer targets than the new layout
+  names, from a surviving replica (checked against the chunk's CRC32C), so that
+  no chunk is acknowledged on fewer than ``replicas`` copies.
+
+The commit then records the layout that was actually written.  When no surviving
+copy of a stored chunk is left (one replica, on the target that failed), the
+error stands: the caller may send the whole file again (``pipe`` does).
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
-from ..aio import cancel_and_wait, gather_or_cancel
+from ..aio import cancel_and_wait
 from ..checksum import crc32c
+from ..errors import (
+    CorruptChunk,
+    InsufficientStorage,
+    InternalError,
+    NoTargets,
+    StagerError,
+    StorageError,
+    Unavailable,
+)
 from ..layout import chunk_targets
 from ..protocol.models import Layout, chunk_id
 from .transport import DataPlane, unknown_target
+
+# (target, reason, chunks begun) -> the upload's new layout and the targets' URLs
+Reroute = Callable[[str, str, int], Awaitable[tuple[Layout, Mapping[str, str]]]]
+# What a write routes around: the target, not the request, is at fault.
+WRITE_FAILOVER = (Unavailable, InsufficientStorage, StorageError, InternalError, CorruptChunk)
+
+
+def routes_around(exc: BaseException) -> bool:
+    """Whether a failed chunk write ``exc`` is one to route around."""
+    return isinstance(exc, WRITE_FAILOVER) and not isinstance(exc, NoTargets)
 
 
 class StripedWriter:
@@ -17,21 +52,36 @@ class StripedWriter:
 
     At most ``max_in_flight`` chunks are being sent at once; ``write`` waits
     when the window is full, so memory stays near ``max_in_flight × chunk_size``.
-    A chunk counts as written only when every replica answered 2xx (durable).
+    A chunk counts as written only when every replica the layout names for it
+    answered 2xx (durable).  ``reroute``: see the module doc; without it, a failed
+    chunk write fails the writer.
     """
 
+    MAX_REROUTES = 16        # reports per file before a failure is let stand
+
     def __init__(self, plane: DataPlane, file_id: str, layout: Layout,
-                 locations: Mapping[str, str], *, max_in_flight: int = 8) -> None:
+                 locations: Mapping[str, str], *, max_in_flight: int = 8,
+                 reroute: Reroute | None = None) -> None:
         self.plane = plane
         self.file_id = file_id
         self.layout = layout
         self.locations = dict(locations)
         self.max_in_flight = max(1, max_in_flight)
         self.size = 0
+        self.rerouted: list[str] = []       # the targets routed around, in order
         self._index = 0
         self._buf = bytearray(layout.chunk_size)
         self._fill = 0
         self._checksums: dict[int, int] = {}
+        self._short: dict[int, int] = {}     # the length of a chunk shorter than chunk_size
+        # The layouts written to, oldest first, and per stored chunk the one whose
+        # targets hold it: what a copy after a reroute reads from.
+        self._layouts = [layout]
+        self._stored_under: dict[int, int] = {}
+        self._failed: set[str] = set()
+        self._reroute = reroute
+        self._rerouting = asyncio.Lock()
+        self._copying = asyncio.Semaphore(self.max_in_flight)
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
@@ -101,6 +151,12 @@ class StripedWriter:
                 await self._wait_one()
         return self.size, tuple(self._checksums[i] for i in range(self._index))
 
+    async def flush(self) -> None:
+        """Wait until every whole chunk written so far is stored on all its replicas
+        (a partial chunk stays buffered until more bytes or :meth:`close`)."""
+        while self._tasks:
+            await self._wait_one()
+
     async def abort(self) -> None:
         self._closed = True
         await cancel_and_wait(self._tasks)
@@ -135,13 +191,95 @@ class StripedWriter:
                 raise exc
 
     async def _put(self, index: int, data: memoryview) -> None:
-        crc = crc32c(data)
+        self._checksums[index] = crc32c(data)
+        if len(data) < self.layout.chunk_size:
+            self._short[index] = len(data)
+        await self._place(index, data, set())
+
+    async def _place(self, index: int, data: memoryview, placed: set[str]) -> None:
+        """Store chunk ``index`` on every target the current layout names for it that
+        ``placed`` lacks, routing around the targets that fail, until none is left."""
         name = chunk_id(self.file_id, index)
-        puts = []
-        for target in chunk_targets(self.layout, index):
-            url = self.locations.get(target)
+        crc = self._checksums[index]
+        while True:
+            want = [t for t in chunk_targets(self.layout, index) if t not in placed]
+            if not want:
+                # No await since the check: a reroute sees this chunk as stored under
+                # the layout it was checked against.
+                self._stored_under[index] = len(self._layouts) - 1
+                return
+            results = await asyncio.gather(
+                *(self._put_one(t, name, data, crc) for t in want), return_exceptions=True)
+            for target, result in zip(want, results, strict=True):
+                if result is None:
+                    placed.add(target)
+                elif isinstance(result, Exception) and routes_around(result) and self._reroute:
+                    await self._route_around(target, result)
+                else:
+                    raise result
+
+    async def _put_one(self, target: str, name: str, data: memoryview, crc: int) -> None:
+        url = self.locations.get(target)
+        if url is None:
+            raise unknown_target(target)
+        await self.plane.put_chunk(target, url, name, data, crc)
+
+    async def _route_around(self, target: str, exc: StagerError) -> None:
+        """Report ``target`` and take the layout that replaces it (one report at a
+        time; a target already replaced is not reported again); then copy the stored
+        chunks the new layout places where they are not."""
+        assert self._reroute is not None
+        async with self._rerouting:
+            if target not in self.layout.targets:
+                return
+            if len(self.rerouted) >= self.MAX_REROUTES:
+                raise exc
+            self._failed.add(target)
+            try:
+                layout, locations = await self._reroute(target, str(exc), self._index)
+            except StagerError as why:
+                raise why from exc
+            if layout == self.layout:
+                raise exc           # nothing to replace it with: the failure stands
+            self.rerouted.append(target)
+            self.layout = layout
+            self.locations.update(locations)
+            self._layouts.append(layout)
+            for index, under in list(self._stored_under.items()):
+                held = set(chunk_targets(self._layouts[under], index)) - self._failed
+                if set(chunk_targets(layout, index)) - held:
+                    del self._stored_under[index]       # stored again once copied
+                    self._spawn(self._copy_stored(index, held))
+
+    def _spawn(self, job: Awaitable[None]) -> None:
+        self._tasks.add(asyncio.ensure_future(job))
+
+    async def _copy_stored(self, index: int, held: set[str]) -> None:
+        """Chunk ``index`` is stored on ``held``: read it from one of them (checked
+        against its CRC32C) and place it where the current layout wants it."""
+        async with self._copying:
+            buf = await self._read_stored(index, held)
+            await self._place(index, memoryview(buf), set(held))
+
+    async def _read_stored(self, index: int, held: set[str]) -> bytearray:
+        name = chunk_id(self.file_id, index)
+        buf = bytearray(self._short.get(index, self.layout.chunk_size))
+        errors: list[BaseException] = []
+        sources = sorted(held)
+        for source in sources:
+            url = self.locations.get(source)
             if url is None:
-                raise unknown_target(target)
-            puts.append(self.plane.put_chunk(target, url, name, data, crc))
-        await gather_or_cancel(puts)
-        self._checksums[index] = crc
+                continue
+            try:
+                await self.plane.read_chunk_into(source, url, name, 0, memoryview(buf),
+                                                 whole=True, patient=source == sources[-1])
+            except (StagerError, OSError) as exc:
+                errors.append(exc)
+                continue
+            if crc32c(buf) == self._checksums[index]:
+                return buf
+            errors.append(CorruptChunk(f"copy of {name} on {source} does not match",
+                                       target=source))
+        raise Unavailable(f"chunk {name}: no stored copy left to copy from "
+                          f"({'; '.join(map(str, errors)) or 'every holder failed'})",
+                          chunk=name)

@@ -35,13 +35,6 @@ CONFIG = web.AppKey("config", Config)
 STREAM_PIECE = 1 << 20
 
 
-def plane_options(config: Config) -> PlaneOptions:
-    return PlaneOptions(connect_timeout=config.connect_timeout,
-                        request_timeout=config.request_timeout,
-                        connections_per_target=config.connections_per_target,
-                        retries=config.retries, failover_timeout=config.failover_timeout)
-
-
 def make_meta_app(config: Config) -> web.Application:
     root = Path(config.root)
     service = MetaService(SQLiteStore(root / "meta.sqlite3"), config)
@@ -69,8 +62,9 @@ def make_meta_app(config: Config) -> web.Application:
 async def _data_plane(app: web.Application) -> AsyncIterator[None]:
     config = app[CONFIG]
     await app[SERVICE].start()      # the registered targets, before anything serves
-    session = make_session(plane_options(config))
-    app[GATEWAY] = Gateway(app[SERVICE], DataPlane(session, plane_options(config)), config)
+    options = PlaneOptions.of(config)
+    session = make_session(options)
+    app[GATEWAY] = Gateway(app[SERVICE], DataPlane(session, options), config)
     yield
     await session.close()
     # Closing the store joins its thread and checkpoints the SQLite WAL (an fsync):
@@ -195,6 +189,12 @@ async def abort_batch(request: web.Request) -> web.Response:
     return json_response(results_json(results, lambda r: None))
 
 
+async def reroute(request: web.Request) -> web.Response:
+    req = m.RerouteRequest.from_json(await _body(request))
+    results = await _svc(request).reroute(req)
+    return json_response(results_json(results, lambda r: _upload(*r).to_json()))
+
+
 def _upload(upload: Upload, info: FileInfo) -> m.Upload:
     assert info.layout is not None
     return m.Upload(upload.file_id, upload.path, info.layout, info.locations)
@@ -300,6 +300,7 @@ HANDLERS = {
     "heartbeat": heartbeat, "stat": stat, "list": list_dir, "mkdir": mkdir,
     "set_layout": set_layout, "create": create, "commit": commit, "abort": abort,
     "create_batch": create_batch, "commit_batch": commit_batch, "abort_batch": abort_batch,
+    "reroute": reroute,
     "rename": rename, "remove": remove, "put_manifest": put_manifest,
     "get_manifest": get_manifest, "gateway_get": gateway_get,
     "gateway_head": gateway_head, "gateway_put": gateway_put,

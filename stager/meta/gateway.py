@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator
 from ..config import Config
 from ..dataplane import DataPlane, StripedReader, StripedWriter
 from ..errors import PayloadTooLarge, StagerError
-from ..protocol.models import FileInfo, LayoutSpec
+from ..protocol.messages import RerouteItem, RerouteRequest
+from ..protocol.models import FileInfo, Layout, LayoutSpec
 from .service import MetaService
 
 
@@ -28,8 +29,17 @@ class Gateway:
         """Store ``body`` at ``path``; visible only once every chunk is durable."""
         upload, info = await self.service.create(path, layout=layout, overwrite=True)
         assert info.layout is not None
+        async def reroute(target: str, reason: str, chunks: int
+                          ) -> tuple[Layout, dict[str, str]]:
+            [got] = await self.service.reroute(RerouteRequest(
+                target, reason, (RerouteItem(upload.file_id, chunks),)))
+            if isinstance(got, StagerError):
+                raise got
+            assert got[1].layout is not None
+            return got[1].layout, got[1].locations
+
         writer = StripedWriter(self.plane, upload.file_id, info.layout, info.locations,
-                               max_in_flight=self.config.readahead_chunks)
+                               max_in_flight=self.config.readahead_chunks, reroute=reroute)
         try:
             async for piece in body:
                 if writer.size + len(piece) > max_size:

@@ -24,8 +24,9 @@ from ..protocol import paths
 from ..protocol.batch import CommitItem, CreateItem
 from ..protocol.cluster import Status
 from ..protocol.manifest import Manifest
+from ..protocol.messages import RerouteRequest
 from ..protocol.models import FileInfo, Layout, LayoutSpec, TargetInfo
-from . import batch
+from . import batch, reroute
 from .batch import Created, check_commit
 from .store import MetaStore, NodeEntry, Upload
 
@@ -51,6 +52,9 @@ class MetaService:
         # Lost targets whose chunks are still being re-replicated: they stay lost even
         # if they heartbeat again (stager/meta/rebuild.py removes them when done).
         self.retiring: set[str] = set()
+        # Targets a writer could not reach (stager/meta/reroute.py), until this clock
+        # time: no new layouts on them, even while they heartbeat.
+        self.suspects: dict[str, float] = {}
         # More sections of `status` (rebuild, scrub, fsck: stager/meta/reliability.py).
         self.status_extras: list[Callable[[], dict[str, Any]]] = []
 
@@ -186,6 +190,10 @@ class MetaService:
         """:meth:`abort` for each upload; ``None`` where it went."""
         return await batch.abort_many(self, file_ids)
 
+    async def reroute(self, request: RerouteRequest) -> list[Created | StagerError]:
+        """Chunk writes to a target failed: see :mod:`.reroute`."""
+        return await reroute.reroute_many(self, request)
+
     # -- targets --------------------------------------------------------------------
     async def register_target(self, target: TargetInfo) -> TargetInfo:
         for other in self.targets.values():
@@ -222,21 +230,43 @@ class MetaService:
     def _contact_state(self, target_id: str) -> str:
         """The state of a target that just registered or heartbeat: up, unless an
         operator removed it, or it was lost and its chunks are still being copied
-        elsewhere (a lost target rejoins, empty, once that is done)."""
+        elsewhere (a lost target rejoins, empty, once that is done), or a writer
+        could not reach it a moment ago (suspect)."""
         old = self.targets.get(target_id)
         if old is not None and old.state == "removed":
             return "removed"
-        return "lost" if target_id in self.retiring else "up"
+        if target_id in self.retiring:
+            return "lost"
+        return "suspect" if self.suspects.get(target_id, 0.0) > self.clock() else "up"
+
+    def suspect(self, target_id: str, reason: str) -> None:
+        """A writer could not store chunks on ``target_id``: no new layout names it for
+        ``target_timeout`` seconds (it is marked down if it also stops heartbeating;
+        it is up again after that if it heartbeats)."""
+        target = self.targets.get(target_id)
+        if target is None:
+            return
+        if target.state == "up":
+            log.warning("target %s suspect: a writer could not store chunks there (%s)",
+                        target_id, reason)
+            self.targets[target_id] = _with(target, state="suspect")
+        self.suspects[target_id] = self.clock() + self.config.target_timeout
 
     def refresh_health(self) -> None:
-        """Mark targets that missed their heartbeats down."""
+        """Mark targets that missed their heartbeats down; suspects whose time is up
+        and that still heartbeat, up."""
         now = self.clock()
         for t in list(self.targets.values()):
             stale = now - t.last_heartbeat > self.config.target_timeout
-            if stale and t.up:
+            if stale and t.state in ("up", "suspect"):
                 log.warning("target %s missed heartbeats for %.1fs: marked down", t.id,
                             now - t.last_heartbeat)
                 self.targets[t.id] = _with(t, state="down")
+            elif t.state == "suspect" and self.suspects.get(t.id, 0.0) <= now:
+                self.targets[t.id] = _with(t, state="up")
+        for target_id, until in list(self.suspects.items()):
+            if until <= now:
+                del self.suspects[target_id]
 
     def list_targets(self) -> list[TargetInfo]:
         self.refresh_health()

@@ -99,6 +99,9 @@ class SQLiteStore(MetaStore):
     async def abort_upload(self, file_id: str, *, now: float) -> None:
         await self.thread.write(self.namespace.abort_upload, file_id, now=now)
 
+    async def replace_upload_layout(self, file_id: str, old: Layout, new: Layout) -> bool:
+        return await self.thread.run(self.namespace.replace_upload_layout, file_id, old, new)
+
     async def check_creates(self, items: Sequence[CreateCheck]
                             ) -> list[LayoutSpec | StagerError]:
         return await self.thread.run(self.batches.check_creates, items)

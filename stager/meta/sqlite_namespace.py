@@ -326,6 +326,12 @@ class NamespaceSQL:
             self.db.execute("INSERT OR REPLACE INTO garbage VALUES (?, ?, ?, ?)",
                             (file_id, layout_text(upload.layout), 0, now))
 
+    def replace_upload_layout(self, file_id: str, old: Layout, new: Layout) -> bool:
+        with self.tx():
+            cur = self.db.execute("UPDATE uploads SET layout = ? WHERE file_id = ? AND layout = ?",
+                                  (layout_text(new), file_id, layout_text(old)))
+            return cur.rowcount == 1
+
     def expired_uploads(self, before: float) -> list[Upload]:
         ids = self.db.execute("SELECT file_id FROM uploads WHERE created < ?",
                               (before,)).fetchall()

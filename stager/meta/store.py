@@ -157,6 +157,12 @@ class MetaStore(ABC):
     async def abort_upload(self, file_id: str, *, now: float) -> None:
         """Drop a pending upload; its chunks go to garbage."""
 
+    @abstractmethod
+    async def replace_upload_layout(self, file_id: str, old: Layout, new: Layout) -> bool:
+        """Compare-and-swap: set a pending upload's layout to ``new`` if it is still
+        ``old`` (a writer routing around a failed target); False, changing nothing,
+        when it is not or the upload is gone."""
+
     # -- batched writes (stager/meta/batch.py) -----------------------------------
     @abstractmethod
     async def check_creates(self, items: Sequence[CreateCheck]

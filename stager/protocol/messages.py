@@ -16,6 +16,7 @@ from typing import Any
 
 from ..checksum import from_hex, to_hex
 from ..errors import BadRequest
+from .batch import parse_items
 from .models import (
     FileInfo,
     Layout,
@@ -231,6 +232,45 @@ class Aborted:
     @classmethod
     def from_json(cls, obj: Any) -> Aborted:
         return cls(field_of(obj, "aborted", bool))
+
+
+@dataclass(frozen=True)
+class RerouteItem:
+    """One upload with chunk writes that failed on a target, and how many chunks its
+    writer has begun (the replacement picks the target that moves the fewest)."""
+
+    file_id: str
+    chunks: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file_id": self.file_id, "chunks": self.chunks}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> RerouteItem:
+        chunks = field_of(obj, "chunks", int)
+        if chunks < 0:
+            raise BadRequest("chunks must not be negative")
+        return cls(check_file_id(field_of(obj, "file_id", str)), chunks)
+
+
+@dataclass(frozen=True)
+class RerouteRequest:
+    """Chunk writes to ``target`` failed (``reason``): the target is suspect, and each
+    upload gets a layout with another target in its slot (route ``reroute``)."""
+
+    target: str
+    reason: str
+    items: tuple[RerouteItem, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"target": self.target, "reason": self.reason,
+                "items": [i.to_json() for i in self.items]}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> RerouteRequest:
+        reason = field_of(obj, "reason", str, "")
+        return cls(field_of(obj, "target", str), reason[:500],
+                   tuple(parse_items(obj, RerouteItem.from_json, key=lambda i: i.file_id)))
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,10 @@ SCHEMAS: dict[str, Any] = {
                           ("file_id", "size", "checksums")),
     "AbortRequest": _obj({"file_id": _STR}, ("file_id",)),
     "Aborted": _obj({"aborted": _BOOL}, ("aborted",)),
+    "RerouteRequest": _obj({"target": _STR, "reason": _STR, "items": {
+        "type": "array", "items": _obj({"file_id": _STR, "chunks": _INT},
+                                       ("file_id", "chunks"))}},
+        ("target", "items")),
     "ItemError": _obj({"error": _STR, "message": _STR, "status": _INT,
                        "details": {"type": "object"}}, ("error", "message", "status")),
     "CreateBatchRequest": _obj({"items": {"type": "array", "items": _ref("CreateRequest")}},

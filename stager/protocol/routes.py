@@ -157,6 +157,11 @@ ROUTES: tuple[Route, ...] = (
           "abandon many writes in one transaction; per-item errors", "meta",
           body="AbortBatchRequest", responses={200: "AbortBatchResult", 400: "Error",
                                                413: "Error"}),
+    Route("POST", "/v1/reroute", "reroute",
+          "chunk writes to a target failed: mark it suspect (no new layouts on it) and give "
+          "each upload a layout with another target in its slot; per-item uploads or errors",
+          "meta", body="RerouteRequest", responses={200: "CreateBatchResult", 400: "Error",
+                                                    413: "Error"}),
     Route("POST", "/v1/rename", "rename", "rename a file or directory", "meta",
           body="RenameRequest", responses={200: "FileInfo", **ERR}),
     Route("POST", "/v1/remove", "remove", "delete a file, or a directory (recursive)", "meta",

@@ -118,6 +118,17 @@ class MetaStoreTests:
         assert not await store.replace_layout(file_id, OTHER, LAYOUT)    # never resurrected
         assert await store.file_by_id(file_id) is None
 
+    async def test_replace_upload_layout_is_compare_and_swap(self, store: MetaStore) -> None:
+        pending = upload("u1", "/u")
+        await store.begin_upload(pending)
+        assert await store.replace_upload_layout(pending.file_id, pending.layout, OTHER)
+        assert not await store.replace_upload_layout(pending.file_id, pending.layout, OTHER)
+        assert (await store.get_upload(pending.file_id)).layout == OTHER
+        entry = await store.commit_upload(pending.file_id, size=0, checksums=(), mtime=1.0,
+                                          now=1.0)
+        assert entry.layout == OTHER                          # committed as last written
+        assert not await store.replace_upload_layout(pending.file_id, OTHER, LAYOUT)
+
     async def test_overlapping_calls_and_reopen_keep_what_was_answered(
             self, open_store: Callable[[], MetaStore]) -> None:
         store = open_store()
