@@ -32,6 +32,7 @@ from stager.protocol.models import FileInfo, LayoutSpec
 from stager.protocol.routes import route
 from stager.stage import stage
 from stager.testing import ProcessCluster
+from stager.testing.mount import Mounted, fuse_unavailable
 
 pytestmark = pytest.mark.faults
 N = 4
@@ -194,3 +195,17 @@ def test_the_cli_put_succeeds_right_after_kill9(cluster: ProcessCluster,
         assert client.cat("/a1.bin") == src.read_bytes()
     finally:
         client.close()
+
+
+@pytest.mark.fuse
+@pytest.mark.skipif(fuse_unavailable() is not None, reason=f"no FUSE: {fuse_unavailable()}")
+async def test_a_write_through_the_mount_right_after_kill9_routes_around(
+        cluster: ProcessCluster, tmp_path: Path) -> None:
+    async with AsyncClient(cluster.meta_url, config=client_config()) as c:
+        await c.mkdir("/m", layout=LAYOUT)
+        dead = cluster.target_id(0)
+        body = payload(123)
+        with Mounted(cluster.meta_url, tmp_path / "mnt") as m:
+            cluster.kill_data(0)
+            await asyncio.to_thread((m.mountpoint / "m" / "file.bin").write_bytes, body)
+        await check(cluster, c, "/m/file.bin", body, dead)

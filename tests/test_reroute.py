@@ -1,0 +1,119 @@
+"""The metadata side of writes that route around a failed target (stager/meta/reroute.py).
+
+The service runs over a real SQLite store with a clock the test moves: a
+reported target turns suspect at once, leaves new layouts, and is up again
+after ``target_timeout`` if it kept heartbeating (down if it did not).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from stager.config import load_config
+from stager.errors import NoTargets, UploadNotFound
+from stager.layout import choose_layout, chunk_targets
+from stager.meta.reroute import replacement
+from stager.meta.service import MetaService
+from stager.meta.sqlite import SQLiteStore
+from stager.protocol.messages import RerouteItem, RerouteRequest
+from stager.protocol.models import LayoutSpec, TargetInfo
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+async def service(tmp_path: Path) -> AsyncIterator[tuple[MetaService, Clock]]:
+    clock = Clock()
+    svc = MetaService(SQLiteStore(tmp_path / "meta.sqlite3"),
+                      load_config({"target_timeout": 10.0}, env={}), clock=clock)
+    await svc.start()
+    for i in range(4):
+        await svc.register_target(TargetInfo(f"t{i}", f"node{i}", f"http://127.0.0.1:{i + 1}",
+                                             capacity=1 << 30))
+    yield svc, clock
+    svc.close()
+
+
+async def heartbeat_all(svc: MetaService, but: str = "") -> None:
+    for t in list(svc.targets):
+        if t != but:
+            await svc.heartbeat(t, capacity=1 << 30, used=0, chunks=0)
+
+
+async def test_a_reported_target_is_replaced_in_the_upload_and_suspect_at_once(
+        service: tuple[MetaService, Clock]) -> None:
+    svc, clock = service
+    upload, _ = await svc.create("/f", layout=LayoutSpec(chunk_size=4096, replicas=2))
+    victim = upload.layout.targets[0]
+    [(placed, info)] = await svc.reroute(RerouteRequest(victim, "refused",
+                                                        (RerouteItem(upload.file_id, 3),)))
+    assert victim not in placed.layout.targets
+    assert info.layout == placed.layout and set(info.locations) == set(placed.layout.targets)
+    assert (await svc.store.get_upload(upload.file_id)).layout == placed.layout
+    for index in range(2 * placed.layout.stripe_count):        # every chunk keeps 2 nodes
+        holders = chunk_targets(placed.layout, index)
+        assert len({placed.layout.nodes[placed.layout.targets.index(t)] for t in holders}) == 2
+    assert svc.targets[victim].state == "suspect"
+    for _ in range(5):                                         # no new layout names it
+        fresh, _ = await svc.create("/g", layout=LayoutSpec(replicas=2))
+        assert victim not in fresh.layout.targets
+    entry = await svc.commit(upload.file_id, size=0, checksums=())
+    assert entry.layout == placed.layout                       # committed as written
+
+
+async def test_a_suspect_that_keeps_heartbeating_is_up_again_after_target_timeout(
+        service: tuple[MetaService, Clock]) -> None:
+    svc, clock = service
+    svc.suspect("t1", "timed out")
+    clock.now += 5
+    await heartbeat_all(svc)
+    assert svc.targets["t1"].state == "suspect"               # a heartbeat does not clear it
+    clock.now += 6
+    await heartbeat_all(svc)
+    assert [t.id for t in svc.healthy_targets()] == ["t0", "t1", "t2", "t3"]
+    svc.suspect("t2", "refused")
+    clock.now += 11
+    await heartbeat_all(svc, but="t2")                         # really dead: no heartbeats
+    assert {t.id: t.state for t in svc.list_targets()}["t2"] == "down"
+
+
+async def test_a_second_report_for_the_same_upload_changes_nothing_more(
+        service: tuple[MetaService, Clock]) -> None:
+    svc, _ = service
+    upload, _ = await svc.create("/f", layout=LayoutSpec(chunk_size=4096, replicas=2))
+    victim = upload.layout.targets[1]
+    request = RerouteRequest(victim, "reset", (RerouteItem(upload.file_id, 1),))
+    [(first, _)] = await svc.reroute(request)
+    [(second, _)] = await svc.reroute(request)
+    assert first.layout == second.layout
+
+
+async def test_reroute_fails_per_item_with_a_clear_reason(
+        service: tuple[MetaService, Clock]) -> None:
+    svc, _ = service
+    upload, _ = await svc.create("/f", layout=LayoutSpec(chunk_size=4096, replicas=2))
+    for t in ("t0", "t1"):
+        svc.suspect(t, "gone")
+    results = await svc.reroute(RerouteRequest("t2", "gone", (
+        RerouteItem(upload.file_id, 1), RerouteItem("f" * 32, 1))))
+    assert len(upload.layout.targets) == 4                     # striped over all four
+    assert isinstance(results[0], NoTargets) and "need 2 nodes, 1 up" in str(results[0])
+    assert isinstance(results[1], UploadNotFound)
+
+
+def test_replacement_keeps_a_healthy_layout_and_names_what_is_missing() -> None:
+    targets = [TargetInfo(f"t{i}", f"n{i}", "http://h:1", capacity=1 << 30) for i in range(3)]
+    layout = choose_layout(targets, chunk_size=4096, stripe_count=3, replicas=3,
+                           max_stripe_count=8, start=0)
+    assert replacement(layout, 5, targets) == layout
+    with pytest.raises(NoTargets, match="need 3 nodes, 2 up"):
+        replacement(layout, 5, targets[:2])
