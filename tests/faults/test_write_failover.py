@@ -15,8 +15,10 @@ import asyncio
 import io
 import os
 import random
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -165,6 +167,25 @@ async def test_stored_chunks_on_a_server_killed_mid_write_are_copied_from_their_
 
 def target_index(cluster: ProcessCluster, target: str) -> int:
     return next(i for i in range(cluster.n) if cluster.target_id(i) == target)
+
+
+async def test_a_hung_server_is_routed_around_after_write_timeout(
+        cluster: ProcessCluster) -> None:
+    """SIGSTOP: the kernel still accepts connections, nothing answers (a hung node)."""
+    pid = cluster.data_pid(2)
+    hung = cluster.target_id(2)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        config = load_config({"write_retries": 0, "write_timeout": 2.0}, env={})
+        async with AsyncClient(cluster.meta_url, config=config) as c:
+            body = payload(77)
+            start = time.monotonic()
+            await c.pipe("/hung.bin", body, layout=LAYOUT)
+            took = time.monotonic() - start
+            await check(cluster, c, "/hung.bin", body, hung)
+            assert took < 20, took      # one write_timeout, not request_timeout per chunk
+    finally:
+        os.kill(pid, signal.SIGCONT)
 
 
 async def test_too_few_healthy_nodes_fail_the_write_clearly_and_show_nothing(
