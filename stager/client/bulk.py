@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from ..aio import gather_or_cancel
 from ..checksum import crc32c
 from ..dataplane.transport import unknown_target
-from ..dataplane.writer import routes_around
+from ..dataplane.writer import reroute_failed, routes_around
 from ..errors import NoTargets, StagerError, Unavailable
 from ..layout import chunk_targets
 from ..protocol import paths
@@ -232,7 +232,7 @@ async def _reroute(client: AsyncClient, target: str, exc: StagerError,
         answers = [why] * len(affected)
     for up, got in zip(affected, answers, strict=True):
         if isinstance(got, StagerError):
-            failed[up.index] = got
+            failed[up.index] = reroute_failed(got, exc)
         elif target in got.layout.targets:
             failed[up.index] = exc
         else:

@@ -47,6 +47,12 @@ def routes_around(exc: BaseException) -> bool:
     return isinstance(exc, WRITE_FAILOVER) and not isinstance(exc, NoTargets)
 
 
+def reroute_failed(why: StagerError, cause: StagerError) -> StagerError:
+    """The error of a write whose reroute failed (``why``, e.g. too few healthy
+    nodes), naming the chunk write failure that asked for it."""
+    return type(why)(f"{why.message} (after: {cause.message})", **why.details)
+
+
 class StripedWriter:
     """Accepts bytes in any sizes; PUTs each full chunk to every replica.
 
@@ -238,7 +244,7 @@ class StripedWriter:
             try:
                 layout, locations = await self._reroute(target, str(exc), self._index)
             except StagerError as why:
-                raise why from exc
+                raise reroute_failed(why, exc) from exc
             if layout == self.layout:
                 raise exc           # nothing to replace it with: the failure stands
             self.rerouted.append(target)

@@ -74,7 +74,8 @@ def replacement(layout: Layout, chunks: int, healthy: list[TargetInfo]) -> Layou
     new = fewest_copies(layout, size, gone, healthy)
     if new is None or replica_floor(new, size) < layout.replicas:
         nodes = len({t.node for t in healthy})
-        raise NoTargets(f"not enough healthy targets: need {layout.replicas} nodes, "
-                        f"{nodes} up", replicas=layout.replicas, nodes=nodes)
+        need = layout.replicas
+        raise NoTargets(f"not enough healthy targets: need {need} node{'s' * (need != 1)}, "
+                        f"{nodes} up", replicas=need, nodes=nodes)
     return new
 
