@@ -54,7 +54,7 @@ async def test_a_reported_target_is_replaced_in_the_upload_and_suspect_at_once(
     svc, clock = service
     upload, _ = await svc.create("/f", layout=LayoutSpec(chunk_size=4096, replicas=2))
     victim = upload.layout.targets[0]
-    [(placed, info)] = await svc.reroute(RerouteRequest(victim, "refused",
+    [(placed, info)] = await svc.reroute(RerouteRequest(victim, "target_unavailable", "refused",
                                                         (RerouteItem(upload.file_id, 3),)))
     assert victim not in placed.layout.targets
     assert info.layout == placed.layout and set(info.locations) == set(placed.layout.targets)
@@ -91,10 +91,22 @@ async def test_a_second_report_for_the_same_upload_changes_nothing_more(
     svc, _ = service
     upload, _ = await svc.create("/f", layout=LayoutSpec(chunk_size=4096, replicas=2))
     victim = upload.layout.targets[1]
-    request = RerouteRequest(victim, "reset", (RerouteItem(upload.file_id, 1),))
+    request = RerouteRequest(victim, "target_unavailable", "reset",
+                             (RerouteItem(upload.file_id, 1),))
     [(first, _)] = await svc.reroute(request)
     [(second, _)] = await svc.reroute(request)
     assert first.layout == second.layout
+
+
+async def test_a_full_target_is_replaced_in_the_upload_but_not_suspect(
+        service: tuple[MetaService, Clock]) -> None:
+    svc, _ = service
+    upload, _ = await svc.create("/f", layout=LayoutSpec(chunk_size=4096, replicas=2))
+    full = upload.layout.targets[2]
+    [(placed, _)] = await svc.reroute(RerouteRequest(full, "no_space", "target full",
+                                                     (RerouteItem(upload.file_id, 2),)))
+    assert full not in placed.layout.targets
+    assert svc.targets[full].state == "up"                  # space frees up: still placed
 
 
 async def test_reroute_fails_per_item_with_a_clear_reason(
@@ -103,7 +115,7 @@ async def test_reroute_fails_per_item_with_a_clear_reason(
     upload, _ = await svc.create("/f", layout=LayoutSpec(chunk_size=4096, replicas=2))
     for t in ("t0", "t1"):
         svc.suspect(t, "gone")
-    results = await svc.reroute(RerouteRequest("t2", "gone", (
+    results = await svc.reroute(RerouteRequest("t2", "target_unavailable", "gone", (
         RerouteItem(upload.file_id, 1), RerouteItem("f" * 32, 1))))
     assert len(upload.layout.targets) == 4                     # striped over all four
     assert isinstance(results[0], NoTargets) and "need 2 nodes, 1 up" in str(results[0])

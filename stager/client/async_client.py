@@ -264,9 +264,9 @@ class AsyncClient:
         body = CreateItem(paths.normalize(path), layout, overwrite)
         upload = m.Upload.from_json(await self.meta.request(route("create"), body=body.to_json()))
 
-        async def reroute(target: str, reason: str, chunks: int
+        async def reroute(target: str, cause: StagerError, chunks: int
                           ) -> tuple[Layout, dict[str, str]]:
-            [got] = await self.reroute(target, reason, [m.RerouteItem(upload.file_id, chunks)])
+            [got] = await self.reroute(target, cause, [m.RerouteItem(upload.file_id, chunks)])
             if isinstance(got, StagerError):
                 raise got
             return got.layout, got.locations
@@ -275,13 +275,13 @@ class AsyncClient:
                                max_in_flight=self.config.readahead_chunks, reroute=reroute)
         return upload.file_id, writer
 
-    async def reroute(self, target: str, reason: str, items: Sequence[m.RerouteItem]
+    async def reroute(self, target: str, cause: StagerError, items: Sequence[m.RerouteItem]
                       ) -> list[m.Upload | StagerError]:
-        """Chunk writes to ``target`` failed (``reason``): the metadata server marks it
-        suspect and gives each upload a layout with another target in its slot (see
-        :mod:`stager.meta.reroute`); per item, the upload so placed or its error."""
+        """Chunk writes to ``target`` failed with ``cause``: the metadata server marks
+        it suspect and gives each upload a layout with another target in its slot
+        (see :mod:`stager.meta.reroute`); per item, the upload so placed or its error."""
         answer = await self.meta.request(route("reroute"), body=m.RerouteRequest(
-            target, reason, tuple(items)).to_json())
+            target, cause.code, cause.message, tuple(items)).to_json())
         return read_results(answer, m.Upload.from_json)
 
     async def commit(self, file_id: str, writer: StripedWriter, *,

@@ -227,7 +227,7 @@ async def _reroute(client: AsyncClient, target: str, exc: StagerError,
         return
     try:
         answers: list[Upload | StagerError] = await client.reroute(
-            target, str(exc), [RerouteItem(up.file_id, len(up.checksums)) for up in affected])
+            target, exc, [RerouteItem(up.file_id, len(up.checksums)) for up in affected])
     except StagerError as why:
         answers = [why] * len(affected)
     for up, got in zip(affected, answers, strict=True):

@@ -36,8 +36,8 @@ from ..layout import chunk_targets
 from ..protocol.models import Layout, chunk_id
 from .transport import DataPlane, unknown_target
 
-# (target, reason, chunks begun) -> the upload's new layout and the targets' URLs
-Reroute = Callable[[str, str, int], Awaitable[tuple[Layout, Mapping[str, str]]]]
+# (target, the failure, chunks begun) -> the upload's new layout and the targets' URLs
+Reroute = Callable[[str, StagerError, int], Awaitable[tuple[Layout, Mapping[str, str]]]]
 # What a write routes around: the target, not the request, is at fault.
 WRITE_FAILOVER = (Unavailable, InsufficientStorage, StorageError, InternalError, CorruptChunk)
 
@@ -49,7 +49,11 @@ def routes_around(exc: BaseException) -> bool:
 
 def reroute_failed(why: StagerError, cause: StagerError) -> StagerError:
     """The error of a write whose reroute failed (``why``, e.g. too few healthy
-    nodes), naming the chunk write failure that asked for it."""
+    nodes), naming the chunk write failure that asked for it.  Where the target
+    answered from its disk (full, EIO), that stays the error's kind: its errno
+    (ENOSPC, EIO) is what a caller, the mount's included, must see."""
+    if isinstance(why, NoTargets) and isinstance(cause, (InsufficientStorage, StorageError)):
+        return type(cause)(f"{cause.message}; no other target: {why.message}", **cause.details)
     return type(why)(f"{why.message} (after: {cause.message})", **why.details)
 
 
@@ -242,7 +246,7 @@ class StripedWriter:
                 raise exc
             self._failed.add(target)
             try:
-                layout, locations = await self._reroute(target, str(exc), self._index)
+                layout, locations = await self._reroute(target, exc, self._index)
             except StagerError as why:
                 raise reroute_failed(why, exc) from exc
             if layout == self.layout:

@@ -29,10 +29,10 @@ class Gateway:
         """Store ``body`` at ``path``; visible only once every chunk is durable."""
         upload, info = await self.service.create(path, layout=layout, overwrite=True)
         assert info.layout is not None
-        async def reroute(target: str, reason: str, chunks: int
+        async def reroute(target: str, cause: StagerError, chunks: int
                           ) -> tuple[Layout, dict[str, str]]:
             [got] = await self.service.reroute(RerouteRequest(
-                target, reason, (RerouteItem(upload.file_id, chunks),)))
+                target, cause.code, cause.message, (RerouteItem(upload.file_id, chunks),)))
             if isinstance(got, StagerError):
                 raise got
             assert got[1].layout is not None

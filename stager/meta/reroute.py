@@ -3,8 +3,9 @@
 A writer whose chunk write to a target failed (refused, reset, timed out, 5xx,
 507) reports it here with each affected upload.  The target becomes *suspect*
 at once: no new layout names it for ``target_timeout`` seconds, before any
-heartbeat timeout would have noticed (:meth:`MetaService.suspect`).  Each
-upload then gets a replacement for every slot whose target is not up, chosen by
+heartbeat timeout would have noticed (:meth:`MetaService.suspect`); a target
+that was only full (507) stays eligible, as space frees up.  Each upload then
+gets a replacement for the reported target and for every slot whose target is not up, chosen by
 the rebuild's own policy (:func:`.replan.fewest_copies`: the most replicas, then
 the fewest chunks to move), and the new layout is stored compare-and-swap on
 the one the writer holds, so a commit always records the layout that was
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..errors import NoTargets, StagerError
+from ..errors import InsufficientStorage, NoTargets, StagerError
 from ..protocol.messages import RerouteItem, RerouteRequest
 from ..protocol.models import Layout, TargetInfo
 from .replan import fewest_copies, replica_floor
@@ -34,9 +35,11 @@ if TYPE_CHECKING:
 
 async def reroute_many(service: MetaService, request: RerouteRequest
                        ) -> list[Created | StagerError]:
-    """Suspect ``request.target``; per item, the upload with its new layout, or why not."""
-    service.suspect(request.target, request.reason or "a chunk write failed")
-    healthy = service.healthy_targets()
+    """Suspect ``request.target`` (unless it was only full); per item, the upload with
+    a layout that does not name it, or why not."""
+    if request.code != InsufficientStorage.code:
+        service.suspect(request.target, request.reason or "a chunk write failed")
+    healthy = [t for t in service.healthy_targets() if t.id != request.target]
     out: list[Created | StagerError] = []
     for item in request.items:
         try:

@@ -255,21 +255,23 @@ class RerouteItem:
 
 @dataclass(frozen=True)
 class RerouteRequest:
-    """Chunk writes to ``target`` failed (``reason``): the target is suspect, and each
-    upload gets a layout with another target in its slot (route ``reroute``)."""
+    """Chunk writes to ``target`` failed (the error's wire ``code`` and its
+    ``reason``): each upload gets a layout with another target in its slot, and
+    the target turns suspect unless it was only full (route ``reroute``)."""
 
     target: str
+    code: str
     reason: str
     items: tuple[RerouteItem, ...]
 
     def to_json(self) -> dict[str, Any]:
-        return {"target": self.target, "reason": self.reason,
+        return {"target": self.target, "code": self.code, "reason": self.reason,
                 "items": [i.to_json() for i in self.items]}
 
     @classmethod
     def from_json(cls, obj: Any) -> RerouteRequest:
         reason = field_of(obj, "reason", str, "")
-        return cls(field_of(obj, "target", str), reason[:500],
+        return cls(field_of(obj, "target", str), field_of(obj, "code", str, ""), reason[:500],
                    tuple(parse_items(obj, RerouteItem.from_json, key=lambda i: i.file_id)))
 
 

@@ -67,7 +67,7 @@ SCHEMAS: dict[str, Any] = {
                           ("file_id", "size", "checksums")),
     "AbortRequest": _obj({"file_id": _STR}, ("file_id",)),
     "Aborted": _obj({"aborted": _BOOL}, ("aborted",)),
-    "RerouteRequest": _obj({"target": _STR, "reason": _STR, "items": {
+    "RerouteRequest": _obj({"target": _STR, "code": _STR, "reason": _STR, "items": {
         "type": "array", "items": _obj({"file_id": _STR, "chunks": _INT},
                                        ("file_id", "chunks"))}},
         ("target", "items")),

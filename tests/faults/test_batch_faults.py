@@ -26,7 +26,7 @@ from faults.faultlib import SMALL, DataKiller, make_bytes, read_back, seconds
 from faults.test_full_disk_and_eio import FSYNC_EIO, chunk_files
 from stager import AsyncClient, Client
 from stager.config import load_config
-from stager.errors import NoTargets, StagerError
+from stager.errors import StagerError, StorageError
 from stager.protocol.models import LayoutSpec
 from stager.testing import ProcessCluster, ThreadCluster
 
@@ -121,10 +121,10 @@ def test_an_fsync_eio_fails_the_batch_and_keeps_nothing(tmp_path: Path, slow_cal
             subprocess.run(["fiu-ctrl", "-c", "disable name=posix/io/sync/fsync", str(pid)],
                            check=True)
             time.sleep(0.2)
-            # The one target failed its fsync: the write routed around it, and found
-            # no other node; the error names both.
-            assert all(isinstance(r, NoTargets) and "need 1 node, 0 up" in str(r)
-                       and "I/O error writing chunk" in str(r) for r in during), during
+            # The one target failed its fsync: the write found no other node to route
+            # to; the error is the target's EIO, naming both.
+            assert all(isinstance(r, StorageError) and r.errno == 5 and
+                       "need 1 node, 0 up" in str(r) for r in during), during
             assert not any(c.exists(p) for p, _ in items)
             # Suspect after the failed writes: no new layouts on it for target_timeout.
             eventually(lambda: all(t.up for t in c.targets()), 30, "the target up again")

@@ -149,7 +149,8 @@ def test_an_fsync_eio_is_never_acknowledged(tmp_path: Path, slow_callbacks,
             during = set(chunk_files(root)) - before
             subprocess.run(["fiu-ctrl", "-c", "disable name=posix/io/sync/fsync", str(pid)],
                            check=True)
-            time.sleep(0.2)
+            # Suspect after its EIO: no new layouts on it for target_timeout.
+            eventually(lambda: all(t.up for t in c.targets()), 30, "the target up again")
             c.pipe("/eio/after.bin", b"a" * SMALL)
             assert c.cat("/eio/before.bin") == b"b" * SMALL
             assert c.cat("/eio/after.bin") == b"a" * SMALL
