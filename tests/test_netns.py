@@ -25,7 +25,7 @@ from stager.testing.netns import (
     netns_unavailable,
     sweep_stale,
 )
-from stager.testing.nodes import NodeCluster
+from stager.testing.nodes import KILL_WAIT, STOP_GRACE, NodeCluster
 
 WHY = netns_unavailable()
 needs_netns = pytest.mark.skipif(WHY is not None, reason=f"multi-node harness: {WHY}")
@@ -179,3 +179,33 @@ def test_loopback_mode_runs_the_same_servers(tmp_path: Path) -> None:
             c.pipe("/x", b"hello" * 1000)
             assert c.cat("/x") == b"hello" * 1000
     time.sleep(0)  # the servers are gone: nothing to assert beyond stop() returning
+
+
+def _running(pid: int) -> bool:
+    """``pid`` exists and is not a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_stop_ends_whole_process_groups_in_bounded_time(tmp_path: Path) -> None:
+    # A process that shrugs off SIGTERM and has a child of its own: stop() must not
+    # wait for it past its grace, and must not leave the child running.
+    cluster = NodeCluster(tmp_path, 1, mode="loopback")
+    cluster.start()
+    try:
+        stubborn = cluster.popen_in(0, ["sh", "-c", "trap '' TERM; sleep 600 & echo $!; wait"],
+                                    stdout=subprocess.PIPE)
+        assert stubborn.stdout is not None
+        child = int(stubborn.stdout.readline())
+    finally:
+        start = time.monotonic()
+        cluster.stop()
+    assert time.monotonic() - start < STOP_GRACE + KILL_WAIT + TEARDOWN_DEADLINE
+    stubborn.stdout.close()
+    assert stubborn.returncode == -signal.SIGKILL
+    deadline = time.monotonic() + 5
+    while _running(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(child)
