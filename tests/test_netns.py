@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,8 +17,15 @@ import pytest
 from stager import AsyncClient
 from stager.config import load_config
 from stager.protocol.models import LayoutSpec
-from stager.testing.netns import NetnsFabric, list_links, list_netns, netns_unavailable, sweep_stale
-from stager.testing.nodes import NodeCluster
+from stager.testing.netns import (
+    TEARDOWN_DEADLINE,
+    NetnsFabric,
+    list_links,
+    list_netns,
+    netns_unavailable,
+    sweep_stale,
+)
+from stager.testing.nodes import KILL_WAIT, STOP_GRACE, NodeCluster
 
 WHY = netns_unavailable()
 needs_netns = pytest.mark.skipif(WHY is not None, reason=f"multi-node harness: {WHY}")
@@ -73,23 +82,39 @@ def test_fabric_caps_links_and_removes_everything_after_a_failure() -> None:
     assert fabric.leftovers() == []
 
 
+# A shell's background job (`make test &`, some CI runners) starts with SIGINT
+# ignored, and Python keeps it so: the holder asks for Ctrl-C's usual
+# KeyboardInterrupt itself.  "up" is printed inside `try`, so a signal that comes
+# at once still unwinds through `finally`.
 HOLDER = textwrap.dedent("""
-    import sys, time
-    from stager.testing.netns import NetnsFabric
-    fabric = NetnsFabric(2, rate_mbit=50)
+    import os, signal, sys, time
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    from stager.testing import netns
+    fabric = netns.NetnsFabric(2, rate_mbit=50)
     fabric.up()
-    print("up", flush=True)
     try:
+        if len(sys.argv) > 1:    # teardown's `ip` is the test's own from now on
+            netns.TEARDOWN_DEADLINE = float(sys.argv[1])
+            os.environ["PATH"] = sys.argv[2] + os.pathsep + os.environ["PATH"]
+        print("up", flush=True)
         time.sleep(60)
     finally:
         fabric.down()
 """)
+STARTUP_TIMEOUT = 60.0   # python start and fabric setup, on a loaded machine
+EXIT_TIMEOUT = TEARDOWN_DEADLINE + 10.0   # teardown's own bound, and a margin
 
 
-def _holder() -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True,
-                            cwd=REPO)
+def _holder(*args: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, *args], stdout=subprocess.PIPE,
+                            text=True, cwd=REPO)
     assert proc.stdout is not None
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        if not sel.select(STARTUP_TIMEOUT):
+            proc.kill()
+            proc.communicate()
+            pytest.fail(f"the holder did not set its fabric up in {STARTUP_TIMEOUT} s")
     assert proc.stdout.readline().strip() == "up"
     assert len(_ours(proc.pid)) == 5
     return proc
@@ -100,15 +125,45 @@ def _holder() -> subprocess.Popen[str]:
 def test_signal_tears_the_fabric_down(sig: int) -> None:
     proc = _holder()
     proc.send_signal(sig)
-    proc.communicate(timeout=20)
+    proc.communicate(timeout=EXIT_TIMEOUT)
     assert proc.returncode != 0 and _ours(proc.pid) == []
+
+
+def _fake_ip(folder: Path, script: str) -> str:
+    (folder / "ip").write_text(f"#!/bin/sh\n{script}\n")
+    (folder / "ip").chmod(0o755)
+    return str(folder)
+
+
+@needs_netns
+def test_teardown_is_bounded_when_ip_hangs(tmp_path: Path) -> None:
+    proc = _holder("1", _fake_ip(tmp_path, "exec sleep 600"))
+    start = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=EXIT_TIMEOUT)
+    assert proc.returncode != 0 and time.monotonic() - start < EXIT_TIMEOUT
+    assert len(_ours(proc.pid)) == 5     # `ip` never ran: all of it is still there
+    sweep_stale()                        # ...until the next run sweeps it
+    assert _ours(proc.pid) == []
+
+
+@needs_netns
+def test_a_second_signal_waits_for_teardown_to_end(tmp_path: Path) -> None:
+    # Teardown's `ip` sends the holder SIGTERM before doing its work: the holder
+    # finishes removing everything, and only then exits as SIGTERM asks.
+    real_ip = shutil.which("ip")
+    proc = _holder(str(TEARDOWN_DEADLINE),
+                   _fake_ip(tmp_path, f'kill -TERM $PPID\nexec {real_ip} "$@"'))
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=EXIT_TIMEOUT)
+    assert proc.returncode == 128 + signal.SIGTERM and _ours(proc.pid) == []
 
 
 @needs_netns
 def test_what_a_killed_process_left_is_swept() -> None:
     proc = _holder()
     proc.kill()                        # SIGKILL: no handler runs
-    proc.communicate(timeout=20)
+    proc.communicate(timeout=EXIT_TIMEOUT)
     assert len(_ours(proc.pid)) == 5
     removed = sweep_stale()
     assert set(_ours(proc.pid)) == set() and len(removed) >= 5
@@ -124,3 +179,33 @@ def test_loopback_mode_runs_the_same_servers(tmp_path: Path) -> None:
             c.pipe("/x", b"hello" * 1000)
             assert c.cat("/x") == b"hello" * 1000
     time.sleep(0)  # the servers are gone: nothing to assert beyond stop() returning
+
+
+def _running(pid: int) -> bool:
+    """``pid`` exists and is not a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_stop_ends_whole_process_groups_in_bounded_time(tmp_path: Path) -> None:
+    # A process that shrugs off SIGTERM and has a child of its own: stop() must not
+    # wait for it past its grace, and must not leave the child running.
+    cluster = NodeCluster(tmp_path, 1, mode="loopback")
+    cluster.start()
+    try:
+        stubborn = cluster.popen_in(0, ["sh", "-c", "trap '' TERM; sleep 600 & echo $!; wait"],
+                                    stdout=subprocess.PIPE)
+        assert stubborn.stdout is not None
+        child = int(stubborn.stdout.readline())
+    finally:
+        start = time.monotonic()
+        cluster.stop()
+    assert time.monotonic() - start < STOP_GRACE + KILL_WAIT + TEARDOWN_DEADLINE
+    stubborn.stdout.close()
+    assert stubborn.returncode == -signal.SIGKILL
+    deadline = time.monotonic() + 5
+    while _running(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(child)

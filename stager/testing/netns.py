@@ -16,6 +16,14 @@ context manager, by ``atexit``, and on SIGTERM/SIGHUP (turned into
 ``SystemExit`` so ``finally`` blocks run); Ctrl-C raises ``KeyboardInterrupt``
 and unwinds the same way.
 
+Teardown is bounded, so that a loaded machine cannot turn it into a hang: the
+processes inside the namespaces are found through ``/proc`` and SIGKILLed, then
+every link and namespace goes in one ``ip -force -batch`` run, killed if it
+outlives :data:`TEARDOWN_DEADLINE` (what it could not remove, :func:`sweep_stale`
+removes once this process has gone).  A second signal during teardown waits for
+it to end instead of cutting it short.  Setup batches its commands too: one
+``ip``/``tc`` run for the root namespace, one per node, not one per command.
+
 Needs root and iproute2 (``ip``, ``tc``); :func:`netns_unavailable` says why not.
 """
 
@@ -24,6 +32,7 @@ from __future__ import annotations
 import atexit
 import fcntl
 import ipaddress
+import logging
 import os
 import re
 import shutil
@@ -35,6 +44,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Any
+
+log = logging.getLogger("stager.testing")
 
 LOCK_FILE = Path("/tmp/stager-netns.lock")
 NS_RE = re.compile(r"^stager-(\d+)-(\d+)-(\d+)$")
@@ -43,6 +55,8 @@ _seq = 0
 _live: set[NetnsFabric] = set()
 _live_lock = threading.Lock()
 _old_handlers: dict[int, object] = {}
+TEARDOWN_DEADLINE = 10.0   # seconds one teardown may wait on `ip`, however loaded
+TEARDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class NetnsError(RuntimeError):
@@ -72,6 +86,20 @@ def _run(*argv: str, check: bool = True) -> str:
 
 def _ip(*args: str, check: bool = True) -> str:
     return _run("ip", *args, check=check)
+
+
+def _batch(tool: str, lines: list[str], *, netns: str | None = None, check: bool = True,
+           timeout: float = 30.0) -> None:
+    """Run ``lines`` through one ``ip``/``tc`` process (inside ``netns`` if given).
+
+    One fork and exec instead of one per command: that is what grows under load.
+    ``check=False`` goes on past failing lines (``-force``): a link already gone."""
+    argv = [tool, *(("-netns", netns) if netns else ()), *(() if check else ("-force",)),
+            "-batch", "-"]
+    proc = subprocess.run(argv, input="\n".join(lines) + "\n", capture_output=True,
+                          text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise NetnsError(f"{' '.join(argv)}: {proc.stderr.strip() or proc.returncode}")
 
 
 @dataclass(frozen=True)
@@ -123,38 +151,41 @@ class NetnsFabric:
                 third = _free_subnet(self.pid + self.seq)
                 self.subnet = f"10.77.{third}.0/24"
                 self.host_address = f"10.77.{third}.1"
-                _ip("link", "add", self.bridge, "type", "bridge")
-                _ip("addr", "add", f"{self.host_address}/24", "dev", self.bridge)
-            _ip("link", "set", self.bridge, "up")
-            for i in range(self._n):
-                self.nodes.append(self._add_node(i, third))
+                _batch("ip", [f"link add {self.bridge} type bridge",
+                              f"addr add {self.host_address}/24 dev {self.bridge}",
+                              f"link set {self.bridge} up"])
+            nodes = [Node(i, f"node{i}", self._netns(i), f"10.77.{third}.{10 + i}",
+                          self._host_if(i)) for i in range(self._n)]
+            _batch("ip", [f"netns add {n.netns}" for n in nodes]
+                   + [f"link add {n.host_if} type veth peer name eth0 netns {n.netns}"
+                      for n in nodes]
+                   + [f"link set {n.host_if} master {self.bridge} up" for n in nodes])
+            for n in nodes:
+                _batch("ip", [f"addr add {n.address}/24 dev eth0", "link set eth0 up",
+                              "link set lo up"], netns=n.netns)
+            self.nodes = nodes
             self.set_rate(self.rate_mbit)
         except BaseException:
             self.down()
             raise
 
-    def _add_node(self, i: int, third: int) -> Node:
-        ns = f"stager-{self.pid}-{self.seq}-{i}"
-        host_if = f"sv{self._tag}-{i:x}"
-        node = Node(i, f"node{i}", ns, f"10.77.{third}.{10 + i}", host_if)
-        _ip("netns", "add", ns)
-        _ip("link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", ns)
-        _ip("link", "set", host_if, "master", self.bridge, "up")
-        _ip("-n", ns, "addr", "add", f"{node.address}/24", "dev", "eth0")
-        _ip("-n", ns, "link", "set", "eth0", "up")
-        _ip("-n", ns, "link", "set", "lo", "up")
-        return node
+    def _netns(self, i: int) -> str:
+        return f"stager-{self.pid}-{self.seq}-{i}"
+
+    def _host_if(self, i: int) -> str:
+        return f"sv{self._tag}-{i:x}"
 
     def set_rate(self, rate_mbit: float | None) -> None:
         """Cap every link in both directions at ``rate_mbit`` (``None``: uncapped)."""
         self.rate_mbit = rate_mbit
-        for node in self.nodes:
-            for prefix, dev in ((), node.host_if), (("ip", "netns", "exec", node.netns), "eth0"):
-                if rate_mbit is None:
-                    _run(*prefix, "tc", "qdisc", "del", "dev", dev, "root", check=False)
-                else:
-                    _run(*prefix, "tc", "qdisc", "replace", "dev", dev, "root",
-                         *tbf_args(rate_mbit))
+        if rate_mbit is None:   # a link may have no qdisc left to delete: not an error
+            line, check = "qdisc del dev {} root", False
+        else:
+            line, check = " ".join(["qdisc replace dev {} root", *tbf_args(rate_mbit)]), True
+        if self.nodes:
+            _batch("tc", [line.format(n.host_if) for n in self.nodes], check=check)
+        for n in self.nodes:
+            _batch("tc", [line.format("eth0")], netns=n.netns, check=check)
 
     def netns_argv(self, index: int, argv: list[str]) -> list[str]:
         """``argv`` run inside node ``index``'s namespace."""
@@ -162,18 +193,23 @@ class NetnsFabric:
 
     # -- teardown --------------------------------------------------------------------
     def down(self) -> None:
-        """Kill what runs in the namespaces, delete them and the bridge.  Idempotent."""
+        """Kill what runs in the namespaces, delete them and the bridge.  Idempotent,
+        and bounded by :data:`TEARDOWN_DEADLINE` whatever the machine's load."""
         if not self._up:
             return
         self._up = False
-        for i in range(self._n):
-            # Deleting the host end removes the pair now; a namespace's own links go
-            # asynchronously after `ip netns del`, which would leave them visible a while.
-            _ip("link", "del", f"sv{self._tag}-{i:x}", check=False)
-            _delete_netns(f"stager-{self.pid}-{self.seq}-{i}")
-        _ip("link", "del", self.bridge, check=False)
-        self.nodes = []
-        _unregister(self)
+        try:
+            with _signals_deferred():
+                names = [self._netns(i) for i in range(self._n)]
+                _kill_inside(names)
+                links = [self._host_if(i) for i in range(self._n)] + [self.bridge]
+                if not _remove(links, names):
+                    log.warning("fabric %s: teardown ran past %.0f s; what is left goes "
+                                "with sweep_stale() once process %d has exited",
+                                self.bridge, TEARDOWN_DEADLINE, self.pid)
+        finally:
+            self.nodes = []
+            _unregister(self)
 
     def leftovers(self) -> list[str]:
         """Namespaces and links of this fabric that still exist (empty after ``down``)."""
@@ -205,15 +241,45 @@ def list_links() -> list[str]:
     return out
 
 
-def _delete_netns(ns: str) -> None:
-    """Kill every process inside ``ns`` (only ever ours), then delete it."""
-    pids = _ip("netns", "pids", ns, check=False).split()
-    for pid in pids:
+def _kill_inside(namespaces: list[str]) -> None:
+    """SIGKILL every process inside ``namespaces`` (only ever ours).
+
+    Found as ``ip netns pids`` finds them, by the namespace's inode, but through
+    ``/proc`` in this process: no ``ip`` run per namespace."""
+    wanted = set()
+    for ns in namespaces:
         try:
-            os.kill(int(pid), signal.SIGKILL)
-        except (ProcessLookupError, ValueError):
-            pass
-    _ip("netns", "del", ns, check=False)
+            st = os.stat(f"/run/netns/{ns}")
+        except OSError:
+            continue
+        wanted.add((st.st_dev, st.st_ino))
+    if not wanted:
+        return
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            st = os.stat(f"/proc/{entry.name}/ns/net")
+            if (st.st_dev, st.st_ino) in wanted:
+                os.kill(int(entry.name), signal.SIGKILL)
+        except OSError:
+            pass   # gone meanwhile
+
+
+def _remove(links: list[str], namespaces: list[str]) -> bool:
+    """Delete ``links`` then ``namespaces`` in one ``ip`` run; ``False`` when it ran
+    past :data:`TEARDOWN_DEADLINE` and was killed.
+
+    Deleting a veth's host end removes the pair at once; a namespace's own links go
+    asynchronously after ``ip netns del``, which would leave them visible a while."""
+    lines = [f"link del {name}" for name in links] + [f"netns del {ns}" for ns in namespaces]
+    if not lines:
+        return True
+    try:
+        _batch("ip", lines, check=False, timeout=TEARDOWN_DEADLINE)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
 
 def _alive(pid: int) -> bool:
@@ -228,18 +294,13 @@ def _alive(pid: int) -> bool:
 
 def sweep_stale() -> list[str]:
     """Remove namespaces and links left by stager processes that no longer run."""
-    removed = []
-    for link in list_links():   # host ends first: their peers go with them at once
-        m = LINK_RE.match(link)
-        if m and not _alive(int(m.group(1), 16)):
-            _ip("link", "del", link, check=False)
-            removed.append(link)
-    for ns in list_netns():
-        m = NS_RE.match(ns)
-        if m and not _alive(int(m.group(1))):
-            _delete_netns(ns)
-            removed.append(ns)
-    return removed
+    links = [link for link in list_links()
+             if (m := LINK_RE.match(link)) and not _alive(int(m.group(1), 16))]
+    spaces = [ns for ns in list_netns()
+              if (m := NS_RE.match(ns)) and not _alive(int(m.group(1)))]
+    _kill_inside(spaces)
+    _remove(links, spaces)
+    return links + spaces
 
 
 @contextmanager
@@ -291,6 +352,30 @@ def _unregister(fabric: NetnsFabric) -> None:
         for sig, old in list(_old_handlers.items()):
             signal.signal(sig, old)  # type: ignore[arg-type]
             del _old_handlers[sig]
+
+
+@contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold SIGINT, SIGTERM and SIGHUP until the block ends, then raise the first.
+
+    A second Ctrl-C during teardown would otherwise cut it short and leave the
+    namespaces behind; the wait is bounded, since teardown is.  Python handlers are
+    swapped rather than the signal mask, which another thread could escape."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    saved: dict[signal.Signals, Any] = {}
+    for sig in TEARDOWN_SIGNALS:
+        if signal.getsignal(sig) not in (signal.SIG_IGN, None):
+            saved[sig] = signal.signal(sig, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        for sig, old in saved.items():
+            signal.signal(sig, old)
+        if held:
+            signal.raise_signal(held[0])
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:

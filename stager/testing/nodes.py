@@ -37,6 +37,8 @@ from .netns import NetnsFabric, netns_unavailable
 log = logging.getLogger("stager.testing")
 DATA_PORT = 7100
 READY_TIMEOUT = 30.0
+STOP_GRACE = 5.0    # seconds the servers get to exit on SIGTERM before SIGKILL
+KILL_WAIT = 2.0     # seconds to reap them after SIGKILL; then the namespaces' teardown
 
 
 def _die_with_parent() -> None:
@@ -45,6 +47,32 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+def _signal_groups(procs: list[subprocess.Popen[bytes]],
+                   sig: int) -> list[subprocess.Popen[bytes]]:
+    """Send ``sig`` to the process group of each process still running (each was
+    started in a session of its own), and return those."""
+    live = [p for p in procs if p.poll() is None]
+    for p in live:
+        try:
+            os.killpg(p.pid, sig)
+        except ProcessLookupError:
+            pass
+    return live
+
+
+def _wait_all(procs: list[subprocess.Popen[bytes]],
+              timeout: float) -> list[subprocess.Popen[bytes]]:
+    """Wait up to ``timeout`` seconds in all for ``procs``; return those still running."""
+    deadline = time.monotonic() + timeout
+    left = []
+    for p in procs:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            left.append(p)
+    return left
 
 
 class NodeCluster:
@@ -98,20 +126,20 @@ class NodeCluster:
             raise
 
     def stop(self) -> None:
-        """Stop every server (SIGTERM, then SIGKILL), then remove the namespaces."""
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 5
-        for p in self.procs:
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        self.procs = []
-        if self.fabric is not None:
-            self.fabric.down()
+        """Stop every server, then remove the namespaces, in bounded time: SIGTERM
+        each server's process group, SIGKILL what outlives :data:`STOP_GRACE`, and
+        never wait on one for ever (the fabric's teardown kills whatever is left)."""
+        procs, self.procs = self.procs, []
+        try:
+            live = _signal_groups(procs, signal.SIGTERM)
+            live = _wait_all(live, STOP_GRACE)
+            left = _wait_all(_signal_groups(live, signal.SIGKILL), KILL_WAIT)
+            if left:
+                log.warning("servers %s outlived SIGKILL by %.0f s",
+                            [p.pid for p in left], KILL_WAIT)
+        finally:
+            if self.fabric is not None:
+                self.fabric.down()
 
     # -- addresses -------------------------------------------------------------------
     @property
