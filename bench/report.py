@@ -17,7 +17,8 @@ BEGIN = "<!-- BEGIN GENERATED RESULTS: rewritten by `python -m bench`; edit outs
 END = "<!-- END GENERATED RESULTS -->"
 HEADER = "# stager benchmark results\n\n"
 HAND_WRITTEN = "\n\n## Notes (written by hand; kept when the results are re-rendered)\n\n"
-ORDER = ("striping", "loopback", "small_samples", "metadata", "writes", "memory")
+ORDER = ("striping", "loopback", "small_samples", "metadata", "writes", "write_failover",
+         "memory")
 
 
 def load_results(out: Path) -> list[dict[str, Any]]:

@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-OURS = ["striping", "loopback", "small_samples", "metadata", "writes", "memory"]
+OURS = ["striping", "loopback", "small_samples", "metadata", "writes", "write_failover",
+        "memory"]
 
 
 def _numbers(rows: list[list[object]]) -> list[float]:
