@@ -262,6 +262,24 @@ def test_sequential_reads_stream_ahead(fs: StagerFileSystem, ns: str, payload) -
     assert started - requests >= 2 + 4
 
 
+def test_sequential_reads_of_any_size_read_the_file(fs: StagerFileSystem, ns: str,
+                                                    payload) -> None:
+    # the stream's buffers are refilled once a read has been joined: reads that
+    # end inside a piece, cross pieces or restart the stream must still see the file
+    data = payload(64 * KiB * 24 + 11)
+    fs.pipe(f"{ns}/f", data, chunk_size="64KiB")
+    for step in (1000, 64 * KiB, 100 * KiB + 3, 300 * KiB):
+        with fs.open(f"{ns}/f") as f:
+            parts = []
+            while part := f.read(step):
+                parts.append(part)
+                if len(parts) == 5:
+                    f.seek(-(step // 2), 1)         # back: the stream starts again
+                    parts.append(f.read(step // 2))
+        whole = b"".join(parts[:5]) + b"".join(parts[6:])
+        assert parts[5] == data[5 * step - step // 2:5 * step] and whole == data
+
+
 def test_readline_and_pandas_style_use(fs: StagerFileSystem, ns: str) -> None:
     lines = [f"line {i}\n".encode() for i in range(20_000)]
     fs.pipe(f"{ns}/t.txt", b"".join(lines), chunk_size="64KiB")

@@ -131,6 +131,32 @@ async def test_async_open_wb_and_rb(aclient: AsyncClient, ns: str, payload) -> N
         await f.read()
 
 
+async def test_sequential_reads_refill_only_the_pieces_given_back(
+        aclient: AsyncClient, ns: str, payload) -> None:
+    """``read_parts(reuse=True)`` lets the readahead refill the buffers of earlier
+    parts; parts read without it are the caller's and keep their bytes."""
+    data = payload(SMALL * 40 + 123)
+    await aclient.pipe(f"{ns}/r.bin", data, layout=LayoutSpec(chunk_size=SMALL))
+    step = SMALL * 3 // 2 + 7                   # reads that end inside a piece
+
+    async def read_all(reuse: bool) -> tuple[bytes, list[list[memoryview]]]:
+        kept: list[list[memoryview]] = []
+        got = bytearray()
+        async with await aclient.open(f"{ns}/r.bin", "rb") as f:
+            while parts := await f.read_parts(step, reuse=reuse):
+                got += b"".join(parts)
+                kept.append(parts)
+        return bytes(got), kept
+
+    got, kept = await read_all(reuse=False)
+    assert got == data
+    assert b"".join(b"".join(parts) for parts in kept) == data    # nothing refilled
+    got, kept = await read_all(reuse=True)
+    assert got == data
+    buffers = [p.obj for parts in kept for p in parts]
+    assert len({id(b) for b in buffers}) < len(buffers) // 2    # the same few buffers again
+
+
 @pytest.mark.parametrize("size", boundary_sizes(SMALL))
 def test_gateway_put_get_round_trip(cluster: ThreadCluster, http, ns: str, payload,
                                     size: int) -> None:

@@ -26,10 +26,11 @@ class AsyncReadFile:
     A read continuing the previous ones (``stream_after`` of them in a row), or
     one of a whole chunk or more when ``large_reads_stream``, starts a readahead
     stream; later reads take their bytes from it while it stays in step.  The
-    stream's pieces are fresh buffers, so :meth:`read` joins them into its
-    ``bytes`` with one copy (:meth:`read_parts` leaves the join to the caller):
-    a sequential reader pays one copy per byte, as :meth:`readinto` does into the
-    caller's buffer.
+    stream's pieces are lent buffers: :meth:`read` joins them into its ``bytes``
+    with one copy (:meth:`read_parts` leaves the join to the caller) and
+    :meth:`readinto` copies them into the caller's buffer, so a sequential reader
+    pays one copy per byte, and the pieces it has copied out are refilled by the
+    readahead instead of new, zero-filled buffers.
     """
 
     def __init__(self, client: AsyncClient, info: FileInfo, *, stream_after: int = 1,
@@ -44,7 +45,9 @@ class AsyncReadFile:
         self.large_reads_stream = large_reads_stream
         self._stream: AsyncIterator[memoryview] | None = None
         self._stream_pos = 0          # file offset of the first byte of _pending
+        self._piece: memoryview | None = None     # the stream's piece _pending is the rest of
         self._pending = memoryview(b"")
+        self._spent: list[memoryview] = []        # pieces read to their end, still lent out
         self._last_end = -1           # where the previous read ended
         self._run = 0                 # reads in a row that continued the one before
 
@@ -69,14 +72,25 @@ class AsyncReadFile:
         return self.pos
 
     async def read(self, size: int = -1) -> bytes:
-        return b"".join(await self.read_parts(size))
+        data = b"".join(await self.read_parts(size))
+        self._recycle()
+        return data
 
-    async def read_parts(self, size: int = -1) -> list[memoryview]:
+    async def read_parts(self, size: int = -1, *, reuse: bool = False) -> list[memoryview]:
         """The next ``size`` bytes (all when negative), as views of the buffers they
         arrived in: joining them is the one copy a ``bytes`` result needs, which a
-        caller on another thread can make there while this loop reads on."""
+        caller on another thread can make there while this loop reads on.
+
+        ``reuse``: the caller has copied out the parts of the reads before, so the
+        readahead may refill their buffers; the parts returned are then valid
+        until the next ``read_parts(reuse=True)``.  Without it they are the
+        caller's to keep."""
         if self.closed:
             raise ValueError("read of a closed file")
+        if reuse:
+            self._recycle()
+        else:
+            self._spent.clear()        # the caller may still hold them: never refilled
         end = self.size if size is None or size < 0 else min(self.size, self.pos + size)
         n = end - self.pos
         if n <= 0:
@@ -92,11 +106,13 @@ class AsyncReadFile:
         n = max(0, min(len(out), self.size - self.pos))
         if n == 0:
             return 0
+        self._spent.clear()            # lent out by an earlier read_parts: not ours to refill
         if await self._streaming(n):
             filled = 0
             for part in await self._take(n):
                 out[filled:filled + len(part)] = part
                 filled += len(part)
+            self._recycle()
         else:
             await self.reader.read_into(self.pos, out[:n])
         self._advance(n)
@@ -121,9 +137,9 @@ class AsyncReadFile:
 
     async def _start_stream(self) -> None:
         await self._stop_stream()
-        self._stream = self.reader.stream(self.pos)
+        self._stream = self.reader.stream(self.pos, lend=True)
         self._stream_pos = self.pos
-        self._pending = memoryview(b"")
+        self._piece, self._pending = None, memoryview(b"")
 
     async def _take(self, n: int) -> list[memoryview]:
         """The stream's next ``n`` bytes, as views of its pieces (not copied)."""
@@ -132,13 +148,24 @@ class AsyncReadFile:
         left = n
         while left:
             if not self._pending:
-                self._pending = await anext(self._stream)
+                self._piece = self._pending = await anext(self._stream)
             part = self._pending[:left]
             parts.append(part)
             self._pending = self._pending[len(part):]
             left -= len(part)
+            if not self._pending:
+                assert self._piece is not None
+                self._spent.append(self._piece)
+                self._piece = None
         self._stream_pos += n
         return parts
+
+    def _recycle(self) -> None:
+        """The spent pieces' bytes have been copied out: back to the reader, to be
+        refilled by the readahead."""
+        for piece in self._spent:
+            self.reader.give_back(piece)
+        self._spent.clear()
 
     async def _stop_stream(self) -> None:
         if self._stream is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import io
+import threading
 import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -102,6 +103,7 @@ class SyncReadFile(io.RawIOBase):
         super().__init__()
         self._client, self._f = client, f
         self.name = f.path
+        self._lent = threading.Lock()     # a read's parts are lent until joined
 
     @property
     def size(self) -> int:
@@ -126,7 +128,9 @@ class SyncReadFile(io.RawIOBase):
         # Joined on this thread: the copy overlaps the I/O thread's next reads, and
         # this thread's malloc arena keeps the memory of the reads before (the I/O
         # thread's returns it to the kernel: fresh pages faulted in every time).
-        return b"".join(self._client._run(self._f.read_parts, size))
+        # One read at a time: the next refills the buffers of the parts before it.
+        with self._lent:
+            return b"".join(self._client._run(self._f.read_parts, size, reuse=True))
 
     def readall(self) -> bytes:
         return self.read(-1)

@@ -49,10 +49,16 @@ class StripedReader:
             return
         await self.engine.run(self._table.plan_range(0, start, start + len(out)), [out])
 
-    async def stream(self, start: int = 0, stop: int | None = None,
+    async def stream(self, start: int = 0, stop: int | None = None, *, lend: bool = False,
                      ) -> AsyncIterator[memoryview]:
         """The bytes of ``[start, stop)`` in order, one chunk piece at a time, with
-        the next ``readahead`` pieces already in flight on their targets."""
+        the next ``readahead`` pieces already in flight on their targets.
+
+        Each piece is a buffer of its own, the consumer's to keep.  With ``lend``
+        it is only lent: a consumer that has copied it out hands it back with
+        :meth:`give_back`, and a later piece is read into it instead of into a
+        new buffer, which is zero-filled first (0.05-0.09 s of CPU per GB on the
+        2-core build machine, of the ~0.4 s a GB costs the stream's thread)."""
         stop = self.size if stop is None else min(stop, self.size)
         todo = iter(pieces(self.layout.chunk_size, self.size, start, stop))
         window: deque[tuple[asyncio.Task[None], bytearray]] = deque()
@@ -61,7 +67,7 @@ class StripedReader:
             piece = next(todo, None)
             if piece is None:
                 return False
-            buf = bytearray(piece.length)
+            buf = self.engine.take(piece.length) if lend else bytearray(piece.length)
             read = self.read_into(piece.file_offset, memoryview(buf))
             window.append((asyncio.ensure_future(read), buf))
             return True
@@ -76,3 +82,8 @@ class StripedReader:
                 yield memoryview(buf)
         finally:
             await cancel_and_wait(t for t, _ in window)
+
+    def give_back(self, piece: memoryview) -> None:
+        """Take back a piece lent by ``stream(lend=True)``; the caller no longer
+        reads it (kept as a spare within ``bytes_in_flight``, see ``ReadEngine``)."""
+        self.engine.give_back(piece)

@@ -16,6 +16,7 @@ becomes visible.
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any
 
 from fsspec.spec import AbstractBufferedFile
@@ -39,6 +40,7 @@ class StagerReadFile(AbstractBufferedFile):
                  block_size: int | None = None, cache_type: str = "none",
                  cache_options: dict[str, Any] | None = None, **kwargs: Any) -> None:
         self._afile: AsyncReadFile = fs._run(self._make, fs, info)
+        self._lent = threading.Lock()     # a read's parts are lent until joined
         super().__init__(fs, path, "rb", block_size=block_size, cache_type=cache_type,
                          cache_options=cache_options, size=info.size, **kwargs)
         self.details = to_fsspec(info)
@@ -56,12 +58,14 @@ class StagerReadFile(AbstractBufferedFile):
         # result comes from this thread's malloc arena, which keeps the memory of
         # the reads before it.  Joined on the I/O thread, 8 MiB reads faulted in
         # fresh pages for about half of their bytes (126,000 faults per GB; 7,600
-        # now) and cost 1.6 times the CPU per GB.
-        return b"".join(self.fs._run(self._pread, start, end))
+        # now) and cost 1.6 times the CPU per GB.  One read at a time: the next
+        # refills the buffers of the parts before it (see AsyncReadFile.read_parts).
+        with self._lent:
+            return b"".join(self.fs._run(self._pread, start, end))
 
     async def _pread(self, start: int, end: int) -> list[memoryview]:
         self._afile.seek(start)
-        return await self._afile.read_parts(max(0, end - start))
+        return await self._afile.read_parts(max(0, end - start), reuse=True)
 
     def close(self) -> None:
         if not self.closed:
