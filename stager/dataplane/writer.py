@@ -213,6 +213,9 @@ class StripedWriter:
         crc = self._checksums[index]
         while True:
             want = [t for t in chunk_targets(self.layout, index) if t not in placed]
+            for target in want:
+                if target not in self.locations:    # no address: nothing to route around
+                    raise unknown_target(target)
             if not want:
                 # No await since the check: a reroute sees this chunk as stored under
                 # the layout it was checked against.
@@ -229,10 +232,7 @@ class StripedWriter:
                     raise result
 
     async def _put_one(self, target: str, name: str, data: memoryview, crc: int) -> None:
-        url = self.locations.get(target)
-        if url is None:
-            raise unknown_target(target)
-        await self.plane.put_chunk(target, url, name, data, crc)
+        await self.plane.put_chunk(target, self.locations[target], name, data, crc)
 
     async def _route_around(self, target: str, exc: StagerError) -> None:
         """Report ``target`` and take the layout that replaces it (one report at a
@@ -244,7 +244,8 @@ class StripedWriter:
                 return
             if len(self.rerouted) >= self.MAX_REROUTES:
                 raise exc
-            self._failed.add(target)
+            if not isinstance(exc, InsufficientStorage):
+                self._failed.add(target)    # a full target still serves what it holds
             try:
                 layout, locations = await self._reroute(target, exc, self._index)
             except StagerError as why:
