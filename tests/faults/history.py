@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -83,6 +84,9 @@ class Fault:
     start: float
     end: float = math.inf
 
+    def __str__(self) -> str:
+        return f"{self.kind} {self.victim} [{self.start:.3f}, {self.end:.3f}]"
+
 
 @dataclass(frozen=True)
 class Violation:
@@ -117,6 +121,12 @@ class History:
         op.end, op.outcome, op.detail = self.now(), outcome, detail
         if op.kind in READ_KINDS:
             op.sha256 = digest
+
+    def dump(self, path: str | os.PathLike[str]) -> None:
+        """The whole history, one op or fault a line, for reading after a run."""
+        with open(path, "w") as f:
+            for item in sorted([*self.ops, *self.faults], key=lambda x: x.start):
+                f.write(f"{type(item).__name__.lower()} {item}\n")
 
     @contextmanager
     def fault(self, kind: str, victim: str) -> Iterator[Fault]:
@@ -190,6 +200,8 @@ def summary(history: History, violations: list[Violation]) -> dict[str, Any]:
         "reads": kinds["read"] + kinds["final_read"],
         "by_kind": {k: {o: outcomes[f"{k}:{o}"] for o in OUTCOMES if outcomes[f"{k}:{o}"]}
                     for k in sorted(kinds)},
+        "fail_reasons": dict(Counter(op.detail.split(":")[0] for op in history.ops
+                                     if op.outcome != "ack").most_common(6)),
         "paths": len({op.path for op in writes}),
         "faults": dict(Counter(f.kind for f in history.faults)),
         "violations": len(violations),

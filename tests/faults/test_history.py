@@ -21,6 +21,7 @@ well under 3 minutes) and ``STAGER_HISTORY_SEED`` (CI: 17); ``pytest --long``
 makes it a 10-minute soak (``STAGER_HISTORY_SECONDS`` still wins).  The seed fixes
 every writer's choices (op kinds, paths, sizes, bytes) and the nemesis's schedule;
 the interleaving itself depends on timing, as in any real run.
+``STAGER_HISTORY_DUMP=FILE`` writes the whole history there, an op or fault a line.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ WRITERS = 4
 PATHS = [f"/h/p{k:02d}.bin" for k in range(12)]
 LAYOUT = LayoutSpec(chunk_size=SMALL, replicas=2)
 OP_TIMEOUT = 30.0          # a call unanswered this long is recorded as unknown
-FAULT_EVERY = 2.0          # seconds between one fault's end and the next one's start
+FAULT_EVERY = 1.0          # seconds between one fault's end and the next one's start
 HANG_FOR = 4.0             # seconds a hung data server stays stopped (> target_timeout)
 SETTLE = 60.0              # seconds for targets to come back and repairs to finish
 ENV = {"STAGER_WRITE_TIMEOUT": "2", "STAGER_FAILOVER_TIMEOUT": "0.5",
@@ -253,6 +254,8 @@ async def test_history_under_kills_hangs_and_meta_restarts(
             replicas = [p for path in present
                         for p in replicas_on_disk(roots, await c.stat(path, cached=False))]
     violations = check(history)
+    if os.environ.get("STAGER_HISTORY_DUMP"):
+        history.dump(os.environ["STAGER_HISTORY_DUMP"])
     report = format_summary(history, violations)
     print("\n" + report)
     figures.update(summary(history, violations), missing_before_repair=before["missing"],
