@@ -204,6 +204,12 @@ def summary(history: History, violations: list[Violation]) -> dict[str, Any]:
                                      if op.outcome != "ack").most_common(6)),
         "paths": len({op.path for op in writes}),
         "faults": dict(Counter(f.kind for f in history.faults)),
+        "acks_during": {kind: sum(any(f.kind == kind and op.start < f.end and op.end > f.start
+                                      for f in history.faults) for op in writes
+                                  if op.outcome == "ack")
+                        for kind in sorted({f.kind for f in history.faults})},
+        "slowest_ack_s": round(max((op.end - op.start for op in writes
+                                    if op.outcome == "ack"), default=0.0), 2),
         "violations": len(violations),
         "violation_kinds": dict(Counter(v.kind for v in violations)),
     }

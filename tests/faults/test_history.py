@@ -52,7 +52,7 @@ WRITERS = 4
 PATHS = [f"/h/p{k:02d}.bin" for k in range(12)]
 LAYOUT = LayoutSpec(chunk_size=SMALL, replicas=2)
 OP_TIMEOUT = 30.0          # a call unanswered this long is recorded as unknown
-FAULT_EVERY = 1.0          # seconds between one fault's end and the next one's start
+FAULT_EVERY = 1.0          # seconds from every target up again to the next fault
 HANG_FOR = 4.0             # seconds a hung data server stays stopped (> target_timeout)
 SETTLE = 60.0              # seconds for targets to come back and repairs to finish
 ENV = {"STAGER_WRITE_TIMEOUT": "2", "STAGER_FAILOVER_TIMEOUT": "0.5",
@@ -160,8 +160,9 @@ async def read(history: History, c: AsyncClient, name: str, path: str, kind: str
 
 
 class Nemesis:
-    """One fault at a time, every ``FAULT_EVERY`` seconds, kinds in seeded rounds
-    (each round every kind once, shuffled), victims seeded too."""
+    """One fault at a time, ``FAULT_EVERY`` seconds after every target is up again,
+    kinds in seeded rounds (each round every kind once, shuffled), victims seeded
+    too."""
 
     def __init__(self, cluster: ProcessCluster, history: History) -> None:
         self.cluster = cluster
@@ -180,6 +181,10 @@ class Nemesis:
             if not kinds:
                 kinds = self.rng.sample(["kill9_data", "hang_data", "kill9_meta"], 3)
             await getattr(self, kinds.pop())()
+            # One fault at a time: a healed server is taken back (its suspicion by
+            # writers expired, its heartbeat seen) before the next fault.
+            await asyncio.to_thread(wait_for_targets, self.cluster.meta_url, N, SETTLE,
+                                    exact=True)
 
     async def kill9_data(self) -> None:
         i = self.rng.randrange(N)
