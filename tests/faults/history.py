@@ -149,13 +149,12 @@ def check(history: History) -> list[Violation]:
         if op.kind in READ_KINDS and op.outcome == "ack":
             key = (op.path, op.sha256)
             seen[key] = min(seen.get(key, math.inf), op.end)
+    done = {id(w): min(w.settled_by, seen.get((w.path, w.sha256), math.inf))
+            for ws in writes.values() for w in ws}
     out = []
     for read in history.ops:
         if read.kind in READ_KINDS:
-            ws = writes.get(read.path, [])
-            done = {id(w): min(w.settled_by, seen.get((w.path, w.sha256), math.inf))
-                    for w in ws}
-            v = _judge(read, ws, done)
+            v = _judge(read, writes.get(read.path, []), done)
             if v is not None:
                 out.append(v)
     return out
