@@ -229,3 +229,10 @@ def here(mnt: Mounted, client: Client, ns: str) -> Path:
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.pop("STAGER_META_URL", None)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    # Here, not in tests/faults/conftest.py: pytest only asks the conftests it loads
+    # first (this one, whatever the arguments) for options.
+    parser.addoption("--long", action="store_true", default=False,
+                     help="long soaks instead of CI-sized runs (tests/faults/test_history.py)")

@@ -87,18 +87,33 @@ async def write_many(client: AsyncClient, items: Iterable[WriteItem | tuple[Any,
 
 async def _with_retries(client: AsyncClient, items: list[WriteItem],
                         layout: LayoutSpec | None, overwrite: bool) -> list[Result]:
-    results = await _write_batch(client, items, layout, overwrite)
+    """Write the batch; again, with backoff, the items that failed because a server
+    was unreachable, and the whole batch if the metadata server was (a batch that
+    raised may have been committed in part: writing it again is an overwrite)."""
     retries = client.config.write_retries if overwrite else 0
-    for attempt in range(retries):
-        again = [i for i, r in enumerate(results)
-                 if isinstance(r, Unavailable) and not isinstance(r, NoTargets)]
-        if not again:
-            break
-        await asyncio.sleep(min(0.25 * 2 ** attempt, 4.0))
-        for i, r in zip(again, await _write_batch(client, [items[i] for i in again],
-                                                  layout, overwrite), strict=True):
+    results: list[Result | None] = [None] * len(items)
+    todo = list(range(len(items)))
+    for attempt in range(retries + 1):
+        if attempt:
+            await asyncio.sleep(min(0.25 * 2 ** (attempt - 1), 4.0))
+        try:
+            got = await _write_batch(client, [items[i] for i in todo], layout, overwrite)
+        except NoTargets:
+            raise
+        except Unavailable:
+            if attempt == retries:
+                raise
+            continue
+        for i, r in zip(todo, got, strict=True):
             results[i] = r
-    return results
+        todo = [i for i, r in zip(todo, got, strict=True) if _unreachable(r)]
+        if not todo:
+            break
+    return results  # type: ignore[return-value]    # every item answered
+
+
+def _unreachable(result: Result) -> bool:
+    return isinstance(result, Unavailable) and not isinstance(result, NoTargets)
 
 
 async def _write_batch(client: AsyncClient, items: Sequence[WriteItem],

@@ -28,3 +28,14 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line(name)
         for key, value in measured.items():
             terminalreporter.write_line(f"    {key}: {value}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``--long`` soaks run past the suite's 300 s timeout: give them their length."""
+    if not config.getoption("--long"):
+        return
+    from faults.test_history import run_seconds
+
+    for item in items:
+        if item.name.startswith("test_history_under"):
+            item.add_marker(pytest.mark.timeout(run_seconds(config) + 300))

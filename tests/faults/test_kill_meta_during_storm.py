@@ -20,7 +20,7 @@ from faults.faultlib import make_bytes, seconds
 from stager import AsyncClient
 from stager.config import load_config
 from stager.errors import StagerError
-from stager.protocol.models import LayoutSpec
+from stager.protocol.models import FileInfo, LayoutSpec
 from stager.testing import ProcessCluster
 
 pytestmark = pytest.mark.faults
@@ -108,3 +108,21 @@ async def test_kill9_meta_during_create_rename_storm(tmp_path: Path,
     assert errors["create"] == 0        # every create retried onto the restarted server
     assert wrong == [], wrong[:5]
     assert fsck["clean"] and fsck["missing"] == 0, fsck
+
+
+async def test_write_many_waits_out_a_meta_restart_as_pipe_does(tmp_path: Path) -> None:
+    """Found by the history check (test_history.py): right after a kill -9 of the
+    metadata server, pipe retried until ``--restart`` brought it back, but
+    write_many failed whole at once, its batched create refused."""
+    items = [(f"/m/f{i:02d}", make_bytes(f"m{i}", 1000 + 997 * i)) for i in range(8)]
+    with ProcessCluster(tmp_path, 3, replicas=2, restart=True) as cluster:
+        async with AsyncClient(cluster.meta_url, config=load_config(env={})) as c:
+            old = int(cluster.info["meta"]["pid"])
+            cluster.kill_meta()
+            await c.pipe("/m/piped", b"p" * 5000)
+            await asyncio.to_thread(cluster.wait_restarted, "meta", 0, old)
+            cluster.kill_meta()
+            results = await c.write_many(items, layout=LayoutSpec(chunk_size=64 * 1024))
+            assert all(isinstance(r, FileInfo) for r in results), results
+            for path, body in [*items, ("/m/piped", b"p" * 5000)]:
+                assert await c.cat(path) == body
