@@ -87,9 +87,12 @@ class Token:
 
     @classmethod
     def new(cls, name: str, scopes: Any, prefixes: Any, ttl: float, now: float) -> Token:
-        """A token with a fresh random id, valid ``ttl`` seconds from ``now``."""
-        return cls(secrets.token_hex(16), name, frozenset(scopes), tuple(prefixes),
-                   int(now + ttl))
+        """A token with a fresh random id, valid ``ttl`` seconds from ``now``.
+
+        ``scopes`` and ``prefixes`` are collections of strings; a bare string is
+        refused (``"/a"`` must not become the prefixes ``"/"`` and ``"/a"``)."""
+        return cls(secrets.token_hex(16), name, frozenset(_strings(scopes, "scopes")),
+                   tuple(_strings(prefixes, "prefixes")), int(now + ttl))
 
     def to_json(self) -> dict[str, Any]:
         return {"typ": "token", "id": self.id, "name": self.name,
