@@ -1,13 +1,14 @@
 """A bounded cache of verified capabilities, for the data server's hot path.
 
 Every chunk request carries a capability, and :func:`verify_capability`
-(strict base64, an Ed25519 check, JSON) costs about 0.37 ms of CPU on the 2-core
-development machine (timeit; an Ed25519 check alone is most of it).  The aim
-is auth at most 3% of read throughput: at ~400 chunk reads a second per GB/s
-that is ~15% of a core per GB/s if every request is verified, and far more
-when samples are small and requests many.  A client reuses one capability for
-many requests over its lifetime, so the data server checks each distinct
-capability text once and then answers from a dictionary (~0.35 µs a hit).
+(strict base64, an Ed25519 check, JSON) costs 0.13 ms of CPU on the shared
+2-core development machine (timeit; 0.37 ms while it was busy), nearly all of
+it the Ed25519 check.  The aim is auth at most 3% of read throughput: at ~400
+chunk reads a second per GB/s that is 5% of a core per GB/s if every request
+is verified, and far more when samples are small and requests many.  A client
+reuses one capability for many requests over its lifetime, so the data server
+checks each distinct capability text once and then answers from a dictionary
+(0.34 µs a hit).
 
 The key is the whole text: a cached answer is only ever for the exact bytes
 that were verified, so a forged or altered text misses and is verified (and
