@@ -15,6 +15,8 @@
     ├── IsADirectory (IsADirectoryError) .......... 409 is_a_directory
     ├── NotADirectory (NotADirectoryError) ........ 409 not_a_directory
     ├── DirectoryNotEmpty (OSError ENOTEMPTY) ..... 409 not_empty
+    ├── Unauthenticated (PermissionError) ......... 401 unauthenticated
+    ├── Forbidden (PermissionError) ............... 403 forbidden
     ├── ReadOnly (PermissionError) ................ 403 read_only
     ├── PayloadTooLarge (ValueError) .............. 413 too_large
     ├── RangeNotSatisfiable (ValueError) .......... 416 range_not_satisfiable
@@ -129,6 +131,21 @@ class DirectoryNotEmpty(StagerError, OSError):
     errno_value = errno.ENOTEMPTY
 
 
+class Unauthenticated(StagerError, PermissionError):
+    """No valid credential: the token is missing, malformed, expired, forged or revoked.
+
+    ``details["reason"]`` says which, so a client can tell an expired capability
+    (fetch a new one) from a forged one; the message never repeats the token."""
+
+    errno_value = errno.EACCES
+
+
+class Forbidden(StagerError, PermissionError):
+    """A valid credential that does not cover this request (its scope or its prefixes)."""
+
+    errno_value = errno.EACCES
+
+
 class ReadOnly(StagerError, PermissionError):
     """The file system or file is read-only."""
 
@@ -191,6 +208,8 @@ ERROR_TABLE: tuple[tuple[type[StagerError], int, str], ...] = (
     (InvalidPath, 400, "invalid_path"),
     (InvalidLayout, 400, "invalid_layout"),
     (ChecksumMismatch, 400, "checksum_mismatch"),
+    (Unauthenticated, 401, "unauthenticated"),
+    (Forbidden, 403, "forbidden"),        # first of 403: an unknown 403 code is a Forbidden
     (ReadOnly, 403, "read_only"),
     (NotFound, 404, "not_found"),
     (ChunkNotFound, 404, "chunk_not_found"),

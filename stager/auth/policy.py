@@ -1,0 +1,91 @@
+"""Who may do what: pure functions of the verified claims and the request.
+
+Decisions, and why:
+
+- **Scopes.** ``read`` reads and lists; ``write`` creates, writes, renames and
+  removes; the two are independent (a drop-box token may write without reading;
+  give both for the usual case).  ``admin`` implies every other scope — ``read``,
+  ``write`` and ``join`` — since an admin can mint any token anyway, refusing it
+  a scope would add no safety.  ``join`` grants nothing but itself: a data
+  server registering and sending heartbeats.
+- **Prefixes.** A path is covered when it is a prefix or below one, at segment
+  boundaries: ``/data/a`` covers ``/data/a`` and ``/data/a/x``, never
+  ``/data/ab``; ``/`` covers everything.  Operations on no path (targets,
+  rebuilds, tokens, joining) are cluster-wide: they pass ``path=None`` and need a
+  token that covers ``/``, so an admin of one prefix administers files there
+  and nothing of the cluster.
+- **Listings.** A directory shows, and its entries are shown, when
+  :func:`visible`: covered, or an ancestor of a covered prefix — so a token for
+  ``/datasets/imagenet`` can walk down from ``/`` to it, and sees nothing beside it.
+- **Capabilities.** An operation needs a capability of exactly that operation
+  on exactly that file: a ``write`` capability does not grant ``read``.  Each is
+  minted for one purpose (a layout answered for a read, or for a write), and the
+  issue asks data servers to refuse writes with a read one; the converse keeps a
+  writer from reading chunks back that the metadata server never said it may.
+
+:func:`allows` and :func:`capability_allows` answer yes or no; :func:`require`
+and :func:`require_capability` raise :class:`~stager.errors.Forbidden`, for handlers.
+"""
+
+from __future__ import annotations
+
+from ..errors import Forbidden
+from ..protocol.paths import is_within
+from .tokens import Capability, Token
+
+IMPLIED: dict[str, frozenset[str]] = {
+    "read": frozenset({"read"}),
+    "write": frozenset({"write"}),
+    "join": frozenset({"join"}),
+    "admin": frozenset({"admin", "read", "write", "join"}),
+}
+
+
+def granted(token: Token) -> frozenset[str]:
+    """Every scope ``token`` holds, implied ones included."""
+    return frozenset().union(*(IMPLIED[s] for s in token.scopes))
+
+
+def covers(token: Token, path: str | None) -> bool:
+    """True when ``path`` (normalized) is under one of the token's prefixes;
+    ``None`` (a cluster-wide operation) only for a token that covers ``/``."""
+    if path is None:
+        return "/" in token.prefixes
+    return any(is_within(path, prefix) for prefix in token.prefixes)
+
+
+def allows(token: Token, scope: str, path: str | None) -> bool:
+    """May ``token`` use ``scope`` on ``path`` (normalized; ``None``: cluster-wide)?"""
+    return scope in granted(token) and covers(token, path)
+
+
+def visible(token: Token, path: str) -> bool:
+    """Does a listing show ``path`` (normalized) to ``token``?  Needs ``read``."""
+    if "read" not in granted(token):
+        return False
+    return any(is_within(path, prefix) or is_within(prefix, path)
+               for prefix in token.prefixes)
+
+
+def require(token: Token, scope: str, path: str | None) -> None:
+    """:func:`allows`, or :class:`~stager.errors.Forbidden` naming what is missing."""
+    if scope not in granted(token):
+        raise Forbidden(f"token {token.name!r} lacks the {scope!r} scope",
+                        token=token.id, scope=scope)
+    if not covers(token, path):
+        where = "the whole cluster" if path is None else path
+        raise Forbidden(f"token {token.name!r} does not cover {where}",
+                        token=token.id, path=where)
+
+
+def capability_allows(cap: Capability, file_id: str, op: str) -> bool:
+    """Does ``cap`` let its holder do ``op`` ("read" or "write") on chunks of ``file_id``?"""
+    return cap.file_id == file_id and cap.op == op
+
+
+def require_capability(cap: Capability, file_id: str, op: str) -> None:
+    """:func:`capability_allows`, or :class:`~stager.errors.Forbidden`."""
+    if cap.file_id != file_id:
+        raise Forbidden("the capability is for another file", file=file_id)
+    if cap.op != op:
+        raise Forbidden(f"a {cap.op} capability does not allow {op}", file=file_id, op=op)
