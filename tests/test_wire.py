@@ -24,7 +24,14 @@ from stager.protocol import cluster as c
 from stager.protocol import jobreport as j
 from stager.protocol import messages as m
 from stager.protocol.batch import CommitItem, CreateItem
-from stager.protocol.models import FileInfo, Layout, LayoutSpec, ReadItem, TargetInfo
+from stager.protocol.models import (
+    INT64_MAX,
+    FileInfo,
+    Layout,
+    LayoutSpec,
+    ReadItem,
+    TargetInfo,
+)
 from stager.protocol.openapi import SCHEMAS
 from stager.protocol.routes import ROUTES, route
 from stager.web.middleware import error_response
@@ -181,6 +188,23 @@ def test_models_reject_bad_fields() -> None:
                                 "missing": "1"})
     with pytest.raises(BadRequest):
         j.JobList.from_json({"jobs": [{"job": "x", "summary": {}, "ranks": [1]}]})
+
+
+@pytest.mark.parametrize("parse, field, base", [
+    (TargetInfo.from_json, "used", {"id": "t0", "node": "n0", "url": "http://h:1"}),
+    (TargetInfo.from_json, "capacity", {"id": "t0", "node": "n0", "url": "http://h:1"}),
+    (m.Heartbeat.from_json, "chunks", {}),
+    (m.ScrubRequest.from_json, "rate", {}),
+    (CommitItem.from_json, "size", {"file_id": "a" * 32, "checksums": []}),
+])
+def test_counts_are_bounded_to_what_sqlite_stores(parse, field: str, base: dict) -> None:  # type: ignore[no-untyped-def]
+    """A count past a signed 64-bit integer was a 500 from the store (issue 18): now a 400."""
+    assert getattr(parse({**base, field: INT64_MAX}), field) == INT64_MAX
+    for bad in (INT64_MAX + 1, 1 << 64, -1):
+        with pytest.raises(BadRequest, match=repr(field)):
+            parse({**base, field: bad})
+    with pytest.raises(BadRequest):
+        ReadItem.from_json(["a" * 32 + ".0", INT64_MAX + 1, 1])
 
 
 def test_status_keeps_the_sections_of_the_background_services_on_the_top_level() -> None:

@@ -24,6 +24,7 @@ from .models import (
     ReadItem,
     TargetInfo,
     check_file_id,
+    count_of,
     field_of,
 )
 
@@ -65,8 +66,8 @@ class Heartbeat:
 
     @classmethod
     def from_json(cls, obj: Any) -> Heartbeat:
-        return cls(capacity=field_of(obj, "capacity", int, 0), used=field_of(obj, "used", int, 0),
-                   chunks=field_of(obj, "chunks", int, 0))
+        return cls(capacity=count_of(obj, "capacity", 0), used=count_of(obj, "used", 0),
+                   chunks=count_of(obj, "chunks", 0))
 
 
 @dataclass(frozen=True)
@@ -92,10 +93,7 @@ class ScrubRequest:
 
     @classmethod
     def from_json(cls, obj: Any) -> ScrubRequest:
-        rate = field_of(obj, "rate", int, None)
-        if rate is not None and rate < 0:
-            raise BadRequest("rate must not be negative")
-        return cls(rate)
+        return cls(count_of(obj, "rate", None))
 
 
 @dataclass(frozen=True)

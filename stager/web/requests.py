@@ -11,6 +11,7 @@ from aiohttp import hdrs, web
 
 from ..errors import BadRequest, InvalidPath, PayloadTooLarge
 from ..protocol import paths
+from ..protocol.models import INT64_MAX
 
 PARSE_AWAY = 1 << 20      # JSON bodies larger than this are parsed in a thread
 
@@ -113,13 +114,18 @@ def path_arg(request: web.Request) -> str:
 
 
 def query_int(request: web.Request, name: str, default: int | None = None) -> int | None:
+    """A count from the query: a whole number from 0 to :data:`INT64_MAX` (it may reach
+    SQLite, whose INTEGER is 64-bit)."""
     raw = request.query.get(name)
     if raw is None or raw == "":
         return default
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
         raise BadRequest(f"query parameter {name} must be an integer") from None
+    if not 0 <= value <= INT64_MAX:
+        raise BadRequest(f"query parameter {name} must be from 0 to {INT64_MAX}")
+    return value
 
 
 def query_bool(request: web.Request, name: str, default: bool = False) -> bool:
