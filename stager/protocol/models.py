@@ -22,7 +22,16 @@ TARGET_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 MIN_CHUNK_SIZE = 4096
 MAX_REPLICAS = 8
+MAX_STRIPE_COUNT = 1024
+MAX_LIST_LIMIT = 100_000
 INT64_MAX = (1 << 63) - 1   # SQLite's INTEGER: a larger count failed in the store, as a 500
+
+# The bounds the parsers below enforce, as JSON Schema keywords for the OpenAPI document.
+COUNT_BOUNDS = {"minimum": 0, "maximum": INT64_MAX}
+CHUNK_SIZE_BOUNDS = {"minimum": MIN_CHUNK_SIZE, "maximum": INT64_MAX - INT64_MAX % MIN_CHUNK_SIZE,
+                     "multipleOf": MIN_CHUNK_SIZE}
+STRIPE_COUNT_BOUNDS = {"minimum": 0, "maximum": MAX_STRIPE_COUNT}
+REPLICAS_BOUNDS = {"minimum": 1, "maximum": MAX_REPLICAS}
 
 
 def field_of(obj: Mapping[str, Any], key: str, kind: type[T] | tuple[type, ...],
@@ -95,7 +104,7 @@ class LayoutSpec:
         if unknown:
             raise InvalidLayout(f"unknown layout fields: {sorted(unknown)}")
         spec = cls(
-            chunk_size=field_of(obj, "chunk_size", int, None),
+            chunk_size=count_of(obj, "chunk_size", None),
             stripe_count=field_of(obj, "stripe_count", int, None),
             replicas=field_of(obj, "replicas", int, None),
         )
@@ -108,8 +117,8 @@ class LayoutSpec:
                 raise InvalidLayout(f"chunk_size must be a positive multiple of {MIN_CHUNK_SIZE}")
             if max_chunk_size is not None and self.chunk_size > max_chunk_size:
                 raise InvalidLayout(f"chunk_size above the limit of {max_chunk_size}")
-        if self.stripe_count is not None and not 0 <= self.stripe_count <= 1024:
-            raise InvalidLayout("stripe_count must be between 0 (all) and 1024")
+        if self.stripe_count is not None and not 0 <= self.stripe_count <= MAX_STRIPE_COUNT:
+            raise InvalidLayout(f"stripe_count must be between 0 (all) and {MAX_STRIPE_COUNT}")
         if self.replicas is not None and not 1 <= self.replicas <= MAX_REPLICAS:
             raise InvalidLayout(f"replicas must be between 1 and {MAX_REPLICAS}")
 
@@ -153,7 +162,7 @@ class Layout:
         if not all(isinstance(t, str) for t in targets + nodes) or len(targets) != len(nodes):
             raise InvalidLayout("targets and nodes must be lists of strings of equal length")
         layout = cls(
-            chunk_size=field_of(obj, "chunk_size", int),
+            chunk_size=count_of(obj, "chunk_size"),
             stripe_count=field_of(obj, "stripe_count", int),
             replicas=field_of(obj, "replicas", int),
             targets=tuple(targets),
