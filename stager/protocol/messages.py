@@ -82,9 +82,14 @@ class TargetList:
         return cls(tuple(TargetInfo.from_json(t) for t in field_of(obj, "targets", list)))
 
 
+MIN_SCRUB_RATE = 64 * 1024
+
+
 @dataclass(frozen=True)
 class ScrubRequest:
-    """Verify every chunk now, at most ``rate`` bytes a second (``None``: the default)."""
+    """Verify every chunk now, at most ``rate`` bytes a second (``None``: the default;
+    0: no limit).  A rate below :data:`MIN_SCRUB_RATE` is refused: a scrub at a few
+    bytes a second would hold the scrubber (and the request) for days."""
 
     rate: int | None = None
 
@@ -93,7 +98,10 @@ class ScrubRequest:
 
     @classmethod
     def from_json(cls, obj: Any) -> ScrubRequest:
-        return cls(count_of(obj, "rate", None))
+        rate = count_of(obj, "rate", None)
+        if rate and rate < MIN_SCRUB_RATE:
+            raise BadRequest(f"rate must be 0 (no limit) or at least {MIN_SCRUB_RATE} bytes/s")
+        return cls(rate)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from typing import Any
 
 from ..version import __version__
 from .jobreport import SCHEMAS as JOB_SCHEMAS
+from .messages import MIN_SCRUB_RATE
 from .models import (
     CHUNK_ID_RE,
     CHUNK_SIZE_BOUNDS,
@@ -125,7 +126,8 @@ SCHEMAS: dict[str, Any] = {
     "ManifestStored": _obj({"path": _STR, "files": _INT}, ("path", "files")),
     "ChunkDeleted": _obj({"deleted": _BOOL}, ("deleted",)),
     "PurgeRequest": _obj({"file_ids": {"type": "array", "items": _FILE_ID}}, ("file_ids",)),
-    "ScrubRequest": _obj({"rate": _COUNT}),
+    "ScrubRequest": _obj({"rate": {**_INT, "anyOf": [
+        {"const": 0}, {"minimum": MIN_SCRUB_RATE, "maximum": COUNT_BOUNDS["maximum"]}]}}),
     "ScrubReport": _obj({"target": _STR, "chunks": {"type": "array", "items": _STR}},
                         ("target", "chunks")),
     "ScrubQueued": _obj({"queued": _INT}, ("queued",)),
