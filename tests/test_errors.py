@@ -172,6 +172,13 @@ def test_unknown_routes_and_wrong_methods(cluster: ThreadCluster, http) -> None:
     ("/v1/targets", b'{"id": "t1", "node": "n", "url": "http://x", "chunks": 9223372036854775808}'),
     ("/v1/commit", b'{"file_id": "' + b"0" * 32 + b'", "size": 9223372036854775808, '
                    b'"checksums": []}'),
+    # text SQLite cannot store, Python's non-JSON constants, nesting past the stack (issue 18)
+    ("/v1/mkdir", b'{"path": "/x\\ud800"}'),
+    ("/v1/targets", b'{"id": "t1", "node": "\\udc00", "url": "http://x"}'),
+    ("/v1/targets", b'{"id": "t1", "node": "n", "url": "http://x", "last_heartbeat": NaN}'),
+    ("/v1/commit", b'{"file_id": "' + b"0" * 32 + b'", "size": 0, "checksums": [], '
+                   b'"mtime": Infinity}'),
+    ("/v1/mkdir", b'{"path": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"),
 ])
 def test_malformed_json_is_400(cluster: ThreadCluster, http, route: str, body: bytes) -> None:
     r = http(cluster.meta_url, "POST", route, body=body,

@@ -206,7 +206,7 @@ def split_chunk_batch(body: bytes | bytearray) -> list[tuple[ChunkItem, memoryvi
         raise BadRequest("a chunk batch starts with one JSON line ending in a newline")
     try:
         head = json.loads(bytes(view[:end]))
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:     # deep: [[[[...
         raise BadRequest(f"malformed JSON line of a chunk batch: {exc}") from None
     if not isinstance(head, dict):
         raise BadRequest("the JSON line of a chunk batch must be an object")
