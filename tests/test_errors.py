@@ -120,6 +120,14 @@ def test_missing_is_404(cluster: ThreadCluster, http, ns: str) -> None:
     assert_error(r, 404, "not_found")
 
 
+def test_a_heartbeat_with_a_count_out_of_range_is_400(cluster: ThreadCluster, http) -> None:
+    """Counts are stored as SQLite INTEGERs; 2**64 was a 500 before it reached the target."""
+    beat = f"/v1/targets/{cluster.target_id(0)}/heartbeat"
+    for field, value in (("used", 1 << 64), ("capacity", -1), ("chunks", 1 << 63)):
+        r = http(cluster.meta_url, "POST", beat, body=json.dumps({field: value}).encode())
+        assert repr(field) in assert_error(r, 400, "bad_request")["message"]
+
+
 def test_unknown_routes_and_wrong_methods(cluster: ThreadCluster, http) -> None:
     data_url = cluster.data[0].url  # type: ignore[union-attr]
     for base in (cluster.meta_url, data_url):
@@ -158,6 +166,19 @@ def test_unknown_routes_and_wrong_methods(cluster: ThreadCluster, http) -> None:
     ("/v1/targets", b'{"id": "t1", "node": "n", "url": "ftp://x"}'),
     ("/v1/targets", b'{"id": "../../x", "node": "n", "url": "http://x"}'),
     ("/v1/targets", b'{"id": "t1", "node": "n", "url": "http://x", "capacity": -1.5}'),
+    # counts are SQLite INTEGERs (64-bit): one out of range was a 500 (issue 18)
+    ("/v1/targets", b'{"id": "t1", "node": "n", "url": "http://x", "used": 18446744073709551616}'),
+    ("/v1/targets", b'{"id": "t1", "node": "n", "url": "http://x", "capacity": -1}'),
+    ("/v1/targets", b'{"id": "t1", "node": "n", "url": "http://x", "chunks": 9223372036854775808}'),
+    ("/v1/commit", b'{"file_id": "' + b"0" * 32 + b'", "size": 9223372036854775808, '
+                   b'"checksums": []}'),
+    # text SQLite cannot store, Python's non-JSON constants, nesting past the stack (issue 18)
+    ("/v1/mkdir", b'{"path": "/x\\ud800"}'),
+    ("/v1/targets", b'{"id": "t1", "node": "\\udc00", "url": "http://x"}'),
+    ("/v1/targets", b'{"id": "t1", "node": "n", "url": "http://x", "last_heartbeat": NaN}'),
+    ("/v1/commit", b'{"file_id": "' + b"0" * 32 + b'", "size": 0, "checksums": [], '
+                   b'"mtime": Infinity}'),
+    ("/v1/mkdir", b'{"path": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"),
 ])
 def test_malformed_json_is_400(cluster: ThreadCluster, http, route: str, body: bytes) -> None:
     r = http(cluster.meta_url, "POST", route, body=body,
@@ -167,7 +188,7 @@ def test_malformed_json_is_400(cluster: ThreadCluster, http, route: str, body: b
 
 
 @pytest.mark.parametrize("query", ["limit=abc", "limit=0", "limit=-3", "limit=1000001",
-                                   "detail=maybe"])
+                                   "limit=18446744073709551616", "detail=maybe"])
 def test_bad_query_parameters_are_400(cluster: ThreadCluster, http, query: str) -> None:
     assert_error(http(cluster.meta_url, "GET", f"/v1/list/?{query}"), 400, "bad_request")
 

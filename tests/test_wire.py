@@ -24,7 +24,14 @@ from stager.protocol import cluster as c
 from stager.protocol import jobreport as j
 from stager.protocol import messages as m
 from stager.protocol.batch import CommitItem, CreateItem
-from stager.protocol.models import FileInfo, Layout, LayoutSpec, ReadItem, TargetInfo
+from stager.protocol.models import (
+    INT64_MAX,
+    FileInfo,
+    Layout,
+    LayoutSpec,
+    ReadItem,
+    TargetInfo,
+)
 from stager.protocol.openapi import SCHEMAS
 from stager.protocol.routes import ROUTES, route
 from stager.web.middleware import error_response
@@ -144,7 +151,7 @@ def _answers() -> dict[str, object]:
 
 @pytest.mark.parametrize("model", [
     m.Heartbeat(1, 2, 3),
-    m.ScrubRequest(), m.ScrubRequest(5), m.FsckRequest(True),
+    m.ScrubRequest(), m.ScrubRequest(1 << 20), m.FsckRequest(True),
     m.ScrubReport("t0", ("a" * 32 + ".1",)),
     m.MkdirRequest("/d", True, True, LayoutSpec(chunk_size=8192)),
     m.SetLayoutRequest("/d", LayoutSpec(replicas=2)),
@@ -172,8 +179,11 @@ def test_models_reject_bad_fields() -> None:
             m.RemoveRequest.from_json(bad)
     with pytest.raises(BadRequest):
         m.PurgeRequest.from_json({"file_ids": ["../x"]})
-    with pytest.raises(BadRequest):
-        m.ScrubRequest.from_json({"rate": -1})
+    for rate in (-1, 1, m.MIN_SCRUB_RATE - 1, INT64_MAX + 1):   # 1 B/s: a scrub for days
+        with pytest.raises(BadRequest, match="rate"):
+            m.ScrubRequest.from_json({"rate": rate})
+    assert m.ScrubRequest.from_json({"rate": 0}).rate == 0
+    assert m.ScrubRequest.from_json({"rate": INT64_MAX}).rate == INT64_MAX
     with pytest.raises(BadRequest):
         m.ScrubReport.from_json({"target": "t0", "chunks": [1]})
     with pytest.raises(BadRequest):
@@ -181,6 +191,22 @@ def test_models_reject_bad_fields() -> None:
                                 "missing": "1"})
     with pytest.raises(BadRequest):
         j.JobList.from_json({"jobs": [{"job": "x", "summary": {}, "ranks": [1]}]})
+
+
+@pytest.mark.parametrize("parse, field, base", [
+    (TargetInfo.from_json, "used", {"id": "t0", "node": "n0", "url": "http://h:1"}),
+    (TargetInfo.from_json, "capacity", {"id": "t0", "node": "n0", "url": "http://h:1"}),
+    (m.Heartbeat.from_json, "chunks", {}),
+    (CommitItem.from_json, "size", {"file_id": "a" * 32, "checksums": []}),
+])
+def test_counts_are_bounded_to_what_sqlite_stores(parse, field: str, base: dict) -> None:  # type: ignore[no-untyped-def]
+    """A count past a signed 64-bit integer was a 500 from the store (issue 18): now a 400."""
+    assert getattr(parse({**base, field: INT64_MAX}), field) == INT64_MAX
+    for bad in (INT64_MAX + 1, 1 << 64, -1):
+        with pytest.raises(BadRequest, match=repr(field)):
+            parse({**base, field: bad})
+    with pytest.raises(BadRequest):
+        ReadItem.from_json(["a" * 32 + ".0", INT64_MAX + 1, 1])
 
 
 def test_status_keeps_the_sections_of_the_background_services_on_the_top_level() -> None:

@@ -84,7 +84,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     r.set_defaults(func=cmd_target_remove)
 
     p = sub.add_parser("scrub", help="verify every chunk's checksums now; repair bad copies")
-    p.add_argument("--rate", help="bytes/s per target (e.g. 200MiB; default: no limit)")
+    p.add_argument("--rate", help="bytes/s per target, at least 64KiB "
+                                  "(e.g. 200MiB; default: no limit)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_scrub)
 

@@ -25,7 +25,7 @@ from ..protocol.batch import CommitItem, CreateItem
 from ..protocol.cluster import Status
 from ..protocol.manifest import Manifest
 from ..protocol.messages import RerouteRequest
-from ..protocol.models import FileInfo, Layout, LayoutSpec, TargetInfo
+from ..protocol.models import MAX_LIST_LIMIT, FileInfo, Layout, LayoutSpec, TargetInfo
 from . import batch, reroute
 from .batch import Created, check_commit
 from .store import MetaStore, NodeEntry, Upload
@@ -88,8 +88,8 @@ class MetaService:
                    ) -> tuple[list[FileInfo], str | None]:
         """One page of a directory; the second value is the ``after`` of the next page."""
         limit = self.config.list_page_size if limit is None else limit
-        if not 1 <= limit <= 100_000:
-            raise BadRequest("limit must be between 1 and 100000")
+        if not 1 <= limit <= MAX_LIST_LIMIT:
+            raise BadRequest(f"limit must be between 1 and {MAX_LIST_LIMIT}")
         entries = await self.store.list_dir(paths.normalize(path), after=after, limit=limit)
         infos = [self.info(e) for e in entries]
         return infos, (entries[-1].path.rsplit("/", 1)[-1] if len(entries) == limit else None)

@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 from ..checksum import from_hex, to_hex
 from ..errors import BadRequest, PayloadTooLarge, StagerError, error_from_wire
 from . import paths
-from .models import LayoutSpec, check_file_id, field_of, parse_chunk_id
+from .models import LayoutSpec, check_file_id, count_of, field_of, parse_chunk_id
 
 T = TypeVar("T")
 
@@ -93,7 +93,7 @@ class CommitItem:
             raise BadRequest("checksums must be 8-digit hex strings") from None
         mtime = field_of(obj, "mtime", (int, float), None)
         return cls(file_id=check_file_id(field_of(obj, "file_id", str)),
-                   size=field_of(obj, "size", int), checksums=checksums,
+                   size=count_of(obj, "size"), checksums=checksums,
                    mtime=float(mtime) if mtime is not None else None)
 
 
@@ -206,7 +206,7 @@ def split_chunk_batch(body: bytes | bytearray) -> list[tuple[ChunkItem, memoryvi
         raise BadRequest("a chunk batch starts with one JSON line ending in a newline")
     try:
         head = json.loads(bytes(view[:end]))
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:     # deep: [[[[...
         raise BadRequest(f"malformed JSON line of a chunk batch: {exc}") from None
     if not isinstance(head, dict):
         raise BadRequest("the JSON line of a chunk batch must be an object")

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import BadRequest
 from . import paths
-from .models import FileInfo, Layout, check_file_id, field_of
+from .models import FileInfo, Layout, check_file_id, count_of, field_of
 
 MANIFEST_VERSION = 1
 
@@ -39,7 +39,7 @@ class ManifestFile:
         rel = field_of(obj, "path", str)
         if paths.normalize(rel) != "/" + rel.strip("/") or rel.startswith("/"):
             raise BadRequest(f"manifest paths are relative and canonical: {rel!r}")
-        return cls(path=rel, size=field_of(obj, "size", int),
+        return cls(path=rel, size=count_of(obj, "size"),
                    mtime=float(field_of(obj, "mtime", (int, float), 0.0)),
                    file_id=check_file_id(field_of(obj, "file_id", str)))
 

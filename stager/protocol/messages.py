@@ -24,6 +24,7 @@ from .models import (
     ReadItem,
     TargetInfo,
     check_file_id,
+    count_of,
     field_of,
 )
 
@@ -65,8 +66,8 @@ class Heartbeat:
 
     @classmethod
     def from_json(cls, obj: Any) -> Heartbeat:
-        return cls(capacity=field_of(obj, "capacity", int, 0), used=field_of(obj, "used", int, 0),
-                   chunks=field_of(obj, "chunks", int, 0))
+        return cls(capacity=count_of(obj, "capacity", 0), used=count_of(obj, "used", 0),
+                   chunks=count_of(obj, "chunks", 0))
 
 
 @dataclass(frozen=True)
@@ -81,9 +82,14 @@ class TargetList:
         return cls(tuple(TargetInfo.from_json(t) for t in field_of(obj, "targets", list)))
 
 
+MIN_SCRUB_RATE = 64 * 1024
+
+
 @dataclass(frozen=True)
 class ScrubRequest:
-    """Verify every chunk now, at most ``rate`` bytes a second (``None``: the default)."""
+    """Verify every chunk now, at most ``rate`` bytes a second (``None``: the default;
+    0: no limit).  A rate below :data:`MIN_SCRUB_RATE` is refused: a scrub at a few
+    bytes a second would hold the scrubber (and the request) for days."""
 
     rate: int | None = None
 
@@ -92,9 +98,9 @@ class ScrubRequest:
 
     @classmethod
     def from_json(cls, obj: Any) -> ScrubRequest:
-        rate = field_of(obj, "rate", int, None)
-        if rate is not None and rate < 0:
-            raise BadRequest("rate must not be negative")
+        rate = count_of(obj, "rate", None)
+        if rate and rate < MIN_SCRUB_RATE:
+            raise BadRequest(f"rate must be 0 (no limit) or at least {MIN_SCRUB_RATE} bytes/s")
         return cls(rate)
 
 

@@ -22,6 +22,16 @@ TARGET_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 MIN_CHUNK_SIZE = 4096
 MAX_REPLICAS = 8
+MAX_STRIPE_COUNT = 1024
+MAX_LIST_LIMIT = 100_000
+INT64_MAX = (1 << 63) - 1   # SQLite's INTEGER: a larger count failed in the store, as a 500
+
+# The bounds the parsers below enforce, as JSON Schema keywords for the OpenAPI document.
+COUNT_BOUNDS = {"minimum": 0, "maximum": INT64_MAX}
+CHUNK_SIZE_BOUNDS = {"minimum": MIN_CHUNK_SIZE, "maximum": INT64_MAX - INT64_MAX % MIN_CHUNK_SIZE,
+                     "multipleOf": MIN_CHUNK_SIZE}
+STRIPE_COUNT_BOUNDS = {"minimum": 0, "maximum": MAX_STRIPE_COUNT}
+REPLICAS_BOUNDS = {"minimum": 1, "maximum": MAX_REPLICAS}
 
 
 def field_of(obj: Mapping[str, Any], key: str, kind: type[T] | tuple[type, ...],
@@ -40,6 +50,15 @@ def field_of(obj: Mapping[str, Any], key: str, kind: type[T] | tuple[type, ...],
         raise BadRequest(f"field {key!r} must be {_names(kinds)}")
     if not isinstance(value, kinds):
         raise BadRequest(f"field {key!r} must be {_names(kinds)}")
+    return value
+
+
+def count_of(obj: Mapping[str, Any], key: str, default: Any = ...) -> Any:
+    """``obj[key]``, a whole number from 0 to :data:`INT64_MAX` (sizes, byte counts,
+    offsets): every count is stored or computed as a signed 64-bit integer."""
+    value = field_of(obj, key, int, default)
+    if value is not default and not 0 <= value <= INT64_MAX:
+        raise BadRequest(f"field {key!r} must be an integer from 0 to {INT64_MAX}")
     return value
 
 
@@ -85,7 +104,7 @@ class LayoutSpec:
         if unknown:
             raise InvalidLayout(f"unknown layout fields: {sorted(unknown)}")
         spec = cls(
-            chunk_size=field_of(obj, "chunk_size", int, None),
+            chunk_size=count_of(obj, "chunk_size", None),
             stripe_count=field_of(obj, "stripe_count", int, None),
             replicas=field_of(obj, "replicas", int, None),
         )
@@ -98,8 +117,8 @@ class LayoutSpec:
                 raise InvalidLayout(f"chunk_size must be a positive multiple of {MIN_CHUNK_SIZE}")
             if max_chunk_size is not None and self.chunk_size > max_chunk_size:
                 raise InvalidLayout(f"chunk_size above the limit of {max_chunk_size}")
-        if self.stripe_count is not None and not 0 <= self.stripe_count <= 1024:
-            raise InvalidLayout("stripe_count must be between 0 (all) and 1024")
+        if self.stripe_count is not None and not 0 <= self.stripe_count <= MAX_STRIPE_COUNT:
+            raise InvalidLayout(f"stripe_count must be between 0 (all) and {MAX_STRIPE_COUNT}")
         if self.replicas is not None and not 1 <= self.replicas <= MAX_REPLICAS:
             raise InvalidLayout(f"replicas must be between 1 and {MAX_REPLICAS}")
 
@@ -143,7 +162,7 @@ class Layout:
         if not all(isinstance(t, str) for t in targets + nodes) or len(targets) != len(nodes):
             raise InvalidLayout("targets and nodes must be lists of strings of equal length")
         layout = cls(
-            chunk_size=field_of(obj, "chunk_size", int),
+            chunk_size=count_of(obj, "chunk_size"),
             stripe_count=field_of(obj, "stripe_count", int),
             replicas=field_of(obj, "replicas", int),
             targets=tuple(targets),
@@ -203,7 +222,7 @@ class FileInfo:
         return cls(
             path=field_of(obj, "path", str),
             type=field_of(obj, "type", str),
-            size=field_of(obj, "size", int, 0),
+            size=count_of(obj, "size", 0),
             mtime=float(field_of(obj, "mtime", (int, float), 0.0)),
             file_id=field_of(obj, "file_id", str, None),
             layout=Layout.from_json(layout) if layout is not None else None,
@@ -245,11 +264,11 @@ class TargetInfo:
             id=target_id,
             node=field_of(obj, "node", str),
             url=url.rstrip("/"),
-            capacity=field_of(obj, "capacity", int, 0),
-            used=field_of(obj, "used", int, 0),
+            capacity=count_of(obj, "capacity", 0),
+            used=count_of(obj, "used", 0),
             state=field_of(obj, "state", str, "up"),
             last_heartbeat=float(field_of(obj, "last_heartbeat", (int, float), 0.0)),
-            chunks=field_of(obj, "chunks", int, 0),
+            chunks=count_of(obj, "chunks", 0),
         )
 
 
@@ -272,6 +291,6 @@ class ReadItem:
         if not isinstance(chunk, str) or type(offset) is not int or type(length) is not int:
             raise BadRequest("a read item is [chunk: str, offset: int, length: int]")
         parse_chunk_id(chunk)
-        if offset < 0 or length < 0:
-            raise BadRequest("offset and length must not be negative")
+        if not (0 <= offset <= INT64_MAX and 0 <= length <= INT64_MAX):
+            raise BadRequest(f"offset and length must be from 0 to {INT64_MAX}")
         return cls(chunk, offset, length)

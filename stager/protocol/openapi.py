@@ -6,12 +6,28 @@ from typing import Any
 
 from ..version import __version__
 from .jobreport import SCHEMAS as JOB_SCHEMAS
+from .messages import MIN_SCRUB_RATE
+from .models import (
+    CHUNK_ID_RE,
+    CHUNK_SIZE_BOUNDS,
+    COUNT_BOUNDS,
+    FILE_ID_RE,
+    REPLICAS_BOUNDS,
+    STRIPE_COUNT_BOUNDS,
+    TARGET_ID_RE,
+)
 from .routes import Route, routes_for
 
 _INT = {"type": "integer"}
 _STR = {"type": "string"}
 _NUM = {"type": "number"}
 _BOOL = {"type": "boolean"}
+# What the parsers check, so a generated request can be valid (and an invalid one knowingly so)
+_COUNT = {**_INT, **COUNT_BOUNDS}
+_FILE_ID = {**_STR, "pattern": FILE_ID_RE.pattern}
+_CHUNK_ID = {**_STR, "pattern": CHUNK_ID_RE.pattern}
+_TARGET_ID = {**_STR, "pattern": TARGET_ID_RE.pattern}
+_URL = {**_STR, "pattern": "^https?://"}
 
 
 def _obj(props: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -22,7 +38,10 @@ def _ref(name: str) -> dict[str, Any]:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
-LAYOUT_SPEC = _obj({"chunk_size": _INT, "stripe_count": _INT, "replicas": _INT})
+_CHUNK_SIZE = {**_INT, **CHUNK_SIZE_BOUNDS}
+_REPLICAS = {**_INT, **REPLICAS_BOUNDS}
+LAYOUT_SPEC = _obj({"chunk_size": _CHUNK_SIZE, "stripe_count": {**_INT, **STRIPE_COUNT_BOUNDS},
+                    "replicas": _REPLICAS})
 
 SCHEMAS: dict[str, Any] = {
     "Error": _obj({"error": _STR, "message": _STR, "details": {"type": "object"}},
@@ -30,7 +49,9 @@ SCHEMAS: dict[str, Any] = {
     "Health": _obj({"ok": _BOOL, "role": _STR, "version": _STR, "id": _STR, "node": _STR},
                    ("ok", "role", "version")),
     "LayoutSpec": LAYOUT_SPEC,
-    "Layout": _obj({"chunk_size": _INT, "stripe_count": _INT, "replicas": _INT,
+    "Layout": _obj({"chunk_size": _CHUNK_SIZE,
+                    "stripe_count": {**_INT, **STRIPE_COUNT_BOUNDS, "minimum": 1},
+                    "replicas": _REPLICAS,
                     "targets": {"type": "array", "items": _STR},
                     "nodes": {"type": "array", "items": _STR}},
                    ("chunk_size", "stripe_count", "replicas", "targets", "nodes")),
@@ -42,11 +63,11 @@ SCHEMAS: dict[str, Any] = {
                      ("path", "type", "size", "mtime")),
     "Listing": _obj({"path": _STR, "entries": {"type": "array", "items": _ref("FileInfo")},
                      "next": {"type": ["string", "null"]}}, ("entries",)),
-    "Target": _obj({"id": _STR, "node": _STR, "url": _STR, "capacity": _INT, "used": _INT,
-                    "state": _STR, "last_heartbeat": _NUM, "chunks": _INT},
+    "Target": _obj({"id": _TARGET_ID, "node": _STR, "url": _URL, "capacity": _COUNT,
+                    "used": _COUNT, "state": _STR, "last_heartbeat": _NUM, "chunks": _COUNT},
                    ("id", "node", "url")),
     "TargetList": _obj({"targets": {"type": "array", "items": _ref("Target")}}),
-    "Heartbeat": _obj({"capacity": _INT, "used": _INT, "chunks": _INT}),
+    "Heartbeat": _obj({"capacity": _COUNT, "used": _COUNT, "chunks": _COUNT}),
     "Status": {**_obj({"targets": {"type": "array", "items": _ref("Target")}, "nodes": _INT,
                        "targets_up": _INT, "capacity": _INT, "used": _INT, "files": _INT,
                        "directories": _INT, "bytes": _INT},
@@ -62,10 +83,10 @@ SCHEMAS: dict[str, Any] = {
     "Upload": _obj({"file_id": _STR, "path": _STR, "layout": _ref("Layout"),
                     "locations": {"type": "object", "additionalProperties": _STR}},
                    ("file_id", "path", "layout", "locations")),
-    "CommitRequest": _obj({"file_id": _STR, "size": _INT, "mtime": _NUM,
+    "CommitRequest": _obj({"file_id": _FILE_ID, "size": _COUNT, "mtime": _NUM,
                            "checksums": {"type": "array", "items": _STR}},
                           ("file_id", "size", "checksums")),
-    "AbortRequest": _obj({"file_id": _STR}, ("file_id",)),
+    "AbortRequest": _obj({"file_id": _FILE_ID}, ("file_id",)),
     "Aborted": _obj({"aborted": _BOOL}, ("aborted",)),
     "RerouteRequest": _obj({"target": _STR, "code": _STR, "reason": _STR, "items": {
         "type": "array", "items": _obj({"file_id": _STR, "chunks": _INT},
@@ -90,12 +111,13 @@ SCHEMAS: dict[str, Any] = {
     "RemoveResult": _obj({"removed": _INT}),
     "ChunkInfo": _obj({"chunk": _STR, "size": _INT, "crc32c": _STR}),
     "ReadRequest": _obj({"items": {"type": "array", "items": {
-        "type": "array", "prefixItems": [_STR, _INT, _INT], "minItems": 3, "maxItems": 3}}},
+        "type": "array", "prefixItems": [_CHUNK_ID, _COUNT, _COUNT], "minItems": 3,
+        "maxItems": 3}}},
         ("items",)),
     "Manifest": _obj({"version": _INT, "path": _STR, "source": _STR, "created": _NUM,
                       "extra": {"type": "object"},
                       "files": {"type": "array", "items": _obj(
-                          {"path": _STR, "size": _INT, "mtime": _NUM, "file_id": _STR,
+                          {"path": _STR, "size": _COUNT, "mtime": _NUM, "file_id": _FILE_ID,
                            "layout": _INT, "checksums": {"type": "array", "items": _STR},
                            "stale": _BOOL}, ("path", "size", "file_id"))},
                       "layouts": {"type": "array", "items": _ref("Layout")},
@@ -103,8 +125,9 @@ SCHEMAS: dict[str, Any] = {
                      ("files",)),
     "ManifestStored": _obj({"path": _STR, "files": _INT}, ("path", "files")),
     "ChunkDeleted": _obj({"deleted": _BOOL}, ("deleted",)),
-    "PurgeRequest": _obj({"file_ids": {"type": "array", "items": _STR}}, ("file_ids",)),
-    "ScrubRequest": _obj({"rate": _INT}),
+    "PurgeRequest": _obj({"file_ids": {"type": "array", "items": _FILE_ID}}, ("file_ids",)),
+    "ScrubRequest": _obj({"rate": {**_INT, "anyOf": [
+        {"const": 0}, {"minimum": MIN_SCRUB_RATE, "maximum": COUNT_BOUNDS["maximum"]}]}}),
     "ScrubReport": _obj({"target": _STR, "chunks": {"type": "array", "items": _STR}},
                         ("target", "chunks")),
     "ScrubQueued": _obj({"queued": _INT}, ("queued",)),
@@ -151,7 +174,7 @@ def _operation(route: Route) -> dict[str, Any]:
     if route.params:
         op["parameters"] = [
             {"name": p.name, "in": p.where, "required": p.required or p.where == "path",
-             "description": p.description, "schema": {"type": p.type}}
+             "description": p.description, "schema": p.schema()}
             for p in route.params
         ]
     if route.body:

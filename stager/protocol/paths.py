@@ -20,7 +20,11 @@ def normalize(path: str) -> str:
         raise InvalidPath(f"path must be a string, not {type(path).__name__}")
     if "\x00" in path:
         raise InvalidPath("path contains NUL", path=path.replace("\x00", "\\0"))
-    if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH:
+    try:
+        encoded = path.encode("utf-8")
+    except UnicodeEncodeError:       # a lone surrogate ("\ud800" in JSON): SQLite cannot store it
+        raise InvalidPath("path is not valid Unicode (a lone surrogate)") from None
+    if len(encoded) > MAX_PATH:
         raise InvalidPath("path too long", length=len(path))
     body = path[1:] if path.startswith("/") else path
     if body.endswith("/") and body != "/":     # one trailing slash is fine; "//" is not
@@ -31,7 +35,7 @@ def normalize(path: str) -> str:
     for part in parts:
         if part in ("", ".", ".."):
             raise InvalidPath(f"invalid path segment {part!r} in {path!r}", path=path)
-        if len(part.encode("utf-8", "surrogatepass")) > MAX_NAME:
+        if len(part.encode("utf-8")) > MAX_NAME:
             raise InvalidPath("path segment too long", path=path)
         if any(ord(c) < 0x20 for c in part):
             raise InvalidPath("path contains a control character", path=path)

@@ -14,6 +14,15 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from .models import (
+    CHUNK_ID_RE,
+    CHUNK_SIZE_BOUNDS,
+    MAX_LIST_LIMIT,
+    REPLICAS_BOUNDS,
+    STRIPE_COUNT_BOUNDS,
+    TARGET_ID_RE,
+)
+
 _PLACEHOLDER = re.compile(r"\{(\w+)(:[^}]*)?\}")
 
 
@@ -24,6 +33,11 @@ class Param:
     type: str = "string"
     description: str = ""
     required: bool = False
+    bounds: tuple[tuple[str, Any], ...] = ()   # JSON Schema keywords the server enforces
+
+    def schema(self) -> dict[str, Any]:
+        """The parameter's JSON Schema: its type and the bounds the server checks."""
+        return {"type": self.type, **dict(self.bounds)}
 
 
 @dataclass(frozen=True)
@@ -73,13 +87,19 @@ def _query_text(value: Any) -> str:
 
 P_PATH = Param("path", "path", description="namespace path, / separated", required=True)
 P_RANGE = Param("Range", "header", description="a single bytes=START-END range (RFC 9110)")
-P_CHUNK = Param("chunk", "path", description="chunk id: FILE_ID.INDEX", required=True)
-P_TARGET = Param("target_id", "path", required=True)
+P_CHUNK = Param("chunk", "path", description="chunk id: FILE_ID.INDEX", required=True,
+                bounds=(("pattern", CHUNK_ID_RE.pattern),))
+P_TARGET = Param("target_id", "path", required=True, bounds=(("pattern", TARGET_ID_RE.pattern),))
 LAYOUT_Q = (
-    Param("chunk_size", type="integer", description="bytes per chunk"),
-    Param("stripe_count", type="integer", description="targets to stripe over (0 = all)"),
-    Param("replicas", type="integer", description="copies of each chunk, on distinct nodes"),
+    Param("chunk_size", type="integer", description="bytes per chunk",
+          bounds=tuple(CHUNK_SIZE_BOUNDS.items())),
+    Param("stripe_count", type="integer", description="targets to stripe over (0 = all)",
+          bounds=tuple(STRIPE_COUNT_BOUNDS.items())),
+    Param("replicas", type="integer", description="copies of each chunk, on distinct nodes",
+          bounds=tuple(REPLICAS_BOUNDS.items())),
 )
+LIMIT_Q = Param("limit", type="integer", description="entries per page",
+                bounds=(("minimum", 1), ("maximum", MAX_LIST_LIMIT)))
 
 ERR = {400: "Error", 404: "Error", 409: "Error", 413: "Error", 503: "Error"}
 
@@ -118,8 +138,10 @@ ROUTES: tuple[Route, ...] = (
           "a loader (one rank, or one DataLoader worker of it) reports its telemetry; "
           "the entry expires after 3 report intervals without news", "meta",
           params=(Param("job", "path", description="job name", required=True),
-                  Param("rank", "path", type="integer", required=True),
-                  Param("worker", type="integer", description="DataLoader worker id")),
+                  Param("rank", "path", type="integer", required=True,
+                        bounds=(("minimum", 0),)),
+                  Param("worker", type="integer", description="DataLoader worker id",
+                        bounds=(("minimum", 0),))),
           body="JobReport", responses={200: "RankRecorded", 400: "Error", 413: "Error",
                                        503: "Error"}),
     Route("GET", "/v1/jobs", "list_jobs",
@@ -129,7 +151,7 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/v1/stat/{path:.*}", "stat", "stat a file or directory", "meta",
           params=(P_PATH,), responses={200: "FileInfo", 400: "Error", 404: "Error"}),
     Route("GET", "/v1/list/{path:.*}", "list", "list a directory, one page at a time", "meta",
-          params=(P_PATH, Param("limit", type="integer"), Param("after"),
+          params=(P_PATH, LIMIT_Q, Param("after"),
                   Param("detail", type="boolean")),
           responses={200: "Listing", 404: "Error", 409: "Error"}),
     Route("POST", "/v1/mkdir", "mkdir", "make a directory (with parents: mkdir -p)", "meta",
@@ -175,7 +197,7 @@ ROUTES: tuple[Route, ...] = (
     # metadata server: whole-file gateway for plain HTTP clients
     Route("GET", "/v1/files/{path:.*}", "gateway_get",
           "read a whole file (Range honoured) or list a directory", "meta",
-          params=(P_PATH, P_RANGE, Param("limit", type="integer"), Param("after")),
+          params=(P_PATH, P_RANGE, LIMIT_Q, Param("after")),
           responses={200: "binary", 206: "binary", 404: "Error", 416: "Error", 503: "Error"}),
     Route("HEAD", "/v1/files/{path:.*}", "gateway_head", "size and type of a file", "meta",
           params=(P_PATH,), responses={200: "binary", 404: "Error"}),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections import deque
 from typing import Any
 
@@ -11,6 +12,7 @@ from aiohttp import hdrs, web
 
 from ..errors import BadRequest, InvalidPath, PayloadTooLarge
 from ..protocol import paths
+from ..protocol.models import INT64_MAX
 
 PARSE_AWAY = 1 << 20      # JSON bodies larger than this are parsed in a thread
 
@@ -28,16 +30,51 @@ async def read_json(request: web.Request, max_size: int) -> dict[str, Any]:
         if size > max_size:
             raise PayloadTooLarge(f"JSON body over {max_size} bytes", limit=max_size)
     raw = b"".join(parts)
-    try:
-        # A large body (a manifest of thousands of files) takes a good part of a
-        # second to parse, and its objects a garbage collection: off the loop.
-        body = await asyncio.to_thread(json.loads, raw) if len(raw) > PARSE_AWAY \
-            else json.loads(raw or b"{}")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"malformed JSON: {exc}") from None
+    # A large body (a manifest of thousands of files) takes a good part of a
+    # second to parse, and its objects a garbage collection: off the loop.
+    body = await asyncio.to_thread(parse_json, raw) if len(raw) > PARSE_AWAY \
+        else parse_json(raw or b"{}")
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
     return body
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def parse_json(raw: bytes) -> Any:
+    """Strict JSON, or BadRequest: no ``NaN`` or ``Infinity`` (Python's extensions, which
+    the servers would echo back as invalid JSON), and no lone surrogate in a string
+    (``"\\ud800"``: text that SQLite cannot store; it was a 500)."""
+    try:
+        body = json.loads(raw, parse_constant=_no_constant)
+        if _SURROGATE_ESCAPE.search(raw):       # rare: only then walk the whole body
+            _check_text(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"malformed JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest("malformed JSON: nested too deeply") from None
+    return body
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _check_text(value: Any) -> None:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRequest("a string of the body is not valid Unicode (a lone surrogate)") \
+                from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_text(key)
+            _check_text(item)
+    elif isinstance(value, list):
+        for item in value:
+            _check_text(item)
 
 
 class BodyBuffers:
@@ -113,13 +150,18 @@ def path_arg(request: web.Request) -> str:
 
 
 def query_int(request: web.Request, name: str, default: int | None = None) -> int | None:
+    """A count from the query: a whole number from 0 to :data:`INT64_MAX` (it may reach
+    SQLite, whose INTEGER is 64-bit)."""
     raw = request.query.get(name)
     if raw is None or raw == "":
         return default
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
         raise BadRequest(f"query parameter {name} must be an integer") from None
+    if not 0 <= value <= INT64_MAX:
+        raise BadRequest(f"query parameter {name} must be from 0 to {INT64_MAX}")
+    return value
 
 
 def query_bool(request: web.Request, name: str, default: bool = False) -> bool:
