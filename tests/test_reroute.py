@@ -18,8 +18,9 @@ from stager.layout import choose_layout, chunk_targets
 from stager.meta.reroute import replacement
 from stager.meta.service import MetaService
 from stager.meta.sqlite import SQLiteStore
+from stager.meta.store import Upload
 from stager.protocol.messages import RerouteItem, RerouteRequest
-from stager.protocol.models import LayoutSpec, TargetInfo
+from stager.protocol.models import FileInfo, LayoutSpec, TargetInfo
 
 
 class Clock:
@@ -43,6 +44,15 @@ async def service(tmp_path: Path) -> AsyncIterator[tuple[MetaService, Clock]]:
     svc.close()
 
 
+async def report(svc: MetaService, target: str, code: str, file_id: str, chunks: int
+                 ) -> tuple[Upload, FileInfo]:
+    """One writer's reroute report for one upload: the upload as placed anew."""
+    [got] = await svc.reroute(RerouteRequest(target, code, "test",
+                                             (RerouteItem(file_id, chunks),)))
+    assert not isinstance(got, Exception), got
+    return got
+
+
 async def heartbeat_all(svc: MetaService, but: str = "") -> None:
     for t in list(svc.targets):
         if t != but:
@@ -54,8 +64,7 @@ async def test_a_reported_target_is_replaced_in_the_upload_and_suspect_at_once(
     svc, clock = service
     upload, _ = await svc.create("/f", layout=LayoutSpec(chunk_size=4096, replicas=2))
     victim = upload.layout.targets[0]
-    [(placed, info)] = await svc.reroute(RerouteRequest(victim, "target_unavailable", "refused",
-                                                        (RerouteItem(upload.file_id, 3),)))
+    placed, info = await report(svc, victim, "target_unavailable", upload.file_id, 3)
     assert victim not in placed.layout.targets
     assert info.layout == placed.layout and set(info.locations) == set(placed.layout.targets)
     assert (await svc.store.get_upload(upload.file_id)).layout == placed.layout
@@ -91,10 +100,8 @@ async def test_a_second_report_for_the_same_upload_changes_nothing_more(
     svc, _ = service
     upload, _ = await svc.create("/f", layout=LayoutSpec(chunk_size=4096, replicas=2))
     victim = upload.layout.targets[1]
-    request = RerouteRequest(victim, "target_unavailable", "reset",
-                             (RerouteItem(upload.file_id, 1),))
-    [(first, _)] = await svc.reroute(request)
-    [(second, _)] = await svc.reroute(request)
+    first, _ = await report(svc, victim, "target_unavailable", upload.file_id, 1)
+    second, _ = await report(svc, victim, "target_unavailable", upload.file_id, 1)
     assert first.layout == second.layout
 
 
@@ -103,8 +110,7 @@ async def test_a_full_target_is_replaced_in_the_upload_but_not_suspect(
     svc, _ = service
     upload, _ = await svc.create("/f", layout=LayoutSpec(chunk_size=4096, replicas=2))
     full = upload.layout.targets[2]
-    [(placed, _)] = await svc.reroute(RerouteRequest(full, "no_space", "target full",
-                                                     (RerouteItem(upload.file_id, 2),)))
+    placed, _ = await report(svc, full, "no_space", upload.file_id, 2)
     assert full not in placed.layout.targets
     assert svc.targets[full].state == "up"                  # space frees up: still placed
 

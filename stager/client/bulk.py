@@ -186,6 +186,8 @@ async def _put_chunks(client: AsyncClient, items: Sequence[WriteItem],
     return failed
 
 
+# One chunk copy to send: chunk id, bytes, CRC32C, (item in the batch, chunk index).
+_Copy = tuple[str, memoryview, int, tuple[int, int]]
 MAX_ROUNDS = 8            # send rounds of a batch: the first, then one per reroute
 
 
@@ -201,7 +203,7 @@ async def _send_round(client: AsyncClient, uploads: list[_Upload],
                       failed: dict[int, StagerError]) -> dict[str, StagerError]:
     """Send every chunk copy still missing, grouped per target; the targets to
     route around, each with its error (other failures go to ``failed``)."""
-    by_target: dict[str, list[tuple[str, memoryview, int, int]]] = defaultdict(list)
+    by_target: dict[str, list[_Copy]] = defaultdict(list)
     urls: dict[str, str] = {}
     for up in uploads:
         for target, index in _missing(up, placed):
@@ -211,10 +213,11 @@ async def _send_round(client: AsyncClient, uploads: list[_Upload],
                 continue
             urls[target] = url
             piece, crc = pieces[up.index, index]
-            by_target[target].append((chunk_id(up.file_id, index), piece, crc, up.index))
+            by_target[target].append((chunk_id(up.file_id, index), piece, crc,
+                                      (up.index, index)))
     broken: dict[str, StagerError] = {}
 
-    async def send(target: str, batch: list[tuple[str, memoryview, int, int]]) -> None:
+    async def send(target: str, batch: list[_Copy]) -> None:
         async with client.limit:
             try:
                 await client.plane.put_chunks(target, urls[target],
@@ -223,11 +226,11 @@ async def _send_round(client: AsyncClient, uploads: list[_Upload],
                 if routes_around(exc):
                     broken.setdefault(target, exc)
                 else:
-                    for *_, index in batch:
-                        failed.setdefault(index, exc)
+                    for *_, (item, _) in batch:
+                        failed.setdefault(item, exc)
                 return
-        for name, *_, index in batch:
-            placed[index, int(name.rsplit(".", 1)[1])].add(target)
+        for *_, key in batch:
+            placed[key].add(target)
 
     await asyncio.gather(*(send(t, b) for t, chunks in by_target.items()
                            for b in _slices(chunks)))
@@ -255,10 +258,9 @@ async def _reroute(client: AsyncClient, target: str, exc: StagerError,
             up.locations.update(got.locations)
 
 
-def _slices(chunks: list[tuple[str, memoryview, int, int]]
-            ) -> Iterable[list[tuple[str, memoryview, int, int]]]:
+def _slices(chunks: list[_Copy]) -> Iterable[list[_Copy]]:
     """Chunk batches of at most CHUNK_BATCH_BYTES (a bigger chunk goes alone)."""
-    batch: list[tuple[str, memoryview, int, int]] = []
+    batch: list[_Copy] = []
     size = 0
     for chunk in chunks:
         n = chunk[1].nbytes

@@ -157,8 +157,7 @@ class StripedWriter:
             if self._fill:
                 await self._send_buffer()
             self._closed = True
-            while self._tasks:
-                await self._wait_one()
+            await self.flush()
         return self.size, tuple(self._checksums[i] for i in range(self._index))
 
     async def flush(self) -> None:
@@ -222,7 +221,8 @@ class StripedWriter:
                 self._stored_under[index] = len(self._layouts) - 1
                 return
             results = await asyncio.gather(
-                *(self._put_one(t, name, data, crc) for t in want), return_exceptions=True)
+                *(self.plane.put_chunk(t, self.locations[t], name, data, crc) for t in want),
+                return_exceptions=True)
             for target, result in zip(want, results, strict=True):
                 if result is None:
                     placed.add(target)
@@ -230,9 +230,6 @@ class StripedWriter:
                     await self._route_around(target, result)
                 else:
                     raise result
-
-    async def _put_one(self, target: str, name: str, data: memoryview, crc: int) -> None:
-        await self.plane.put_chunk(target, self.locations[target], name, data, crc)
 
     async def _route_around(self, target: str, exc: StagerError) -> None:
         """Report ``target`` and take the layout that replaces it (one report at a
