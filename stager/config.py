@@ -51,6 +51,16 @@ class Config:
     node: str = ""                   # node name of a data server; default: hostname
     target_id: str = ""              # stable id of a data server's target; default: generated once
     capacity: int = 0                # bytes a target offers; 0 = the file system's size
+    # security (stager/auth/, docs/security.md)
+    auth: bool = False               # servers: demand tokens (meta) and capabilities (data)
+    insecure: bool = False           # servers: allow a non-loopback bind without auth
+    token: str = ""                  # bearer token a client or a data server presents
+    token_file: str = ""             # ... or a file holding it (STAGER_TOKEN_FILE)
+    public_key_file: str = ""        # data server: the metadata server's public key
+                                     # (default: fetched from it at start)
+    tls_cert: str = ""               # servers: PEM certificate chain; with tls_key, HTTPS
+    tls_key: str = ""                # servers: PEM private key
+    ca_file: str = ""                # clients: CA bundle to trust (STAGER_CA_FILE)
     event_loop: str = "auto"         # "uvloop", "asyncio" or "auto": servers (per role) and
                                      # the client's I/O thread (stager/client/holder.py)
     # layout defaults
@@ -98,6 +108,26 @@ class Config:
 
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **_coerce(changes))
+
+    def bearer_token(self) -> str | None:
+        """The token to present: ``token``, else the contents of ``token_file``."""
+        if self.token.strip():
+            return self.token.strip()
+        if self.token_file:
+            try:
+                text = Path(self.token_file).read_text().strip()
+            except OSError as exc:
+                raise BadRequest(f"cannot read the token file {self.token_file}: "
+                                 f"{exc.strerror or exc}") from None
+            if not text:
+                raise BadRequest(f"the token file {self.token_file} is empty")
+            return text
+        return None
+
+    def auth_headers(self) -> dict[str, str]:
+        """``Authorization: Bearer`` with :meth:`bearer_token`, or nothing."""
+        token = self.bearer_token()
+        return {"Authorization": f"Bearer {token}"} if token else {}
 
     @property
     def public_url(self) -> str:

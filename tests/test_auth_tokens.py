@@ -347,13 +347,28 @@ def test_a_capability_allows_its_own_file_and_operation_only() -> None:
     assert capability_allows(read, FILE_A, "read")
     assert not capability_allows(read, FILE_B, "read")
     assert not capability_allows(read, FILE_A, "write")
+    assert not capability_allows(read, None, "cluster")
     assert capability_allows(write, FILE_A, "write")
-    assert not capability_allows(write, FILE_A, "read")
+    assert capability_allows(write, FILE_A, "read")      # reading back what it wrote
+    assert not capability_allows(write, FILE_B, "read")
+    assert not capability_allows(write, FILE_A, "cluster")
     require_capability(read, FILE_A, "read")
     with pytest.raises(Forbidden, match="another file"):
         require_capability(read, FILE_B, "read")
     with pytest.raises(Forbidden, match="read capability does not allow write"):
         require_capability(read, FILE_A, "write")
+
+
+def test_the_cluster_capability_covers_every_file_and_maintenance() -> None:
+    cluster = Capability.new("*", "cluster", HOLDER, NOW)
+    assert verify(PUBLIC, sign(KEY, cluster), NOW) == cluster
+    for op in ("read", "write", "cluster"):
+        assert capability_allows(cluster, FILE_A, op)
+    assert capability_allows(cluster, None, "cluster")
+    with pytest.raises(BadRequest):
+        Capability.new(FILE_A, "cluster", HOLDER, NOW)       # cluster is for file "*" only
+    with pytest.raises(BadRequest):
+        Capability.new("*", "read", HOLDER, NOW)
 
 
 # -- the verified-capability cache ---------------------------------------------------------

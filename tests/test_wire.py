@@ -23,6 +23,14 @@ from stager.errors import (
 from stager.protocol import cluster as c
 from stager.protocol import jobreport as j
 from stager.protocol import messages as m
+from stager.protocol.authmsg import (
+    CapabilityRequest,
+    PublicKey,
+    TokenCreated,
+    TokenInfo,
+    TokenList,
+    TokenRequest,
+)
 from stager.protocol.batch import CommitItem, CreateItem
 from stager.protocol.models import (
     INT64_MAX,
@@ -229,7 +237,7 @@ def _examples() -> dict[str, object]:
         "MkdirRequest": m.MkdirRequest("/d", True, True, LayoutSpec(replicas=1)),
         "SetLayoutRequest": m.SetLayoutRequest("/d", LayoutSpec(replicas=1)),
         "CreateRequest": CreateItem("/f", LayoutSpec(replicas=1)),
-        "Upload": m.Upload("a" * 32, "/f", layout, {"t0": "http://h:1"}),
+        "Upload": m.Upload("a" * 32, "/f", layout, {"t0": "http://h:1"}, "stg1.cap.sig"),
         "CommitRequest": CommitItem("a" * 32, 1, (0,), 1.0),
         "AbortRequest": m.AbortRequest("a" * 32),
         "RerouteRequest": m.RerouteRequest("t0", "no_space", "full", (m.RerouteItem("a" * 32, 1),)),
@@ -244,6 +252,13 @@ def _examples() -> dict[str, object]:
         "ManifestStored": m.ManifestStored("/d", 1),
         "Aborted": m.Aborted(),
         "Health": m.Health("data", "1.0", "t0", "n0"),
+        "TokenRequest": TokenRequest(("read",), ("/d",), 60, "team"),
+        "TokenInfo": TokenInfo("a" * 32, "team", ("read",), ("/d",), 1, 2, 3),
+        "TokenCreated": TokenCreated("stg1.x.y", TokenInfo("a" * 32, "t", ("read",), ("/",),
+                                                           1, 2)),
+        "TokenList": TokenList(()),
+        "CapabilityRequest": CapabilityRequest("read", ("a" * 32,)),
+        "PublicKey": PublicKey("k" * 43),
         **_answers(),
         # the services' sections are additional properties; the schema names the rest
         "Status": replace(_answers()["Status"], sections={}),   # type: ignore[type-var]
@@ -270,5 +285,6 @@ def test_every_json_answer_has_a_model() -> None:
                if s not in ("binary", "text", "ndjson", "Error")}
     shaped_elsewhere = {"object",           # /openapi.json: the document itself
                         "Target", "FileInfo", "Manifest", "CreateBatchResult",
-                        "CommitBatchResult", "AbortBatchResult"}
+                        "CommitBatchResult", "AbortBatchResult",
+                        "CapabilityResult"}     # a batch answer (results_json)
     assert answers - shaped_elsewhere <= set(_examples())

@@ -24,35 +24,42 @@ holds the GIL, so threads sharing one would at worst verify twice.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ..errors import Unauthenticated
-from .tokens import CLOCK_SKEW, Capability, verify_capability
+from .tokens import CLOCK_SKEW, Capability, Claims, verify_capability
 
 DEFAULT_SIZE = 16384        # a few MB at most: texts are ~200 bytes
+C = TypeVar("C", bound=Claims)
 
 
-class CapabilityCache:
-    """:func:`~stager.auth.tokens.verify_capability`, remembered per text."""
+class VerifiedCache(Generic[C]):
+    """``check(text, now)`` (a full verification), remembered per text.  The metadata
+    server keeps bearer tokens in one (its ``check`` also asks revocation)."""
 
-    def __init__(self, public: Ed25519PublicKey, size: int = DEFAULT_SIZE) -> None:
+    def __init__(self, check: Callable[[str, float], C], size: int = DEFAULT_SIZE) -> None:
         if size < 1:
-            raise ValueError("a capability cache holds at least one entry")
-        self.public = public
+            raise ValueError("a verified cache holds at least one entry")
+        self.check = check
         self.size = size
-        self._verified: OrderedDict[str, Capability] = OrderedDict()
+        self._verified: OrderedDict[str, C] = OrderedDict()
         self.hits = 0
         self.misses = 0
 
-    def verify(self, text: str, now: float) -> Capability:
-        """The capability ``text`` carries; :class:`~stager.errors.Unauthenticated`
-        when it is malformed, forged, not a capability or expired."""
+    def forget(self, text: str) -> None:
+        self._verified.pop(text, None)
+
+    def verify(self, text: str, now: float) -> C:
+        """The claims ``text`` carries; :class:`~stager.errors.Unauthenticated`
+        when it is malformed, forged, of the wrong kind or expired."""
         cap = self._verified.get(text) if isinstance(text, str) else None
         if cap is not None:
             if now > cap.expires + CLOCK_SKEW:
                 self._verified.pop(text, None)
-                raise Unauthenticated("capability expired", reason="expired")
+                raise Unauthenticated("expired", reason="expired")
             try:
                 self._verified.move_to_end(text)
             except KeyError:            # another thread evicted it just now: still valid
@@ -60,7 +67,7 @@ class CapabilityCache:
             self.hits += 1
             return cap
         self.misses += 1
-        cap = verify_capability(self.public, text, now)
+        cap = self.check(text, now)
         self._verified[text] = cap
         if len(self._verified) > self.size:
             self._verified.popitem(last=False)
@@ -68,3 +75,11 @@ class CapabilityCache:
 
     def __len__(self) -> int:
         return len(self._verified)
+
+
+class CapabilityCache(VerifiedCache[Capability]):
+    """:func:`~stager.auth.tokens.verify_capability` with ``public``, remembered per text."""
+
+    def __init__(self, public: Ed25519PublicKey, size: int = DEFAULT_SIZE) -> None:
+        super().__init__(lambda text, now: verify_capability(public, text, now), size)
+        self.public = public

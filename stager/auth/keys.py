@@ -56,20 +56,30 @@ def generate_key(path: Path | str) -> Ed25519PrivateKey:
     path = Path(path)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     key = Ed25519PrivateKey.generate()
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption())
+    write_secret(path, key.private_bytes(serialization.Encoding.PEM,
+                                         serialization.PrivateFormat.PKCS8,
+                                         serialization.NoEncryption()))
+    return key
+
+
+def write_secret(path: Path | str, data: bytes | str) -> None:
+    """Write ``data`` to a new file at ``path``, mode 0600 from its first byte, durably
+    (a temporary file, fsync, a hard link into place, fsync of the directory);
+    :class:`FileExistsError` when ``path`` exists: a secret is never replaced."""
+    path = Path(path)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    raw = data.encode() if isinstance(data, str) else data
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(pem)
+            f.write(raw)
             f.flush()
             os.fsync(f.fileno())
-        os.link(tmp, path)          # unlike rename, refuses to replace a key already there
+        os.link(tmp, path)          # unlike rename, refuses to replace a file already there
     finally:
         tmp.unlink(missing_ok=True)
     _fsync_dir(path.parent)
-    return key
 
 
 def load_key(path: Path | str) -> Ed25519PrivateKey:

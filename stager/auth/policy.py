@@ -17,11 +17,13 @@ Decisions, and why:
 - **Listings.** A directory shows, and its entries are shown, when
   :func:`visible`: covered, or an ancestor of a covered prefix — so a token for
   ``/datasets/imagenet`` can walk down from ``/`` to it, and sees nothing beside it.
-- **Capabilities.** An operation needs a capability of exactly that operation
-  on exactly that file: a ``write`` capability does not grant ``read``.  Each is
-  minted for one purpose (a layout answered for a read, or for a write), and the
-  issue asks data servers to refuse writes with a read one; the converse keeps a
-  writer from reading chunks back that the metadata server never said it may.
+- **Capabilities.** An operation needs a capability for that file: a ``read``
+  one reads, a ``write`` one writes and reads back (a writer that routes around a
+  dead target copies the chunks it already stored from a surviving replica; the
+  file id is fresh for every write, so it holds nothing but what this writer
+  wrote).  A read capability never writes.  The metadata server's own ``cluster``
+  capability covers every file and the maintenance routes (purge, scrub,
+  listings, deletes); nothing else does.
 
 :func:`allows` and :func:`capability_allows` answer yes or no; :func:`require`
 and :func:`require_capability` raise :class:`~stager.errors.Forbidden`, for handlers.
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 from ..errors import Forbidden
 from ..protocol.paths import is_within
-from .tokens import Capability, Token
+from .tokens import CLUSTER, Capability, Token
 
 IMPLIED: dict[str, frozenset[str]] = {
     "read": frozenset({"read"}),
@@ -78,14 +80,24 @@ def require(token: Token, scope: str, path: str | None) -> None:
                         token=token.id, path=where)
 
 
-def capability_allows(cap: Capability, file_id: str, op: str) -> bool:
-    """Does ``cap`` let its holder do ``op`` ("read" or "write") on chunks of ``file_id``?"""
-    return cap.file_id == file_id and cap.op == op
+CAP_GRANTS: dict[str, frozenset[str]] = {
+    "read": frozenset({"read"}),
+    "write": frozenset({"write", "read"}),
+    CLUSTER: frozenset({"read", "write", CLUSTER}),
+}
 
 
-def require_capability(cap: Capability, file_id: str, op: str) -> None:
+def capability_allows(cap: Capability, file_id: str | None, op: str) -> bool:
+    """Does ``cap`` let its holder do ``op`` ("read", "write" or "cluster") on chunks
+    of ``file_id`` (``None``: a maintenance route, no one file)?"""
+    if op not in CAP_GRANTS[cap.op]:
+        return False
+    return cap.op == CLUSTER or cap.file_id == file_id
+
+
+def require_capability(cap: Capability, file_id: str | None, op: str) -> None:
     """:func:`capability_allows`, or :class:`~stager.errors.Forbidden`."""
-    if cap.file_id != file_id:
-        raise Forbidden("the capability is for another file", file=file_id)
-    if cap.op != op:
+    if op not in CAP_GRANTS[cap.op]:
         raise Forbidden(f"a {cap.op} capability does not allow {op}", file=file_id, op=op)
+    if cap.op != CLUSTER and cap.file_id != file_id:
+        raise Forbidden("the capability is for another file", file=file_id)

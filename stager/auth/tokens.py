@@ -50,6 +50,9 @@ from .revocation import Revocations
 VERSION = "stg1"
 SCOPES = frozenset({"read", "write", "admin", "join"})
 OPS = frozenset({"read", "write"})
+CLUSTER = "cluster"         # the metadata server's own capability: every file, and the
+                            # data servers' maintenance routes (purge, scrub, listings)
+ANY_FILE = "*"
 CLOCK_SKEW = 30             # seconds a token stays good past its expiry: clocks differ
 CAPABILITY_TTL = 600        # seconds; clients fetch a fresh one before it runs out
 MAX_TEXT = 8192             # characters; a longer "token" is refused unread
@@ -113,9 +116,13 @@ class Capability:
     holder: str
 
     def __post_init__(self) -> None:
-        _check_id(self.file_id, "file id")
-        if self.op not in OPS:
-            raise BadRequest(f"a capability's op is one of {sorted(OPS)}")
+        if self.op == CLUSTER:
+            if self.file_id != ANY_FILE:
+                raise BadRequest(f"a cluster capability is for file {ANY_FILE!r}")
+        else:
+            _check_id(self.file_id, "file id")
+            if self.op not in OPS:
+                raise BadRequest(f"a capability's op is one of {sorted(OPS | {CLUSTER})}")
         _check_time(self.expires)
         _check_id(self.holder, "holder token id")
 

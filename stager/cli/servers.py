@@ -48,6 +48,7 @@ def run_meta(args: argparse.Namespace) -> int:
 def run_data(args: argparse.Namespace) -> int:
     from ..data.app import SERVICE, make_data_app
     from ..data.registration import register_and_heartbeat
+    from ..web.authmw import GATE
     from .main import meta_url
 
     config = server_config(args, 0, meta_url=meta_url(args), node=args.node,
@@ -57,7 +58,7 @@ def run_data(args: argparse.Namespace) -> int:
         app = make_data_app(config)
 
         async def announce(url: str) -> None:
-            await register_and_heartbeat(app[SERVICE], config, url)
+            await register_and_heartbeat(app[SERVICE], config, url, app.get(GATE))
 
         await serve(app, config, after_bind=announce, ready_file=_ready_file(args, config))
 

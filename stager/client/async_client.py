@@ -25,6 +25,7 @@ from ..protocol.manifest import Manifest
 from ..protocol.models import FileInfo, Layout, LayoutSpec, TargetInfo
 from ..protocol.routes import route
 from .bulk import WriteItem, put_tree, write_many
+from .capabilities import CapabilityBook
 from .fileio import AsyncReadFile, AsyncWriteFile
 from .metaconn import LONG, MetaConnection
 
@@ -40,8 +41,11 @@ class AsyncClient:
     everything this client read and wrote.
     """
 
-    def __init__(self, meta_url: str | None = None, *, config: Config | None = None) -> None:
+    def __init__(self, meta_url: str | None = None, *, config: Config | None = None,
+                 token: str | None = None) -> None:
         self.config = config or load_config()
+        if token is not None:
+            self.config = self.config.replace(token=token)
         self.meta_url = (meta_url or self.config.meta_url).rstrip("/")
         self.options = PlaneOptions.of(self.config)
         self._session: aiohttp.ClientSession | None = None
@@ -49,7 +53,11 @@ class AsyncClient:
         self._limit: asyncio.Semaphore | None = None
         self.meta = MetaConnection(self.meta_url, lambda: self.plane.session,
                                    retries=self.config.retries,
-                                   stat_ttl=self.config.stat_cache_ttl)
+                                   stat_ttl=self.config.stat_cache_ttl,
+                                   headers=self.config.auth_headers())
+        # With a token, the capabilities data servers want (stager/client/capabilities.py)
+        self.capabilities = CapabilityBook(self.meta.request) \
+            if self.meta.headers else None
 
     # -- lifecycle ----------------------------------------------------------------
     async def __aenter__(self) -> AsyncClient:
@@ -67,7 +75,7 @@ class AsyncClient:
     def plane(self) -> DataPlane:
         if self._plane is None:
             self._session = make_session(self.options)
-            self._plane = DataPlane(self._session, self.options)
+            self._plane = DataPlane(self._session, self.options, credentials=self.capabilities)
             self._limit = asyncio.Semaphore(self.config.client_concurrency)
         return self._plane
 
@@ -89,6 +97,7 @@ class AsyncClient:
             return hit
         now = time.monotonic()
         info = FileInfo.from_json(await self.meta.request(route("stat"), path=path))
+        self.learn("read", info.file_id, info.capability)
         self.meta.remember_stat(path, info, now)
         return info
 
@@ -263,6 +272,7 @@ class AsyncClient:
         """Begin a write; returns the file id and a writer.  See :meth:`commit`."""
         body = CreateItem(paths.normalize(path), layout, overwrite)
         upload = m.Upload.from_json(await self.meta.request(route("create"), body=body.to_json()))
+        self.learn("write", upload.file_id, upload.capability)
 
         async def reroute(target: str, cause: StagerError, chunks: int
                           ) -> tuple[Layout, dict[str, str]]:
@@ -282,7 +292,16 @@ class AsyncClient:
         (see :mod:`stager.meta.reroute`); per item, the upload so placed or its error."""
         answer = await self.meta.request(route("reroute"), body=m.RerouteRequest(
             target, cause.code, cause.message, tuple(items)).to_json())
-        return read_results(answer, m.Upload.from_json)
+        results = read_results(answer, m.Upload.from_json)
+        for got in results:
+            if isinstance(got, m.Upload):
+                self.learn("write", got.file_id, got.capability)
+        return results
+
+    def learn(self, op: str, file_id: str | None, capability: str | None) -> None:
+        """Keep a capability an answer carried (with auth on)."""
+        if self.capabilities is not None:
+            self.capabilities.learn(op, file_id, capability)
 
     async def commit(self, file_id: str, writer: StripedWriter, *,
                      mtime: float | None = None) -> FileInfo:

@@ -148,6 +148,7 @@ async def _create(client: AsyncClient, items: Sequence[WriteItem],
         if isinstance(got, StagerError):
             results[index] = got
         else:
+            client.learn("write", got.file_id, got.capability)
             uploads.append(_Upload(index, got.file_id, got.layout, got.locations))
     return uploads
 

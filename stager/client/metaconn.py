@@ -37,8 +37,10 @@ class MetaConnection:
     """
 
     def __init__(self, url: str, session: Callable[[], aiohttp.ClientSession], *,
-                 retries: int, stat_ttl: float) -> None:
+                 retries: int, stat_ttl: float, headers: Mapping[str, str] | None = None
+                 ) -> None:
         self.url = url.rstrip("/")
+        self.headers = dict(headers or {})     # Authorization, with a token
         self.retries = retries
         self.stat_ttl = stat_ttl
         self._session = session
@@ -53,6 +55,7 @@ class MetaConnection:
         # ChunkBody: a large manifest is megabytes; raw bytes of that size make aiohttp warn.
         data = ChunkBody(json.dumps(body).encode()) if body is not None else None
         hdrs = {"Content-Type": "application/json"} if data is not None else {}
+        hdrs.update(self.headers)
         extra = {"timeout": timeout} if timeout is not None else {}
         attempts = self.retries + 1 if route.method == "GET" else 1
         for attempt in range(attempts):

@@ -34,8 +34,11 @@ MIRRORED = ("stat", "exists", "ls", "mkdir", "set_layout", "rename", "rm", "stat
 class Client:
     """Blocking client; every method is the AsyncClient method of the same name."""
 
-    def __init__(self, meta_url: str | None = None, *, config: Config | None = None) -> None:
+    def __init__(self, meta_url: str | None = None, *, config: Config | None = None,
+                 token: str | None = None) -> None:
         self.config = config or load_config()
+        if token is not None:
+            self.config = self.config.replace(token=token)
         self._meta_url = meta_url
         self._owner = new_owner()
         weakref.finalize(self, release, self._owner)    # forgotten without close()

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 from aiohttp import web
 
+from ..auth import load_public_key
 from ..checksum import from_hex, to_hex
 from ..config import Config
 from ..errors import BadRequest, PayloadTooLarge, RangeNotSatisfiable
@@ -21,6 +23,7 @@ from ..protocol.messages import (
 )
 from ..protocol.models import parse_chunk_id
 from ..protocol.ranges import content_range, parse_range, unsatisfied_range
+from ..web.authmw import GATE, CapabilityGate, require_files
 from ..web.metrics import ServerMetrics
 from ..web.middleware import METRICS_KEY, error_response, json_response
 from ..web.requests import BodyBuffers, read_body, read_json
@@ -53,6 +56,10 @@ def make_data_app(config: Config) -> web.Application:
     app[BODY_BUFFERS] = BodyBuffers(BODY_BUFFER_BYTES)
     add_routes(app, "data", HANDLERS)
     maintenance.install(app, service, config)   # chunk listing, scrubber
+    if config.auth:     # capabilities; the key from a file, else fetched at registration
+        app[GATE] = CapabilityGate(
+            load_public_key(Path(config.public_key_file).read_text())
+            if config.public_key_file else None)
     return app
 
 
@@ -102,6 +109,7 @@ async def batch_write(request: web.Request) -> web.Response:
     buffers = request.app[BODY_BUFFERS]
     body = await read_body(request, limit, buffers)
     pieces = split_chunk_batch(body)
+    require_files(request, "write", (parse_chunk_id(item.chunk)[0] for item, _ in pieces))
     await _svc(request).put_many([(item.chunk, data, item.crc) for item, data in pieces])
     received = sum(len(data) for _, data in pieces)
     buffers.give(body)      # only once stored, as in put_chunk
@@ -161,7 +169,9 @@ async def delete_chunk(request: web.Request) -> web.Response:
 
 async def batch_read(request: web.Request) -> web.StreamResponse:
     body = await read_json(request, request.app[CONFIG].max_json_body)
-    batch = await _svc(request).open_batch(list(ReadRequest.from_json(body).items))
+    items = ReadRequest.from_json(body).items
+    require_files(request, "read", (parse_chunk_id(i.chunk)[0] for i in items))
+    batch = await _svc(request).open_batch(list(items))
     response = web.StreamResponse(headers={"Content-Type": "application/octet-stream",
                                            H.TARGET: _svc(request).identity.target_id})
     response.content_length = batch.total
@@ -185,6 +195,7 @@ async def batch_read(request: web.Request) -> web.StreamResponse:
 
 async def purge(request: web.Request) -> web.Response:
     req = PurgeRequest.from_json(await read_json(request, request.app[CONFIG].max_json_body))
+    require_files(request, "cluster", req.file_ids)
     removed = await _svc(request).purge(list(req.file_ids))
     return json_response(RemoveResult(removed).to_json())
 

@@ -7,22 +7,29 @@ import json
 import logging
 
 import aiohttp
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from ..auth import load_public_key
 from ..config import Config
 from ..errors import TRANSPORT_FAILURES, StagerError, error_from_wire
+from ..protocol.authmsg import PublicKey
 from ..protocol.messages import Heartbeat
 from ..protocol.models import TargetInfo
 from ..protocol.routes import route
+from ..web.authmw import CapabilityGate
 from .service import DataService
 
 log = logging.getLogger("stager.data")
 
 
-async def register_and_heartbeat(service: DataService, config: Config, url: str) -> None:
+async def register_and_heartbeat(service: DataService, config: Config, url: str,
+                                 gate: CapabilityGate | None = None) -> None:
     """Register at ``config.meta_url`` as ``url``, then heartbeat forever.
 
     A metadata server that is down is retried with backoff; one that forgot the
-    target (answers 404 to a heartbeat) gets a fresh registration.
+    target (answers 404 to a heartbeat) gets a fresh registration.  With auth on
+    (``gate``), the metadata server's public key comes first, unless the gate was
+    given it (``public_key_file``), and every request carries the join token.
     """
     timeout = aiohttp.ClientTimeout(total=max(config.heartbeat_interval * 2, 5.0))
     ident = service.identity
@@ -32,18 +39,22 @@ async def register_and_heartbeat(service: DataService, config: Config, url: str)
         while True:
             usage = await service.usage()
             try:
+                if gate is not None and gate.cache is None:
+                    gate.trust(await _public_key(session, config))
+                    log.info("trusting the metadata server's public key")
                 if not registered:
                     body = TargetInfo(id=ident.target_id, node=ident.node, url=url,
                                       capacity=usage.capacity, used=usage.used,
                                       chunks=usage.chunks).to_json()
-                    await _post(session, route("register_target").url(config.meta_url), body)
+                    await _post(session, route("register_target").url(config.meta_url), body,
+                                config)
                     log.info("registered target %s at %s", ident.target_id, config.meta_url)
                     registered = True
                 else:
                     status = await _post(
                         session, route("heartbeat").url(config.meta_url,
                                                         target_id=ident.target_id),
-                        Heartbeat(usage.capacity, usage.used, usage.chunks).to_json())
+                        Heartbeat(usage.capacity, usage.used, usage.chunks).to_json(), config)
                     if status == 404:
                         registered = False
                         continue
@@ -54,9 +65,18 @@ async def register_and_heartbeat(service: DataService, config: Config, url: str)
             await asyncio.sleep(delay)
 
 
-async def _post(session: aiohttp.ClientSession, url: str, body: object) -> int:
+async def _public_key(session: aiohttp.ClientSession, config: Config) -> Ed25519PublicKey:
+    async with session.get(route("auth_key").url(config.meta_url)) as resp:
+        if resp.status >= 400:
+            raise error_from_wire(resp.status, await resp.read())
+        return load_public_key(PublicKey.from_json(await resp.json()).public_key)
+
+
+async def _post(session: aiohttp.ClientSession, url: str, body: object,
+                config: Config) -> int:
     async with session.post(url, data=json.dumps(body),
-                            headers={"Content-Type": "application/json"}) as resp:
+                            headers={"Content-Type": "application/json",
+                                     **config.auth_headers()}) as resp:
         if resp.status == 404:
             return 404
         if resp.status >= 400:

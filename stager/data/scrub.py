@@ -148,7 +148,8 @@ class Scrubber:
         timeout = aiohttp.ClientTimeout(total=30)
         async with aiohttp.ClientSession(timeout=timeout) as session, session.post(
                 route("scrub_report").url(self.config.meta_url), data=body,
-                headers={"Content-Type": "application/json"}) as resp:
+                headers={"Content-Type": "application/json",
+                         **self.config.auth_headers()}) as resp:
             if resp.status >= 400:
                 raise error_from_wire(resp.status, await resp.read())
         self._unreported.difference_update(chunks)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,9 +33,10 @@ from ..errors import (
 from ..protocol import headers
 from ..protocol.batch import ChunkItem, chunk_batch_head
 from ..protocol.messages import PurgeRequest, ReadRequest, RemoveResult
-from ..protocol.models import ReadItem
+from ..protocol.models import ReadItem, parse_chunk_id
 from ..protocol.routes import Route, route
 from . import rawhttp
+from .credentials import Credentials
 
 READ_BUFSIZE = 1 << 20
 WRITE_FLOOR_RATE = 8 << 20     # bytes/s below which a chunk write counts as hung
@@ -157,6 +158,7 @@ class DataPlane:
     session: aiohttp.ClientSession
     options: PlaneOptions = field(default_factory=PlaneOptions)
     counters: dict[str, TargetCounters] = field(default_factory=dict)
+    credentials: Credentials | None = None   # capabilities shown to data servers (auth on)
 
     def counter(self, target: str) -> TargetCounters:
         c = self.counters.get(target)
@@ -181,10 +183,14 @@ class DataPlane:
         """One request ``op`` to ``target`` at ``url``: counted in the target's
         counters, an error answer raised as its stager error, a transport failure
         as :class:`TargetUnavailable` (and the target tried last for a while).
-        ``kwargs``: the route's path parameters, ``query``, and aiohttp's request
-        options (``data``, ``headers``, ``timeout``); ``json_body`` is sent as JSON."""
+        ``kwargs``: the route's path parameters, ``query``, ``files`` (the file ids a
+        batch touches, for its capabilities), and aiohttp's request options
+        (``data``, ``headers``, ``timeout``); ``json_body`` is sent as JSON."""
         params = {k: kwargs.pop(k) for k in op.path_params}
         where = op.url(url, query=kwargs.pop("query", None), **params)
+        credential = await self.credential(op, params.get("chunk"), kwargs.pop("files", ()))
+        if credential:
+            kwargs["headers"] = {**kwargs.get("headers", {}), **credential}
         if json_body is not None:
             kwargs["data"] = json.dumps(json_body).encode()
             kwargs["headers"] = {"Content-Type": "application/json", **kwargs.get("headers", {})}
@@ -203,6 +209,18 @@ class DataPlane:
             raise self._unreachable(target, url, exc) from exc
         finally:
             counter.seconds += time.perf_counter() - start
+
+    async def credential(self, op: Route, chunk: str | None = None,
+                         files: Collection[str] = ()) -> dict[str, str]:
+        """The capability header ``op`` needs (on ``chunk``, or on the chunks of
+        ``files``); empty with auth off."""
+        access = op.access
+        if self.credentials is None or access is None or access.scope == "public":
+            return {}
+        if chunk is not None:
+            files = (parse_chunk_id(chunk)[0],)
+        text = await self.credentials.header(access.scope, files)
+        return {headers.CAPABILITY: text} if text else {}
 
     def _unreachable(self, target: str, url: str, exc: BaseException) -> StagerError:
         """Count a connection failure (so failover tries the target last) and name it."""
@@ -224,10 +242,11 @@ class DataPlane:
         head = chunk_batch_head([ChunkItem(c, memoryview(d).nbytes, crc) for c, d, crc in items])
         body = b"".join([head, *(d for _, d, _ in items)])
         await self._write(target, url, _BATCH_WRITE, body,
-                          {"Content-Type": "application/octet-stream"}, len(body) - len(head))
+                          {"Content-Type": "application/octet-stream"}, len(body) - len(head),
+                          files={parse_chunk_id(c)[0] for c, _, _ in items})
 
     async def _write(self, target: str, url: str, op: Route, body: bytes | memoryview,
-                     hdrs: dict[str, str], payload_bytes: int, **params: str) -> None:
+                     hdrs: dict[str, str], payload_bytes: int, **params: Any) -> None:
         """One chunk write: given up after ``write_timeout`` (plus the time its bytes
         take at :data:`WRITE_FLOOR_RATE`), so a hung target fails it instead of
         stalling it; a quick transport failure is retried (PUT is idempotent), a
@@ -266,6 +285,7 @@ class DataPlane:
         left to try, so wait ``request_timeout`` (see :meth:`read_timeout`).
         """
         hdrs = {} if whole else {"Range": f"bytes={offset}-{offset + len(out) - 1}"}
+        hdrs.update(await self.credential(_GET_CHUNK, chunk))
         timeout = self.read_timeout(patient)
         pool = self._raw_pool()
         if pool is not None:
@@ -289,17 +309,17 @@ class DataPlane:
         """Many pieces from one target in one request, concatenated into ``out``."""
         body = json.dumps(ReadRequest(tuple(items)).to_json()).encode()
         timeout = self.read_timeout(patient)
+        hdrs = {"Content-Type": "application/json",
+                **await self.credential(_BATCH_READ, None, _files_of(items))}
         pool = self._raw_pool()
         if pool is not None:
             try:
                 await self._read_raw(pool, target, url, _BATCH_READ.target(),
-                                     _BATCH_READ.method, {"Content-Type": "application/json"},
-                                     body, out, "batch", timeout)
+                                     _BATCH_READ.method, hdrs, body, out, "batch", timeout)
                 return
             except rawhttp.Unsupported:
                 pass    # a response the raw client does not frame: aiohttp reads it below
-        async with self.request(target, url, _BATCH_READ, data=body,
-                                headers={"Content-Type": "application/json"},
+        async with self.request(target, url, _BATCH_READ, data=body, headers=hdrs,
                                 timeout=_client_timeout(timeout)) as resp:
             await _read_exactly(resp, out, target, "batch")
             self.counter(target).bytes_read += len(out)
@@ -344,6 +364,10 @@ class DataPlane:
         async with self.request(target, url, _PURGE,
                                 json_body=PurgeRequest(tuple(file_ids)).to_json()) as resp:
             return RemoveResult.from_json(await resp.json()).removed
+
+
+def _files_of(items: Sequence[ReadItem]) -> set[str]:
+    return {parse_chunk_id(i.chunk)[0] for i in items}
 
 
 def _client_timeout(seconds: float) -> aiohttp.ClientTimeout:

@@ -11,18 +11,22 @@ from pathlib import Path
 
 from aiohttp import web
 
+from ..auth.policy import visible
 from ..config import Config
 from ..dataplane import DataPlane, PlaneOptions, make_session
+from ..dataplane.credentials import ClusterCredential
 from ..errors import PayloadTooLarge, RangeNotSatisfiable
 from ..protocol import messages as m
 from ..protocol.batch import CommitItem, CreateItem, parse_items, results_json
 from ..protocol.models import FileInfo, LayoutSpec, TargetInfo, check_file_id
 from ..protocol.ranges import content_range, parse_range, unsatisfied_range
+from ..web.authmw import authorize, token_of
 from ..web.metrics import ServerMetrics
 from ..web.middleware import METRICS_KEY, error_response, json_response, large_json_response
 from ..web.requests import path_arg, query_bool, query_int, read_json
 from ..web.server import add_routes, base_app
-from . import jobtable, reliability
+from . import authapp, jobtable, reliability
+from .authapp import check_uploads, read_capability, write_capability
 from .gateway import Gateway
 from .service import MetaService
 from .sqlite import SQLiteStore
@@ -50,7 +54,8 @@ def make_meta_app(config: Config) -> web.Application:
                    refresh_metrics=cluster_gauges)
     app[CONFIG] = config
     app[SERVICE] = service
-    add_routes(app, "meta", HANDLERS)
+    add_routes(app, "meta", {**HANDLERS, **authapp.handlers(service, config)})
+    authapp.install(app, service, config)   # tokens, when config.auth
     app.cleanup_ctx.append(_data_plane)
     app.cleanup_ctx.append(_background)
     # rebuild, repair, scrub, fsck: after _data_plane, whose plane they use
@@ -64,7 +69,10 @@ async def _data_plane(app: web.Application) -> AsyncIterator[None]:
     await app[SERVICE].start()      # the registered targets, before anything serves
     options = PlaneOptions.of(config)
     session = make_session(options)
-    app[GATEWAY] = Gateway(app[SERVICE], DataPlane(session, options), config)
+    auth = app.get(authapp.AUTH)
+    credentials = ClusterCredential(auth.cluster_capability) if auth is not None else None
+    app[GATEWAY] = Gateway(app[SERVICE], DataPlane(session, options, credentials=credentials),
+                           config)
     yield
     await session.close()
     # Closing the store joins its thread and checkpoints the SQLite WAL (an fsync):
@@ -127,19 +135,32 @@ async def heartbeat(request: web.Request) -> web.Response:
 
 # -- namespace -------------------------------------------------------------------------
 async def stat(request: web.Request) -> web.Response:
-    return json_response((await _svc(request).stat(path_arg(request))).to_json())
+    info = await _svc(request).stat(path_arg(request))
+    _readable(request, info)
+    return json_response(read_capability(request, info).to_json())
+
+
+def _readable(request: web.Request, info: FileInfo) -> None:
+    """A file's stat needs read on its path; a directory's is seen walking down to a
+    covered prefix (the route's rule, ``visible``, admitted that much)."""
+    if not info.is_dir:
+        authorize(request, "read", info.path)
 
 
 async def list_dir(request: web.Request) -> web.Response:
     path = path_arg(request)
     entries, nxt = await _svc(request).list(path, after=request.query.get("after", ""),
                                             limit=query_int(request, "limit"))
+    token = token_of(request)
+    if token is not None:           # only what the token's prefixes lead to
+        entries = [e for e in entries if visible(token, e.path)]
     listing = m.Listing(path, tuple(entries), nxt, detail=query_bool(request, "detail", True))
     return json_response(listing.to_json())
 
 
 async def mkdir(request: web.Request) -> web.Response:
     req = m.MkdirRequest.from_json(await _body(request))
+    authorize(request, "write", req.path)
     info = await _svc(request).mkdir(req.path, parents=req.parents, exist_ok=req.exist_ok,
                                      layout=req.layout)
     return json_response(info.to_json())
@@ -147,18 +168,21 @@ async def mkdir(request: web.Request) -> web.Response:
 
 async def set_layout(request: web.Request) -> web.Response:
     req = m.SetLayoutRequest.from_json(await _body(request))
+    authorize(request, "write", req.path)
     return json_response((await _svc(request).set_layout(req.path, req.layout)).to_json())
 
 
 async def create(request: web.Request) -> web.Response:
     req = CreateItem.from_json(await _body(request))
+    authorize(request, "write", req.path)
     upload, info = await _svc(request).create(req.path, layout=req.layout,
                                               overwrite=req.overwrite, parents=req.parents)
-    return json_response(_upload(upload, info).to_json())
+    return json_response(_upload(request, upload, info).to_json())
 
 
 async def commit(request: web.Request) -> web.Response:
     req = CommitItem.from_json(await _body(request))
+    await check_uploads(request, _svc(request), [req.file_id])
     info = await _svc(request).commit(req.file_id, size=req.size, checksums=req.checksums,
                                       mtime=req.mtime)
     return json_response(info.to_json())
@@ -166,6 +190,7 @@ async def commit(request: web.Request) -> web.Response:
 
 async def abort(request: web.Request) -> web.Response:
     req = m.AbortRequest.from_json(await _body(request))
+    await check_uploads(request, _svc(request), [req.file_id])
     await _svc(request).abort(req.file_id)
     return json_response(m.Aborted().to_json())
 
@@ -173,41 +198,50 @@ async def abort(request: web.Request) -> web.Response:
 # -- batched writes (stager/protocol/batch.py, stager/meta/batch.py) ----------------------
 async def create_batch(request: web.Request) -> web.Response:
     items = parse_items(await _body(request), CreateItem.from_json, key=lambda i: i.path)
+    for item in items:
+        authorize(request, "write", item.path)
     results = await _svc(request).create_many(items)
-    return json_response(results_json(results, lambda r: _upload(*r).to_json()))
+    return json_response(results_json(results, lambda r: _upload(request, *r).to_json()))
 
 
 async def commit_batch(request: web.Request) -> web.Response:
     items = parse_items(await _body(request), CommitItem.from_json, key=lambda i: i.file_id)
+    await check_uploads(request, _svc(request), [i.file_id for i in items])
     results = await _svc(request).commit_many(items)
     return json_response(results_json(results, FileInfo.to_json))
 
 
 async def abort_batch(request: web.Request) -> web.Response:
     file_ids = parse_items(await _body(request), check_file_id, key=str, name="file_ids")
+    await check_uploads(request, _svc(request), file_ids)
     results = await _svc(request).abort_many(file_ids)
     return json_response(results_json(results, lambda r: None))
 
 
 async def reroute(request: web.Request) -> web.Response:
     req = m.RerouteRequest.from_json(await _body(request))
+    await check_uploads(request, _svc(request), [i.file_id for i in req.items])
     results = await _svc(request).reroute(req)
-    return json_response(results_json(results, lambda r: _upload(*r).to_json()))
+    return json_response(results_json(results, lambda r: _upload(request, *r).to_json()))
 
 
-def _upload(upload: Upload, info: FileInfo) -> m.Upload:
+def _upload(request: web.Request, upload: Upload, info: FileInfo) -> m.Upload:
     assert info.layout is not None
-    return m.Upload(upload.file_id, upload.path, info.layout, info.locations)
+    return m.Upload(upload.file_id, upload.path, info.layout, info.locations,
+                    write_capability(request, upload.file_id))
 
 
 async def rename(request: web.Request) -> web.Response:
     req = m.RenameRequest.from_json(await _body(request))
+    authorize(request, "write", req.src)
+    authorize(request, "write", req.dst)
     info = await _svc(request).rename(req.src, req.dst, overwrite=req.overwrite)
     return json_response(info.to_json())
 
 
 async def remove(request: web.Request) -> web.Response:
     req = m.RemoveRequest.from_json(await _body(request))
+    authorize(request, "write", req.path)
     removed = await _svc(request).remove(req.path, recursive=req.recursive)
     return json_response(m.RemoveResult(removed).to_json())
 
@@ -233,6 +267,7 @@ async def gateway_get(request: web.Request) -> web.StreamResponse:
     info = await _svc(request).stat(path)
     if info.is_dir:
         return await list_dir(request)
+    _readable(request, info)
     try:
         span = parse_range(request.headers.get("Range"), info.size)
     except RangeNotSatisfiable as exc:

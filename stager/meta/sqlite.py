@@ -15,11 +15,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import StagerError
+from ..protocol.authmsg import TokenInfo
 from ..protocol.models import Layout, LayoutSpec, TargetInfo
 from .sqlite_batch import BatchSQL
 from .sqlite_db import Database
 from .sqlite_namespace import NamespaceSQL
 from .sqlite_reliability import ReliabilitySQL
+from .sqlite_tokens import TokenSQL
 from .store import (
     CommitArgs,
     CreateCheck,
@@ -42,6 +44,7 @@ class SQLiteStore(MetaStore):
         self.namespace = NamespaceSQL(self.database)
         self.batches = BatchSQL(self.namespace)
         self.files = ReliabilitySQL(self.database)
+        self.tokens = TokenSQL(self.database)
         # Public: its counters say how writes were grouped (tests, benchmarks).
         self.thread = StoreThread(self.database.transaction, max_group=max_group)
 
@@ -144,6 +147,16 @@ class SQLiteStore(MetaStore):
 
     async def replace_layout(self, file_id: str, old: Layout, new: Layout) -> bool:
         return await self.thread.run(self.files.replace_layout, file_id, old, new)
+
+    # -- tokens -----------------------------------------------------------------------
+    async def put_token(self, info: TokenInfo) -> None:
+        await self.thread.run(self.tokens.put, info)
+
+    async def list_tokens(self) -> list[TokenInfo]:
+        return await self.thread.run(self.tokens.list)
+
+    async def revoke_token(self, token_id: str, *, now: int) -> TokenInfo:
+        return await self.thread.run(self.tokens.revoke, token_id, now)
 
     # -- targets ----------------------------------------------------------------------
     async def upsert_target(self, target: TargetInfo) -> None:

@@ -49,6 +49,15 @@ CREATE TABLE IF NOT EXISTS manifests (
     created   REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS entries_file_id ON entries (file_id);
+CREATE TABLE IF NOT EXISTS tokens (
+    id        TEXT PRIMARY KEY,
+    name      TEXT NOT NULL,
+    scopes    TEXT NOT NULL,
+    prefixes  TEXT NOT NULL,
+    created   INTEGER NOT NULL,
+    expires   INTEGER NOT NULL,
+    revoked   INTEGER
+);
 CREATE TABLE IF NOT EXISTS targets (
     id             TEXT PRIMARY KEY,
     node           TEXT NOT NULL,

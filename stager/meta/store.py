@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from ..errors import StagerError
+from ..protocol.authmsg import TokenInfo
 from ..protocol.models import Layout, LayoutSpec, TargetInfo
 
 
@@ -225,6 +226,20 @@ class MetaStore(ABC):
         """Compare-and-swap: set a committed file's layout to ``new`` if it is still
         ``old``; False when it is not (the file was replaced, removed or rebuilt
         meanwhile), and then nothing changes."""
+
+    # -- tokens (stager/meta/auth.py) ------------------------------------------------
+    @abstractmethod
+    async def put_token(self, info: TokenInfo) -> None:
+        """Record a token minted (never its text)."""
+
+    @abstractmethod
+    async def list_tokens(self) -> list[TokenInfo]:
+        """Every token recorded, oldest first."""
+
+    @abstractmethod
+    async def revoke_token(self, token_id: str, *, now: int) -> TokenInfo:
+        """Mark a token revoked (at ``now``; kept if already revoked); its record, or
+        :class:`~stager.errors.NotFound`."""
 
     # -- targets ---------------------------------------------------------------
     @abstractmethod

@@ -3,5 +3,6 @@
 CRC32C = "X-Stager-Crc32c"          # hex CRC32C of a chunk's bytes (PUT: of the body)
 CHUNK_SIZE = "X-Stager-Chunk-Size"  # full size of the chunk a ranged GET reads from
 TARGET = "X-Stager-Target"          # id of the target that served the request
-AUTHORIZATION = "Authorization"     # reserved for capability tokens
+AUTHORIZATION = "Authorization"     # "Bearer <token>" to the metadata server
+CAPABILITY = "X-Stager-Capability"  # capabilities to a data server, space separated
 FILE_ID = "X-Stager-File-Id"

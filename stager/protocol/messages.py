@@ -201,17 +201,22 @@ class Upload:
     path: str
     layout: Layout
     locations: dict[str, str]
+    capability: str | None = None   # with auth on: a write capability for the file id
 
     def to_json(self) -> dict[str, Any]:
-        return {"file_id": self.file_id, "path": self.path, "layout": self.layout.to_json(),
-                "locations": dict(self.locations)}
+        out = {"file_id": self.file_id, "path": self.path, "layout": self.layout.to_json(),
+               "locations": dict(self.locations)}
+        if self.capability is not None:
+            out["capability"] = self.capability
+        return out
 
     @classmethod
     def from_json(cls, obj: Any) -> Upload:
         return cls(file_id=check_file_id(field_of(obj, "file_id", str)),
                    path=field_of(obj, "path", str),
                    layout=Layout.from_json(field_of(obj, "layout", dict)),
-                   locations=dict(field_of(obj, "locations", dict)))
+                   locations=dict(field_of(obj, "locations", dict)),
+                   capability=field_of(obj, "capability", str, None))
 
 
 @dataclass(frozen=True)

@@ -190,6 +190,7 @@ class FileInfo:
     default_layout: LayoutSpec | None = None   # directories: what new files inherit
     checksums: tuple[int, ...] | None = None   # per chunk CRC32C (stat only, not listings)
     locations: dict[str, str] = field(default_factory=dict)  # target id → URL
+    capability: str | None = None  # with auth on, a file's stat: a read capability for it
 
     @property
     def is_dir(self) -> bool:
@@ -212,6 +213,8 @@ class FileInfo:
             out["checksums"] = [f"{c:08x}" for c in self.checksums]
         if self.locations:
             out["locations"] = dict(self.locations)
+        if self.capability is not None:
+            out["capability"] = self.capability
         return out
 
     @classmethod
@@ -229,6 +232,7 @@ class FileInfo:
             default_layout=LayoutSpec.from_json(default_layout) if default_layout else None,
             checksums=tuple(int(c, 16) for c in checksums) if checksums is not None else None,
             locations=dict(field_of(obj, "locations", dict, {})),
+            capability=field_of(obj, "capability", str, None),
         )
 
 

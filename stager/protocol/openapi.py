@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..version import __version__
+from .authmsg import MAX_TTL
+from .headers import CAPABILITY
 from .jobreport import SCHEMAS as JOB_SCHEMAS
 from .messages import MIN_SCRUB_RATE
 from .models import (
@@ -59,7 +61,8 @@ SCHEMAS: dict[str, Any] = {
                       "mtime": _NUM, "file_id": _STR, "layout": _ref("Layout"),
                       "default_layout": _ref("LayoutSpec"),
                       "checksums": {"type": "array", "items": _STR},
-                      "locations": {"type": "object", "additionalProperties": _STR}},
+                      "locations": {"type": "object", "additionalProperties": _STR},
+                      "capability": _STR},
                      ("path", "type", "size", "mtime")),
     "Listing": _obj({"path": _STR, "entries": {"type": "array", "items": _ref("FileInfo")},
                      "next": {"type": ["string", "null"]}}, ("entries",)),
@@ -81,7 +84,8 @@ SCHEMAS: dict[str, Any] = {
     "CreateRequest": _obj({"path": _STR, "layout": _ref("LayoutSpec"), "overwrite": _BOOL,
                            "parents": _BOOL}, ("path",)),
     "Upload": _obj({"file_id": _STR, "path": _STR, "layout": _ref("Layout"),
-                    "locations": {"type": "object", "additionalProperties": _STR}},
+                    "locations": {"type": "object", "additionalProperties": _STR},
+                    "capability": _STR},
                    ("file_id", "path", "layout", "locations")),
     "CommitRequest": _obj({"file_id": _FILE_ID, "size": _COUNT, "mtime": _NUM,
                            "checksums": {"type": "array", "items": _STR}},
@@ -151,7 +155,38 @@ SCHEMAS: dict[str, Any] = {
                        ("clean", "files", "chunks_expected", "chunks_found", "missing",
                         "missing_list", "orphans", "orphan_list", "unreachable",
                         "under_replicated", "repaired", "orphans_deleted", "seconds")),
+    # tokens and capabilities (stager/protocol/authmsg.py)
+    "PublicKey": _obj({"public_key": _STR}, ("public_key",)),
+    "TokenRequest": _obj({"scopes": {"type": "array", "minItems": 1, "items": {
+                              "enum": ["read", "write", "admin", "join"]}},
+                          "prefixes": {"type": "array", "minItems": 1, "maxItems": 64,
+                                       "items": _STR},
+                          "ttl": {**_INT, "minimum": 1, "maximum": MAX_TTL},
+                          "name": {**_STR, "maxLength": 200}}, ("scopes",)),
+    "TokenInfo": _obj({"id": _STR, "name": _STR, "scopes": {"type": "array", "items": _STR},
+                       "prefixes": {"type": "array", "items": _STR}, "created": _INT,
+                       "expires": _INT, "revoked": {"type": ["integer", "null"]}},
+                      ("id", "name", "scopes", "prefixes", "created", "expires")),
+    "TokenCreated": _obj({"token": _STR, "info": _ref("TokenInfo")}, ("token", "info")),
+    "TokenList": _obj({"tokens": {"type": "array", "items": _ref("TokenInfo")}},
+                      ("tokens",)),
+    "CapabilityRequest": _obj({"op": {"enum": ["read", "write"]},
+                               "file_ids": {"type": "array", "items": _FILE_ID}},
+                              ("op", "file_ids")),
+    "CapabilityResult": _obj({"results": {"type": "array", "items": {"oneOf": [
+        {"type": "null"}, _obj({"file_id": _STR, "capability": {"type": ["string", "null"]}},
+                               ("file_id", "capability")),
+        _ref("ItemError")]}}}, ("results",)),
     **JOB_SCHEMAS,
+}
+
+# With auth on: a bearer token to the metadata server, capabilities to data servers.
+SECURITY_SCHEMES = {
+    "meta": {"bearer": {"type": "http", "scheme": "bearer",
+                        "description": "a token from `stager token create`"}},
+    "data": {"capability": {"type": "apiKey", "in": "header", "name": CAPABILITY,
+                            "description": "capabilities the metadata server handed out "
+                                           "with layouts, space separated"}},
 }
 
 
@@ -181,6 +216,13 @@ def _operation(route: Route) -> dict[str, Any]:
         op["requestBody"] = {"required": True, "content": _content(route.body)}
     for status, schema in sorted(route.responses.items()):
         op["responses"][str(status)] = {"description": str(status), "content": _content(schema)}
+    assert route.access is not None
+    if route.access.scope != "public":
+        op["security"] = [{next(iter(SECURITY_SCHEMES[route.role])): []}]
+        op["x-stager-access"] = {"scope": route.access.scope, "on": route.access.on}
+        for status in ("401", "403"):
+            op["responses"].setdefault(status, {"description": status,
+                                                "content": _content("Error")})
     if "500" not in op["responses"]:
         op["responses"]["500"] = {"description": "server error", "content": _content("Error")}
     return op
@@ -196,5 +238,5 @@ def openapi_document(role: str) -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {"title": f"stager {role} server", "version": __version__},
         "paths": paths,
-        "components": {"schemas": SCHEMAS},
+        "components": {"schemas": SCHEMAS, "securitySchemes": SECURITY_SCHEMES[role]},
     }

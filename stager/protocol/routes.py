@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -40,6 +40,38 @@ class Param:
         return {"type": self.type, **dict(self.bounds)}
 
 
+SCOPES_NEEDED = ("public", "any", "read", "write", "admin", "join", "cluster")
+WHERE = ("none", "cluster", "path", "visible", "body", "chunk")
+
+
+@dataclass(frozen=True)
+class Access:
+    """What a request needs when auth is on (stager/web/authmw.py checks it).
+
+    ``scope``: ``public`` (no token), ``any`` (any valid token), or the scope the
+    token (metadata server) or capability (data server: ``read``, ``write`` or
+    ``cluster``, the metadata server's own) must grant.  ``on``: what it must cover:
+    ``cluster`` (the whole namespace, ``/``), ``path`` (the URL's path), ``visible``
+    (the URL's path, or an ancestor of a covered prefix: walking down to it),
+    ``chunk`` (the URL's chunk's file), ``body`` (the handler checks every path
+    or chunk the body names, before it acts), ``none``.
+    """
+
+    scope: str
+    on: str = "cluster"
+
+    def __post_init__(self) -> None:
+        if self.scope not in SCOPES_NEEDED or self.on not in WHERE:
+            raise ValueError(f"bad access rule {self.scope}/{self.on}")
+
+
+PUBLIC = Access("public", "none")
+ANY = Access("any", "none")
+READ_PATH, WRITE_PATH, WRITE_BODY = Access("read", "path"), Access("write", "path"), \
+    Access("write", "body")
+ADMIN, JOIN = Access("admin"), Access("join")
+
+
 @dataclass(frozen=True)
 class Route:
     method: str
@@ -50,6 +82,7 @@ class Route:
     params: tuple[Param, ...] = ()
     body: str | None = None       # a schema name, or "binary"
     responses: dict[int, str] = field(default_factory=dict)  # status → schema / "binary"
+    access: Access | None = None  # what a request needs when auth is on (every route has one)
 
     @property
     def path_params(self) -> tuple[str, ...]:
@@ -236,6 +269,61 @@ ROUTES: tuple[Route, ...] = (
           "verify every chunk's checksums now; progress lines, then the result line", "data",
           body="ScrubRequest", responses={200: "ndjson", 400: "Error"}),
 )
+
+
+# metadata server: token administration and capabilities (stager/meta/authapp.py)
+_AUTH_ROUTES: tuple[Route, ...] = (
+    Route("GET", "/v1/auth/key", "auth_key",
+          "the metadata server's Ed25519 public key (PEM), which data servers verify "
+          "capabilities with; 404 when auth is off", "meta",
+          responses={200: "PublicKey", 404: "Error"}),
+    Route("POST", "/v1/tokens", "create_token", "mint a bearer token (admin)", "meta",
+          body="TokenRequest", responses={200: "TokenCreated", 400: "Error", 404: "Error"}),
+    Route("GET", "/v1/tokens", "list_tokens", "every token minted, revoked or not (admin)",
+          "meta", responses={200: "TokenList", 404: "Error"}),
+    Route("POST", "/v1/tokens/{token_id}/revoke", "revoke_token",
+          "revoke a token: refused from the next request on (admin)", "meta",
+          params=(Param("token_id", "path", required=True,
+                        bounds=(("pattern", "^[0-9a-f]{32}$"),)),),
+          responses={200: "TokenInfo", 404: "Error"}),
+    Route("POST", "/v1/capabilities", "capabilities",
+          "short-lived capabilities for chunk reads or writes of files by id; per-item "
+          "capabilities (null when auth is off) or errors", "meta",
+          body="CapabilityRequest", responses={200: "CapabilityResult", 400: "Error",
+                                               413: "Error"}),
+)
+ROUTES = ROUTES + _AUTH_ROUTES
+
+# What each operation needs when auth is on: one line per route, checked complete below.
+ACCESS: dict[str, Access] = {
+    "health": PUBLIC, "openapi": PUBLIC, "metrics": PUBLIC,
+    # cluster
+    "status": ANY, "list_targets": ANY, "register_target": JOIN, "heartbeat": JOIN,
+    "remove_target": ADMIN, "scrub": ADMIN, "scrub_report": JOIN, "fsck": ADMIN,
+    "report_rank": Access("read", "none"), "list_jobs": Access("read", "cluster"),
+    # namespace
+    "stat": Access("read", "visible"), "list": Access("read", "visible"),
+    "mkdir": WRITE_BODY, "set_layout": WRITE_BODY, "create": WRITE_BODY, "commit": WRITE_BODY,
+    "abort": WRITE_BODY, "create_batch": WRITE_BODY, "commit_batch": WRITE_BODY,
+    "abort_batch": WRITE_BODY, "reroute": WRITE_BODY, "rename": WRITE_BODY,
+    "remove": WRITE_BODY, "put_manifest": WRITE_PATH, "get_manifest": READ_PATH,
+    "gateway_get": Access("read", "visible"), "gateway_head": READ_PATH,
+    "gateway_put": WRITE_PATH, "gateway_delete": WRITE_PATH,
+    # auth
+    "auth_key": PUBLIC, "create_token": ADMIN, "list_tokens": ADMIN, "revoke_token": ADMIN,
+    "capabilities": Access("any", "body"),
+    # data server: capabilities, not tokens
+    "put_chunk": Access("write", "chunk"), "get_chunk": Access("read", "chunk"),
+    "head_chunk": Access("read", "chunk"), "delete_chunk": Access("cluster"),
+    "batch_write": Access("write", "body"), "batch_read": Access("read", "body"),
+    "purge": Access("cluster"), "list_chunks": Access("cluster"),
+    "scrub_chunks": Access("cluster"),
+}
+_OPS = {r.op for r in ROUTES}
+if set(ACCESS) != _OPS:
+    raise RuntimeError(f"routes without an access rule: {sorted(_OPS - set(ACCESS))}; "
+                       f"rules without a route: {sorted(set(ACCESS) - _OPS)}")
+ROUTES = tuple(replace(r, access=ACCESS[r.op]) for r in ROUTES)
 
 
 def routes_for(role: str) -> tuple[Route, ...]:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config, load_config
+from ..protocol.authmsg import TokenRequest
 from ..protocol.routes import route
 
 FAST = {"heartbeat_interval": 0.2, "target_timeout": 3.0, "gc_interval": 0.2,
@@ -54,6 +55,8 @@ class ThreadCluster:
                                        daemon=True)
         self.meta: _Server | None = None
         self.data: list[_Server | None] = [None] * data_servers
+        self.admin_token = ""       # with auth=True: ROOT/meta/admin.token
+        self.join_token = ""        # ... and a join token minted for the data servers
 
     # -- lifecycle ---------------------------------------------------------------
     def __enter__(self) -> ThreadCluster:
@@ -90,7 +93,7 @@ class ThreadCluster:
 
     def data_config(self, i: int) -> Config:
         return self.config.replace(root=str(self.root / f"data{i}"), port=0, node=f"node{i}",
-                                   meta_url=self.meta_url)
+                                   meta_url=self.meta_url, token=self.join_token)
 
     # -- servers -------------------------------------------------------------------
     def _serve(self, make_app: Any, config: Config, after_bind: Any = None) -> _Server:
@@ -126,6 +129,15 @@ class ThreadCluster:
 
         self.meta = self._serve(make_meta_app, self.config.replace(
             root=str(self.root / "meta"), port=port))
+        if self.config.auth and not self.join_token:
+            self.admin_token = (self.root / "meta" / "admin.token").read_text().strip()
+            self.join_token = mint_token(self.meta_url, self.admin_token, ["join"],
+                                         name="data servers")
+
+    def mint(self, scopes: list[str], prefixes: tuple[str, ...] = ("/",), ttl: int = 3600,
+             name: str = "test") -> str:
+        """A token from this cluster's metadata server (auth on)."""
+        return mint_token(self.meta_url, self.admin_token, scopes, prefixes, ttl, name)
 
     def stop_meta(self) -> None:
         if self.meta is not None:
@@ -135,11 +147,13 @@ class ThreadCluster:
     def start_data(self, i: int) -> None:
         from ..data.app import SERVICE, make_data_app
         from ..data.registration import register_and_heartbeat
+        from ..web.authmw import GATE
 
         config = self.data_config(i)
 
         def announce(app: Any) -> Any:
-            return lambda url: register_and_heartbeat(app[SERVICE], config, url)
+            return lambda url: register_and_heartbeat(app[SERVICE], config, url,
+                                                      app.get(GATE))
 
         self.data[i] = self._serve(make_data_app, config, after_bind=announce)
 
@@ -157,7 +171,7 @@ class ThreadCluster:
         return str(json.loads((self.root / f"data{i}" / "target.json").read_text())["target_id"])
 
     def wait_targets(self, up: int, timeout: float = 15) -> None:
-        wait_for_targets(self.meta_url, up, timeout)
+        wait_for_targets(self.meta_url, up, timeout, token=self.admin_token)
 
 
 def _settle(task: asyncio.Task[None], done: Future[None]) -> None:
@@ -168,13 +182,26 @@ def _settle(task: asyncio.Task[None], done: Future[None]) -> None:
         done.set_result(None)
 
 
-def wait_for_targets(meta_url: str, up: int, timeout: float = 15, *, exact: bool = False) -> None:
+def mint_token(meta_url: str, admin_token: str, scopes: list[str],
+               prefixes: tuple[str, ...] = ("/",), ttl: int = 3600, name: str = "test") -> str:
+    """A new token from the metadata server at ``meta_url``, asked with ``admin_token``."""
+    body = json.dumps(TokenRequest(tuple(scopes), prefixes, ttl, name).to_json()).encode()
+    req = urllib.request.Request(route("create_token").url(meta_url), data=body, headers={
+        "Authorization": f"Bearer {admin_token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return str(json.load(resp)["token"])
+
+
+def wait_for_targets(meta_url: str, up: int, timeout: float = 15, *, exact: bool = False,
+                     token: str = "") -> None:
     """Wait until the metadata server lists ``up`` healthy targets."""
     deadline = time.monotonic() + timeout
     seen = -1
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(route("list_targets").url(meta_url), timeout=2) as resp:
+            req = urllib.request.Request(route("list_targets").url(meta_url), headers=headers)
+            with urllib.request.urlopen(req, timeout=2) as resp:
                 seen = sum(t["state"] == "up" for t in json.load(resp)["targets"])
             if seen == up or (seen >= up and not exact):
                 return

@@ -21,6 +21,7 @@ import pytest
 
 from ..errors import AlreadyExists, IsADirectory, NotFound, UploadNotFound
 from ..meta.store import MetaStore, Upload, all_files
+from ..protocol.authmsg import TokenInfo
 from ..protocol.models import Layout, TargetInfo
 
 LAYOUT = Layout(chunk_size=1 << 20, stripe_count=2, replicas=1, targets=("t0", "t1"),
@@ -144,5 +145,27 @@ class MetaStoreTests:
         try:
             assert len(await again.list_dir("/many", after="", limit=100)) == 20
             assert [t.id for t in await again.list_targets()] == ["t0"]
+        finally:
+            again.close()
+
+    async def test_tokens_are_recorded_listed_and_revoked_for_good(
+            self, open_store: Callable[[], MetaStore]) -> None:
+        first = TokenInfo("a" * 32, "team-a", ("read",), ("/data/a",), 10, 100)
+        second = TokenInfo("b" * 32, "ops", ("admin",), ("/",), 20, 200)
+        store = open_store()
+        try:
+            await store.put_token(second)
+            await store.put_token(first)
+            assert await store.list_tokens() == [first, second]      # oldest first
+            revoked = await store.revoke_token(first.id, now=50)
+            assert revoked.revoked == 50 and revoked.name == "team-a"
+            assert (await store.revoke_token(first.id, now=60)).revoked == 50   # kept
+            with pytest.raises(NotFound):
+                await store.revoke_token("c" * 32, now=60)
+        finally:
+            store.close()
+        again = open_store()
+        try:
+            assert [t.revoked for t in await again.list_tokens()] == [50, None]
         finally:
             again.close()

@@ -1,8 +1,8 @@
 """Middlewares every stager server runs: errors as JSON, metrics, authorisation.
 
 ``error_middleware`` is the one place a server turns an exception into a
-response, through :data:`stager.errors.ERROR_TABLE`.  ``auth_middleware`` is
-where capability tokens will be checked; today it admits every request.
+response, through :data:`stager.errors.ERROR_TABLE`.  ``auth_middleware``
+(:mod:`.authmw`) checks tokens and capabilities against the route table.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from ..errors import InternalError, MethodNotAllowed, NotFound, PayloadTooLarge, StagerError
+from .authmw import auth_middleware
 from .metrics import ServerMetrics
 
 log = logging.getLogger("stager.web")
@@ -130,13 +131,6 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
     finally:
         metrics.requests.labels(op, str(status)).inc()
         metrics.latency.labels(op).observe(time.perf_counter() - start)
-
-
-@web.middleware
-async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    # Capability tokens (scoped to file, chunk range and operation) will be
-    # verified here.  Until then every request is admitted.
-    return await handler(request)
 
 
 MIDDLEWARES = (metrics_middleware, error_middleware, auth_middleware)

@@ -51,7 +51,7 @@ def base_app(role: str, *, client_max_size: int, identity: Mapping[str, str],
     common = {"health": health, "openapi": openapi, "metrics": metrics}
     for route in routes_for("common"):
         if route.role == "common":
-            app.router.add_route(route.method, route.path, common[route.op])
+            app.router.add_route(route.method, route.path, common[route.op], name=route.op)
     return app
 
 
@@ -60,7 +60,7 @@ def add_routes(app: web.Application, role: str, handlers: Mapping[str, Handler])
     for route in routes_for(role):
         if route.role == "common":
             continue
-        app.router.add_route(route.method, route.path, handlers[route.op])
+        app.router.add_route(route.method, route.path, handlers[route.op], name=route.op)
 
 
 async def serve(

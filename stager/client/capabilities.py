@@ -1,0 +1,101 @@
+"""A client's capabilities: kept per file, fetched before they are needed.
+
+With auth on, every chunk request to a data server carries a capability for
+the file it touches (:mod:`stager.dataplane.credentials`).  The metadata server
+hands one out with every stat (read) and every create or reroute (write), and
+the book keeps them.  Whatever the book lacks, or holds with less than
+:data:`MARGIN` seconds left, it fetches in one ``capabilities`` request for all
+the files of the data request at hand, so a Loader that reads a million files
+from a manifest asks for them a batch at a time, and one that runs for days
+keeps working as each expires.
+
+A write capability also reads the file it was issued for (a writer copies the
+chunks it stored when it routes around a dead target).  Against a cluster with
+auth off, the first answer says so (a null capability) and the book stops
+asking.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Collection, Sequence
+
+from ..auth import expires_at
+from ..errors import StagerError
+from ..protocol.authmsg import CapabilityRequest
+from ..protocol.batch import read_results
+from ..protocol.models import field_of
+from ..protocol.routes import route
+
+MARGIN = 120.0          # seconds: a capability closer than this to expiry is fetched anew
+MAX_PER_REQUEST = 4096  # file ids per capabilities request (and per data request's header)
+MAX_KEPT = 65536        # capabilities kept; the oldest learnt leave first (~20 MB at most)
+
+Request = Callable[..., Awaitable[object]]
+
+
+class CapabilityBook:
+    """The capabilities of one client; ``request`` is the metadata connection's."""
+
+    def __init__(self, request: Request, clock: Callable[[], float] = time.time) -> None:
+        self._request = request
+        self.clock = clock
+        self._caps: dict[tuple[str, str], tuple[str, float]] = {}   # (op, file) → text, exp
+        self._lock = asyncio.Lock()
+        self.off = False            # the cluster answered without capabilities: auth is off
+        self.fetched = 0            # capabilities fetched (tests, telemetry)
+
+    def learn(self, op: str, file_id: str | None, text: str | None) -> None:
+        """Keep ``text``, the ``op`` capability for ``file_id`` an answer carried."""
+        if file_id is not None and text is not None:
+            self._caps.pop((op, file_id), None)       # to the end: the newest
+            self._caps[(op, file_id)] = (text, float(expires_at(text)))
+            if len(self._caps) > MAX_KEPT:
+                for key in list(self._caps)[:MAX_KEPT // 4]:
+                    del self._caps[key]
+
+    async def header(self, op: str, file_ids: Collection[str]) -> str | None:
+        if self.off or op == "cluster" or not file_ids:
+            return None
+        texts, missing = self._lookup(op, file_ids)
+        if missing:
+            async with self._lock:      # one fetch at a time: the next finds what it got
+                texts, missing = self._lookup(op, file_ids)
+                if missing:
+                    await self._fetch(op, missing)
+                    texts, missing = self._lookup(op, file_ids)
+        if self.off:
+            return None
+        return " ".join(texts) if texts else None
+
+    def _lookup(self, op: str, file_ids: Collection[str]) -> tuple[list[str], list[str]]:
+        fresh = self.clock() + MARGIN
+        texts, missing = [], []
+        for file_id in file_ids:
+            hit = self._caps.get((op, file_id))
+            if (hit is None or hit[1] < fresh) and op == "read":
+                hit = self._caps.get(("write", file_id)) or hit    # reading back a write
+            if hit is None or hit[1] < fresh:
+                missing.append(file_id)
+            else:
+                texts.append(hit[0])
+        return texts, missing
+
+    async def _fetch(self, op: str, file_ids: Sequence[str]) -> None:
+        for start in range(0, len(file_ids), MAX_PER_REQUEST):
+            part = tuple(file_ids[start:start + MAX_PER_REQUEST])
+            answer = await self._request(route("capabilities"),
+                                         body=CapabilityRequest(op, part).to_json())
+            for file_id, got in zip(part, read_results(answer, _item), strict=True):
+                if isinstance(got, StagerError):
+                    continue            # no such file: the data server will say 401/403
+                if got is None:
+                    self.off = True
+                    return
+                self.learn(op, file_id, got)
+                self.fetched += 1
+
+
+def _item(obj: object) -> str | None:
+    return field_of(obj, "capability", str, None)   # type: ignore[arg-type]

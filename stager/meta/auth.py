@@ -1,0 +1,134 @@
+"""The metadata server's authority: its signing key, the tokens it minted, revocation.
+
+With ``--auth`` the metadata server holds the cluster's Ed25519 key (under
+``ROOT/auth/``).  It is the only process that can mint anything:
+
+- **tokens**, for users, teams and data servers (``stager token create``): each
+  recorded in the store without its text, revocable at once (the revoked ids are
+  a set in memory, filled from the store at start and on every revocation);
+- **capabilities**, one per file id and operation, handed out with layouts and
+  by the ``capabilities`` route, and its own **cluster capability** for what it
+  asks of data servers (rebuild copies, purges, scrubs, listings).
+
+Verifying a bearer token costs an Ed25519 check (~0.13 ms); a client sends the
+same text with every request, so verified texts are remembered
+(:class:`~stager.auth.cache.VerifiedCache`), with revocation and expiry asked
+again on every hit.  Minted capabilities are remembered too, and reused while
+more than half their life is left, so a file stat'ed a thousand times is signed
+once per five minutes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from ..auth import (
+    CAPABILITY_TTL,
+    Capability,
+    Token,
+    load_or_create_key,
+    public_key_text,
+    sign,
+    verify_token,
+)
+from ..auth.cache import VerifiedCache
+from ..auth.keys import write_secret
+from ..auth.tokens import ANY_FILE, CLUSTER
+from ..protocol.authmsg import TokenInfo, TokenRequest
+from .store import MetaStore
+
+AUTH_DIR = "auth"
+ADMIN_TOKEN_FILE = "admin.token"
+ADMIN_TTL = 10 * 365 * 86400        # the bootstrap admin token: revoke it to end it
+MINTED_CACHE = 65536                # capabilities remembered for reuse
+SELF_ID = "0" * 32                  # the holder of the cluster capability: this server
+
+
+class MetaAuth:
+    """The key, the token registry and the capability mint of one metadata server."""
+
+    def __init__(self, key: Ed25519PrivateKey, store: MetaStore,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.key = key
+        self.public = key.public_key()
+        self.public_text = public_key_text(key)
+        self.store = store
+        self.clock = clock
+        self.revoked: set[str] = set()
+        self.tokens = VerifiedCache(lambda text, now: verify_token(self.public, text, now, self))
+        self._minted: OrderedDict[tuple[str, str, str], tuple[str, int]] = OrderedDict()
+
+    @classmethod
+    def under(cls, root: Path | str, store: MetaStore) -> MetaAuth:
+        """The authority whose key is under ``root/auth/`` (made there the first time)."""
+        return cls(load_or_create_key(Path(root) / AUTH_DIR), store)
+
+    async def start(self) -> None:
+        self.revoked = {t.id for t in await self.store.list_tokens() if t.revoked is not None}
+
+    # -- bearer tokens ----------------------------------------------------------------
+    def is_revoked(self, token_id: str) -> bool:
+        return token_id in self.revoked
+
+    def authenticate(self, text: str) -> Token:
+        """The token ``text`` carries; :class:`~stager.errors.Unauthenticated` when it
+        is malformed, forged, expired, revoked or a capability."""
+        token = self.tokens.verify(text, self.clock())
+        assert isinstance(token, Token)
+        if token.id in self.revoked:         # revoked after it was remembered
+            self.tokens.forget(text)
+            verify_token(self.public, text, self.clock(), self)
+        return token
+
+    async def mint(self, request: TokenRequest) -> tuple[str, TokenInfo]:
+        """A new token and its record (stored before the text is returned)."""
+        now = self.clock()
+        token = Token.new(request.name, set(request.scopes), list(request.prefixes),
+                          request.ttl, now)
+        info = TokenInfo(token.id, token.name, tuple(sorted(token.scopes)), token.prefixes,
+                         int(now), token.expires)
+        await self.store.put_token(info)
+        return sign(self.key, token), info
+
+    async def revoke(self, token_id: str) -> TokenInfo:
+        info = await self.store.revoke_token(token_id, now=int(self.clock()))
+        self.revoked.add(token_id)
+        return info
+
+    async def list(self) -> list[TokenInfo]:
+        return await self.store.list_tokens()
+
+    # -- capabilities -------------------------------------------------------------------
+    def capability(self, file_id: str, op: str, holder: str) -> str:
+        """A capability for ``op`` on ``file_id``, for the token ``holder``; one minted
+        earlier is reused while more than half its life is left."""
+        now = self.clock()
+        key = (file_id, op, holder)
+        hit = self._minted.get(key)
+        if hit is not None and hit[1] - now > CAPABILITY_TTL / 2:
+            return hit[0]
+        cap = Capability(file_id, op, int(now + CAPABILITY_TTL), holder)
+        text = sign(self.key, cap)
+        self._minted[key] = (text, cap.expires)
+        self._minted.move_to_end(key)
+        if len(self._minted) > MINTED_CACHE:
+            self._minted.popitem(last=False)
+        return text
+
+    def cluster_capability(self) -> str:
+        """This server's own capability to data servers: every file, every route."""
+        return self.capability(ANY_FILE, CLUSTER, SELF_ID)
+
+    async def write_admin_token(self, root: Path | str) -> Path | None:
+        """Mint an admin token into ``root/admin.token`` (0600) unless one is there."""
+        path = Path(root) / ADMIN_TOKEN_FILE
+        if path.exists():
+            return None
+        text, _ = await self.mint(TokenRequest(("admin",), ("/",), ADMIN_TTL, "admin"))
+        write_secret(path, text + "\n")
+        return path

@@ -1,0 +1,221 @@
+"""Who may send what: the authorization middleware both servers run.
+
+Every route has an :class:`~stager.protocol.routes.Access` rule in the route
+table.  With auth off (no :data:`GATE` on the application) every request is
+admitted, as on a loopback development cluster.  With auth on:
+
+- **Metadata server** (:class:`TokenGate`): ``Authorization: Bearer T``;
+  a missing, malformed, forged, expired or revoked token is a 401.  The rule's
+  scope and what it covers (the whole cluster, the URL's path) are checked here;
+  a route whose body names the paths (``on="body"``) checks each in its handler
+  with :func:`authorize`, before it acts.  A refusal is a 403.
+- **Data server** (:class:`CapabilityGate`): ``X-Stager-Capability``, one or
+  more capabilities separated by spaces, verified with the metadata server's
+  public key alone and remembered per text.  The URL's chunk is checked here; a
+  batch's chunks in the handler with :func:`require_files`.
+
+The metadata server writes an audit line (logger ``stager.audit``) for every
+request that is not a GET or HEAD, and for every refusal: token id and name,
+operation, paths, status.  A data server writes one for every refusal and every
+maintenance request (purge, delete, scrub); a line per chunk written would drown
+the log, and the metadata server already logged the create it belongs to.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Protocol
+
+from aiohttp import web
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from ..auth import Capability, CapabilityCache, Token
+from ..auth.policy import allows, capability_allows, granted, require, visible
+from ..errors import Forbidden, StagerError, Unauthenticated, Unavailable
+from ..protocol import headers as H
+from ..protocol.models import parse_chunk_id
+from ..protocol.paths import normalize
+from ..protocol.routes import Route, route
+
+audit = logging.getLogger("stager.audit")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+MAX_CAPABILITIES = 4096         # per request: a batch of many small files carries many
+TOKEN, CAPS, CHECKED = "stager.token", "stager.caps", "stager.checked"
+
+
+class Gate(Protocol):
+    role: str
+
+    def admit(self, request: web.Request, rule: Route) -> None:
+        """Raise :class:`Unauthenticated` or :class:`Forbidden`, or admit ``request``."""
+        ...
+
+
+GATE = web.AppKey("gate", Gate)
+
+
+class TokenGate:
+    """The metadata server's gate: bearer tokens, checked by ``authenticate``."""
+
+    role = "meta"
+
+    def __init__(self, authenticate: Callable[[str], Token]) -> None:
+        self.authenticate = authenticate
+
+    def admit(self, request: web.Request, rule: Route) -> None:
+        access = rule.access
+        assert access is not None
+        if access.scope == "public":
+            return
+        header = request.headers.get(H.AUTHORIZATION, "")
+        scheme, _, text = header.partition(" ")
+        if not header:
+            raise Unauthenticated("this cluster needs a token: Authorization: Bearer TOKEN "
+                                  "(STAGER_TOKEN, STAGER_TOKEN_FILE or --token-file)",
+                                  reason="missing")
+        if scheme.lower() != "bearer" or not text.strip():
+            raise Unauthenticated("the Authorization header is not 'Bearer TOKEN'",
+                                  reason="malformed")
+        token = self.authenticate(text.strip())
+        request[TOKEN] = token
+        if access.scope == "any":
+            return
+        if access.on == "cluster":
+            require(token, access.scope, None)
+        elif access.on == "path":
+            authorize(request, access.scope, request.match_info["path"])
+        elif access.on == "visible":
+            path = normalize(request.match_info["path"])
+            if not (allows(token, access.scope, path) or visible(token, path)):
+                require(token, access.scope, path)          # raises, naming what is missing
+            _checked(request).append(path)
+        elif access.scope not in granted(token):            # "body", "none": scope only
+            raise Forbidden(f"token {token.name!r} lacks the {access.scope!r} scope",
+                            token=token.id, scope=access.scope)
+
+
+class CapabilityGate:
+    """A data server's gate: capabilities, verified with the metadata server's public
+    key (set once it is known: until then every guarded request is a 503)."""
+
+    role = "data"
+
+    def __init__(self, public: Ed25519PublicKey | None = None) -> None:
+        self.cache: CapabilityCache | None = None
+        if public is not None:
+            self.trust(public)
+
+    def trust(self, public: Ed25519PublicKey) -> None:
+        self.cache = CapabilityCache(public)
+
+    def admit(self, request: web.Request, rule: Route) -> None:
+        access = rule.access
+        assert access is not None
+        if access.scope == "public":
+            return
+        if self.cache is None:
+            raise Unavailable("this data server does not have the metadata server's "
+                              "public key yet")
+        texts = request.headers.get(H.CAPABILITY, "").split()
+        if not texts:
+            raise Unauthenticated(f"a data server needs a capability ({H.CAPABILITY}); "
+                                  "the metadata server hands them out with layouts",
+                                  reason="missing")
+        if len(texts) > MAX_CAPABILITIES:
+            raise Unauthenticated(f"more than {MAX_CAPABILITIES} capabilities in one request",
+                                  reason="malformed")
+        now = time.time()
+        caps = [self.cache.verify(t, now) for t in texts]
+        request[CAPS] = caps
+        if access.on == "cluster":
+            _require_caps(caps, None, "cluster")
+        elif access.on == "chunk":
+            _require_caps(caps, parse_chunk_id(request.match_info["chunk"])[0], access.scope)
+
+
+def authorize(request: web.Request, scope: str, path: str | None) -> None:
+    """For a handler: the request's token must grant ``scope`` on ``path`` (normalized
+    here; ``None``: the whole cluster).  Nothing to check with auth off."""
+    token: Token | None = request.get(TOKEN)
+    if token is None:
+        return
+    where = None if path is None else normalize(path)
+    require(token, scope, where)
+    _checked(request).append(where or "/")
+
+
+def token_of(request: web.Request) -> Token | None:
+    """The verified token of ``request``; ``None`` with auth off (or a public route)."""
+    return request.get(TOKEN)
+
+
+def require_files(request: web.Request, op: str, file_ids: Iterable[str]) -> None:
+    """For a data server's batch handler: the request's capabilities must allow ``op``
+    on every one of ``file_ids``.  Nothing to check with auth off."""
+    caps: list[Capability] | None = request.get(CAPS)
+    if caps is None:
+        return
+    for file_id in set(file_ids):
+        _require_caps(caps, file_id, op)
+
+
+def _require_caps(caps: list[Capability], file_id: str | None, op: str) -> None:
+    if any(capability_allows(c, file_id, op) for c in caps):
+        return
+    what = "maintenance" if file_id is None else f"{op} of file {file_id}"
+    raise Forbidden(f"no capability in this request allows {what}", file=file_id, op=op)
+
+
+def _checked(request: web.Request) -> list[str]:
+    checked = request.get(CHECKED)
+    if checked is None:
+        checked = request[CHECKED] = []
+    return checked
+
+
+def _rule(request: web.Request) -> Route | None:
+    name = request.match_info.route.name
+    try:
+        return route(name) if name else None
+    except KeyError:
+        return None
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    gate = request.app.get(GATE)
+    rule = _rule(request)
+    if gate is None or rule is None:
+        return await handler(request)
+    status = 500
+    try:
+        gate.admit(request, rule)
+        response = await handler(request)
+        status = response.status
+        return response
+    except StagerError as exc:
+        status = exc.status
+        raise
+    finally:
+        _audit(request, gate, rule, status)
+
+
+def _audit(request: web.Request, gate: Gate, rule: Route, status: int) -> None:
+    refused = status in (401, 403)
+    if gate.role == "meta":
+        if not refused and request.method in ("GET", "HEAD"):
+            return
+        token: Token | None = request.get(TOKEN)
+        who = f"token={token.id} name={token.name!r}" if token else "token=-"
+    else:
+        assert rule.access is not None
+        if not refused and rule.access.scope != "cluster":
+            return
+        caps: list[Capability] = request.get(CAPS) or []
+        who = "holder=" + (",".join(sorted({c.holder for c in caps})) or "-")
+    paths = request.get(CHECKED) or [request.match_info.get("path")
+                                     or request.match_info.get("chunk") or "-"]
+    audit.info("%s op=%s path=%s status=%d", who, rule.op,
+               ",".join(str(p) for p in paths), status)
