@@ -56,6 +56,9 @@ class Config:
     insecure: bool = False           # servers: allow a non-loopback bind without auth
     token: str = ""                  # bearer token a client or a data server presents
     token_file: str = ""             # ... or a file holding it (STAGER_TOKEN_FILE)
+    capability_ttl: float = 600.0    # metadata server: seconds a capability it mints lives
+    auth_dir: str = ""               # metadata server: its signing key (default ROOT/auth)
+    admin_token_file: str = ""       # ... and the bootstrap admin token (ROOT/admin.token)
     public_key_file: str = ""        # data server: the metadata server's public key
                                      # (default: fetched from it at start)
     tls_cert: str = ""               # servers: PEM certificate chain; with tls_key, HTTPS

@@ -18,7 +18,7 @@ from ..errors import StagerError
 
 COMMAND_MODULES = ("stager.cli.servers", "stager.cli.up", "stager.cli.filecmds",
                    "stager.cli.bench", "stager.cli.mount", "stager.cli.stage",
-                   "stager.cli.admin", "stager.cli.jobcmds")
+                   "stager.cli.admin", "stager.cli.jobcmds", "stager.cli.tokencmds")
 
 
 def meta_url(args: argparse.Namespace) -> str:
@@ -33,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--meta", metavar="URL",
                         help="metadata server (default: $STAGER_META_URL, else "
                              f"{DEFAULT_META_URL})")
+    parser.add_argument("--token-file", metavar="FILE",
+                        help="a file holding the token to present (default: $STAGER_TOKEN, "
+                             "else $STAGER_TOKEN_FILE)")
     parser.add_argument("--log-level", default=os.environ.get("STAGER_LOG_LEVEL", "WARNING"),
                         help="DEBUG, INFO, WARNING (default) or ERROR")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -44,6 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.token_file:
+        # Every client this command makes reads its configuration from the environment,
+        # and so do the servers and mounts it starts.
+        os.environ["STAGER_TOKEN_FILE"] = args.token_file
+        os.environ.pop("STAGER_TOKEN", None)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config, load_config
-from ..web.server import run, serve
+from ..errors import BadRequest
+from ..web.server import refuse_exposed, run, serve
 
 
 def add_server_flags(p: argparse.ArgumentParser, default_port: int) -> None:
@@ -20,12 +21,20 @@ def add_server_flags(p: argparse.ArgumentParser, default_port: int) -> None:
     p.add_argument("--ready-file", help="write {url, pid} here once listening "
                                         "(default: ROOT/server.json)")
     p.add_argument("--event-loop", choices=("auto", "uvloop", "asyncio"))
+    p.add_argument("--auth", action="store_true", default=None,
+                   help="require tokens (metadata server) or capabilities (data server)")
+    p.add_argument("--insecure", action="store_true", default=None,
+                   help="serve a non-loopback address without --auth (anyone who reaches "
+                        "the port may do anything)")
 
 
 def server_config(args: argparse.Namespace, default_port: int, **extra: Any) -> Config:
     flags = {"root": args.root, "host": args.host, "advertise_url": args.advertise_url,
-             "port": args.port, "event_loop": args.event_loop, **extra}
-    return load_config(flags, path=args.config, defaults={"port": default_port})
+             "port": args.port, "event_loop": args.event_loop, "auth": args.auth,
+             "insecure": args.insecure, **extra}
+    config = load_config(flags, path=args.config, defaults={"port": default_port})
+    refuse_exposed(config)
+    return config
 
 
 def _ready_file(args: argparse.Namespace, config: Config) -> Path:
@@ -36,7 +45,8 @@ def run_meta(args: argparse.Namespace) -> int:
     from ..meta.app import make_meta_app
 
     config = server_config(args, 7070, chunk_size=args.chunk_size,
-                           stripe_count=args.stripe_count, replicas=args.replicas)
+                           stripe_count=args.stripe_count, replicas=args.replicas,
+                           auth_dir=args.auth_dir, admin_token_file=args.admin_token_file)
 
     async def main() -> None:
         await serve(make_meta_app(config), config, ready_file=_ready_file(args, config))
@@ -52,7 +62,12 @@ def run_data(args: argparse.Namespace) -> int:
     from .main import meta_url
 
     config = server_config(args, 0, meta_url=meta_url(args), node=args.node,
-                           target_id=args.target_id, capacity=args.capacity)
+                           target_id=args.target_id, capacity=args.capacity,
+                           public_key_file=args.public_key)
+    if config.auth and config.bearer_token() is None:
+        raise BadRequest("a data server with --auth joins with a token of the join scope "
+                         "(`stager token create --scope join`): give it with --token-file, "
+                         "STAGER_TOKEN_FILE or STAGER_TOKEN")
 
     async def main() -> None:
         app = make_data_app(config)
@@ -73,6 +88,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--chunk-size", help="default chunk size (e.g. 4MiB)")
     p.add_argument("--stripe-count", type=int, help="default stripe count (0 = all, max 8)")
     p.add_argument("--replicas", type=int, help="default replicas")
+    p.add_argument("--auth-dir", help="with --auth: where the signing key is kept "
+                                      "(default: ROOT/auth)")
+    p.add_argument("--admin-token-file", help="with --auth: where the first admin token is "
+                                              "written (default: ROOT/admin.token)")
     p.set_defaults(func=run_meta)
 
     p = sub.add_parser("data", help="run one data server (one storage target)")
@@ -80,4 +99,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--node", help="node name (default: the host name)")
     p.add_argument("--target-id", help="stable target id (default: generated once, kept)")
     p.add_argument("--capacity", help="bytes to offer (default: the file system's size)")
+    p.add_argument("--public-key", help="with --auth: the metadata server's public key "
+                                        "(a file; default: asked of the metadata server)")
     p.set_defaults(func=run_data)

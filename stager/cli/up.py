@@ -10,6 +10,7 @@ comes back with every committed file.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import ctypes
 import json
 import os
@@ -22,12 +23,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..auth.keys import write_secret
+from ..client import AsyncClient
+from ..config import Config, load_config
+from ..errors import StagerError
+from ..meta.auth import ADMIN_TOKEN_FILE, AUTH_DIR
+from ..protocol.authmsg import MAX_TTL
 from ..protocol.messages import TargetList
 from ..protocol.routes import route
-from ..web.server import write_json_atomic
+from ..web.server import refuse_exposed, write_json_atomic
 from .supervise import restart
 
 READY_TIMEOUT = 30.0
+JOIN_TOKEN_FILE = "join.token"
 
 
 @dataclass
@@ -86,10 +94,12 @@ def _wait_ready(server: Server, deadline: float) -> None:
     raise RuntimeError(f"{server.role} server at {server.root} not ready in time")
 
 
-def _wait_targets(meta_url: str, want: int, deadline: float) -> None:
+def _wait_targets(meta_url: str, want: int, deadline: float, token: str | None) -> None:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(route("list_targets").url(meta_url), timeout=2) as resp:
+            req = urllib.request.Request(route("list_targets").url(meta_url), headers=headers)
+            with urllib.request.urlopen(req, timeout=2) as resp:
                 targets = TargetList.from_json(json.load(resp)).targets
             if sum(t.up for t in targets) >= want:
                 return
@@ -108,22 +118,41 @@ def start_cluster(args: argparse.Namespace, started: list[Server]) -> tuple[Serv
                  "--port", str(args.port), "--replicas", str(args.replicas)]
     if args.chunk_size:
         meta_argv += ["--chunk-size", args.chunk_size]
-    meta = _spawn("meta", root / "meta", meta_argv, root / "meta" / "server.log")
+    exposure = ["--auth"] if args.auth else ["--insecure"] if args.insecure else []
+    if args.auth:
+        meta_argv += ["--auth-dir", str(root / AUTH_DIR),
+                      "--admin-token-file", str(root / ADMIN_TOKEN_FILE)]
+    meta = _spawn("meta", root / "meta", meta_argv + exposure, root / "meta" / "server.log")
     started.append(meta)
     _wait_ready(meta, deadline)
+    admin = (root / ADMIN_TOKEN_FILE).read_text().strip() if args.auth else None
+    join = ["--token-file", str(_join_token(root, meta.url, admin))] if admin else []
     data = []
     for i in range(args.data_servers):
         droot = root / f"data{i}"
-        argv = ["--meta", meta.url, "data", "--root", str(droot), "--host", args.host,
-                "--port", "0", "--node", f"node{i}"]
+        argv = [*join, "--meta", meta.url, "data", "--root", str(droot), "--host", args.host,
+                "--port", "0", "--node", f"node{i}", *exposure]
         server = _spawn("data", droot, argv, droot / "server.log")
         server.node = f"node{i}"
         data.append(server)
         started.insert(0, server)
     for server in data:
         _wait_ready(server, deadline)
-    _wait_targets(meta.url, args.data_servers, deadline)
+    _wait_targets(meta.url, args.data_servers, deadline, admin)
     return meta, data
+
+
+def _join_token(root: Path, meta_url: str, admin: str) -> Path:
+    """``ROOT/auth/join.token`` (0600), minted the first time: the data servers'
+    credential to register and heartbeat."""
+    path = root / AUTH_DIR / JOIN_TOKEN_FILE
+    if not path.exists():
+        async def mint() -> str:
+            async with AsyncClient(meta_url, config=load_config(), token=admin) as client:
+                made = await client.create_token(["join"], ["/"], MAX_TTL, "stager up data servers")
+                return made.token
+        write_secret(path, asyncio.run(mint()) + "\n")
+    return path
 
 
 def stop_servers(servers: list[Server], timeout: float = 10.0) -> None:
@@ -151,14 +180,20 @@ def run_up(args: argparse.Namespace) -> int:
     root = Path(args.root)
     servers: list[Server] = []
     try:
+        refuse_exposed(Config(host=args.host, auth=args.auth, insecure=args.insecure))
         meta, data = start_cluster(args, servers)
         cluster = {"meta": meta.to_json(), "data": [d.to_json() for d in data],
-                   "pid": os.getpid(), "replicas": args.replicas}
+                   "pid": os.getpid(), "replicas": args.replicas, "auth": bool(args.auth)}
+        if args.auth:
+            cluster["admin_token_file"] = str(root / ADMIN_TOKEN_FILE)
         write_json_atomic(root / "cluster.json", cluster)
         print(f"stager cluster up: metadata server {meta.url}", flush=True)
         for d in data:
             print(f"  data server {d.url}  node {d.node}  target {_target_id(d.root)}",
                   flush=True)
+        if args.auth:
+            print(f"auth on: admin token in {root / ADMIN_TOKEN_FILE} "
+                  f"(stager --token-file {root / ADMIN_TOKEN_FILE} ...)", flush=True)
         print(f"endpoints written to {root / 'cluster.json'}; Ctrl-C stops", flush=True)
         while not stopping:
             for s in servers:
@@ -174,7 +209,7 @@ def run_up(args: argparse.Namespace) -> int:
                     break
             time.sleep(0.2)
         return 0
-    except RuntimeError as exc:
+    except (RuntimeError, StagerError) as exc:
         print(f"stager up: {exc}", file=sys.stderr)
         return 1
     finally:
@@ -214,6 +249,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
     p.add_argument("--replicas", type=int, default=1, help="default replicas (default: 1)")
     p.add_argument("--chunk-size", help="default chunk size (default: 4MiB)")
+    p.add_argument("--auth", action="store_true",
+                   help="require tokens: a signing key under ROOT/auth/, an admin token in "
+                        "ROOT/admin.token (both mode 0600)")
+    p.add_argument("--insecure", action="store_true",
+                   help="allow a non-loopback --host without --auth")
     p.add_argument("--restart", action="store_true",
                    help="start a server that exits (crash, kill -9) again, same root and port")
     p.set_defaults(func=run_up)

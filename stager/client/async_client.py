@@ -18,6 +18,7 @@ from ..dataplane.transport import TargetCounters
 from ..errors import IsADirectory, NoTargets, NotFound, StagerError, Unavailable
 from ..protocol import messages as m
 from ..protocol import paths
+from ..protocol.authmsg import TokenCreated, TokenInfo, TokenList, TokenRequest
 from ..protocol.batch import CommitItem, CreateItem, read_results
 from ..protocol.cluster import FsckResult, ScrubResult, Status
 from ..protocol.jobreport import JobList
@@ -198,6 +199,21 @@ class AsyncClient:
 
     async def targets(self) -> list[TargetInfo]:
         return list(m.TargetList.from_json(await self.meta.request(route("list_targets"))).targets)
+
+    # -- tokens (stager/meta/authapp.py; an admin token) -----------------------------------
+    async def create_token(self, scopes: Sequence[str], prefixes: Sequence[str] = ("/",),
+                           ttl: int = 86400, name: str = "") -> TokenCreated:
+        """Mint a token: its text (shown this once) and what the server keeps of it."""
+        body = TokenRequest(tuple(scopes), tuple(prefixes), int(ttl), name).to_json()
+        return TokenCreated.from_json(await self.meta.request(route("create_token"), body=body))
+
+    async def list_tokens(self) -> list[TokenInfo]:
+        return list(TokenList.from_json(await self.meta.request(route("list_tokens"))).tokens)
+
+    async def revoke_token(self, token_id: str) -> TokenInfo:
+        """Revoke a token: the metadata server refuses it from its next request on."""
+        return TokenInfo.from_json(await self.meta.request(route("revoke_token"),
+                                                           token_id=token_id, body={}))
 
     # -- loader telemetry (stager/meta/jobtable.py) ----------------------------------------
     async def report_job(self, job: str, rank: int, report: Mapping[str, Any], *,

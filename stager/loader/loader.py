@@ -97,13 +97,13 @@ class Loader:
 
     def __init__(self, source: str, *, batch_size: int, meta_url: str | None = None,
                  client: Client | None = None, config: Config | None = None,
-                 format: str = "auto", index_cache: Any = _DEFAULT_CACHE,
-                 **options: Any) -> None:
+                 token: str | None = None, format: str = "auto",
+                 index_cache: Any = _DEFAULT_CACHE, **options: Any) -> None:
         path, url_meta = parse_source(source)
         self.source = path
         self._owns_client = client is None
         self._origin = current()        # the holder of the process that made this loader
-        self._client = client or Client(meta_url or url_meta, config=config)
+        self._client = client or Client(meta_url or url_meta, config=config, token=token)
         self._client_args = (self._client.meta_url, self._client.aio.config)
         try:
             self.sharding, self.ordering, self.prefetch, self.decoding, self.telemetry = \

@@ -53,8 +53,10 @@ class MetaAuth:
     """The key, the token registry and the capability mint of one metadata server."""
 
     def __init__(self, key: Ed25519PrivateKey, store: MetaStore,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 capability_ttl: float = CAPABILITY_TTL) -> None:
         self.key = key
+        self.capability_ttl = capability_ttl
         self.public = key.public_key()
         self.public_text = public_key_text(key)
         self.store = store
@@ -64,9 +66,10 @@ class MetaAuth:
         self._minted: OrderedDict[tuple[str, str, str], tuple[str, int]] = OrderedDict()
 
     @classmethod
-    def under(cls, root: Path | str, store: MetaStore) -> MetaAuth:
-        """The authority whose key is under ``root/auth/`` (made there the first time)."""
-        return cls(load_or_create_key(Path(root) / AUTH_DIR), store)
+    def under(cls, directory: Path | str, store: MetaStore,
+              capability_ttl: float = CAPABILITY_TTL) -> MetaAuth:
+        """The authority whose key is in ``directory`` (made there the first time)."""
+        return cls(load_or_create_key(directory), store, capability_ttl=capability_ttl)
 
     async def start(self) -> None:
         self.revoked = {t.id for t in await self.store.list_tokens() if t.revoked is not None}
@@ -110,9 +113,9 @@ class MetaAuth:
         now = self.clock()
         key = (file_id, op, holder)
         hit = self._minted.get(key)
-        if hit is not None and hit[1] - now > CAPABILITY_TTL / 2:
+        if hit is not None and hit[1] - now > self.capability_ttl / 2:
             return hit[0]
-        cap = Capability(file_id, op, int(now + CAPABILITY_TTL), holder)
+        cap = Capability(file_id, op, int(now + self.capability_ttl), holder)
         text = sign(self.key, cap)
         self._minted[key] = (text, cap.expires)
         self._minted.move_to_end(key)
@@ -124,9 +127,9 @@ class MetaAuth:
         """This server's own capability to data servers: every file, every route."""
         return self.capability(ANY_FILE, CLUSTER, SELF_ID)
 
-    async def write_admin_token(self, root: Path | str) -> Path | None:
-        """Mint an admin token into ``root/admin.token`` (0600) unless one is there."""
-        path = Path(root) / ADMIN_TOKEN_FILE
+    async def write_admin_token(self, path: Path | str) -> Path | None:
+        """Mint an admin token into ``path`` (0600) unless a file is there."""
+        path = Path(path)
         if path.exists():
             return None
         text, _ = await self.mint(TokenRequest(("admin",), ("/",), ADMIN_TTL, "admin"))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
+from pathlib import Path
 
 from aiohttp import web
 
@@ -25,10 +26,10 @@ from ..errors import NotFound, StagerError
 from ..protocol.authmsg import CapabilityRequest, PublicKey, TokenCreated, TokenList, TokenRequest
 from ..protocol.batch import results_json
 from ..protocol.models import FileInfo
-from ..web.authmw import GATE, TokenGate, authorize, token_of
+from ..web.authmw import GATE, TokenGate, authorize, quiet_audit, token_of
 from ..web.middleware import json_response
 from ..web.requests import read_json
-from .auth import MetaAuth
+from .auth import ADMIN_TOKEN_FILE, AUTH_DIR, MetaAuth
 from .service import MetaService
 from .store import Upload
 
@@ -40,13 +41,16 @@ def install(app: web.Application, service: MetaService, config: Config) -> None:
     """Turn auth on for ``app`` when ``config.auth`` says so."""
     if not config.auth:
         return
-    auth = MetaAuth.under(config.root, service.store)
+    auth = MetaAuth.under(config.auth_dir or Path(config.root) / AUTH_DIR, service.store,
+                          capability_ttl=config.capability_ttl)
+    quiet_audit()
     app[AUTH] = auth
     app[GATE] = TokenGate(auth.authenticate)
 
     async def start(app: web.Application) -> AsyncIterator[None]:
         await auth.start()
-        written = await auth.write_admin_token(config.root)
+        written = await auth.write_admin_token(
+            config.admin_token_file or Path(config.root) / ADMIN_TOKEN_FILE)
         if written is not None:
             log.warning("auth on: an admin token was written to %s (mode 0600)", written)
         yield

@@ -216,10 +216,12 @@ class ProcessCluster:
 
     def __init__(self, root: str | os.PathLike[str], data_servers: int = 3,
                  replicas: int = 1, env: dict[str, str] | None = None,
-                 fast: bool = True, restart: bool = False) -> None:
+                 fast: bool = True, restart: bool = False, auth: bool = False) -> None:
         """``fast`` shortens heartbeats and timeouts, for tests; ``restart`` runs
-        ``stager up --restart``, which starts a killed server again."""
+        ``stager up --restart``, which starts a killed server again; ``auth`` runs
+        ``stager up --auth`` (its admin token: :attr:`admin_token`)."""
         self.root = Path(root)
+        self.auth = auth
         self.n = data_servers
         self.replicas = replicas
         self.restart = restart
@@ -242,7 +244,7 @@ class ProcessCluster:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "stager", "up", "--root", str(self.root), "--port", "0",
                  "--data-servers", str(self.n), "--replicas", str(self.replicas),
-                 *(["--restart"] if self.restart else [])],
+                 *(["--restart"] if self.restart else []), *(["--auth"] if self.auth else [])],
                 env=self.env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while not (self.root / "cluster.json").exists():
@@ -270,6 +272,16 @@ class ProcessCluster:
     @property
     def meta_url(self) -> str:
         return str(self.info["meta"]["url"])
+
+    @property
+    def admin_token(self) -> str:
+        """The admin token ``stager up --auth`` wrote (auth on)."""
+        return Path(self.info["admin_token_file"]).read_text().strip()
+
+    def mint(self, scopes: list[str], prefixes: tuple[str, ...] = ("/",), ttl: int = 3600,
+             name: str = "test") -> str:
+        """A token from this cluster's metadata server (auth on)."""
+        return mint_token(self.meta_url, self.admin_token, scopes, prefixes, ttl, name)
 
     def data_pid(self, i: int) -> int:
         return int(self.info["data"][i]["pid"])

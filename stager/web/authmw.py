@@ -42,7 +42,9 @@ from ..protocol.routes import Route, route
 audit = logging.getLogger("stager.audit")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_CAPABILITIES = 4096         # per request: a batch of many small files carries many
-TOKEN, CAPS, CHECKED = "stager.token", "stager.caps", "stager.checked"
+TOKEN = web.RequestKey("token", Token)              # the verified bearer token
+CAPS = web.RequestKey("caps", list[Capability])     # the verified capabilities
+CHECKED = web.RequestKey("checked", list[str])      # paths authorized, for the audit line
 
 
 class Gate(Protocol):
@@ -133,6 +135,13 @@ class CapabilityGate:
             _require_caps(caps, None, "cluster")
         elif access.on == "chunk":
             _require_caps(caps, parse_chunk_id(request.match_info["chunk"])[0], access.scope)
+
+
+def quiet_audit() -> None:
+    """Audit lines are logged at INFO whatever the server's log level (``--log-level``
+    WARNING would drop them); a level set on ``stager.audit`` itself is kept."""
+    if audit.level == logging.NOTSET:
+        audit.setLevel(logging.INFO)
 
 
 def authorize(request: web.Request, scope: str, path: str | None) -> None:

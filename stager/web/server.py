@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import os
@@ -16,6 +17,7 @@ from aiohttp import web
 
 from ..aio import loop_factory
 from ..config import Config
+from ..errors import BadRequest
 from ..protocol.messages import Health
 from ..protocol.openapi import openapi_document
 from ..protocol.routes import routes_for
@@ -73,7 +75,7 @@ async def serve(
 ) -> None:
     """Serve ``app`` on ``config.host:config.port`` until ``stop`` is set or a signal comes."""
     runner = web.AppRunner(app, access_log=None, handle_signals=False,
-                           shutdown_timeout=5.0)
+                           shutdown_timeout=5.0, max_field_size=MAX_HEADER_FIELD)
     await runner.setup()
     listening = await start_sites(runner, config.host, config.port)
     host, port = _bound_address(runner)
@@ -101,6 +103,9 @@ async def serve(
 
 
 BACKLOG = 1024
+# A chunk batch of many small files carries a capability for each in one header
+# (X-Stager-Capability, up to stager.web.authmw.MAX_CAPABILITIES of ~240 bytes).
+MAX_HEADER_FIELD = 1 << 20
 
 
 async def start_sites(runner: web.AppRunner, host: str, port: int) -> list[socket.socket]:
@@ -165,6 +170,29 @@ def _bound_address(runner: web.AppRunner) -> tuple[str, int]:
 def _url_host(configured: str, bound: str) -> str:
     host = configured if configured not in ("0.0.0.0", "::", "") else "127.0.0.1"
     return f"[{host}]" if ":" in host else host
+
+
+def refuse_exposed(config: Config) -> None:
+    """A server reachable from other machines serves only with auth, unless told
+    ``insecure``: a :class:`~stager.errors.BadRequest` saying how, otherwise."""
+    if config.auth or config.insecure or is_loopback(config.host):
+        return
+    where = config.host or "every address"
+    raise BadRequest(f"refusing to serve {where} without auth: add --auth (tokens; "
+                     "`stager token create`), or --insecure to let anyone who reaches the "
+                     "port read, write and delete everything")
+
+
+def is_loopback(host: str) -> bool:
+    """Does ``host`` (an address or a name) reach this machine only?"""
+    if not host:
+        return False
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(i[4][0].split("%")[0]).is_loopback
+                               for i in infos)
 
 
 def write_json_atomic(path: Path, body: object) -> None:

@@ -1,0 +1,3 @@
+"""tests/test_roundtrip.py with auth on (see conftest.py here)."""
+
+from test_roundtrip import *  # noqa: F403
