@@ -15,8 +15,9 @@ admitted, as on a loopback development cluster.  With auth on:
   batch's chunks in the handler with :func:`require_files`.
 
 The metadata server writes an audit line (logger ``stager.audit``) for every
-request that is not a GET or HEAD, and for every refusal: token id and name,
-operation, paths, status.  A data server writes one for every refusal and every
+request that is not a GET or HEAD (but heartbeats, loader telemetry and
+capability requests: :data:`CHATTER`), and for every refusal: token id and
+name, operation, paths, status.  A data server writes one for every refusal and every
 maintenance request (purge, delete, scrub); a line per chunk written would drown
 the log, and the metadata server already logged the create it belongs to.
 """
@@ -40,6 +41,9 @@ from ..protocol.paths import normalize
 from ..protocol.routes import Route, route
 
 audit = logging.getLogger("stager.audit")
+# POSTs and PUTs that change nothing a user owns, sent every few seconds by machines:
+# audited only when refused.
+CHATTER = frozenset({"heartbeat", "report_rank", "capabilities"})
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_CAPABILITIES = 4096         # per request: a batch of many small files carries many
 TOKEN = web.RequestKey("token", Token)              # the verified bearer token
@@ -214,7 +218,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
 def _audit(request: web.Request, gate: Gate, rule: Route, status: int) -> None:
     refused = status in (401, 403)
     if gate.role == "meta":
-        if not refused and request.method in ("GET", "HEAD"):
+        if not refused and (request.method in ("GET", "HEAD") or rule.op in CHATTER):
             return
         token: Token | None = request.get(TOKEN)
         who = f"token={token.id} name={token.name!r}" if token else "token=-"
