@@ -1,0 +1,185 @@
+"""What auth costs: loopback reads and 16 KiB samples with auth off and on (and TLS).
+
+Issue 18's aim: tokens and capabilities cost at most 3% of either figure.  One
+cluster per mode, each four data servers as processes (``stager up``, with
+``--auth`` where it applies), all up at once; every round measures every mode in
+turn, so background load falls on all alike, and the figure is the median.
+
+- **read GB/s**: one 256 MiB file (4 MiB chunks over the four servers) read
+  whole through the client's readahead stream: one capability, ~64 chunk
+  requests each carrying it.
+- **16 KiB samples/s**: samples packed in one striped file, read in a shuffled
+  order, 256 to a batch, one ``POST /v1/read`` per data server per batch, four
+  batches in flight (as ``bench_small_samples``): every request carries its
+  capability and the data server checks every piece's file against it.
+- **16 KiB files/s**: the same samples as one file each, read by the Loader
+  (``format="files"``, shuffled): the worst case for auth, a capability per
+  file, fetched a batch at a time by the client and checked per piece.
+
+With auth on the client holds a ``read``+``write`` token for ``/`` (not admin).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from stager import AsyncClient
+from stager.config import load_config
+from stager.loader import Loader
+from stager.protocol.models import FileInfo, LayoutSpec
+from stager.testing import ProcessCluster
+
+from .bench_small_samples import BATCH, IN_FLIGHT, SAMPLE, read_batch
+from .common import MiB, aim, median, new_client, r2, run_async, scratch
+
+DATA_SERVERS = 4
+TOKEN_SCOPES = ["read", "write"]
+BIG = "/big.bin"
+
+
+class Mode:
+    """One cluster: its name, whether auth is on, and the token its clients present."""
+
+    def __init__(self, name: str, root: Path, auth: bool) -> None:
+        self.name = name
+        self.cluster = ProcessCluster(root, DATA_SERVERS, auth=auth)
+        self.auth = auth
+        self.token = ""
+
+    def start(self) -> None:
+        self.cluster.start()
+        if self.auth:
+            self.token = self.cluster.mint(TOKEN_SCOPES, name="bench")
+
+    def client(self) -> AsyncClient:
+        return new_client(self.cluster.meta_url, **({"token": self.token} if self.token else {}))
+
+
+async def load(mode: Mode, big: int, samples: int, files: int) -> None:
+    rng = random.Random(0)
+    async with mode.client() as c:
+        await c.pipe(BIG, rng.randbytes(big))
+        await c.pipe("/packed.bin", rng.randbytes(samples * SAMPLE))
+        await c.write_many([(f"/files/{i:06d}.bin", rng.randbytes(SAMPLE))
+                            for i in range(files)], layout=LayoutSpec())
+
+
+async def read_gbps(mode: Mode, size: int) -> float:
+    async with mode.client() as c:
+        info = await c.stat(BIG, cached=False)
+        start = time.perf_counter()
+        n = 0
+        async for piece in c.reader(info).stream():
+            n += len(piece)
+        seconds = time.perf_counter() - start
+    if n != size:
+        raise AssertionError(f"read {n} of {size} bytes")
+    return n / seconds / 1e9
+
+
+async def samples_per_second(mode: Mode, order: list[int]) -> float:
+    async with mode.client() as c:
+        info: FileInfo = await c.stat("/packed.bin", cached=False)
+        sem = asyncio.Semaphore(IN_FLIGHT)
+        start = time.perf_counter()
+
+        async def batch(ids: list[int]) -> None:
+            async with sem:
+                bufs = await read_batch(c.plane, info, ids)
+            if sum(len(b) for b in bufs.values()) != SAMPLE * len(ids):
+                raise AssertionError("short batch")
+
+        await asyncio.gather(*(batch(order[i:i + BATCH]) for i in range(0, len(order), BATCH)))
+        return len(order) / (time.perf_counter() - start)
+
+
+def files_per_second(mode: Mode, files: int, epoch: int) -> float:
+    config = load_config({"token": mode.token} if mode.token else {}, env={})
+    start = time.perf_counter()
+    count = 0
+    with Loader("/files", batch_size=BATCH, format="files", meta_url=mode.cluster.meta_url,
+                config=config, seed=epoch, report=False) as loader:
+        for batch in loader:
+            count += len(batch)
+    if count != files:
+        raise AssertionError(f"{count} of {files} samples")
+    return count / (time.perf_counter() - start)
+
+
+def run(quick: bool) -> dict[str, Any]:
+    big = 32 * MiB if quick else 256 * MiB
+    samples = 4096 if quick else 16384
+    files = 1024 if quick else 8192
+    rounds = 1 if quick else 5
+    with scratch("auth") as tmp:
+        modes = [Mode("auth off", tmp / "off", auth=False),
+                 Mode("auth on", tmp / "on", auth=True)]
+        try:
+            for mode in modes:
+                mode.start()
+                run_async(load(mode, big, samples, files))
+            figures: dict[str, dict[str, list[float]]] = {
+                m.name: {"read": [], "samples": [], "files": []} for m in modes}
+            for r in range(rounds):
+                order = random.Random(r).sample(range(samples), samples)
+                for mode in (modes if r % 2 == 0 else modes[::-1]):
+                    got = figures[mode.name]
+                    got["read"].append(run_async(read_gbps(mode, big)))
+                    got["samples"].append(run_async(samples_per_second(mode, order)))
+                    got["files"].append(files_per_second(mode, files, r))
+        finally:
+            for mode in modes:
+                mode.cluster.stop()
+    return _result(figures, big, samples, files, rounds, quick)
+
+
+def _result(figures: dict[str, dict[str, list[float]]], big: int, samples: int, files: int,
+            rounds: int, quick: bool) -> dict[str, Any]:
+    off = {k: median(v) for k, v in figures["auth off"].items()}
+    rows = []
+    ratios: dict[str, float] = {}
+    for name, by in figures.items():
+        med = {k: median(v) for k, v in by.items()}
+        rows.append([name, r2(med["read"]), round(med["samples"]), round(med["files"]),
+                     r2(med["read"] / off["read"]), r2(med["samples"] / off["samples"]),
+                     r2(med["files"] / off["files"])])
+        if name != "auth off":
+            for key in ("read", "samples", "files"):
+                ratios[f"{name} / auth off, {key}"] = r2(med[key] / off[key])
+    on = figures["auth on"]
+    read_ratio = median(on["read"]) / off["read"]
+    sample_ratio = median(on["samples"]) / off["samples"]
+    return {
+        "title": "What auth costs: loopback reads and 16 KiB samples, auth off and on",
+        "command": "python -m bench auth" + (" --quick" if quick else ""),
+        "columns": ["mode", "read GB/s", "16 KiB samples/s (packed)",
+                    "16 KiB files/s (Loader)", "x off (read)", "x off (samples)",
+                    "x off (files)"],
+        "rows": rows,
+        "ratios": ratios,
+        "aims": {
+            "auth on / off, read": aim(read_ratio, ">= 0.97", read_ratio >= 0.97),
+            "auth on / off, 16 KiB samples": aim(sample_ratio, ">= 0.97",
+                                                 sample_ratio >= 0.97),
+        },
+        "notes": [
+            f"{DATA_SERVERS} data servers per mode as processes (`stager up`, `--auth` for "
+            f"auth on), all modes up at once on loopback; median of {rounds} round(s), "
+            "every mode measured in each round, the order reversed every other round.",
+            f"read: {big // MiB} MiB file, 4 MiB chunks, read whole through the readahead "
+            f"stream. samples: {samples} packed 16 KiB samples in shuffled order, {BATCH} "
+            f"a batch, one POST /v1/read per data server, {IN_FLIGHT} batches in flight. "
+            f"files: {files} files of 16 KiB, the Loader with format='files', shuffled, "
+            "from constructing the loader to its last batch.",
+            "auth on: a read+write token on /, capabilities from stats and from "
+            "POST /v1/capabilities (a batch at a time for the Loader's files), checked "
+            "by the data servers with the public key (cached per capability text).",
+        ],
+        "plot": {"kind": "barh", "x": "mode", "y": ["x off (read)", "x off (samples)",
+                                                   "x off (files)"],
+                 "ylabel": "throughput relative to auth off"},
+    }
