@@ -125,8 +125,9 @@ async def capabilities(request: web.Request, service: MetaService,
         return json_response(results_json(
             list(req.file_ids), lambda f: {"file_id": f, "capability": None}))
     found: list[str | StagerError] = list(req.file_ids)
-    if not allows(token, req.op, None):
-        # Not a token for the whole cluster: each file's path must be covered.
+    if req.op == "write" or not allows(token, req.op, None):
+        # Each file's path must be covered (a write, whoever asks: only a file being
+        # written gets a write capability, never a committed one).
         found = await _paths(service, req)
         for path in found:
             if isinstance(path, str):
