@@ -1,0 +1,289 @@
+"""The auth matrix's world and its cases: one request builder per route (issue 18).
+
+:class:`World` is an auth-on cluster with what the cases need: tokens of every
+scope on ``/`` and on two prefixes (``/m``, where the files are, and ``/other``),
+two committed files and two open uploads under ``/m``, and capabilities for them
+(read ones from a stat, write ones from a create, as a client gets them; the rest
+signed with the cluster's own key, read from ``ROOT/meta/auth/signing.key``).
+
+:data:`CASES` maps every operation of :data:`~stager.protocol.routes.ROUTES` to a
+:class:`Case`: how to build a fresh request (making first whatever it acts on),
+the credential that is right for it, and where they apply the one with the wrong
+scope and the one with the right scope on the wrong prefix (a data server: the
+wrong file).  Credentials are names: a token (metadata server) or a capability
+(data servers) of :attr:`World.creds`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from conftest import Reply, raw_http
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from stager.auth import KEY_FILE, Capability, Token, load_key, sign
+from stager.auth.tokens import ANY_FILE, CLUSTER
+from stager.checksum import crc32c, to_hex
+from stager.errors import InsufficientStorage
+from stager.protocol import headers as H
+from stager.protocol.authmsg import TokenRequest
+from stager.protocol.batch import ChunkItem, CommitItem, CreateItem, chunk_batch_head
+from stager.protocol.manifest import Manifest, ManifestFile
+from stager.protocol.messages import MkdirRequest
+from stager.protocol.models import LayoutSpec
+from stager.protocol.routes import route
+from stager.testing import ThreadCluster
+
+SELF_ID = "0" * 32              # the holder of the metadata server's own capability
+TOKENS = {                      # name: (scopes, prefixes), minted by the admin
+    "read": (["read"], ("/",)), "write": (["write"], ("/",)),
+    "read_m": (["read"], ("/m",)), "write_m": (["write"], ("/m",)),
+    "read_o": (["read"], ("/other",)), "write_o": (["write"], ("/other",)),
+    "admin_o": (["admin"], ("/other",)), "join_o": (["join"], ("/other",)),
+}
+FILE_A, FILE_B = b"A" * 5000, b"B" * 3000
+
+
+@dataclass
+class Sent:
+    """One request, ready to send (its credential is added by whoever sends it)."""
+
+    method: str
+    target: str
+    body: bytes | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def as_json(obj: Any) -> bytes:
+    return json.dumps(obj).encode()
+
+
+def post(op: str, body: Any, **values: Any) -> Sent:
+    r = route(op)
+    return Sent(r.method, r.target(**values), as_json(body),
+                {"Content-Type": "application/json"})
+
+
+def get(op: str, **values: Any) -> Sent:
+    r = route(op)
+    return Sent(r.method, r.target(**values))
+
+
+class World:
+    """An auth-on cluster, its tokens, files, uploads and capabilities."""
+
+    def __init__(self, cluster: ThreadCluster) -> None:
+        self.cluster = cluster
+        self.urls = {"meta": cluster.meta_url, "data": cluster.data[0].url}  # type: ignore[union-attr]
+        self.key = load_key(cluster.root / "meta" / "auth" / KEY_FILE)
+        self.fresh = itertools.count()
+        self.fakes: list[str] = []          # fake targets to remove after each test
+        self.creds: dict[str, str] = {"admin": cluster.admin_token, "join": cluster.join_token}
+        for name, (scopes, prefixes) in TOKENS.items():
+            self.creds[name] = cluster.mint(scopes, prefixes, name=name)
+        self.a = self.admin("PUT", route("gateway_put").target(
+            path="/m/a", query={"replicas": 3}), FILE_A).json()["file_id"]
+        self.b = self.admin("PUT", route("gateway_put").target(
+            path="/m/b", query={"replicas": 3}), FILE_B).json()["file_id"]
+        self.u = self.upload("/m/u", "write_m")
+        self.v = self.upload("/m/v", "write_m")
+        manifest = Manifest("/m", (ManifestFile("a", len(FILE_A), 0.0, self.a),))
+        self.admin("PUT", route("put_manifest").target(path="/m"), as_json(manifest.to_json()))
+        self.targets = self.admin("GET", route("list_targets").target()).json()["targets"]
+        self.creds |= {     # capabilities, for the data server
+            "read_a": self.stat("/m/a", "read_m")["capability"],
+            "read_b": self.stat("/m/b", "read_m")["capability"],
+            "write_u": self.u["capability"], "write_v": self.v["capability"],
+            "read_u": self.cap(self.u["file_id"], "read"),
+            "cluster": self.cap(ANY_FILE, CLUSTER, holder=SELF_ID),
+        }
+
+    # -- credentials ---------------------------------------------------------------------
+    def cap(self, file_id: str, op: str, *, holder: str = "1" * 32, ttl: float = 600,
+            key: Ed25519PrivateKey | None = None, now: float | None = None) -> str:
+        """A capability signed with the cluster's key (or ``key``)."""
+        claims = Capability.new(file_id, op, holder, time.time() if now is None else now, ttl)
+        return sign(key or self.key, claims)
+
+    def token(self, scopes: list[str], *, key: Ed25519PrivateKey | None = None,
+              ttl: float = 3600, now: float | None = None) -> str:
+        """A token signed with the cluster's key (or ``key``) but never recorded."""
+        claims = Token.new("made", scopes, ["/"], ttl, time.time() if now is None else now)
+        return sign(key or self.key, claims)
+
+    def headers(self, role: str, cred: str | None) -> dict[str, str]:
+        """The header carrying the credential named ``cred`` (or ``cred``'s text when it
+        is no name) to a server of ``role``."""
+        if cred is None:
+            return {}
+        text = self.creds.get(cred, cred)
+        if role == "data":
+            return {H.CAPABILITY: text}
+        return {H.AUTHORIZATION: f"Bearer {text}"}
+
+    # -- requests --------------------------------------------------------------------------
+    def send(self, role: str, sent: Sent, cred: str | None = None,
+             extra: dict[str, str] | None = None) -> Reply:
+        headers = {**sent.headers, **self.headers(role, cred), **(extra or {})}
+        return raw_http(self.urls[role], sent.method, sent.target, sent.body, headers)
+
+    def admin(self, method: str, target: str, body: bytes | None = None,
+              cred: str = "admin") -> Reply:
+        reply = self.send("meta", Sent(method, target, body), cred)
+        assert reply.status < 300, (method, target, reply.status, reply.body[:300])
+        return reply
+
+    def name(self, stem: str) -> str:
+        return f"/m/{stem}-{next(self.fresh)}"
+
+    def mkdir(self, stem: str) -> str:
+        path = self.name(stem)
+        self.admin("POST", route("mkdir").target(), as_json(MkdirRequest(path).to_json()))
+        return path
+
+    def upload(self, path: str, cred: str = "admin") -> dict[str, Any]:
+        body = as_json(CreateItem(path).to_json())
+        return dict(self.admin("POST", route("create").target(), body, cred).json())
+
+    def stat(self, path: str, cred: str) -> dict[str, Any]:
+        return dict(self.admin("GET", route("stat").target(path=path), cred=cred).json())
+
+    def fake_target(self) -> str:
+        """A registered target no server serves; removed again by :meth:`tidy`."""
+        n = next(self.fresh)
+        target = {"id": f"fake-{n}", "node": f"fake-{n}", "url": f"http://127.0.0.1:9/{n}"}
+        self.admin("POST", route("register_target").target(), as_json(target), cred="join")
+        self.fakes.append(target["id"])
+        return target["id"]
+
+    def tidy(self) -> None:
+        """Remove the fake targets, so no layout names them."""
+        while self.fakes:
+            self.admin("POST", route("remove_target").target(target_id=self.fakes.pop()))
+
+
+@dataclass(frozen=True)
+class Case:
+    build: Callable[[World], Sent]
+    right: str | None = None            # None: a public route
+    ok: tuple[int, ...] = (200,)
+    scope: str | None = None            # the right prefix or file, the wrong scope
+    prefix: str | None = None           # the right scope, the wrong prefix or file
+
+
+def _chunk_put(w: World) -> Sent:
+    data = b"u" * 1000
+    chunk = f"{w.u['file_id']}.{next(w.fresh)}"
+    return Sent("PUT", route("put_chunk").target(chunk=chunk), data,
+                {H.CRC32C: to_hex(crc32c(data))})
+
+
+def _chunk_batch(w: World) -> Sent:
+    data = b"w" * 700
+    item = ChunkItem(f"{w.u['file_id']}.{next(w.fresh)}", len(data), crc32c(data))
+    return Sent("POST", route("batch_write").target(), chunk_batch_head([item]) + data)
+
+
+def _commit(w: World) -> Sent:
+    return post("commit", CommitItem(w.upload(w.name("c"))["file_id"], 0, ()).to_json())
+
+
+def _reroute(w: World) -> Sent:
+    file_id = w.upload(w.name("rr"))["file_id"]
+    return post("reroute", {"target": "no-such-target", "code": InsufficientStorage.code,
+                            "items": [{"file_id": file_id, "chunks": 0}]})
+
+
+def _revoke(w: World) -> Sent:
+    body = as_json(TokenRequest(("read",), ("/m",), 60, "to revoke").to_json())
+    token_id = w.admin("POST", route("create_token").target(), body).json()["info"]["id"]
+    return post("revoke_token", {}, token_id=token_id)
+
+
+def _heartbeat(w: World) -> Sent:
+    t = w.targets[0]        # its own figures: the next real heartbeat says the same
+    return post("heartbeat", {"capacity": t["capacity"], "used": t["used"],
+                              "chunks": t["chunks"]}, target_id=t["id"])
+
+
+READ_M = {"right": "read_m", "scope": "write_m", "prefix": "read_o"}
+WRITE_M = {"right": "write_m", "scope": "read_m", "prefix": "write_o"}
+ADMIN = {"right": "admin", "scope": "write", "prefix": "admin_o"}
+JOIN = {"right": "join", "scope": "write", "prefix": "join_o"}
+CLUSTER_CAP = {"right": "cluster", "scope": "write_u"}
+
+CASES: dict[str, Case] = {
+    # every server: public
+    "health": Case(lambda w: get("health")),
+    "openapi": Case(lambda w: get("openapi")),
+    "metrics": Case(lambda w: get("metrics")),
+    "auth_key": Case(lambda w: get("auth_key")),
+    # metadata server: cluster
+    "status": Case(lambda w: get("status"), "read_m"),
+    "list_targets": Case(lambda w: get("list_targets"), "read_m"),
+    "register_target": Case(lambda w: post("register_target", w.targets[0]), **JOIN),
+    "heartbeat": Case(_heartbeat, **JOIN),
+    "remove_target": Case(lambda w: post("remove_target", {}, target_id=w.fake_target()),
+                          **ADMIN),
+    "scrub": Case(lambda w: post("scrub", {}), **ADMIN),
+    "scrub_report": Case(lambda w: post("scrub_report", {"target": w.targets[0]["id"],
+                                                         "chunks": []}), **JOIN),
+    "fsck": Case(lambda w: post("fsck", {"repair": False}), **ADMIN),
+    "report_rank": Case(lambda w: Sent("PUT", route("report_rank").target(job="j", rank=0),
+                                       as_json({"interval": 1, "world_size": 1,
+                                                "samples": 0})), "read_m", scope="write"),
+    "list_jobs": Case(lambda w: get("list_jobs"), "read", scope="write", prefix="read_m"),
+    # metadata server: namespace
+    "stat": Case(lambda w: get("stat", path="/m/a"), **READ_M),
+    "list": Case(lambda w: get("list", path="/m"), **READ_M),
+    "mkdir": Case(lambda w: post("mkdir", {"path": w.name("d")}), **WRITE_M),
+    "set_layout": Case(lambda w: post("set_layout", {
+        "path": w.mkdir("l"), "layout": LayoutSpec(replicas=1).to_json()}), **WRITE_M),
+    "create": Case(lambda w: post("create", CreateItem(w.name("n")).to_json()), **WRITE_M),
+    "commit": Case(_commit, **WRITE_M),
+    "abort": Case(lambda w: post("abort", {"file_id": w.upload(w.name("ab"))["file_id"]}),
+                  **WRITE_M),
+    "create_batch": Case(lambda w: post("create_batch", {
+        "items": [CreateItem(w.name("nb")).to_json()]}), **WRITE_M),
+    "commit_batch": Case(lambda w: post("commit_batch", {"items": [CommitItem(
+        w.upload(w.name("cb"))["file_id"], 0, ()).to_json()]}), **WRITE_M),
+    "abort_batch": Case(lambda w: post("abort_batch", {
+        "file_ids": [w.upload(w.name("ab"))["file_id"]]}), **WRITE_M),
+    "reroute": Case(_reroute, **WRITE_M),
+    "rename": Case(lambda w: post("rename", {"src": (src := w.mkdir("r")),
+                                             "dst": src + "-moved"}), **WRITE_M),
+    "remove": Case(lambda w: post("remove", {"path": w.mkdir("x")}), **WRITE_M),
+    "put_manifest": Case(lambda w: Sent("PUT", route("put_manifest").target(path="/m"), as_json(
+        Manifest("/m", (ManifestFile("a", len(FILE_A), 0.0, w.a),)).to_json())), **WRITE_M),
+    "get_manifest": Case(lambda w: get("get_manifest", path="/m"), **READ_M),
+    "gateway_get": Case(lambda w: get("gateway_get", path="/m/a"), **READ_M),
+    "gateway_head": Case(lambda w: get("gateway_head", path="/m/a"), **READ_M),
+    "gateway_put": Case(lambda w: Sent("PUT", route("gateway_put").target(path=w.name("p")),
+                                       b"p" * 100), ok=(201,), **WRITE_M),
+    "gateway_delete": Case(lambda w: get("gateway_delete", path=w.mkdir("g")), **WRITE_M),
+    # metadata server: tokens and capabilities
+    "create_token": Case(lambda w: post("create_token", TokenRequest(
+        ("read",), ("/m",), 60, "made").to_json()), **ADMIN),
+    "list_tokens": Case(lambda w: get("list_tokens"), **ADMIN),
+    "revoke_token": Case(_revoke, **ADMIN),
+    "capabilities": Case(lambda w: post("capabilities", {"op": "read", "file_ids": [w.a]}),
+                         **READ_M),
+    # data servers: capabilities
+    "put_chunk": Case(_chunk_put, "write_u", (201,), scope="read_u", prefix="write_v"),
+    "get_chunk": Case(lambda w: get("get_chunk", chunk=f"{w.a}.0"), "read_a", prefix="read_b"),
+    "head_chunk": Case(lambda w: get("head_chunk", chunk=f"{w.a}.0"), "read_a",
+                       prefix="read_b"),
+    "delete_chunk": Case(lambda w: get("delete_chunk", chunk=f"{w.u['file_id']}.99999"),
+                         **CLUSTER_CAP),
+    "batch_write": Case(_chunk_batch, "write_u", (201,), scope="read_u", prefix="write_v"),
+    "batch_read": Case(lambda w: post("batch_read", {"items": [[f"{w.a}.0", 0, 10]]}),
+                       "read_a", prefix="read_b"),
+    "purge": Case(lambda w: post("purge", {"file_ids": ["f" * 32]}), **CLUSTER_CAP),
+    "list_chunks": Case(lambda w: get("list_chunks"), **CLUSTER_CAP),
+    "scrub_chunks": Case(lambda w: post("scrub_chunks", {}), **CLUSTER_CAP),
+}

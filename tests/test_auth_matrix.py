@@ -1,0 +1,262 @@
+"""Auth on, every route of every server: who gets in and who does not (issue 18).
+
+Parametrized from the route table (:data:`~stager.protocol.routes.ROUTES`), so a
+new route without a case in :data:`auth_world.CASES` fails here.  For each route:
+no credential → 401; a forged, expired or revoked one (or none of ours at all) →
+401; the right scope on the wrong prefix, or the wrong scope → 403; the right
+credential → the normal answer.  Public routes answer whatever is sent.  Every
+refusal and every mutating request leaves a line on the ``stager.audit`` logger.
+
+Then what the matrix cannot say alone: a read capability for file A reads A and
+nothing else, and writes nothing; listings show only what a token's prefixes
+lead to.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from auth_world import CASES, FILE_A, Sent, World, get, post
+from conftest import Reply, start_cluster
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from stager.auth.tokens import CLUSTER
+from stager.checksum import crc32c, to_hex
+from stager.protocol import headers as H
+from stager.protocol.routes import ROUTES, Route, route, routes_for
+from stager.web.authmw import CHATTER
+
+PARAMS = [pytest.param(role, r, id=f"{role}-{r.op}")
+          for role in ("meta", "data") for r in routes_for(role)]
+GUARDED = [p for p in PARAMS if p.values[1].access.scope != "public"]  # type: ignore[union-attr]
+BAD = {"meta": ("forged", "expired", "revoked", "garbage", "capability"),
+       "data": ("forged", "expired", "garbage", "token")}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    cluster = start_cluster(tmp_path_factory.mktemp("auth"), 3, auth=True)
+    try:
+        w = World(cluster)
+        other = Ed25519PrivateKey.generate()
+        past = time.time() - 7200
+        revoked = w.cluster.mint(["admin"], name="revoked")
+        token_id = next(t["id"] for t in w.admin("GET", route("list_tokens").target())
+                        .json()["tokens"] if t["name"] == "revoked")
+        w.admin("POST", route("revoke_token").target(token_id=token_id))
+        w.creds |= {
+            "meta:forged": w.token(["admin"], key=other),
+            "meta:expired": w.token(["admin"], ttl=60, now=past),
+            "meta:revoked": revoked, "meta:garbage": "not-a-token",
+            "meta:capability": w.creds["cluster"],
+            "data:forged": w.cap("*", CLUSTER, key=other),
+            "data:expired": w.cap("*", CLUSTER, ttl=60, now=past),
+            "data:garbage": "stg1.e30.AAAA", "data:token": w.creds["admin"],
+        }
+        yield w
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(autouse=True)
+def _tidy(world: World) -> Iterator[None]:
+    yield
+    world.tidy()
+
+
+@pytest.fixture
+def audit(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    caplog.set_level(logging.INFO, logger="stager.audit")
+    return caplog
+
+
+def refused(reply: Reply, status: int, rule: Route) -> None:
+    where = f"{rule.method} {rule.path}: {reply.status} {reply.body[:200]!r}"
+    assert reply.status == status, where
+    if rule.method != "HEAD":       # no body to a HEAD
+        assert reply.headers["Content-Type"].startswith("application/json"), where
+        body = reply.json()
+        assert body["error"] == {401: "unauthenticated", 403: "forbidden"}[status], where
+        assert isinstance(body["message"], str), where
+
+
+def audited(caplog: pytest.LogCaptureFixture, op: str, status: int) -> None:
+    """A line for ``op`` with ``status`` reaches the audit log (the server writes it as
+    the handler returns: maybe just after a streamed answer's last byte)."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        lines = [r.getMessage() for r in caplog.records if r.name == "stager.audit"]
+        if any(f" op={op} " in line and line.endswith(f"status={status}") for line in lines):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"no audit line op={op} status={status} in {lines}")
+
+
+def mutating(role: str, rule: Route) -> bool:
+    """What the audit log must show: on the metadata server every request but a read
+    (or a machine's chatter: heartbeats, telemetry, capability requests); on
+    a data server the maintenance routes (a line per chunk written would drown it)."""
+    assert rule.access is not None
+    if role == "meta":
+        return rule.method not in ("GET", "HEAD") and rule.op not in CHATTER
+    return rule.access.scope == "cluster"
+
+
+# -- the matrix ----------------------------------------------------------------------------
+def test_every_route_has_a_case() -> None:
+    assert set(CASES) == {r.op for r in ROUTES}
+
+
+def test_every_case_names_what_it_can() -> None:
+    """A wrong-scope case wherever a scope is needed that another could lack (a read
+    capability is the least there is), a wrong-prefix one wherever a path, a file or
+    the whole cluster is (a data server's maintenance covers no file)."""
+    for role, rule in (p.values for p in GUARDED):
+        assert isinstance(rule, Route) and rule.access is not None
+        case = CASES[rule.op]
+        least = rule.access.scope in ("any", "read") and role == "data" \
+            or rule.access.scope == "any" and rule.access.on == "none"
+        assert least or case.scope is not None, rule.op
+        assert rule.access.on in ("none",) or role == "data" and rule.access.on == "cluster" \
+            or case.prefix is not None, rule.op
+
+
+@pytest.mark.parametrize(("role", "rule"), PARAMS)
+def test_no_credential_is_401(world: World, audit: pytest.LogCaptureFixture, role: str,
+                              rule: Route) -> None:
+    reply = world.send(role, CASES[rule.op].build(world))
+    if rule.access.scope == "public":      # type: ignore[union-attr]
+        assert reply.status == 200, reply.body[:200]
+        return
+    refused(reply, 401, rule)
+    audited(audit, rule.op, 401)
+
+
+BAD_PARAMS = [pytest.param(*p.values, kind, id=f"{p.id}-{kind}")
+              for p in PARAMS for kind in BAD[p.values[0]]]  # type: ignore[index]
+
+
+@pytest.mark.parametrize(("role", "rule", "kind"), BAD_PARAMS)
+def test_a_bad_credential_is_401(world: World, audit: pytest.LogCaptureFixture, role: str,
+                                 rule: Route, kind: str) -> None:
+    reply = world.send(role, CASES[rule.op].build(world), f"{role}:{kind}")
+    if rule.access.scope == "public":      # type: ignore[union-attr]
+        assert reply.status == 200, reply.body[:200]
+        return
+    refused(reply, 401, rule)
+    audited(audit, rule.op, 401)
+
+
+@pytest.mark.parametrize(("role", "rule"), PARAMS)
+def test_the_right_credential_gets_the_normal_answer(world: World,
+                                                     audit: pytest.LogCaptureFixture,
+                                                     role: str, rule: Route) -> None:
+    case = CASES[rule.op]
+    reply = world.send(role, case.build(world), case.right)
+    assert reply.status in case.ok, f"{rule.op}: {reply.status} {reply.body[:300]!r}"
+    if reply.headers.get("Content-Type", "").startswith("application/json") and reply.body:
+        body = reply.json()
+        for item in body.get("results", []) if isinstance(body, dict) else []:
+            assert item is None or "error" not in item, f"{rule.op}: {body}"
+    if mutating(role, rule):
+        audited(audit, rule.op, reply.status)
+
+
+WRONG_SCOPE = [p for p in GUARDED if CASES[p.values[1].op].scope]  # type: ignore[union-attr]
+WRONG_PREFIX = [p for p in GUARDED if CASES[p.values[1].op].prefix]  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("role", "rule"), WRONG_SCOPE)
+def test_the_wrong_scope_is_403(world: World, audit: pytest.LogCaptureFixture, role: str,
+                                rule: Route) -> None:
+    reply = world.send(role, CASES[rule.op].build(world), CASES[rule.op].scope)
+    refused(reply, 403, rule)
+    audited(audit, rule.op, 403)
+
+
+@pytest.mark.parametrize(("role", "rule"), WRONG_PREFIX)
+def test_the_wrong_prefix_or_file_is_403(world: World, audit: pytest.LogCaptureFixture,
+                                         role: str, rule: Route) -> None:
+    reply = world.send(role, CASES[rule.op].build(world), CASES[rule.op].prefix)
+    refused(reply, 403, rule)
+    audited(audit, rule.op, 403)
+
+
+# -- data servers: a capability is for one file and one operation ------------------------
+def test_a_read_capability_reads_its_file_and_nothing_else(world: World) -> None:
+    a, b = f"{world.a}.0", f"{world.b}.0"
+    assert world.send("data", Sent("GET", route("get_chunk").target(chunk=a)),
+                      "read_a").body == FILE_A
+    for op, sent in (("get_chunk", get("get_chunk", chunk=b)),
+                     ("head_chunk", get("head_chunk", chunk=b)),
+                     ("batch_read", post("batch_read", {"items": [[a, 0, 10], [b, 0, 10]]}))):
+        refused(world.send("data", sent, "read_a"), 403, route(op))
+    data = b"overwritten"
+    put = Sent("PUT", route("put_chunk").target(chunk=a), data, {H.CRC32C: crc_hex(data)})
+    refused(world.send("data", put, "read_a"), 403, route("put_chunk"))
+    assert world.send("data", Sent("GET", route("get_chunk").target(chunk=a)),
+                      "read_a").body == FILE_A
+
+
+def test_a_write_capability_writes_and_reads_back_its_own_file_only(world: World) -> None:
+    chunk = f"{world.u['file_id']}.{next(world.fresh)}"
+    data = b"written then read back"
+    put = Sent("PUT", route("put_chunk").target(chunk=chunk), data, {H.CRC32C: crc_hex(data)})
+    assert world.send("data", put, "write_u").status == 201
+    read = world.send("data", Sent("GET", route("get_chunk").target(chunk=chunk)), "write_u")
+    assert (read.status, read.body) == (200, data)
+    other = Sent("GET", route("get_chunk").target(chunk=f"{world.a}.0"))
+    refused(world.send("data", other, "write_u"), 403, route("get_chunk"))
+
+
+def test_several_capabilities_in_one_header_each_count(world: World) -> None:
+    both = f"{world.creds['read_a']} {world.creds['read_b']}"
+    sent = post("batch_read", {"items": [[f"{world.a}.0", 0, 4], [f"{world.b}.0", 0, 4]]})
+    reply = world.send("data", sent, both)
+    assert (reply.status, reply.body) == (200, b"AAAABBBB")
+
+
+def test_a_bearer_token_to_a_data_server_is_401(world: World) -> None:
+    sent = Sent("GET", route("get_chunk").target(chunk=f"{world.a}.0"))
+    refused(world.send("data", sent, extra={H.AUTHORIZATION: f"Bearer {world.creds['admin']}"}),
+            401, route("get_chunk"))
+
+
+# -- the metadata server: what a token's prefixes show ------------------------------------
+def test_listings_show_only_what_the_prefixes_lead_to(world: World) -> None:
+    for path in ("/m/seen/f", "/m/hidden/f", "/m/seenother"):
+        world.admin("PUT", route("gateway_put").target(path=path), b"x")
+    world.creds["seen"] = world.cluster.mint(["read"], ("/m/seen",), name="seen")
+
+    def names(op: str, path: str) -> list[str]:
+        reply = world.send("meta", Sent("GET", route(op).target(path=path)), "seen")
+        assert reply.status == 200, reply.body[:200]
+        return [Path(e["path"]).name for e in reply.json()["entries"]]
+
+    assert names("list", "/") == ["m"]
+    assert names("list", "/m") == ["seen"]          # not "seenother": segment boundaries
+    assert names("gateway_get", "/m") == ["seen"]
+    assert names("list", "/m/seen") == ["f"]
+    assert world.send("meta", Sent("GET", route("stat").target(path="/m")), "seen").status == 200
+    for op, path in (("list", "/m/hidden"), ("stat", "/m/hidden/f"), ("stat", "/m/seenother"),
+                     ("gateway_get", "/m/hidden/f"), ("gateway_get", "/m/hidden")):
+        refused(world.send("meta", Sent("GET", route(op).target(path=path)), "seen"), 403,
+                route(op))
+
+
+def test_a_revoked_token_is_refused_from_the_next_request_on(world: World) -> None:
+    text = world.cluster.mint(["read"], ("/m",), name="short-lived")
+    sent = Sent("GET", route("stat").target(path="/m/a"))
+    assert world.send("meta", sent, text).status == 200
+    token_id = next(t["id"] for t in world.admin("GET", route("list_tokens").target())
+                    .json()["tokens"] if t["name"] == "short-lived")
+    world.admin("POST", route("revoke_token").target(token_id=token_id))
+    refused(world.send("meta", sent, text), 401, route("stat"))
+
+
+def crc_hex(data: bytes) -> str:
+    return to_hex(crc32c(data))
