@@ -260,3 +260,39 @@ def test_a_revoked_token_is_refused_from_the_next_request_on(world: World) -> No
 
 def crc_hex(data: bytes) -> str:
     return to_hex(crc32c(data))
+
+
+# -- regressions ---------------------------------------------------------------------------
+def test_a_listing_cursor_never_names_a_hidden_entry(world: World) -> None:
+    """A page of entries the token may not see once handed back the last one's name as
+    the next cursor: paging with ``limit=1`` listed every name of the directory."""
+    for path in ("/m/pg/aaa-hidden/f", "/m/pg/mmm-seen/f", "/m/pg/zzz-hidden/f"):
+        world.admin("PUT", route("gateway_put").target(path=path), b"x")
+    world.creds["pg"] = world.cluster.mint(["read"], ("/m/pg/mmm-seen",), name="pg")
+    cursors, shown, after = [], [], ""
+    while True:
+        sent = get("list", path="/m/pg", query={"limit": 1, "after": after or None})
+        page = world.send("meta", sent, "pg").json()
+        shown += [e["path"] for e in page["entries"]]
+        if page["next"] is None:
+            break
+        cursors.append(after := page["next"])
+    assert (shown, cursors) == (["/m/pg/mmm-seen"], ["mmm-seen"])
+
+
+def test_a_batch_naming_no_file_still_needs_the_scope(world: World) -> None:
+    """The body's files are checked in the handler; with none named, a read
+    capability once had a chunk batch written (201)."""
+    empty = Sent("POST", route("batch_write").target(), b'{"items":[]}\n')
+    refused(world.send("data", empty, "read_u"), 403, route("batch_write"))
+    assert world.send("data", empty, "write_u").status == 201
+
+
+def test_an_audit_line_stays_one_line(world: World, audit: pytest.LogCaptureFixture) -> None:
+    """A chunk id is any URL segment: ``%0A`` in it once wrote a second, forged line."""
+    forged = "x%0Aholder=admin op=purge path=- status=200"
+    sent = Sent("GET", "/v1/chunks/" + forged.replace(" ", "%20"))
+    refused(world.send("data", sent), 401, route("get_chunk"))
+    audited(audit, "get_chunk", 401)
+    lines = [r.getMessage() for r in audit.records if r.name == "stager.audit"]
+    assert lines and not any("\n" in line for line in lines), lines

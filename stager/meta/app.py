@@ -149,11 +149,20 @@ def _readable(request: web.Request, info: FileInfo) -> None:
 
 async def list_dir(request: web.Request) -> web.Response:
     path = path_arg(request)
-    entries, nxt = await _svc(request).list(path, after=request.query.get("after", ""),
-                                            limit=query_int(request, "limit"))
+    after, limit = request.query.get("after", ""), query_int(request, "limit")
     token = token_of(request)
-    if token is not None:           # only what the token's prefixes lead to
+    while True:
+        entries, nxt = await _svc(request).list(path, after=after, limit=limit)
+        if token is None:
+            break
+        # Only what the token's prefixes lead to, and a cursor that names no other
+        # entry (a page of hidden ones once handed back the last one's name): the last
+        # entry shown, or past a page with none shown, the next page.
         entries = [e for e in entries if visible(token, e.path)]
+        if nxt is None or entries:
+            nxt = nxt and entries[-1].path.rsplit("/", 1)[-1]
+            break
+        after = nxt
     listing = m.Listing(path, tuple(entries), nxt, detail=query_bool(request, "detail", True))
     return json_response(listing.to_json())
 

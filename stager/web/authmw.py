@@ -33,7 +33,7 @@ from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ..auth import Capability, CapabilityCache, Token
-from ..auth.policy import allows, capability_allows, granted, require, visible
+from ..auth.policy import CAP_GRANTS, allows, capability_allows, granted, require, visible
 from ..errors import Forbidden, StagerError, Unauthenticated, Unavailable
 from ..protocol import headers as H
 from ..protocol.models import parse_chunk_id
@@ -139,6 +139,12 @@ class CapabilityGate:
             _require_caps(caps, None, "cluster")
         elif access.on == "chunk":
             _require_caps(caps, parse_chunk_id(request.match_info["chunk"])[0], access.scope)
+        elif not any(access.scope in CAP_GRANTS[c.op] for c in caps):
+            # "body": the handler checks each file the body names; the scope here, so
+            # that a batch naming no file is no way around it (a read capability once
+            # had an empty chunk batch written, 201).
+            raise Forbidden(f"no capability in this request allows {access.scope}",
+                            op=access.scope)
 
 
 def quiet_audit() -> None:
@@ -231,4 +237,13 @@ def _audit(request: web.Request, gate: Gate, rule: Route, status: int) -> None:
     paths = request.get(CHECKED) or [request.match_info.get("path")
                                      or request.match_info.get("chunk") or "-"]
     audit.info("%s op=%s path=%s status=%d", who, rule.op,
-               ",".join(str(p) for p in paths), status)
+               ",".join(_one_line(str(p)) for p in paths), status)
+
+
+def _one_line(text: str) -> str:
+    """``text`` with its control characters escaped: a request names what it likes
+    (a chunk id is any URL segment, ``%0A`` included), and one audit line must stay one
+    line, not forge a second."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
