@@ -46,6 +46,9 @@ audit = logging.getLogger("stager.audit")
 CHATTER = frozenset({"heartbeat", "report_rank", "capabilities"})
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_CAPABILITIES = 4096         # per request: a batch of many small files carries many
+# ... all in one header: a capability's text is at most 276 characters, and a space
+# (stager.web.server makes the servers' header field limit this long).
+CAPABILITY_HEADER_BYTES = MAX_CAPABILITIES * 280
 TOKEN = web.RequestKey("token", Token)              # the verified bearer token
 CAPS = web.RequestKey("caps", list[Capability])     # the verified capabilities
 CHECKED = web.RequestKey("checked", list[str])      # paths authorized, for the audit line
