@@ -183,7 +183,8 @@ class NodeCluster:
         ready.unlink(missing_ok=True)
         argv = [sys.executable, "-m", "stager", "meta", "--root", str(root), "--host",
                 self.host_address, "--port", "0", "--ready-file", str(ready),
-                *self.meta_args]
+                # addresses of namespaces this harness made, reachable from nowhere else
+                "--insecure", *self.meta_args]
         with open(root / "server.log", "ab") as out:
             proc = subprocess.Popen(argv, env=self.env, stdout=out, stderr=subprocess.STDOUT,
                                     preexec_fn=_die_with_parent, start_new_session=True)
@@ -198,7 +199,7 @@ class NodeCluster:
         port = DATA_PORT if self.fabric is not None else 0
         argv = [sys.executable, "-m", "stager", "--meta", self.meta_url, "data",
                 "--root", str(root), "--host", self.address(i), "--port", str(port),
-                "--node", f"node{i}", "--ready-file", str(ready)]
+                "--node", f"node{i}", "--ready-file", str(ready), "--insecure"]
         with open(root / "server.log", "ab") as out:
             proc = self.popen_in(i, argv, stdout=out, stderr=subprocess.STDOUT)
         return proc, ready
