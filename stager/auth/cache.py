@@ -49,6 +49,10 @@ class VerifiedCache(Generic[C]):
         self.hits = 0
         self.misses = 0
 
+    def known(self, text: str) -> bool:
+        """Was ``text`` verified and kept (a hit, unless it expired since)?"""
+        return text in self._verified
+
     def forget(self, text: str) -> None:
         self._verified.pop(text, None)
 
