@@ -134,7 +134,8 @@ class Config:
 
     @property
     def public_url(self) -> str:
-        return self.advertise_url or f"http://{self.host}:{self.port}"
+        scheme = "https" if self.tls_cert and self.tls_key else "http"
+        return self.advertise_url or f"{scheme}://{self.host}:{self.port}"
 
 
 _FIELDS = {f.name: f for f in fields(Config)}

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import errno
 import json
+import ssl
 from typing import Any
 
 import aiohttp
@@ -279,7 +280,23 @@ def unreachable(exc: BaseException, what: str, **details: Any) -> Unavailable:
     (``"metadata server URL unreachable"``): :class:`TargetUnavailable` when
     ``details`` name a ``target``, else :class:`Unavailable`."""
     cls = TargetUnavailable if "target" in details else Unavailable
+    cert = _certificate_failure(exc)
+    if cert is not None:    # no traceback-shaped text: what failed and what to do
+        return cls(f"{what}: TLS certificate not trusted ({cert.verify_message}); "
+                   f"give the cluster's CA with --ca FILE or STAGER_CA_FILE", **details)
     return cls(f"{what}: {type(exc).__name__}: {exc}", **details)
+
+
+def _certificate_failure(exc: object) -> ssl.SSLCertVerificationError | None:
+    """The certificate check that failed under ``exc`` (aiohttp and urllib wrap it)."""
+    for _ in range(5):
+        if isinstance(exc, ssl.SSLCertVerificationError):
+            return exc
+        if not isinstance(exc, BaseException):
+            return None
+        exc = (getattr(exc, "certificate_error", None) or getattr(exc, "reason", None)
+               or exc.__cause__)
+    return None
 
 
 def errno_of(exc: BaseException) -> int:

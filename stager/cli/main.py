@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--token-file", metavar="FILE",
                         help="a file holding the token to present (default: $STAGER_TOKEN, "
                              "else $STAGER_TOKEN_FILE)")
+    parser.add_argument("--ca", metavar="FILE",
+                        help="CA certificate(s) to trust for https:// servers "
+                             "(default: $STAGER_CA_FILE, else the system's store)")
     parser.add_argument("--log-level", default=os.environ.get("STAGER_LOG_LEVEL", "WARNING"),
                         help="DEBUG, INFO, WARNING (default) or ERROR")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -52,6 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # and so do the servers and mounts it starts.
         os.environ["STAGER_TOKEN_FILE"] = args.token_file
         os.environ.pop("STAGER_TOKEN", None)
+    if args.ca:
+        os.environ["STAGER_CA_FILE"] = args.ca      # the same way, for the same reason
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:

@@ -23,6 +23,9 @@ def add_server_flags(p: argparse.ArgumentParser, default_port: int) -> None:
     p.add_argument("--event-loop", choices=("auto", "uvloop", "asyncio"))
     p.add_argument("--auth", action="store_true", default=None,
                    help="require tokens (metadata server) or capabilities (data server)")
+    p.add_argument("--tls-cert", metavar="PEM", help="serve HTTPS with this certificate "
+                                                     "(chain); needs --tls-key")
+    p.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
     p.add_argument("--insecure", action="store_true", default=None,
                    help="serve a non-loopback address without --auth (anyone who reaches "
                         "the port may do anything)")
@@ -31,7 +34,8 @@ def add_server_flags(p: argparse.ArgumentParser, default_port: int) -> None:
 def server_config(args: argparse.Namespace, default_port: int, **extra: Any) -> Config:
     flags = {"root": args.root, "host": args.host, "advertise_url": args.advertise_url,
              "port": args.port, "event_loop": args.event_loop, "auth": args.auth,
-             "insecure": args.insecure, **extra}
+             "insecure": args.insecure, "tls_cert": args.tls_cert, "tls_key": args.tls_key,
+             **extra}
     config = load_config(flags, path=args.config, defaults={"port": default_port})
     refuse_exposed(config)
     return config

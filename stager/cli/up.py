@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..auth.keys import write_secret
+from ..auth.tls import client_context, ensure_cluster_tls, tls_pair
 from ..client import AsyncClient
 from ..config import Config, load_config
 from ..errors import StagerError
@@ -94,12 +95,14 @@ def _wait_ready(server: Server, deadline: float) -> None:
     raise RuntimeError(f"{server.role} server at {server.root} not ready in time")
 
 
-def _wait_targets(meta_url: str, want: int, deadline: float, token: str | None) -> None:
+def _wait_targets(meta_url: str, want: int, deadline: float, token: str | None,
+                  ca_file: str = "") -> None:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    context = client_context(ca_file) if ca_file else None
     while time.monotonic() < deadline:
         try:
             req = urllib.request.Request(route("list_targets").url(meta_url), headers=headers)
-            with urllib.request.urlopen(req, timeout=2) as resp:
+            with urllib.request.urlopen(req, timeout=2, context=context) as resp:
                 targets = TargetList.from_json(json.load(resp)).targets
             if sum(t.up for t in targets) >= want:
                 return
@@ -114,8 +117,9 @@ def start_cluster(args: argparse.Namespace, started: list[Server]) -> tuple[Serv
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + READY_TIMEOUT
-    meta_argv = ["meta", "--root", str(root / "meta"), "--host", args.host,
-                 "--port", str(args.port), "--replicas", str(args.replicas)]
+    tls, ca = _tls_argv(args)
+    meta_argv = [*ca, "meta", "--root", str(root / "meta"), "--host", args.host,
+                 "--port", str(args.port), "--replicas", str(args.replicas), *tls]
     if args.chunk_size:
         meta_argv += ["--chunk-size", args.chunk_size]
     exposure = ["--auth"] if args.auth else ["--insecure"] if args.insecure else []
@@ -126,33 +130,56 @@ def start_cluster(args: argparse.Namespace, started: list[Server]) -> tuple[Serv
     started.append(meta)
     _wait_ready(meta, deadline)
     admin = (root / ADMIN_TOKEN_FILE).read_text().strip() if args.auth else None
-    join = ["--token-file", str(_join_token(root, meta.url, admin))] if admin else []
+    join = ["--token-file", str(_join_token(root, meta.url, admin, args.ca_file))] \
+        if admin else []
     data = []
     for i in range(args.data_servers):
         droot = root / f"data{i}"
-        argv = [*join, "--meta", meta.url, "data", "--root", str(droot), "--host", args.host,
-                "--port", "0", "--node", f"node{i}", *exposure]
+        argv = [*join, *ca, "--meta", meta.url, "data", "--root", str(droot), "--host",
+                args.host, "--port", "0", "--node", f"node{i}", *exposure, *tls]
         server = _spawn("data", droot, argv, droot / "server.log")
         server.node = f"node{i}"
         data.append(server)
         started.insert(0, server)
     for server in data:
         _wait_ready(server, deadline)
-    _wait_targets(meta.url, args.data_servers, deadline, admin)
+    _wait_targets(meta.url, args.data_servers, deadline, admin, args.ca_file)
     return meta, data
 
 
-def _join_token(root: Path, meta_url: str, admin: str) -> Path:
+def _join_token(root: Path, meta_url: str, admin: str, ca_file: str = "") -> Path:
     """``ROOT/auth/join.token`` (0600), minted the first time: the data servers'
     credential to register and heartbeat."""
     path = root / AUTH_DIR / JOIN_TOKEN_FILE
     if not path.exists():
         async def mint() -> str:
-            async with AsyncClient(meta_url, config=load_config(), token=admin) as client:
+            config = load_config({"ca_file": ca_file or None})
+            async with AsyncClient(meta_url, config=config, token=admin) as client:
                 made = await client.create_token(["join"], ["/"], MAX_TTL, "stager up data servers")
                 return made.token
         write_secret(path, asyncio.run(mint()) + "\n")
     return path
+
+
+def _tls_argv(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """The servers' TLS flags and the global ``--ca`` they trust each other with:
+    ``--tls`` makes a private CA and a certificate under ``ROOT/tls/`` (once);
+    ``--tls-cert/--tls-key`` name the operator's own (trusted through ``--ca`` or
+    ``STAGER_CA_FILE``, else the system's store)."""
+    if args.tls:
+        files = ensure_cluster_tls(Path(args.root).resolve() / "tls", [args.host])
+        args.ca_file = str(files.ca_cert)
+        return ["--tls-cert", str(files.cert), "--tls-key", str(files.key)], \
+            ["--ca", args.ca_file]
+    try:
+        pair = tls_pair(args.tls_cert or "", args.tls_key or "")
+    except ValueError as exc:
+        raise RuntimeError(str(exc)) from None
+    if pair is None:
+        return [], []
+    args.ca_file = os.environ.get("STAGER_CA_FILE", "")
+    return ["--tls-cert", pair[0], "--tls-key", pair[1]], \
+        (["--ca", args.ca_file] if args.ca_file else [])
 
 
 def stop_servers(servers: list[Server], timeout: float = 10.0) -> None:
@@ -184,6 +211,8 @@ def run_up(args: argparse.Namespace) -> int:
         meta, data = start_cluster(args, servers)
         cluster = {"meta": meta.to_json(), "data": [d.to_json() for d in data],
                    "pid": os.getpid(), "replicas": args.replicas, "auth": bool(args.auth)}
+        if args.ca_file:
+            cluster["ca_file"] = args.ca_file
         if args.auth:
             cluster["admin_token_file"] = str(root / ADMIN_TOKEN_FILE)
         write_json_atomic(root / "cluster.json", cluster)
@@ -194,6 +223,8 @@ def run_up(args: argparse.Namespace) -> int:
         if args.auth:
             print(f"auth on: admin token in {root / ADMIN_TOKEN_FILE} "
                   f"(stager --token-file {root / ADMIN_TOKEN_FILE} ...)", flush=True)
+        if args.ca_file:
+            print(f"clients trust the CA {args.ca_file} (--ca or STAGER_CA_FILE)", flush=True)
         print(f"endpoints written to {root / 'cluster.json'}; Ctrl-C stops", flush=True)
         while not stopping:
             for s in servers:
@@ -256,4 +287,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="allow a non-loopback --host without --auth")
     p.add_argument("--restart", action="store_true",
                    help="start a server that exits (crash, kill -9) again, same root and port")
-    p.set_defaults(func=run_up)
+    p.add_argument("--tls", action="store_true",
+                   help="HTTPS everywhere: a private CA and server certificate under "
+                        "ROOT/tls/ (made once), its CA in cluster.json's ca_file")
+    p.add_argument("--tls-cert", metavar="PEM", help="serve HTTPS with this certificate "
+                                                     "(instead of --tls); needs --tls-key")
+    p.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
+    p.set_defaults(func=run_up, ca_file="")    # ca_file: set by _tls_argv

@@ -10,6 +10,7 @@ import aiohttp
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ..auth import load_public_key
+from ..auth.tls import client_ssl
 from ..config import Config
 from ..errors import TRANSPORT_FAILURES, StagerError, error_from_wire
 from ..protocol.authmsg import PublicKey
@@ -33,7 +34,8 @@ async def register_and_heartbeat(service: DataService, config: Config, url: str,
     """
     timeout = aiohttp.ClientTimeout(total=max(config.heartbeat_interval * 2, 5.0))
     ident = service.identity
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    connector = aiohttp.TCPConnector(ssl=client_ssl(config.ca_file))
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         registered = False
         delay = 0.1
         while True:

@@ -24,6 +24,7 @@ from typing import Any
 import aiohttp
 
 from ..aio import wait_for_wake
+from ..auth.tls import client_ssl
 from ..config import Config
 from ..errors import TRANSPORT_FAILURES, CorruptChunk, StagerError, error_from_wire
 from ..protocol.messages import ScrubReport
@@ -146,10 +147,11 @@ class Scrubber:
         chunks = sorted(self._unreported)
         body = json.dumps(ScrubReport(self.target_id, tuple(chunks)).to_json())
         timeout = aiohttp.ClientTimeout(total=30)
-        async with aiohttp.ClientSession(timeout=timeout) as session, session.post(
-                route("scrub_report").url(self.config.meta_url), data=body,
-                headers={"Content-Type": "application/json",
-                         **self.config.auth_headers()}) as resp:
+        connector = aiohttp.TCPConnector(ssl=client_ssl(self.config.ca_file))
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session, \
+                session.post(route("scrub_report").url(self.config.meta_url), data=body,
+                             headers={"Content-Type": "application/json",
+                                      **self.config.auth_headers()}) as resp:
             if resp.status >= 400:
                 raise error_from_wire(resp.status, await resp.read())
         self._unreported.difference_update(chunks)

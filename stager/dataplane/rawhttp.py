@@ -13,6 +13,13 @@ otherwise take each 64-100 KiB that happens to be there (a whole 4 MiB chunk
 went from about 32 reads to 4, and the client and the data server each spent a
 quarter to a third less CPU on it: ``python -m bench.profile_small chunks``).
 
+Over TLS (``https://`` targets, with the pool's ``ssl`` context) the same
+protocol sits on asyncio's SSL transport, which decrypts each record straight
+into the buffer ``get_buffer`` gives it: still no copy beyond the one
+decryption makes.  The low mark stays off there: the kernel holds ciphertext,
+and part of a record already read sits in the SSL layer, so a mark of the
+plaintext still due could wait for bytes that never come.
+
 Only the responses stager's data servers send are understood: a status line,
 headers, and a body framed by ``Content-Length`` (or none: a 304).  Anything
 else raises :class:`Unsupported` before a byte of the body is used, and the
@@ -26,12 +33,15 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import socket
+import ssl
 import struct
 import termios
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
+
+from ..auth.tls import client_context
 
 HEAD_BUF = 8192                 # the first recv of a response: status line and headers
 MAX_HEAD = 64 * 1024
@@ -64,7 +74,8 @@ class RawResponse:
 class _Conn(asyncio.BufferedProtocol):
     """One keep-alive connection; one request at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: bool = False) -> None:
+        self.tls = tls                  # over TLS: no low mark (see the module's docstring)
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.reusable = True
@@ -83,7 +94,8 @@ class _Conn(asyncio.BufferedProtocol):
     # -- asyncio callbacks -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self._sock = None if transport is None else transport.get_extra_info("socket")
+        if transport is not None and not self.tls:
+            self._sock = transport.get_extra_info("socket")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -242,8 +254,12 @@ class _Target:
 class RawPool:
     """Keep-alive connections to data servers, ``limit`` per target."""
 
-    def __init__(self, *, limit: int, connect_timeout: float, read_timeout: float) -> None:
+    def __init__(self, *, limit: int, connect_timeout: float, read_timeout: float,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        """``ssl_context``: how ``https://`` targets are verified (default: the
+        system's store, loaded on the first one)."""
         self.limit = limit
+        self.ssl_context = ssl_context
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self._targets: dict[tuple[str, int], _Target] = {}
@@ -261,9 +277,10 @@ class RawPool:
         if self.closed:
             raise ConnectionError("the connection pool is closed")
         parts = urlsplit(url)
-        if parts.scheme != "http":
-            raise Unsupported(f"{parts.scheme}: only plain http is read this way")
-        host, port = parts.hostname or "127.0.0.1", parts.port or 80
+        tls = parts.scheme == "https"
+        if parts.scheme != "http" and not tls:
+            raise Unsupported(f"{parts.scheme}: not read this way")
+        host, port = parts.hostname or "127.0.0.1", parts.port or (443 if tls else 80)
         target = self._targets.get((host, port))
         if target is None:
             target = self._targets[(host, port)] = _Target(asyncio.Semaphore(self.limit))
@@ -271,7 +288,7 @@ class RawPool:
                                  headers, body)
         async with target.limit:
             for attempt in (0, 1):
-                conn, reused = await self._conn(target, host, port, timeout)
+                conn, reused = await self._conn(target, host, port, timeout, tls)
                 try:
                     resp = await self._exchange(conn, request, dest, timeout, exact)
                 except ConnectionResetError:
@@ -290,7 +307,7 @@ class RawPool:
         raise AssertionError("unreachable")
 
     async def _conn(self, target: _Target, host: str, port: int,
-                    timeout: float | None = None) -> tuple[_Conn, bool]:
+                    timeout: float | None = None, tls: bool = False) -> tuple[_Conn, bool]:
         while target.idle:
             conn = target.idle.pop()
             if not conn.closed:
@@ -298,7 +315,15 @@ class RawPool:
                 return conn, True
         loop = asyncio.get_running_loop()
         limit = min(self.connect_timeout, timeout) if timeout else self.connect_timeout
-        _, conn = await asyncio.wait_for(loop.create_connection(_Conn, host, port), limit)
+        if tls:
+            if self.ssl_context is None:
+                self.ssl_context = client_context()
+            made = loop.create_connection(lambda: _Conn(tls=True), host, port,
+                                          ssl=self.ssl_context, server_hostname=host,
+                                          ssl_handshake_timeout=limit)
+        else:
+            made = loop.create_connection(_Conn, host, port)
+        _, conn = await asyncio.wait_for(made, limit)
         self._all.add(conn)
         return conn, False
 

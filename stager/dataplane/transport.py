@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import time
 from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import asynccontextmanager
@@ -20,6 +21,7 @@ import aiohttp
 from aiohttp import payload
 from aiohttp.abc import AbstractStreamWriter
 
+from ..auth.tls import client_ssl
 from ..checksum import to_hex
 from ..config import Config
 from ..errors import (
@@ -109,6 +111,8 @@ class PlaneOptions:
     failover_timeout: float | None = None  # silence after which a read gives a replica up
     write_timeout: float = 10.0      # a chunk write not answered in this time (plus its
                                      # bytes at WRITE_FLOOR_RATE) fails: routed around
+    ca_file: str = ""                # CA bundle https:// servers are checked against
+                                     # ("": the system's store)
 
     @classmethod
     def of(cls, config: Config) -> PlaneOptions:
@@ -117,7 +121,7 @@ class PlaneOptions:
                    request_timeout=config.request_timeout,
                    connections_per_target=config.connections_per_target,
                    retries=config.retries, failover_timeout=config.failover_timeout,
-                   write_timeout=config.write_timeout)
+                   write_timeout=config.write_timeout, ca_file=config.ca_file)
 
 
 class _PlaneConnector(aiohttp.TCPConnector):
@@ -133,10 +137,14 @@ class _PlaneConnector(aiohttp.TCPConnector):
 
 
 def make_session(options: PlaneOptions, *, limit: int = 0) -> aiohttp.ClientSession:
+    """The one session a client (or the metadata server) talks to servers over;
+    ``https://`` servers are verified against ``options.ca_file``."""
+    tls = client_ssl(options.ca_file)
     raw = rawhttp.RawPool(limit=options.connections_per_target,
                           connect_timeout=options.connect_timeout,
-                          read_timeout=options.request_timeout)
-    connector = _PlaneConnector(raw, limit=limit,
+                          read_timeout=options.request_timeout,
+                          ssl_context=tls if isinstance(tls, ssl.SSLContext) else None)
+    connector = _PlaneConnector(raw, limit=limit, ssl=tls,
                                 limit_per_host=options.connections_per_target,
                                 ttl_dns_cache=300, enable_cleanup_closed=False)
     timeout = aiohttp.ClientTimeout(total=None, connect=options.connect_timeout,

@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..auth.tls import client_context, ensure_cluster_tls
 from ..config import Config, load_config
 from ..protocol.authmsg import TokenRequest
 from ..protocol.routes import route
@@ -43,12 +45,18 @@ class _Server:
 
 
 class ThreadCluster:
-    """A metadata server and ``data_servers`` data servers in one background thread."""
+    """A metadata server and ``data_servers`` data servers in one background thread;
+    with ``tls=True`` every server speaks HTTPS with a certificate of a private CA
+    made under ``ROOT/tls/`` (``config.ca_file``, which the servers trust too)."""
 
     def __init__(self, root: str | os.PathLike[str], data_servers: int = 3,
-                 **overrides: Any) -> None:
+                 tls: bool = False, **overrides: Any) -> None:
         self.root = Path(root)
         self.n = data_servers
+        if tls:
+            files = ensure_cluster_tls(self.root / "tls")
+            overrides = {"tls_cert": str(files.cert), "tls_key": str(files.key),
+                         "ca_file": str(files.ca_cert), **overrides}
         self.config = load_config({**FAST, **overrides}, env={})
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="stager-cluster",
@@ -132,12 +140,13 @@ class ThreadCluster:
         if self.config.auth and not self.join_token:
             self.admin_token = (self.root / "meta" / "admin.token").read_text().strip()
             self.join_token = mint_token(self.meta_url, self.admin_token, ["join"],
-                                         name="data servers")
+                                         name="data servers", ca_file=self.config.ca_file)
 
     def mint(self, scopes: list[str], prefixes: tuple[str, ...] = ("/",), ttl: int = 3600,
              name: str = "test") -> str:
         """A token from this cluster's metadata server (auth on)."""
-        return mint_token(self.meta_url, self.admin_token, scopes, prefixes, ttl, name)
+        return mint_token(self.meta_url, self.admin_token, scopes, prefixes, ttl, name,
+                          ca_file=self.config.ca_file)
 
     def stop_meta(self) -> None:
         if self.meta is not None:
@@ -171,7 +180,8 @@ class ThreadCluster:
         return str(json.loads((self.root / f"data{i}" / "target.json").read_text())["target_id"])
 
     def wait_targets(self, up: int, timeout: float = 15) -> None:
-        wait_for_targets(self.meta_url, up, timeout, token=self.admin_token)
+        wait_for_targets(self.meta_url, up, timeout, token=self.admin_token,
+                         ca_file=self.config.ca_file)
 
 
 def _settle(task: asyncio.Task[None], done: Future[None]) -> None:
@@ -183,25 +193,33 @@ def _settle(task: asyncio.Task[None], done: Future[None]) -> None:
 
 
 def mint_token(meta_url: str, admin_token: str, scopes: list[str],
-               prefixes: tuple[str, ...] = ("/",), ttl: int = 3600, name: str = "test") -> str:
-    """A new token from the metadata server at ``meta_url``, asked with ``admin_token``."""
+               prefixes: tuple[str, ...] = ("/",), ttl: int = 3600, name: str = "test",
+               *, ca_file: str = "") -> str:
+    """A new token from the metadata server at ``meta_url``, asked with ``admin_token``
+    (an https server checked against ``ca_file``)."""
     body = json.dumps(TokenRequest(tuple(scopes), prefixes, ttl, name).to_json()).encode()
     req = urllib.request.Request(route("create_token").url(meta_url), data=body, headers={
         "Authorization": f"Bearer {admin_token}", "Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as resp:
+    with urllib.request.urlopen(req, timeout=10, context=_tls(ca_file)) as resp:
         return str(json.load(resp)["token"])
 
 
+def _tls(ca_file: str) -> ssl.SSLContext | None:
+    """urllib's context for ``ca_file`` (``None``: its default, the system's store)."""
+    return client_context(ca_file) if ca_file else None
+
+
 def wait_for_targets(meta_url: str, up: int, timeout: float = 15, *, exact: bool = False,
-                     token: str = "") -> None:
+                     token: str = "", ca_file: str = "") -> None:
     """Wait until the metadata server lists ``up`` healthy targets."""
     deadline = time.monotonic() + timeout
+    context = _tls(ca_file)
     seen = -1
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     while time.monotonic() < deadline:
         try:
             req = urllib.request.Request(route("list_targets").url(meta_url), headers=headers)
-            with urllib.request.urlopen(req, timeout=2) as resp:
+            with urllib.request.urlopen(req, timeout=2, context=context) as resp:
                 seen = sum(t["state"] == "up" for t in json.load(resp)["targets"])
             if seen == up or (seen >= up and not exact):
                 return
@@ -216,15 +234,18 @@ class ProcessCluster:
 
     def __init__(self, root: str | os.PathLike[str], data_servers: int = 3,
                  replicas: int = 1, env: dict[str, str] | None = None,
-                 fast: bool = True, restart: bool = False, auth: bool = False) -> None:
+                 fast: bool = True, restart: bool = False, auth: bool = False,
+                 tls: bool = False) -> None:
         """``fast`` shortens heartbeats and timeouts, for tests; ``restart`` runs
         ``stager up --restart``, which starts a killed server again; ``auth`` runs
-        ``stager up --auth`` (its admin token: :attr:`admin_token`)."""
+        ``stager up --auth`` (its admin token: :attr:`admin_token`); ``tls``:
+        ``stager up --tls`` (HTTPS, its CA in :attr:`ca_file`)."""
         self.root = Path(root)
         self.auth = auth
         self.n = data_servers
         self.replicas = replicas
         self.restart = restart
+        self.tls = tls
         tuned = {f"STAGER_{k.upper()}": str(v) for k, v in FAST.items()} if fast else {}
         self.env = {**os.environ, **tuned, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
@@ -244,7 +265,8 @@ class ProcessCluster:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "stager", "up", "--root", str(self.root), "--port", "0",
                  "--data-servers", str(self.n), "--replicas", str(self.replicas),
-                 *(["--restart"] if self.restart else []), *(["--auth"] if self.auth else [])],
+                 *(["--restart"] if self.restart else []), *(["--auth"] if self.auth else []),
+                 *(["--tls"] if self.tls else [])],
                 env=self.env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while not (self.root / "cluster.json").exists():
@@ -281,7 +303,13 @@ class ProcessCluster:
     def mint(self, scopes: list[str], prefixes: tuple[str, ...] = ("/",), ttl: int = 3600,
              name: str = "test") -> str:
         """A token from this cluster's metadata server (auth on)."""
-        return mint_token(self.meta_url, self.admin_token, scopes, prefixes, ttl, name)
+        return mint_token(self.meta_url, self.admin_token, scopes, prefixes, ttl, name,
+                          ca_file=self.ca_file)
+
+    @property
+    def ca_file(self) -> str:
+        """The CA the cluster's certificates chain to (``stager up --tls``), else ``""``."""
+        return str(self.info.get("ca_file", ""))
 
     def data_pid(self, i: int) -> int:
         return int(self.info["data"][i]["pid"])

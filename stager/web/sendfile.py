@@ -1,7 +1,8 @@
 """Send a region of an open file as the body of a prepared response.
 
 On the standard asyncio loop this is the kernel's ``sendfile`` (zero copy);
-where the loop has no native sendfile (uvloop) it falls back to reads in a
+where the loop has no native sendfile (uvloop), or the connection is TLS
+(the bytes must be encrypted on their way out), it falls back to reads in a
 worker thread and ordinary writes.
 """
 
@@ -22,12 +23,13 @@ async def send_region(request: web.Request, response: web.StreamResponse, fd: in
     if transport is None:
         raise ConnectionResetError("connection lost")
     loop = asyncio.get_running_loop()
-    with open(fd, "rb", buffering=0, closefd=False) as fileobj:
-        try:
-            await loop.sendfile(transport, fileobj, offset, count, fallback=False)
-            return
-        except (NotImplementedError, asyncio.SendfileNotAvailableError):
-            pass
+    if transport.get_extra_info("sslcontext") is None:
+        with open(fd, "rb", buffering=0, closefd=False) as fileobj:
+            try:
+                await loop.sendfile(transport, fileobj, offset, count, fallback=False)
+                return
+            except (NotImplementedError, asyncio.SendfileNotAvailableError):
+                pass
     end = offset + count
     while offset < end:
         data = await asyncio.to_thread(os.pread, fd, min(FALLBACK_PIECE, end - offset), offset)

@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from ..aio import loop_factory
+from ..auth.tls import server_context, tls_pair
 from ..config import Config
 from ..errors import BadRequest
 from ..protocol.messages import Health
@@ -74,13 +76,16 @@ async def serve(
     ready_file: str | os.PathLike[str] | None = None,
     stop: asyncio.Event | None = None,
 ) -> None:
-    """Serve ``app`` on ``config.host:config.port`` until ``stop`` is set or a signal comes."""
+    """Serve ``app`` on ``config.host:config.port`` until ``stop`` is set or a signal comes;
+    over HTTPS when ``config`` names a TLS certificate and key."""
+    tls = ssl_context_of(config)
     runner = web.AppRunner(app, access_log=None, handle_signals=False,
                            shutdown_timeout=5.0, max_field_size=MAX_HEADER_FIELD)
     await runner.setup()
-    listening = await start_sites(runner, config.host, config.port)
+    listening = await start_sites(runner, config.host, config.port, ssl_context=tls)
     host, port = _bound_address(runner)
-    url = config.advertise_url or f"http://{_url_host(config.host, host)}:{port}"
+    scheme = "https" if tls else "http"
+    url = config.advertise_url or f"{scheme}://{_url_host(config.host, host)}:{port}"
     log.info("listening on %s (advertised %s)", f"{host}:{port}", url)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -110,12 +115,20 @@ BACKLOG = 1024
 MAX_HEADER_FIELD = CAPABILITY_HEADER_BYTES
 
 
-async def start_sites(runner: web.AppRunner, host: str, port: int) -> list[socket.socket]:
-    """Serve ``runner`` on every address ``host`` names; the listening sockets, for
-    :func:`stop_sites`."""
+def ssl_context_of(config: Config) -> ssl.SSLContext | None:
+    """The server's TLS context when ``config`` sets ``tls_cert`` and ``tls_key``;
+    ``None`` for plain HTTP; :class:`ValueError` when only one is set."""
+    pair = tls_pair(config.tls_cert, config.tls_key)
+    return server_context(*pair) if pair else None
+
+
+async def start_sites(runner: web.AppRunner, host: str, port: int, *,
+                      ssl_context: ssl.SSLContext | None = None) -> list[socket.socket]:
+    """Serve ``runner`` on every address ``host`` names (over TLS with ``ssl_context``);
+    the listening sockets, for :func:`stop_sites`."""
     sockets = _listen(host, port)
     for sock in sockets:
-        await web.SockSite(runner, sock, backlog=BACKLOG).start()
+        await web.SockSite(runner, sock, backlog=BACKLOG, ssl_context=ssl_context).start()
     return sockets
 
 
