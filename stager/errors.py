@@ -282,20 +282,27 @@ def unreachable(exc: BaseException, what: str, **details: Any) -> Unavailable:
     cls = TargetUnavailable if "target" in details else Unavailable
     cert = _certificate_failure(exc)
     if cert is not None:    # no traceback-shaped text: what failed and what to do
-        return cls(f"{what}: TLS certificate not trusted ({cert.verify_message}); "
+        reason = getattr(cert, "verify_message", "") or str(cert)
+        return cls(f"{what}: TLS certificate not trusted ({reason}); "
                    f"give the cluster's CA with --ca FILE or STAGER_CA_FILE", **details)
-    return cls(f"{what}: {type(exc).__name__}: {exc}", **details)
+    hint = ""
+    if isinstance(exc, aiohttp.ServerDisconnectedError) and \
+            str(details.get("url", "")).startswith("http://"):
+        hint = " (if it serves https, use an https:// URL)"
+    return cls(f"{what}: {type(exc).__name__}: {exc}{hint}", **details)
 
 
 def _certificate_failure(exc: object) -> ssl.SSLCertVerificationError | None:
     """The certificate check that failed under ``exc`` (aiohttp and urllib wrap it)."""
     for _ in range(5):
+        inner = getattr(exc, "certificate_error", None)    # aiohttp's wrapper (itself
+        if inner is not None:                               # a CertificateError)
+            exc = inner
         if isinstance(exc, ssl.SSLCertVerificationError):
             return exc
         if not isinstance(exc, BaseException):
             return None
-        exc = (getattr(exc, "certificate_error", None) or getattr(exc, "reason", None)
-               or exc.__cause__)
+        exc = getattr(exc, "reason", None) or exc.__cause__     # urllib's URLError
     return None
 
 

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import re
+import ssl
 import threading
 import time
 import uuid
@@ -14,7 +15,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from email.message import Message
-from http.client import HTTPConnection
+from http.client import HTTPConnection, HTTPSConnection
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -194,10 +195,14 @@ class Reply:
 
 
 def raw_http(base_url: str, method: str, path: str, body: bytes | None = None,
-             headers: dict[str, str] | None = None, timeout: float = 30) -> Reply:
-    """Send ``path`` exactly as written (no URL normalisation), read the whole answer."""
+             headers: dict[str, str] | None = None, timeout: float = 30,
+             context: ssl.SSLContext | None = None) -> Reply:
+    """Send ``path`` exactly as written (no URL normalisation), read the whole answer
+    (from an ``https://`` server checked with ``context``)."""
     url = urlsplit(base_url)
-    conn = HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=timeout)
+    conn = HTTPSConnection(url.hostname or "127.0.0.1", url.port, timeout=timeout,
+                           context=context) if url.scheme == "https" else \
+        HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=timeout)
     try:
         conn.request(method, path, body=body, headers=headers or {})
         resp = conn.getresponse()

@@ -193,4 +193,4 @@ def _write_public(path: Path, data: bytes) -> None:
 
 
 def _now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.timezone.utc)
+    return datetime.datetime.now(datetime.UTC)

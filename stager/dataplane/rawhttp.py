@@ -242,7 +242,12 @@ class _Conn(asyncio.BufferedProtocol):
         self.reusable = False
         if self.transport is not None and not self.closed:
             self.closed = True
-            self.transport.close()
+            if self.tls:
+                # No close_notify exchange: it would wait on the server, and a pool
+                # closed just before its loop ends would leave the socket open.
+                self.transport.abort()
+            else:
+                self.transport.close()
 
 
 @dataclass
