@@ -46,7 +46,7 @@ class Config:
     # servers
     host: str = "127.0.0.1"
     port: int = 7070
-    advertise_url: str = ""          # URL other machines use; default http://host:port
+    advertise_url: str = ""          # URL other machines use; default http(s)://host:port
     root: str = ".stager"
     node: str = ""                   # node name of a data server; default: hostname
     target_id: str = ""              # stable id of a data server's target; default: generated once
