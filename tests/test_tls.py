@@ -272,3 +272,22 @@ def test_server_context_refuses_plain_tls_versions_below_1_2(tmp_path: Path) -> 
     files = ensure_cluster_tls(tmp_path)
     assert server_context(files.cert, files.key).minimum_version == ssl.TLSVersion.TLSv1_2
     assert client_context(files.ca_cert).check_hostname
+
+
+# main's auth middleware stores the token under a str key (aiohttp warns; an error here)
+@pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
+def test_auth_and_tls_together(tmp_path: Path, payload) -> None:
+    """Tokens ride inside TLS: a data server fetches the public key and registers over
+    https, a client's token and capabilities reach both kinds of server."""
+    from conftest import start_cluster
+
+    c = start_cluster(tmp_path / "c", data_servers=2, tls=True, auth=True)
+    try:
+        token = c.mint(["read", "write"])
+        config = load_config({"ca_file": c.config.ca_file, "token": token}, env={})
+        data = payload(SMALL * 3 + 7)
+        with Client(c.meta_url, config=config) as client:
+            client.pipe("/secret.bin", data, layout=LayoutSpec(chunk_size=SMALL))
+            assert client.cat("/secret.bin") == data
+    finally:
+        c.stop()
