@@ -274,8 +274,6 @@ def test_server_context_refuses_plain_tls_versions_below_1_2(tmp_path: Path) -> 
     assert client_context(files.ca_cert).check_hostname
 
 
-# main's auth middleware stores the token under a str key (aiohttp warns; an error here)
-@pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
 def test_auth_and_tls_together(tmp_path: Path, payload) -> None:
     """Tokens ride inside TLS: a data server fetches the public key and registers over
     https, a client's token and capabilities reach both kinds of server."""
@@ -291,3 +289,18 @@ def test_auth_and_tls_together(tmp_path: Path, payload) -> None:
             assert client.cat("/secret.bin") == data
     finally:
         c.stop()
+
+
+def test_stager_up_tls_with_auth(tmp_path: Path, payload) -> None:
+    """``stager up --tls --auth``: the join token is minted over https, and a user's
+    token works through ``stager --ca … --token-file …``."""
+    data = payload(SMALL + 1)
+    local = tmp_path / "local.bin"
+    local.write_bytes(data)
+    with ProcessCluster(tmp_path / "up", 2, tls=True, auth=True) as c:
+        assert c.info["auth"] is True and c.meta_url.startswith("https://")
+        token = tmp_path / "user.token"
+        token.write_text(c.mint(["read", "write"]) + "\n")
+        flags = ("--ca", c.ca_file, "--token-file", str(token))
+        stager(*flags, "put", str(local), "/y.bin", meta=c.meta_url)
+        assert stager(*flags, "cat", "/y.bin", meta=c.meta_url).stdout == data
