@@ -25,6 +25,9 @@ CLI wire it in.  How each side will use it:
 - **Client**: carries its token opaquely, and the capabilities the metadata server
   hands it; :func:`~stager.auth.tokens.expires_at` tells it when to fetch fresh ones
   (it never needs the key to read that, and never trusts what it reads for access).
+- **TLS** (:mod:`stager.auth.tls`): the private CA and server certificates of
+  ``stager up --tls``, and the SSL contexts servers serve with and clients (and
+  servers calling servers) verify with.
 
 Layering: this package imports only :mod:`stager.errors` and :mod:`stager.protocol`
 (paths), so ``web``, ``dataplane``, both servers and the client may import it.
