@@ -1,4 +1,4 @@
-"""What auth costs: loopback reads and 16 KiB samples with auth off and on (and TLS).
+"""What auth costs: loopback reads and 16 KiB samples with auth off, on, and on with TLS.
 
 Issue 18's aim: tokens and capabilities cost at most 3% of either figure.  One
 cluster per mode, each four data servers as processes (``stager up``, with
@@ -44,10 +44,11 @@ BIG = "/big.bin"
 class Mode:
     """One cluster: its name, whether auth is on, and the token its clients present."""
 
-    def __init__(self, name: str, root: Path, auth: bool) -> None:
+    def __init__(self, name: str, root: Path, auth: bool, tls: bool = False) -> None:
         self.name = name
-        self.cluster = ProcessCluster(root, DATA_SERVERS, auth=auth)
+        self.cluster = ProcessCluster(root, DATA_SERVERS, auth=auth, tls=tls)
         self.auth = auth
+        self.tls = tls
         self.token = ""
 
     def start(self) -> None:
@@ -55,8 +56,15 @@ class Mode:
         if self.auth:
             self.token = self.cluster.mint(TOKEN_SCOPES, name="bench")
 
+    def settings(self) -> dict[str, str]:
+        """What a client of this cluster is given: its token, its CA."""
+        out = {"token": self.token} if self.token else {}
+        if self.tls:
+            out["ca_file"] = self.cluster.ca_file
+        return out
+
     def client(self) -> AsyncClient:
-        return new_client(self.cluster.meta_url, **({"token": self.token} if self.token else {}))
+        return new_client(self.cluster.meta_url, **self.settings())
 
 
 async def load(mode: Mode, big: int, samples: int, files: int) -> None:
@@ -98,7 +106,7 @@ async def samples_per_second(mode: Mode, order: list[int]) -> float:
 
 
 def files_per_second(mode: Mode, files: int, epoch: int) -> float:
-    config = load_config({"token": mode.token} if mode.token else {}, env={})
+    config = load_config(mode.settings(), env={})
     start = time.perf_counter()
     count = 0
     with Loader("/files", batch_size=BATCH, format="files", meta_url=mode.cluster.meta_url,
@@ -117,7 +125,8 @@ def run(quick: bool) -> dict[str, Any]:
     rounds = 1 if quick else 5
     with scratch("auth") as tmp:
         modes = [Mode("auth off", tmp / "off", auth=False),
-                 Mode("auth on", tmp / "on", auth=True)]
+                 Mode("auth on", tmp / "on", auth=True),
+                 Mode("auth on + TLS", tmp / "tls", auth=True, tls=True)]
         try:
             for mode in modes:
                 mode.start()
@@ -154,7 +163,7 @@ def _result(figures: dict[str, dict[str, list[float]]], big: int, samples: int, 
     read_ratio = median(on["read"]) / off["read"]
     sample_ratio = median(on["samples"]) / off["samples"]
     return {
-        "title": "What auth costs: loopback reads and 16 KiB samples, auth off and on",
+        "title": "What auth and TLS cost: loopback reads and 16 KiB samples",
         "command": "python -m bench auth" + (" --quick" if quick else ""),
         "columns": ["mode", "read GB/s", "16 KiB samples/s (packed)",
                     "16 KiB files/s (Loader)", "x off (read)", "x off (samples)",
@@ -178,6 +187,9 @@ def _result(figures: dict[str, dict[str, list[float]]], big: int, samples: int, 
             "auth on: a read+write token on /, capabilities from stats and from "
             "POST /v1/capabilities (a batch at a time for the Loader's files), checked "
             "by the data servers with the public key (cached per capability text).",
+            "auth on + TLS: the same over HTTPS (`stager up --auth --tls`, a private CA, "
+            "TLS 1.3): data servers cannot sendfile, so each chunk is read into memory and "
+            "encrypted; the client decrypts every byte (docs/tls.md).",
         ],
         "plot": {"kind": "barh", "x": "mode", "y": ["x off (read)", "x off (samples)",
                                                    "x off (files)"],
