@@ -22,6 +22,7 @@ With auth on the client holds a ``read``+``write`` token for ``/`` (not admin).
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 from pathlib import Path
@@ -68,11 +69,10 @@ class Mode:
 
 
 async def load(mode: Mode, big: int, samples: int, files: int) -> None:
-    rng = random.Random(0)
     async with mode.client() as c:
-        await c.pipe(BIG, rng.randbytes(big))
-        await c.pipe("/packed.bin", rng.randbytes(samples * SAMPLE))
-        await c.write_many([(f"/files/{i:06d}.bin", rng.randbytes(SAMPLE))
+        await c.pipe(BIG, os.urandom(big))
+        await c.pipe("/packed.bin", os.urandom(samples * SAMPLE))
+        await c.write_many([(f"/files/{i:06d}.bin", os.urandom(SAMPLE))
                             for i in range(files)], layout=LayoutSpec())
 
 
