@@ -122,7 +122,7 @@ def run(quick: bool) -> dict[str, Any]:
     big = 32 * MiB if quick else 256 * MiB
     samples = 4096 if quick else 16384
     files = 1024 if quick else 8192
-    rounds = 1 if quick else 5
+    rounds = 1 if quick else 7
     with scratch("auth") as tmp:
         modes = [Mode("auth off", tmp / "off", auth=False),
                  Mode("auth on", tmp / "on", auth=True),

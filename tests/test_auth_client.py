@@ -126,3 +126,19 @@ def test_a_restarted_data_server_trusts_the_key_again(cluster: ThreadCluster,
         cluster.start_data(0)
         cluster.wait_targets(3)
         assert c.cat(f"{ns}/r") == b"r" * 70_000
+
+
+async def test_concurrent_readers_fetch_each_capability_once(cluster: ThreadCluster,
+                                                             ns: str) -> None:
+    token = cluster.mint(["read", "write"])
+    async with AsyncClient(cluster.meta_url, config=load_config(env={}), token=token) as c:
+        await c.write_many([(f"{ns}/{i}", b"x") for i in range(40)])
+        ids = [(await c.stat(f"{ns}/{i}")).file_id for i in range(40)]
+    async with AsyncClient(cluster.meta_url, config=load_config(env={}), token=token) as c:
+        book = c.capabilities
+        assert book is not None
+        # Four readers at once, overlapping: every file is asked for once, not per reader.
+        headers = await asyncio.gather(*(book.header("read", ids[k * 10:k * 10 + 20])
+                                         for k in range(4)))
+        assert book.fetched == 40
+        assert [len(h.split()) for h in headers if h] == [20, 20, 20, 10]

@@ -44,7 +44,7 @@ class CapabilityBook:
         self.clock = clock
         self._caps: dict[tuple[str, str], tuple[str, float]] = {}   # (op, file) → text,
                                                                      # when to fetch anew
-        self._lock = asyncio.Lock()
+        self._pending: dict[tuple[str, str], asyncio.Future[None]] = {}   # fetches under way
         self.off = False            # the cluster answered without capabilities: auth is off
         self.fetched = 0            # capabilities fetched (tests, telemetry)
 
@@ -64,14 +64,27 @@ class CapabilityBook:
             return None
         texts, missing = self._lookup(op, file_ids)
         if missing:
-            async with self._lock:      # one fetch at a time: the next finds what it got
-                texts, missing = self._lookup(op, file_ids)
-                if missing:
-                    await self._fetch(op, missing)
-                    texts, missing = self._lookup(op, file_ids)
+            await self._fetch_missing(op, missing)
+            texts, missing = self._lookup(op, file_ids)
         if self.off:
             return None
         return " ".join(texts) if texts else None
+
+    async def _fetch_missing(self, op: str, missing: list[str]) -> None:
+        """Fetch what no request under way is fetching already, and wait for all of it:
+        requests for other files run at once (a Loader's fetch groups in flight each
+        ask for theirs), and a file is never asked for twice at the same time."""
+        waits = [self._pending[(op, f)] for f in missing if (op, f) in self._pending]
+        mine = [f for f in missing if (op, f) not in self._pending]
+        if mine:
+            fetch = asyncio.ensure_future(self._fetch(op, mine))
+            for f in mine:
+                self._pending[(op, f)] = fetch
+            fetch.add_done_callback(lambda _: [self._pending.pop((op, f), None)
+                                               for f in mine])
+            waits.append(fetch)
+        for fetch in set(waits):
+            await asyncio.shield(fetch)     # a cancelled reader leaves the fetch to others
 
     def _lookup(self, op: str, file_ids: Collection[str]) -> tuple[list[str], list[str]]:
         fresh = self.clock()

@@ -96,6 +96,12 @@ class FileTable:
         self.size = np.array([f.size for f in files], dtype=np.int64)
         self._where: dict[int, tuple[str, tuple[str, ...], int, int | None]] = {}
 
+    def file_ids(self, rows: np.ndarray) -> set[str]:
+        """The file ids of the files numbered ``rows`` (repeats and all)."""
+        files = self.files
+        return {fid for r in np.unique(rows).tolist()
+                if (fid := files[r].file_id) is not None}
+
     def where(self, key: int) -> tuple[str, tuple[str, ...], int, int | None]:
         """Chunk ``key & 0xFFFFFFFF`` of file number ``key >> 32``: its id,
         replicas, length and committed CRC32C."""
