@@ -14,7 +14,7 @@ from ..auth.policy import visible
 from ..config import Config
 from ..dataplane import DataPlane, PlaneOptions, make_session
 from ..dataplane.credentials import ClusterCredential
-from ..errors import PayloadTooLarge, RangeNotSatisfiable
+from ..errors import PayloadTooLarge, RangeNotSatisfiable, Unavailable
 from ..protocol import messages as m
 from ..protocol.batch import CommitItem, CreateItem, parse_items, results_json
 from ..protocol.models import FileInfo, LayoutSpec, TargetInfo, check_file_id
@@ -91,6 +91,8 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
             service.refresh_health()
             try:
                 await service.collect_garbage(purge)
+            except Unavailable as exc:      # the metadata database is down: said once a round
+                log.warning("garbage collection: %s; will retry", exc)
             except Exception:
                 log.exception("garbage collection failed; will retry")
 

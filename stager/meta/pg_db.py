@@ -171,7 +171,10 @@ class Database:
     async def _open(self) -> asyncpg.Pool:
         try:
             pool = await asyncpg.create_pool(
-                self.url, min_size=1, max_size=self.pool_size, timeout=self.connect_timeout,
+                # No floor of idle connections: asyncpg would keep reconnecting them
+                # (and logging it) all through an outage; calls connect as they need.
+                self.url, min_size=0, max_size=self.pool_size, timeout=self.connect_timeout,
+                reset=_keep_session,
                 server_settings={"default_transaction_isolation": "repeatable read",
                                  "application_name": "stager-meta"})
         except _DOWN as exc:
@@ -277,6 +280,13 @@ class Database:
                 raise self.unavailable(exc, unknown=True) from None
             raise
         return result
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """What a connection goes back to the pool with: as it is.  The store never
+    changes a session (no SET, LISTEN, cursors or session locks), and asyncpg's
+    default reset would cost every call a round trip; an open transaction is still
+    rolled back (asyncpg does that before calling this)."""
 
 
 async def backoff(attempt: int) -> None:

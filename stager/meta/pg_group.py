@@ -102,14 +102,19 @@ class WriteGroups:
 
 
 async def _each(conn: asyncpg.Connection, group: list[_Call]) -> list[tuple[bool, Any]]:
-    """Each write in a savepoint: one that fails (not the whole transaction) fails alone."""
+    """Each write in a savepoint: one that fails (not the whole transaction) fails alone.
+    Releasing one savepoint and taking the next is one round trip."""
     outcomes: list[tuple[bool, Any]] = []
-    for call in group:
+    await conn.execute("SAVEPOINT grouped")
+    for i, call in enumerate(group):
         try:
-            async with conn.transaction():
-                outcomes.append((True, await call.op(conn)))
+            outcomes.append((True, await call.op(conn)))
         except Exception as exc:
             if must_abort(exc, conn):
                 raise
+            await conn.execute("ROLLBACK TO SAVEPOINT grouped")     # it stays, for the next
             outcomes.append((False, exc))
+            continue
+        if i < len(group) - 1:
+            await conn.execute("RELEASE SAVEPOINT grouped; SAVEPOINT grouped")
     return outcomes

@@ -17,7 +17,7 @@ import asyncpg
 from ..errors import NotADirectory, NotFound, StagerError, UploadNotFound
 from ..protocol import paths
 from ..protocol.models import Layout, LayoutSpec
-from .pg_namespace import garbage_file, inherited, located, mkdirs, touch, walk
+from .pg_namespace import garbage_file, inherited, located, mkdirs, walk
 from .sqlite_batch import for_path
 from .sqlite_db import layout_of, layout_text, pack
 from .sqlite_namespace import check_replaceable
@@ -69,11 +69,12 @@ async def commit_upload(conn: asyncpg.Connection, file_id: str, *, size: int,
     if existing is not None:
         await garbage_file(conn, existing, now)
         await conn.execute("DELETE FROM entries WHERE id = $1", existing["id"])
-    await conn.execute(
+    await conn.execute(                      # the file, and its directory touched
+        "WITH touched AS (UPDATE entries SET mtime = $8 WHERE id = $1) "
         "INSERT INTO entries (parent, name, kind, size, mtime, file_id, layout, checksums)"
         " VALUES ($1, $2, 'file', $3, $4, $5, $6, $7)",
-        parent_id, name, size, mtime, file_id, layout_text(upload.layout), pack(checksums))
-    await touch(conn, parent_id, now)
+        parent_id, name, size, mtime, file_id, layout_text(upload.layout), pack(checksums),
+        now)
     return NodeEntry(upload.path, "file", size, mtime, file_id, upload.layout,
                      checksums=checksums)
 
