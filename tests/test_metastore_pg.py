@@ -4,7 +4,12 @@ database that goes away and comes back, and a real metadata server on it."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import shutil
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -178,3 +183,45 @@ def test_a_metadata_server_on_postgresql(pg_cluster: ThreadCluster,
             client.stat("/ds/a.bin", cached=False)
     finally:
         client.close()
+
+
+def test_stager_meta_store_flag_and_environment(tmp_path: Path, postgres: PostgresServer,
+                                                pg_url: str) -> None:
+    """`stager meta --store URL` serves the namespace from PostgreSQL; STAGER_META_STORE
+    says the same; a database with a newer schema is refused at start, saying why."""
+    def serve(*flags: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        ready = tmp_path / "ready.json"
+        ready.unlink(missing_ok=True)
+        proc = subprocess.Popen([sys.executable, "-m", "stager", "meta", "--root",
+                                 str(tmp_path / "m"), "--port", "0", "--ready-file",
+                                 str(ready), *flags], env={**os.environ, **(env or {})})
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise AssertionError(f"stager meta {' '.join(flags)} did not start")
+            time.sleep(0.05)
+        proc.url = json.loads(ready.read_text())["url"]  # type: ignore[attr-defined]
+        return proc
+
+    meta = serve("--store", pg_url)
+    try:
+        with Client(meta.url, config=load_config(env={})) as c:  # type: ignore[attr-defined]
+            c.mkdir("/from-flag")
+    finally:
+        meta.terminate()
+        assert meta.wait(30) == 0
+    meta = serve(env={"STAGER_META_STORE": pg_url})
+    try:
+        with Client(meta.url, config=load_config(env={})) as c:  # type: ignore[attr-defined]
+            assert [e.path for e in c.ls("/")] == ["/from-flag"]
+    finally:
+        meta.terminate()
+        assert meta.wait(30) == 0
+    postgres.sql(f"UPDATE stager_schema SET version = {SCHEMA_VERSION + 1}",
+                 pg_url.rsplit("/", 1)[1])
+    refused = subprocess.run([sys.executable, "-m", "stager", "meta", "--root",
+                              str(tmp_path / "m"), "--port", "0", "--store", pg_url],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0
+    assert f"has schema version {SCHEMA_VERSION + 1}, newer than" in refused.stderr
