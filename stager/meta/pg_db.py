@@ -143,11 +143,13 @@ class Database:
     event loop of that use) and migrated to :data:`SCHEMA_VERSION` then."""
 
     def __init__(self, url: str, *, pool_size: int = 10, connect_timeout: float = 5.0,
+                 command_timeout: float = 60.0,
                  conflict_retries: int = CONFLICT_RETRIES) -> None:
         self.url = url
         self.name = redacted(url)
         self.pool_size = pool_size
         self.connect_timeout = connect_timeout
+        self.command_timeout = command_timeout     # a database that hangs: Unavailable
         self.conflict_retries = conflict_retries
         self.conflicts = 0           # transactions run again after a conflict (tests, metrics)
         self.loop: asyncio.AbstractEventLoop | None = None     # the loop it serves
@@ -174,7 +176,7 @@ class Database:
                 # No floor of idle connections: asyncpg would keep reconnecting them
                 # (and logging it) all through an outage; calls connect as they need.
                 self.url, min_size=0, max_size=self.pool_size, timeout=self.connect_timeout,
-                reset=_keep_session,
+                reset=_keep_session, command_timeout=self.command_timeout,
                 server_settings={"default_transaction_isolation": "repeatable read",
                                  "application_name": "stager-meta"})
         except _DOWN as exc:
