@@ -48,6 +48,8 @@ class Config:
     port: int = 7070
     advertise_url: str = ""          # URL other machines use; default http(s)://host:port
     root: str = ".stager"
+    meta_store: str = ""             # metadata server: "" = SQLite under ROOT;
+                                     # postgresql://USER@HOST:PORT/DB = PostgreSQL
     node: str = ""                   # node name of a data server; default: hostname
     target_id: str = ""              # stable id of a data server's target; default: generated once
     capacity: int = 0                # bytes a target offers; 0 = the file system's size

@@ -26,6 +26,7 @@ from stager import AsyncClient, Client
 from stager.config import load_config
 from stager.testing import ThreadCluster
 from stager.testing.mount import Mounted
+from stager.testing.postgres import PostgresServer, PostgresUnavailable, start_postgres
 
 MiB = 1 << 20
 SLOW_CALLBACK = 0.5  # seconds a server callback may hold the loop before a test fails
@@ -230,6 +231,24 @@ def here(mnt: Mounted, client: Client, ns: str) -> Path:
     """This test's own directory ``ns``, seen through the mount."""
     client.mkdir(ns)
     return mnt.mountpoint / ns.lstrip("/")
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """One throwaway PostgreSQL for the whole session (initdb, pg_ctl, a free port);
+    the tests that need it skip, saying why, where it cannot start."""
+    try:
+        server = start_postgres()
+    except PostgresUnavailable as exc:
+        pytest.skip(f"no PostgreSQL here: {exc}")
+    yield server
+    server.destroy()
+
+
+@pytest.fixture
+def pg_url(postgres: PostgresServer) -> str:
+    """A fresh, empty database of the session's PostgreSQL: its URL."""
+    return postgres.create_database()
 
 
 def pytest_configure(config: pytest.Config) -> None:

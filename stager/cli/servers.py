@@ -50,7 +50,8 @@ def run_meta(args: argparse.Namespace) -> int:
 
     config = server_config(args, 7070, chunk_size=args.chunk_size,
                            stripe_count=args.stripe_count, replicas=args.replicas,
-                           auth_dir=args.auth_dir, admin_token_file=args.admin_token_file)
+                           auth_dir=args.auth_dir, admin_token_file=args.admin_token_file,
+                           meta_store=args.store)
 
     async def main() -> None:
         await serve(make_meta_app(config), config, ready_file=_ready_file(args, config))
@@ -92,6 +93,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--chunk-size", help="default chunk size (e.g. 4MiB)")
     p.add_argument("--stripe-count", type=int, help="default stripe count (0 = all, max 8)")
     p.add_argument("--replicas", type=int, help="default replicas")
+    p.add_argument("--store", help="where the namespace lives: postgresql://USER@HOST:PORT/DB "
+                                   "(default: SQLite under ROOT; also STAGER_META_STORE)")
     p.add_argument("--auth-dir", help="with --auth: where the signing key is kept "
                                       "(default: ROOT/auth)")
     p.add_argument("--admin-token-file", help="with --auth: where the first admin token is "

@@ -7,7 +7,6 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from email.utils import formatdate
-from pathlib import Path
 
 from aiohttp import web
 
@@ -15,7 +14,7 @@ from ..auth.policy import visible
 from ..config import Config
 from ..dataplane import DataPlane, PlaneOptions, make_session
 from ..dataplane.credentials import ClusterCredential
-from ..errors import PayloadTooLarge, RangeNotSatisfiable
+from ..errors import PayloadTooLarge, RangeNotSatisfiable, Unavailable
 from ..protocol import messages as m
 from ..protocol.batch import CommitItem, CreateItem, parse_items, results_json
 from ..protocol.models import FileInfo, LayoutSpec, TargetInfo, check_file_id
@@ -29,8 +28,8 @@ from . import authapp, jobtable, reliability
 from .authapp import check_uploads, read_capability, write_capability
 from .gateway import Gateway
 from .service import MetaService
-from .sqlite import SQLiteStore
 from .store import Upload
+from .stores import open_store
 
 log = logging.getLogger("stager.meta")
 SERVICE = web.AppKey("service", MetaService)
@@ -40,8 +39,7 @@ STREAM_PIECE = 1 << 20
 
 
 def make_meta_app(config: Config) -> web.Application:
-    root = Path(config.root)
-    service = MetaService(SQLiteStore(root / "meta.sqlite3"), config)
+    service = MetaService(open_store(config), config)
 
     async def cluster_gauges(metrics: ServerMetrics) -> None:
         targets = service.list_targets()
@@ -93,6 +91,8 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
             service.refresh_health()
             try:
                 await service.collect_garbage(purge)
+            except Unavailable as exc:      # the metadata database is down: said once a round
+                log.warning("garbage collection: %s; will retry", exc)
             except Exception:
                 log.exception("garbage collection failed; will retry")
 

@@ -42,7 +42,7 @@ class BatchSQL:
                 else:
                     check_replaceable(self.namespace.child(parent_id, name), path, overwrite)
             except StagerError as exc:
-                out.append(_copy(exc, path))
+                out.append(for_path(exc, path))
                 continue
             out.append(spec)
         return out
@@ -94,6 +94,6 @@ class BatchSQL:
         return out
 
 
-def _copy(exc: StagerError, path: str) -> StagerError:
+def for_path(exc: StagerError, path: str) -> StagerError:
     """A parent's error, once per file, naming the file (errors carry their details)."""
     return type(exc)(exc.message, **{**exc.details, "path": path})

@@ -1,0 +1,292 @@
+"""The PostgreSQL store's SQL of the namespace and manifests.
+
+Coroutines over one connection, called inside the transaction
+:class:`~.pg_db.Database` opens (see :class:`~.pg.PostgreSQLStore`, whose
+methods say what each guarantees).  A path is resolved in one statement: a
+recursive query walks its components from the root along the ``(parent, name)``
+index and returns every entry on the way, so a stat is one round trip and an
+error names the component where the walk stopped, as the SQLite store's does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import asyncpg
+
+from ..errors import (
+    AlreadyExists,
+    DirectoryNotEmpty,
+    InvalidPath,
+    IsADirectory,
+    NotADirectory,
+    NotFound,
+)
+from ..protocol import paths
+from ..protocol.models import Layout, LayoutSpec
+from .pg_db import ROOT_ID
+from .sqlite_db import layout_of, unpack
+from .store import NodeEntry
+
+Row = asyncpg.Record
+COLS = "id, kind, size, mtime, file_id, layout, checksums"
+
+_WALK = f"""
+WITH RECURSIVE walk AS (
+    SELECT 0 AS depth, {COLS} FROM entries WHERE id = {ROOT_ID}
+  UNION ALL
+    SELECT w.depth + 1, e.id, e.kind, e.size, e.mtime, e.file_id, e.layout, e.checksums
+    FROM walk w JOIN entries e ON e.parent = w.id AND e.name = ($1::text[])[w.depth + 1]
+    WHERE w.kind = 'directory' AND w.depth < cardinality($1::text[])
+)
+SELECT * FROM walk ORDER BY depth"""
+
+
+async def walk(conn: asyncpg.Connection, names: Sequence[str]) -> list[Row]:
+    """The entries along ``names`` from the root (the root first), as far as they go:
+    up to a missing one, or to a file."""
+    return list(await conn.fetch(_WALK, list(names)))
+
+
+def located(path: str, names: Sequence[str], rows: Sequence[Row]) -> Row:
+    """The entry at ``path`` from its walk; NotFound or NotADirectory where it stops."""
+    if len(rows) == len(names) + 1:
+        return rows[-1]
+    depth = len(rows) - 1
+    if rows[-1]["kind"] != "directory":
+        raise NotADirectory(f"/{'/'.join(names[:depth])} is not a directory", path=path)
+    raise NotFound(f"no such file or directory: /{'/'.join(names[:depth + 1])}", path=path)
+
+
+async def resolve(conn: asyncpg.Connection, path: str) -> Row:
+    names = paths.parts(path)
+    return located(path, names, await walk(conn, names))
+
+
+async def resolve_dir(conn: asyncpg.Connection, path: str) -> int:
+    row = await resolve(conn, path)
+    if row["kind"] != "directory":
+        raise NotADirectory(f"{path} is not a directory", path=path)
+    return int(row["id"])
+
+
+async def child(conn: asyncpg.Connection, parent_id: int, name: str) -> Row | None:
+    row: Row | None = await conn.fetchrow(
+        f"SELECT {COLS} FROM entries WHERE parent = $1 AND name = $2", parent_id, name)
+    return row
+
+
+def entry(path: str, row: Row, checksums: bool) -> NodeEntry:
+    if row["kind"] == "file":
+        return NodeEntry(path, "file", row["size"], row["mtime"], row["file_id"],
+                         layout=layout_of(row["layout"]),
+                         checksums=unpack(row["checksums"]) if checksums else None)
+    layout = row["layout"]
+    spec = LayoutSpec.from_json(json.loads(layout)) if layout else None
+    return NodeEntry(path, "directory", 0, row["mtime"], default_layout=spec)
+
+
+def inherited(rows: Sequence[Row]) -> LayoutSpec:
+    """The default layout a new file below the walked directories inherits: the
+    nearest directory's, field by field."""
+    spec = LayoutSpec()
+    for row in reversed([r for r in rows if r["kind"] == "directory"]):
+        if row["layout"]:
+            spec = spec.merged_over(LayoutSpec.from_json(json.loads(row["layout"])))
+    return spec
+
+
+async def touch(conn: asyncpg.Connection, dir_id: int, now: float) -> None:
+    await conn.execute("UPDATE entries SET mtime = $1 WHERE id = $2", now, dir_id)
+
+
+async def has_child(conn: asyncpg.Connection, dir_id: int) -> bool:
+    return bool(await conn.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM entries WHERE parent = $1)", dir_id))
+
+
+async def garbage_file(conn: asyncpg.Connection, row: Row, now: float) -> None:
+    await conn.execute(
+        "INSERT INTO garbage VALUES ($1, $2, $3, $4) ON CONFLICT (file_id) DO UPDATE "
+        "SET layout = EXCLUDED.layout, size = EXCLUDED.size, since = EXCLUDED.since",
+        row["file_id"], row["layout"], row["size"], now)
+
+
+# -- namespace -----------------------------------------------------------------------------
+async def stat(conn: asyncpg.Connection, path: str, checksums: bool) -> NodeEntry:
+    path = paths.normalize(path)
+    return entry(path, await resolve(conn, path), checksums)
+
+
+async def list_dir(conn: asyncpg.Connection, path: str, after: str, limit: int
+                   ) -> list[NodeEntry]:
+    path = paths.normalize(path)
+    dir_id = await resolve_dir(conn, path)
+    rows = await conn.fetch(
+        f"SELECT name, {COLS} FROM entries WHERE parent = $1 AND name > $2 "
+        "ORDER BY name LIMIT $3", dir_id, after, limit)
+    return [entry(paths.join(path, r["name"]), r, True) for r in rows]
+
+
+async def mkdirs(conn: asyncpg.Connection, path: str, rows: Sequence[Row], *, parents: bool,
+                 exist_ok: bool, now: float) -> int:
+    """Create the directory ``path`` (and its parents), whose walk is ``rows`` (it may
+    go one entry further: only the part up to ``path`` counts); returns its id."""
+    current = ROOT_ID
+    walked = ""
+    names = paths.parts(path)
+    for i, part in enumerate(names):
+        walked += "/" + part
+        last = i == len(names) - 1
+        if i + 1 >= len(rows):           # missing from here on
+            if not last and not parents:
+                raise NotFound(f"parent directory {walked} does not exist", path=path)
+            made = await conn.fetchval(
+                "INSERT INTO entries (parent, name, kind, mtime) "
+                "VALUES ($1, $2, 'directory', $3) RETURNING id", current, part, now)
+            await touch(conn, current, now)
+            current = int(made)
+            continue
+        found = rows[i + 1]
+        if found["kind"] != "directory":
+            if last:
+                raise AlreadyExists(f"{walked} exists and is a file", path=path)
+            raise NotADirectory(f"{walked} is not a directory", path=path)
+        if last and not exist_ok:
+            raise AlreadyExists(f"directory {walked} already exists", path=path)
+        current = int(found["id"])
+    return current
+
+
+async def mkdir(conn: asyncpg.Connection, path: str, *, parents: bool, exist_ok: bool,
+                now: float, layout: LayoutSpec | None) -> NodeEntry:
+    path = paths.normalize(path)
+    if path == "/" and not exist_ok:
+        raise AlreadyExists("the root always exists", path=path)
+    dir_id = await mkdirs(conn, path, await walk(conn, paths.parts(path)), parents=parents,
+                          exist_ok=exist_ok, now=now)
+    if layout is not None and layout.to_json():
+        await conn.execute("UPDATE entries SET layout = $1 WHERE id = $2",
+                           json.dumps(layout.to_json()), dir_id)
+    return await stat(conn, path, True)
+
+
+async def set_layout(conn: asyncpg.Connection, path: str, layout: LayoutSpec) -> NodeEntry:
+    path = paths.normalize(path)
+    dir_id = await resolve_dir(conn, path)
+    value = json.dumps(layout.to_json()) if layout.to_json() else None
+    await conn.execute("UPDATE entries SET layout = $1 WHERE id = $2", value, dir_id)
+    return await stat(conn, path, True)
+
+
+async def rename(conn: asyncpg.Connection, src: str, dst: str, *, overwrite: bool,
+                 now: float) -> NodeEntry:
+    src, dst = paths.normalize(src), paths.normalize(dst)
+    if src == "/" or dst == "/":
+        raise InvalidPath("cannot rename the root")
+    row = await resolve(conn, src)
+    if src == dst:
+        return entry(dst, row, False)
+    if row["kind"] == "directory" and paths.is_within(dst, src):
+        raise InvalidPath(f"cannot move {src} inside itself", src=src, dst=dst)
+    dst_parent, dst_name = paths.split(dst)
+    parent_id = await resolve_dir(conn, dst_parent)
+    existing = await child(conn, parent_id, dst_name)
+    if existing is not None:
+        await _replace_for_rename(conn, row, existing, dst, overwrite, now)
+    src_parent = await resolve_dir(conn, paths.split(src)[0])
+    await conn.execute("UPDATE entries SET parent = $1, name = $2 WHERE id = $3",
+                       parent_id, dst_name, row["id"])
+    await touch(conn, src_parent, now)
+    await touch(conn, parent_id, now)
+    return await stat(conn, dst, False)
+
+
+async def _replace_for_rename(conn: asyncpg.Connection, row: Row, existing: Row, dst: str,
+                              overwrite: bool, now: float) -> None:
+    if existing["kind"] == "directory":
+        if row["kind"] != "directory":
+            raise IsADirectory(f"{dst} is a directory", path=dst)
+        if await has_child(conn, existing["id"]):
+            raise DirectoryNotEmpty(f"{dst} is not empty", path=dst)
+    elif row["kind"] == "directory":
+        raise NotADirectory(f"{dst} is a file", path=dst)
+    elif not overwrite:
+        raise AlreadyExists(f"{dst} already exists", path=dst)
+    else:
+        await garbage_file(conn, existing, now)
+    await conn.execute("DELETE FROM entries WHERE id = $1", existing["id"])
+
+
+_SUBTREE = ("WITH RECURSIVE sub(id) AS (SELECT $1::bigint UNION ALL "
+            "SELECT e.id FROM entries e JOIN sub ON e.parent = sub.id) ")
+
+
+async def remove(conn: asyncpg.Connection, path: str, *, recursive: bool, now: float) -> int:
+    path = paths.normalize(path)
+    if path == "/":
+        raise InvalidPath("cannot remove the root")
+    row = await resolve(conn, path)
+    parent_id = await resolve_dir(conn, paths.split(path)[0])
+    if row["kind"] == "file":
+        await garbage_file(conn, row, now)
+        await conn.execute("DELETE FROM entries WHERE id = $1", row["id"])
+        await touch(conn, parent_id, now)
+        return 1
+    if not recursive and await has_child(conn, row["id"]):
+        raise DirectoryNotEmpty(f"{path} is not empty", path=path)
+    status = await conn.execute(
+        _SUBTREE + "INSERT INTO garbage SELECT file_id, layout, size, $2 FROM entries "
+        "WHERE id IN (SELECT id FROM sub) AND kind = 'file' ON CONFLICT (file_id) DO UPDATE "
+        "SET layout = EXCLUDED.layout, size = EXCLUDED.size, since = EXCLUDED.since",
+        row["id"], now)
+    await conn.execute(_SUBTREE + "DELETE FROM entries WHERE id IN (SELECT id FROM sub)",
+                       row["id"])
+    await touch(conn, parent_id, now)
+    return int(status.split()[-1])           # "INSERT 0 <rows>"
+
+
+async def counts(conn: asyncpg.Connection) -> tuple[int, int, int]:
+    row = await conn.fetchrow(
+        "SELECT count(*) FILTER (WHERE kind = 'file'), "
+        "count(*) FILTER (WHERE kind = 'directory'), "
+        "COALESCE(sum(size) FILTER (WHERE kind = 'file'), 0) FROM entries")
+    return int(row[0]), int(row[1]), int(row[2])
+
+
+async def subtree_files(conn: asyncpg.Connection, path: str) -> dict[str, NodeEntry]:
+    path = paths.normalize(path)
+    dir_id = await resolve_dir(conn, path)
+    rows = await conn.fetch(
+        "WITH RECURSIVE sub(id, rel, kind) AS ("
+        " SELECT id, name::text, kind FROM entries WHERE parent = $1"
+        " UNION ALL SELECT e.id, sub.rel || '/' || e.name, e.kind"
+        " FROM entries e JOIN sub ON e.parent = sub.id WHERE sub.kind = 'directory')"
+        " SELECT sub.rel, e.size, e.mtime, e.file_id, e.layout, e.checksums"
+        " FROM sub JOIN entries e ON e.id = sub.id WHERE sub.kind = 'file'", dir_id)
+    layouts: dict[str, Layout] = {}
+    out = {}
+    for rel, size, mtime, file_id, layout, blob in rows:
+        if layout not in layouts:
+            layouts[layout] = layout_of(layout)
+        out[rel] = NodeEntry(paths.join(path, rel), "file", size, mtime, file_id,
+                             layout=layouts[layout], checksums=unpack(blob))
+    return out
+
+
+# -- manifests ------------------------------------------------------------------------------
+async def put_manifest(conn: asyncpg.Connection, path: str, body: bytes, now: float) -> None:
+    dir_id = await resolve_dir(conn, paths.normalize(path))
+    await conn.execute(
+        "INSERT INTO manifests VALUES ($1, $2, $3) ON CONFLICT (dir_id) DO UPDATE "
+        "SET body = EXCLUDED.body, created = EXCLUDED.created", dir_id, body, now)
+
+
+async def get_manifest(conn: asyncpg.Connection, path: str) -> tuple[bytes, float]:
+    path = paths.normalize(path)
+    row = await conn.fetchrow("SELECT body, created FROM manifests WHERE dir_id = $1",
+                              await resolve_dir(conn, path))
+    if row is None:
+        raise NotFound(f"no manifest recorded for {path}", path=path)
+    return bytes(row[0]), float(row[1])
