@@ -18,6 +18,7 @@ from ..client import AsyncClient
 from ..dataplane.engine import ReadEngine
 from ..dataplane.readplan import FileTable
 from ..dataplane.readplan import ReadOptions as FetchOptions
+from ..errors import StagerError
 from ..protocol.models import FileInfo
 from .spans import Spans
 
@@ -36,6 +37,15 @@ class Fetcher:
         self.options = options or FetchOptions()
         self.table = FileTable(files)
         self.engine = ReadEngine(client.plane, client.limit, self.options)
+
+    async def warm(self, spans: Spans) -> None:
+        """Fetch, now, the capabilities the reads of ``spans`` will need (with auth on),
+        so that fetching them overlaps the reads before instead of delaying these.
+        A failure here is left for the reads themselves to meet and report."""
+        try:
+            await self.engine.plane.warm("read", self.table.file_ids(spans.file))
+        except StagerError:
+            pass
 
     async def fetch(self, spans: Spans) -> list[bytes]:
         """The bytes of each extent, in order.

@@ -229,6 +229,8 @@ class Pipeline:
             # time, the data servers sat idle for about a quarter of each group's
             # cycle, from its last chunk in to the next group's first request out.
             large = self.bounds.large(group.need, len(group.keys))
+            # Its capabilities (auth on) while earlier groups' reads are still out.
+            self._spawn(self.fetcher.warm(group.spans()))
             await self._admit_fetch(group.need, 1 if large else 2)
             self._fetching += group.need
             self._spawn(self._fetch(group))
