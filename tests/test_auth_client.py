@@ -142,3 +142,24 @@ async def test_concurrent_readers_fetch_each_capability_once(cluster: ThreadClus
                                          for k in range(4)))
         assert book.fetched == 40
         assert [len(h.split()) for h in headers if h] == [20, 20, 20, 10]
+
+
+def test_a_loader_keeps_reading_across_capability_lifetimes(cluster: ThreadCluster,
+                                                            ns: str) -> None:
+    token = cluster.mint(["read", "write"], (ns,))
+    with client(cluster, token) as c:
+        c.write_many([(f"{ns}/d/{i:03d}", bytes([i]) * 100) for i in range(64)])
+    loader = Loader(f"{ns}/d", batch_size=16, meta_url=cluster.meta_url, token=token,
+                    format="files", config=load_config(env={}), report=False,
+                    prefetch_next_epoch=False)     # each epoch reads after the sleep
+    try:
+        book = loader._client.aio.capabilities
+        fetched = []
+        for epoch in range(3):                      # ~2.5 capability lifetimes in all
+            loader.set_epoch(epoch)
+            assert sorted(s["data"][0] for b in loader for s in b) == list(range(64))
+            fetched.append(book.fetched)
+            time.sleep(TTL * 0.8)
+        assert fetched[0] >= 64 and fetched[2] > fetched[1] > fetched[0]   # renewed
+    finally:
+        loader.close()
