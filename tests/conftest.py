@@ -251,6 +251,39 @@ def pg_url(postgres: PostgresServer) -> str:
     return postgres.create_database()
 
 
+# The metadata stores the core, fsspec and Loader modules run against: their
+# module-scoped cluster fixtures take these as params (``meta_store_of``).
+STORES = ["sqlite", "postgresql"]
+
+
+def meta_store_of(request: pytest.FixtureRequest) -> str:
+    """The ``meta_store`` setting for the store ``request.param`` names: "" (SQLite under
+    the server's ROOT), or a fresh database of the session's PostgreSQL (skipping, with
+    the ``postgres`` fixture's reason, where PostgreSQL cannot start)."""
+    if request.param == "sqlite":
+        return ""
+    server: PostgresServer = request.getfixturevalue("postgres")
+    return server.create_database()
+
+
+def assert_store(root: Path, meta_store: str) -> None:
+    """The metadata server under ``root`` uses the store it was given: a SQLite file
+    under ``ROOT/meta`` only without ``meta_store``."""
+    assert (root / "meta" / "meta.sqlite3").exists() == (not meta_store), meta_store
+
+
+def cluster_on_each_store(request: pytest.FixtureRequest,
+                          tmp_path_factory: pytest.TempPathFactory,
+                          slow_callbacks: _SlowCallbacks) -> Iterator[ThreadCluster]:
+    """The ``cluster`` fixture, once with each metadata store: a module makes it its
+    own with ``pytest.fixture(scope="module", params=STORES, name="cluster")(...)``."""
+    store = meta_store_of(request)
+    c = start_cluster(tmp_path_factory.mktemp("cluster"), meta_store=store)
+    assert_store(c.root, store)
+    yield c
+    c.stop()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.pop("STAGER_META_URL", None)
 

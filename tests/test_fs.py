@@ -15,6 +15,7 @@ from pathlib import Path
 import crc32c
 import fsspec
 import pytest
+from conftest import STORES, cluster_on_each_store
 from fsspec.callbacks import Callback
 
 from stager.config import load_config
@@ -23,6 +24,12 @@ from stager.fs.info import whole_file_crc32c
 from stager.testing import ThreadCluster
 
 KiB = 1024
+
+
+# Named with an underscore, so that tests/auth/test_fs_auth.py, which imports these
+# tests with ``*``, keeps the cluster fixture of its own.
+_cluster = pytest.fixture(scope="module", params=STORES, name="cluster")(
+    cluster_on_each_store)
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from conftest import STORES, assert_store, meta_store_of
 from loader_data import (
     file_bytes,
     write_files,
@@ -28,12 +29,19 @@ FILES = 83
 TAR_SHARDS, TAR_PER_SHARD = 3, 29
 
 
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessCluster]:
+# Named with an underscore, so that tests/auth/test_loader_auth.py, which imports
+# these tests with ``*``, keeps the servers fixture of its own.
+@pytest.fixture(scope="module", params=STORES, name="servers")
+def _servers_on_each_store(request: pytest.FixtureRequest,
+                           tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessCluster]:
     """The servers in processes of their own (``stager up``): the loader's threads and
-    theirs do not share a GIL, as in a real job."""
-    cluster = ProcessCluster(tmp_path_factory.mktemp("loader-cluster"), data_servers=3)
+    theirs do not share a GIL, as in a real job.  Once with each metadata store (the
+    metadata server ``stager up`` starts reads ``STAGER_META_STORE``)."""
+    store = meta_store_of(request)
+    cluster = ProcessCluster(tmp_path_factory.mktemp("loader-cluster"), data_servers=3,
+                             env={"STAGER_META_STORE": store} if store else None)
     cluster.start()
+    assert_store(cluster.root, store)
     yield cluster
     cluster.stop()
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from conftest import STORES, cluster_on_each_store
 
 from stager import AsyncClient, Client
 from stager.protocol.models import LayoutSpec
@@ -19,6 +20,12 @@ from stager.testing import ThreadCluster
 
 SMALL = 64 * 1024            # a small chunk size, so boundaries are cheap to cross
 DEFAULT = 4 * 1024 * 1024    # the default chunk size
+
+
+# Named with an underscore, so that the modules that import these tests with ``*``
+# (tests/test_tls_roundtrip.py, tests/auth/) keep the cluster fixture of their own.
+_cluster = pytest.fixture(scope="module", params=STORES, name="cluster")(
+    cluster_on_each_store)
 
 
 def boundary_sizes(chunk: int) -> list[int]:

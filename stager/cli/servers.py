@@ -9,6 +9,7 @@ from typing import Any
 from ..config import Config, load_config
 from ..errors import BadRequest
 from ..web.server import refuse_exposed, run, serve
+from . import metamigrate
 
 
 def add_server_flags(p: argparse.ArgumentParser, default_port: int) -> None:
@@ -100,6 +101,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--admin-token-file", help="with --auth: where the first admin token is "
                                               "written (default: ROOT/admin.token)")
     p.set_defaults(func=run_meta)
+    metamigrate.register(p)
 
     p = sub.add_parser("data", help="run one data server (one storage target)")
     add_server_flags(p, 0)

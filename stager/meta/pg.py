@@ -24,12 +24,23 @@ from typing import Any
 from ..errors import StagerError
 from ..protocol.authmsg import TokenInfo
 from ..protocol.models import Layout, LayoutSpec, TargetInfo
+from . import pg_copy as copies
 from . import pg_files as files
 from . import pg_namespace as ns
 from . import pg_uploads as up
 from .pg_db import Database, Op
 from .pg_group import MAX_GROUP, WriteGroups
-from .store import CommitArgs, CreateCheck, Garbage, MetaStore, NodeEntry, StoredFile, Upload
+from .store import (
+    CommitArgs,
+    CreateCheck,
+    EntryRecord,
+    Garbage,
+    ManifestRecord,
+    MetaStore,
+    NodeEntry,
+    StoredFile,
+    Upload,
+)
 
 SCHEMES = ("postgresql://", "postgres://")
 
@@ -206,6 +217,25 @@ class PostgreSQLStore(MetaStore):
     async def revoke_token(self, token_id: str, *, now: int) -> TokenInfo:
         info: TokenInfo = await self._write(lambda c: files.revoke_token(c, token_id, now))
         return info
+
+    # -- copying a whole store --------------------------------------------------------
+    async def dump_entries(self, *, after: int, limit: int) -> list[EntryRecord]:
+        return list(await self._read(lambda c: copies.dump_entries(c, after, limit)))
+
+    async def load_entries(self, records: Sequence[EntryRecord]) -> None:
+        await self._write(lambda c: copies.load_entries(c, records))
+
+    async def dump_manifests(self, *, after: int, limit: int) -> list[ManifestRecord]:
+        return list(await self._read(lambda c: copies.dump_manifests(c, after, limit)))
+
+    async def load_manifests(self, records: Sequence[ManifestRecord]) -> None:
+        await self._write(lambda c: copies.load_manifests(c, records))
+
+    async def dump_garbage(self, *, after: str, limit: int) -> list[Garbage]:
+        return list(await self._read(lambda c: copies.dump_garbage(c, after, limit)))
+
+    async def load_garbage(self, items: Sequence[Garbage]) -> None:
+        await self._write(lambda c: copies.load_garbage(c, items))
 
     # -- targets ----------------------------------------------------------------------
     async def upsert_target(self, target: TargetInfo) -> None:

@@ -18,6 +18,7 @@ from ..errors import StagerError
 from ..protocol.authmsg import TokenInfo
 from ..protocol.models import Layout, LayoutSpec, TargetInfo
 from .sqlite_batch import BatchSQL
+from .sqlite_copy import CopySQL
 from .sqlite_db import Database
 from .sqlite_namespace import NamespaceSQL
 from .sqlite_reliability import ReliabilitySQL
@@ -25,7 +26,9 @@ from .sqlite_tokens import TokenSQL
 from .store import (
     CommitArgs,
     CreateCheck,
+    EntryRecord,
     Garbage,
+    ManifestRecord,
     MetaStore,
     NodeEntry,
     StoredFile,
@@ -45,6 +48,7 @@ class SQLiteStore(MetaStore):
         self.batches = BatchSQL(self.namespace)
         self.files = ReliabilitySQL(self.database)
         self.tokens = TokenSQL(self.database)
+        self.copies = CopySQL(self.database)
         # Public: its counters say how writes were grouped (tests, benchmarks).
         self.thread = StoreThread(self.database.transaction, max_group=max_group)
 
@@ -157,6 +161,25 @@ class SQLiteStore(MetaStore):
 
     async def revoke_token(self, token_id: str, *, now: int) -> TokenInfo:
         return await self.thread.run(self.tokens.revoke, token_id, now)
+
+    # -- copying a whole store --------------------------------------------------------
+    async def dump_entries(self, *, after: int, limit: int) -> list[EntryRecord]:
+        return await self.thread.run(self.copies.dump_entries, after=after, limit=limit)
+
+    async def load_entries(self, records: Sequence[EntryRecord]) -> None:
+        await self.thread.run(self.copies.load_entries, records)
+
+    async def dump_manifests(self, *, after: int, limit: int) -> list[ManifestRecord]:
+        return await self.thread.run(self.copies.dump_manifests, after=after, limit=limit)
+
+    async def load_manifests(self, records: Sequence[ManifestRecord]) -> None:
+        await self.thread.run(self.copies.load_manifests, records)
+
+    async def dump_garbage(self, *, after: str, limit: int) -> list[Garbage]:
+        return await self.thread.run(self.copies.dump_garbage, after=after, limit=limit)
+
+    async def load_garbage(self, items: Sequence[Garbage]) -> None:
+        await self.thread.run(self.copies.load_garbage, items)
 
     # -- targets ----------------------------------------------------------------------
     async def upsert_target(self, target: TargetInfo) -> None:

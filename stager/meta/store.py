@@ -78,6 +78,33 @@ class StoredFile:
     checksums: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class EntryRecord:
+    """One namespace entry exactly as stored, for copying a whole namespace
+    (:mod:`stager.meta.migrate`): its row id and its parent's row id (the root is
+    row 1, with parent 0), so a copy keeps the tree, and the row order, as it was."""
+
+    row: int
+    parent: int
+    name: str
+    kind: str                        # "file" or "directory"
+    size: int
+    mtime: float
+    file_id: str | None = None
+    layout: Layout | None = None     # files
+    default_layout: LayoutSpec | None = None  # directories
+    checksums: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class ManifestRecord:
+    """A manifest as stored: on the directory of row ``dir_row``."""
+
+    dir_row: int
+    body: bytes
+    created: float
+
+
 # (path, overwrite, parents) of one file about to be created
 CreateCheck = tuple[str, bool, bool]
 # (file_id, size, checksums, mtime) of one upload to commit
@@ -240,6 +267,37 @@ class MetaStore(ABC):
     async def revoke_token(self, token_id: str, *, now: int) -> TokenInfo:
         """Mark a token revoked (at ``now``; kept if already revoked); its record, or
         :class:`~stager.errors.NotFound`."""
+
+    # -- copying a whole store (stager/meta/migrate.py) -----------------------------
+    @abstractmethod
+    async def dump_entries(self, *, after: int, limit: int) -> list[EntryRecord]:
+        """Up to ``limit`` namespace entries (the root included) with row id above
+        ``after``, in row order."""
+
+    @abstractmethod
+    async def load_entries(self, records: Sequence[EntryRecord]) -> None:
+        """Insert entries with their own row ids, in one transaction; the root's
+        record sets the root's mtime and default layout.  For filling an empty store:
+        an entry whose row id or ``(parent, name)`` is taken fails the whole call."""
+
+    @abstractmethod
+    async def dump_manifests(self, *, after: int, limit: int) -> list[ManifestRecord]:
+        """Up to ``limit`` manifests on directories with row id above ``after``, in row
+        order."""
+
+    @abstractmethod
+    async def load_manifests(self, records: Sequence[ManifestRecord]) -> None:
+        """Insert manifests (their directories loaded before), in one transaction."""
+
+    @abstractmethod
+    async def dump_garbage(self, *, after: str, limit: int) -> list[Garbage]:
+        """Up to ``limit`` files waiting to be purged with file id above ``after``, by
+        file id."""
+
+    @abstractmethod
+    async def load_garbage(self, items: Sequence[Garbage]) -> None:
+        """Add files waiting to be purged (one already there is kept), in one
+        transaction."""
 
     # -- targets ---------------------------------------------------------------
     @abstractmethod

@@ -20,9 +20,9 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from ..errors import AlreadyExists, IsADirectory, NotFound, UploadNotFound
-from ..meta.store import MetaStore, Upload, all_files
+from ..meta.store import EntryRecord, Garbage, ManifestRecord, MetaStore, Upload, all_files
 from ..protocol.authmsg import TokenInfo
-from ..protocol.models import Layout, TargetInfo
+from ..protocol.models import Layout, LayoutSpec, TargetInfo
 
 LAYOUT = Layout(chunk_size=1 << 20, stripe_count=2, replicas=1, targets=("t0", "t1"),
                 nodes=("n0", "n1"))
@@ -169,3 +169,41 @@ class MetaStoreTests:
             assert [t.revoked for t in await again.list_tokens()] == [50, None]
         finally:
             again.close()
+
+    async def test_a_whole_store_dumps_and_loads_with_its_row_ids(
+            self, store: MetaStore) -> None:
+        """What ``stager meta migrate`` copies with: rows keep their ids (a child may
+        have a lower id than its parent, after a rename), and new rows get fresh ones."""
+        spec = LayoutSpec(chunk_size=1 << 16, replicas=2)
+        rows = [EntryRecord(1, 0, "", "directory", 0, 5.0, default_layout=LayoutSpec(
+                    stripe_count=1)),
+                EntryRecord(7, 10, "f", "file", 5, 6.0, "a" * 32, LAYOUT, checksums=(1, 2)),
+                EntryRecord(8, 10, "empty", "file", 0, 6.5, "b" * 32, OTHER),
+                EntryRecord(10, 1, "d", "directory", 0, 7.0, default_layout=spec)]
+        await store.load_entries(rows)
+        await store.load_manifests([ManifestRecord(10, b"manifest", 3.0)])
+        gone = Garbage("c" * 32, OTHER, 9, 4.0)
+        await store.load_garbage([gone])
+        await store.load_garbage([Garbage("c" * 32, LAYOUT, 1, 1.0)])   # kept as it was
+
+        assert await store.dump_entries(after=0, limit=10) == sorted(rows, key=lambda r: r.row)
+        assert await store.dump_entries(after=7, limit=1) == [rows[2]]
+        assert await store.dump_manifests(after=0, limit=10) == [
+            ManifestRecord(10, b"manifest", 3.0)]
+        assert await store.dump_manifests(after=10, limit=10) == []
+        assert await store.dump_garbage(after="", limit=10) == [gone]
+        assert await store.dump_garbage(after=gone.file_id, limit=10) == []
+        f = await store.stat("/d/f")
+        assert (f.size, f.mtime, f.file_id, f.layout, f.checksums) == (
+            5, 6.0, "a" * 32, LAYOUT, (1, 2))
+        assert (await store.stat("/d")).default_layout == spec
+        assert await store.get_manifest("/d") == (b"manifest", 3.0)
+        assert await store.path_of_file("b" * 32) == "/d/empty"
+        assert await store.counts() == (2, 2, 5)
+        made = await store.mkdir("/d/new", parents=False, exist_ok=False, now=8.0)
+        assert made.is_dir
+        assert [(r.row > 10, r.name) for r in await store.dump_entries(after=10, limit=10)
+                ] == [(True, "new")]
+        # the loaded default layouts are inherited, nearest directory first
+        assert (await store.check_creates([("/d/g", False, False)]))[0] == LayoutSpec(
+            chunk_size=1 << 16, stripe_count=1, replicas=2)

@@ -1,0 +1,173 @@
+"""``stager meta migrate``: a whole namespace copied between stores, exactly; a cluster
+moved from SQLite to PostgreSQL keeps serving every file from the same data servers."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from conftest import start_cluster
+
+from stager import Client
+from stager.config import load_config
+from stager.errors import AlreadyExists
+from stager.meta.migrate import migrate
+from stager.meta.pg import PostgreSQLStore
+from stager.meta.sqlite import SQLiteStore
+from stager.meta.store import MetaStore
+from stager.protocol.authmsg import TokenInfo
+from stager.protocol.manifest import Manifest, ManifestFile
+from stager.protocol.models import LayoutSpec, TargetInfo
+from stager.testing import ThreadCluster
+from stager.testing.metastore import upload
+
+
+@pytest.fixture
+def open_kind(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str, str], MetaStore]:
+    """``open_kind(kind, name)``: a fresh store of that kind (the same one again for the
+    same name)."""
+    urls: dict[str, str] = {}
+
+    def open_(kind: str, name: str) -> MetaStore:
+        if kind == "sqlite":
+            return SQLiteStore(tmp_path / f"{name}.sqlite3")
+        if name not in urls:
+            urls[name] = request.getfixturevalue("postgres").create_database()
+        return PostgreSQLStore(urls[name])
+    return open_
+
+
+async def fill(store: MetaStore) -> None:
+    """A bit of everything a store keeps, including a child whose row id is lower than
+    its parent's (a directory moved into one made after it)."""
+    await store.mkdir("/data", parents=False, exist_ok=False, now=1.0,
+                      layout=LayoutSpec(chunk_size=1 << 16, replicas=2))
+    for i in range(5):
+        u = upload(f"f{i}", f"/data/old/f{i}")
+        await store.begin_upload(u)
+        await store.commit_upload(u.file_id, size=10 * i, checksums=(i,) * (i % 3),
+                                  mtime=2.0 + i, now=3.0)
+    await store.mkdir("/later", parents=False, exist_ok=False, now=4.0,
+                      layout=LayoutSpec(stripe_count=1))
+    await store.rename("/data/old", "/later/moved", overwrite=False, now=5.0)
+    await store.put_manifest("/later/moved", b'{"files": []}', now=6.0)
+    await store.remove("/later/moved/f0", recursive=False, now=7.0)        # garbage
+    await store.begin_upload(upload("p1", "/data/pending"))                 # not copied
+    await store.upsert_target(TargetInfo("t0", "n0", "http://127.0.0.1:1", capacity=10))
+    await store.put_token(TokenInfo("a" * 32, "ops", ("admin",), ("/",), 10, 100))
+    await store.revoke_token("a" * 32, now=50)
+
+
+async def everything(store: MetaStore) -> dict[str, Any]:
+    return {"entries": await store.dump_entries(after=0, limit=10_000),
+            "manifests": await store.dump_manifests(after=0, limit=10_000),
+            "targets": await store.list_targets(), "tokens": await store.list_tokens(),
+            "counts": await store.counts()}
+
+
+@pytest.mark.parametrize("kinds", [("sqlite", "postgresql"), ("postgresql", "sqlite"),
+                                   ("sqlite", "sqlite")], ids="->".join)
+async def test_a_store_is_copied_exactly(open_kind: Callable[[str, str], MetaStore],
+                                         kinds: tuple[str, str]) -> None:
+    source, target = open_kind(kinds[0], "source"), open_kind(kinds[1], "target")
+    try:
+        await fill(source)
+        report = await migrate(source, target, page=2)       # small pages: paging is used
+        assert report.to_json() == {"directories": 4, "files": 4, "bytes": 100,
+                                    "manifests": 1, "targets": 1, "tokens": 1, "garbage": 1,
+                                    "uploads_dropped": 1}
+        assert await everything(target) == await everything(source)
+        assert (await target.stat("/later/moved/f2")).checksums == (2, 2)
+        # the removed file and the pending upload both wait to be purged
+        garbage = {g.file_id[:2] for g in await target.take_garbage(10)}
+        assert garbage == {"f0", "p1"}
+        assert await target.expired_uploads(math.inf) == []
+        # the copy is a working store: new rows get fresh ids
+        await target.mkdir("/later/new", parents=False, exist_ok=False, now=8.0)
+        assert (await target.stat("/later/new")).is_dir
+
+        with pytest.raises(AlreadyExists, match="target metadata store is not empty"):
+            await migrate(source, target)
+    finally:
+        source.close()
+        target.close()
+
+
+def stager(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STAGER_")}
+    return subprocess.run([sys.executable, "-m", "stager", *args], capture_output=True,
+                          text=True, env=env, timeout=120)
+
+
+@pytest.fixture
+def sqlite_cluster(tmp_path: Path, slow_callbacks) -> Iterator[ThreadCluster]:  # type: ignore[no-untyped-def]
+    c = start_cluster(tmp_path / "cluster", 3)
+    yield c
+    c.stop()
+
+
+def test_a_cluster_moves_from_sqlite_to_postgresql(sqlite_cluster: ThreadCluster,
+                                                    pg_url: str, payload) -> None:
+    """Files, directories with layouts and a manifest on SQLite; the metadata server
+    stopped, the namespace migrated, a metadata server on PostgreSQL started with the
+    same data servers: fsck is clean and every file reads back byte-exact."""
+    c = sqlite_cluster
+    written: dict[str, bytes] = {}
+    with Client(c.meta_url, config=load_config(env={})) as client:
+        client.mkdir("/ds/small", layout=LayoutSpec(chunk_size=64 * 1024, stripe_count=2))
+        client.mkdir("/ds/wide", layout=LayoutSpec(chunk_size=128 * 1024, replicas=2))
+        for i, size in enumerate([0, 1, 64 * 1024, 200_000, 1 << 20]):
+            for d in ("small", "wide"):
+                written[f"/ds/{d}/f{i}.bin"] = payload(size + i)
+        written["/top.bin"] = payload(5 << 20)                    # the default layout
+        for path, data in written.items():
+            client.pipe(path, data)
+        client.rm("/top.bin")                                     # garbage, to be purged
+        del written["/top.bin"]
+        entries = sorted(client.walk("/ds/small"), key=lambda e: e.path)
+        client.put_manifest(Manifest("/ds/small", tuple(
+            ManifestFile(e.path[len("/ds/small/"):], e.size, e.mtime, e.file_id or "")
+            for e in entries), source="test", created=1.0))
+        before = {p: client.stat(p, cached=False) for p in written}
+
+    port = urlsplit(c.meta_url).port
+    assert port is not None
+    c.stop_meta()
+    moved = stager("meta", "migrate", "--from", f"sqlite:{c.root / 'meta'}", "--to", pg_url,
+                   "--json")
+    assert moved.returncode == 0, moved.stderr
+    report = json.loads(moved.stdout)
+    assert report["files"] == len(written) and report["manifests"] == 1
+    assert report["directories"] == 4 and report["targets"] == 3
+    assert report["bytes"] == sum(len(d) for d in written.values())
+
+    c.config = c.config.replace(meta_store=pg_url)
+    c.start_meta(port)                    # the data servers heartbeat to the same port
+    c.wait_targets(3)
+    with Client(c.meta_url, config=load_config(env={})) as client:
+        for path, data in written.items():
+            info = client.stat(path, cached=False)
+            assert (info.size, info.file_id, info.layout) == (
+                before[path].size, before[path].file_id, before[path].layout)
+            assert client.cat(path) == data, path
+        assert client.stat("/ds/wide", cached=False).default_layout == LayoutSpec(
+            chunk_size=128 * 1024, replicas=2)
+        manifest = client.get_manifest("/ds/small")
+        assert manifest is not None and len(manifest.files) == 5
+        client.pipe("/ds/after.bin", b"written on PostgreSQL")          # a new file id row
+        assert client.cat("/ds/after.bin") == b"written on PostgreSQL"
+    fsck = stager("--meta", c.meta_url, "fsck", "--json")
+    result = json.loads(fsck.stdout)
+    assert fsck.returncode == 0 and result["clean"], fsck.stdout
+    assert result["missing"] == 0 and result["files"] == len(written) + 1
+    # the migration refuses to copy into the store now in use
+    again = stager("meta", "migrate", "--from", f"sqlite:{c.root / 'meta'}", "--to", pg_url)
+    assert again.returncode == 1 and "not empty" in again.stderr
