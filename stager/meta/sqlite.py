@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ..errors import StagerError
 from ..protocol.authmsg import TokenInfo
@@ -21,6 +22,7 @@ from .sqlite_batch import BatchSQL
 from .sqlite_db import Database
 from .sqlite_namespace import NamespaceSQL
 from .sqlite_reliability import ReliabilitySQL
+from .sqlite_shared import SharedSQL
 from .sqlite_tokens import TokenSQL
 from .store import (
     CommitArgs,
@@ -45,6 +47,7 @@ class SQLiteStore(MetaStore):
         self.batches = BatchSQL(self.namespace)
         self.files = ReliabilitySQL(self.database)
         self.tokens = TokenSQL(self.database)
+        self.states = SharedSQL(self.database)
         # Public: its counters say how writes were grouped (tests, benchmarks).
         self.thread = StoreThread(self.database.transaction, max_group=max_group)
 
@@ -164,3 +167,16 @@ class SQLiteStore(MetaStore):
 
     async def list_targets(self) -> list[TargetInfo]:
         return await self.thread.run(self.namespace.list_targets)
+
+    async def touch_target(self, target: TargetInfo) -> None:
+        await self.thread.run(self.states.touch_target, target)
+
+    # -- shared state (one server: kept for its restarts) ------------------------------
+    async def put_state(self, key: str, value: dict[str, Any] | None) -> None:
+        await self.thread.run(self.states.put_state, key, value)
+
+    async def get_states(self, prefix: str) -> dict[str, dict[str, Any]]:
+        return await self.thread.run(self.states.get_states, prefix)
+
+    async def hold_duties(self) -> bool:
+        return True             # one server per SQLite file: it always runs them

@@ -68,6 +68,10 @@ CREATE TABLE IF NOT EXISTS targets (
     last_heartbeat REAL NOT NULL,
     state          TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS shared_state (
+    key       TEXT PRIMARY KEY,
+    value     TEXT NOT NULL
+);
 """
 
 ROOT_ID = 1
