@@ -4,16 +4,23 @@ seen by all."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import raw_http
 
 from stager import Client
+from stager.config import Config
 from stager.errors import Unauthenticated
+from stager.meta.jobtable import JobTable
 from stager.meta.pg import PostgreSQLStore
+from stager.meta.service import MetaService
+from stager.meta.shared import sync
+from stager.protocol.models import TargetInfo
 from stager.testing import ProcessCluster
 
 
@@ -33,6 +40,51 @@ async def test_one_store_of_several_holds_the_duties_until_it_goes(pg_url: str) 
     finally:
         first.close()
         second.close()
+
+
+async def test_what_one_server_hears_the_other_reads_back(pg_url: str) -> None:
+    """Heartbeats, suspects, retiring targets, status sections and loader reports
+    written through one service are what another on the same database sees."""
+    config = Config(target_timeout=3.0)
+    a = MetaService(PostgreSQLStore(pg_url), config)
+    b = MetaService(PostgreSQLStore(pg_url), config)
+    try:
+        for svc in (a, b):
+            await svc.start()
+        for i in range(3):
+            await a.register_target(TargetInfo(f"t{i}", f"n{i}", f"http://127.0.0.1:{i + 1}"))
+        await sync(b)
+        assert [(t.id, t.state) for t in b.list_targets()] == [
+            ("t0", "up"), ("t1", "up"), ("t2", "up")]
+        # Only a's heartbeats arrive; b judges liveness from what a stored.
+        a.clock = b.clock = lambda: time.time() + 5.0
+        await a.heartbeat("t0", capacity=100, used=7, chunks=1)
+        await a.heartbeat("t1", capacity=100, used=0, chunks=0)
+        a.suspect("t1", "a writer could not reach it")
+        await a.share_suspect("t1")
+        await a.retire("t2")
+        await a.share_status("fsck", {"clean": True})
+        await sync(b)
+        assert [(t.id, t.state) for t in b.list_targets()] == [
+            (t.id, t.state) for t in a.list_targets()] == [
+            ("t0", "up"), ("t1", "suspect"), ("t2", "down")]
+        assert b.targets["t0"].used == 7 and b.retiring == {"t2"}
+        assert b.shared_status == {"fsck": {"clean": True}}
+        assert sum([a.duties_held, b.duties_held]) <= 1
+        await a.retired({"t2"})
+        await sync(b)
+        assert b.retiring == set()
+        # Loader telemetry reported to one is listed by the other.
+        jobs_a, jobs_b = JobTable(store=a.store), JobTable(store=b.store)
+        entry = jobs_a.report("job1", 0, None, {"interval": 1.0, "world_size": 1,
+                                               "samples": 5})
+        await jobs_a.share(entry)
+        await jobs_b.load()
+        [job] = jobs_b.jobs().jobs
+        assert job.job == "job1" and job.summary["samples"] == 5
+    finally:
+        a.close()
+        b.close()
 
 
 def wait_for(what: Callable[[], Any], timeout: float, step: float = 0.05) -> float:
@@ -88,6 +140,15 @@ def test_two_metadata_servers_share_namespace_targets_revocations_and_duties(
             assert wait_for(refused, 2.0) < 2.0
         finally:
             reader.close()
+
+        # Loader telemetry sent to one is listed by the other.
+        auth = {"Authorization": f"Bearer {admin}", "Content-Type": "application/json"}
+        sent = raw_http(cluster.meta_urls[0], "PUT", "/v1/jobs/multi/ranks/1", headers=auth,
+                        body=json.dumps({"interval": 1.0, "world_size": 2,
+                                         "samples": 3}).encode())
+        assert sent.status == 200
+        listed = raw_http(cluster.meta_urls[1], "GET", "/v1/jobs", headers=auth).json()
+        assert [j["job"] for j in listed["jobs"]] == ["multi"]
 
         # The background duties run on exactly one of them...
         def holders() -> list[bool]:

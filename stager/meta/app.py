@@ -59,7 +59,7 @@ def make_meta_app(config: Config) -> web.Application:
     app.cleanup_ctx.append(_background)
     # rebuild, repair, scrub, fsck: after _data_plane, whose plane they use
     reliability.install(app, service, config, lambda: app[GATEWAY].plane)
-    jobtable.install(app)           # live loader telemetry (the list_jobs route)
+    jobtable.install(app, service.store)    # live loader telemetry (the list_jobs route)
     return app
 
 

@@ -232,6 +232,12 @@ class PostgreSQLStore(MetaStore):
     async def get_states(self, prefix: str) -> dict[str, dict[str, Any]]:
         return dict(await self._read(lambda c: share.get_states(c, prefix)))
 
+    async def put_report(self, key: str, body: dict[str, Any], *, expires: float) -> None:
+        await self._write(lambda c: share.put_report(c, key, body, expires))
+
+    async def live_reports(self, now: float) -> dict[str, dict[str, Any]]:
+        return dict(await self._write(lambda c: share.live_reports(c, now)))
+
     async def hold_duties(self) -> bool:
         self._check_open()
         await self.db.pool()        # the schema first (a fresh database has none)

@@ -105,6 +105,11 @@ CREATE TABLE shared_state (
     key       TEXT COLLATE "C" PRIMARY KEY,
     value     TEXT NOT NULL
 );
+CREATE UNLOGGED TABLE job_reports (
+    key       TEXT COLLATE "C" PRIMARY KEY,
+    body      TEXT NOT NULL,
+    expires   DOUBLE PRECISION NOT NULL
+);
 """}
 
 # Errors after which the connection is gone or the server cannot serve: the

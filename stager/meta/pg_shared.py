@@ -40,6 +40,19 @@ async def get_states(conn: asyncpg.Connection, prefix: str) -> dict[str, dict[st
     return {str(r[0]): json.loads(r[1]) for r in rows}
 
 
+async def put_report(conn: asyncpg.Connection, key: str, body: dict[str, Any],
+                     expires: float) -> None:
+    await conn.execute("INSERT INTO job_reports (key, body, expires) VALUES ($1, $2, $3) "
+                       "ON CONFLICT (key) DO UPDATE SET body = EXCLUDED.body, "
+                       "expires = EXCLUDED.expires", key, json.dumps(body), expires)
+
+
+async def live_reports(conn: asyncpg.Connection, now: float) -> dict[str, dict[str, Any]]:
+    await conn.execute("DELETE FROM job_reports WHERE expires <= $1", now)
+    rows = await conn.fetch("SELECT key, body FROM job_reports ORDER BY key")
+    return {str(r[0]): json.loads(r[1]) for r in rows}
+
+
 async def touch_target(conn: asyncpg.Connection, t: TargetInfo) -> None:
     await conn.execute(
         "INSERT INTO targets (id, node, url, capacity, used, chunks, last_heartbeat, state) "

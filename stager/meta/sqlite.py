@@ -178,5 +178,11 @@ class SQLiteStore(MetaStore):
     async def get_states(self, prefix: str) -> dict[str, dict[str, Any]]:
         return await self.thread.run(self.states.get_states, prefix)
 
+    async def put_report(self, key: str, body: dict[str, Any], *, expires: float) -> None:
+        await self.thread.run(self.states.put_report, key, body, expires)
+
+    async def live_reports(self, now: float) -> dict[str, dict[str, Any]]:
+        return await self.thread.run(self.states.live_reports, now)
+
     async def hold_duties(self) -> bool:
         return True             # one server per SQLite file: it always runs them

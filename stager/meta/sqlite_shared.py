@@ -33,6 +33,17 @@ class SharedSQL:
             (len(prefix), prefix)).fetchall()
         return {str(k): json.loads(v) for k, v in rows}
 
+    def put_report(self, key: str, body: dict[str, Any], expires: float) -> None:
+        with self.database.transaction():
+            self.db.execute("INSERT OR REPLACE INTO job_reports VALUES (?, ?, ?)",
+                            (key, json.dumps(body), expires))
+
+    def live_reports(self, now: float) -> dict[str, dict[str, Any]]:
+        with self.database.transaction():
+            self.db.execute("DELETE FROM job_reports WHERE expires <= ?", (now,))
+            rows = self.db.execute("SELECT key, body FROM job_reports ORDER BY key").fetchall()
+        return {str(k): json.loads(b) for k, b in rows}
+
     def touch_target(self, t: TargetInfo) -> None:
         with self.database.transaction():
             self.db.execute(

@@ -272,6 +272,15 @@ class MetaStore(ABC):
         """Every document whose key starts with ``prefix``, by key."""
 
     @abstractmethod
+    async def put_report(self, key: str, body: dict[str, Any], *, expires: float) -> None:
+        """Store a loader's last telemetry report (:mod:`.jobtable`) under ``key``,
+        replacing its previous one, until ``expires`` (need not survive a crash)."""
+
+    @abstractmethod
+    async def live_reports(self, now: float) -> dict[str, dict[str, Any]]:
+        """Every report not expired at ``now``, by key (the expired ones are dropped)."""
+
+    @abstractmethod
     async def hold_duties(self) -> bool:
         """Whether this server runs the background duties (garbage collection,
         rebuild, fsck) now: takes them when no other server holds them.  A store only

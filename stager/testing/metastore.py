@@ -203,3 +203,12 @@ class MetaStoreTests:
         await store.touch_target(replace(t, used=5, last_heartbeat=10.0, state="up"))
         [stored] = await store.list_targets()
         assert (stored.used, stored.last_heartbeat, stored.state) == (5, 10.0, "removed")
+
+    async def test_loader_reports_live_until_they_expire(self, store: MetaStore) -> None:
+        await store.put_report("job/0/", {"samples": 1}, expires=10.0)
+        await store.put_report("job/1/", {"samples": 2}, expires=20.0)
+        await store.put_report("job/0/", {"samples": 3}, expires=30.0)     # replaced
+        assert await store.live_reports(5.0) == {"job/0/": {"samples": 3},
+                                                 "job/1/": {"samples": 2}}
+        assert await store.live_reports(25.0) == {"job/0/": {"samples": 3}}
+        assert await store.live_reports(5.0) == {"job/0/": {"samples": 3}}  # dropped for good
