@@ -164,3 +164,18 @@ def test_two_metadata_servers_share_namespace_targets_revocations_and_duties(
     finally:
         a.close()
         b.close()
+
+
+def test_restart_brings_back_each_metadata_server(tmp_path: Path, pg_url: str) -> None:
+    with ProcessCluster(tmp_path / "c", data_servers=1, restart=True, meta_store=pg_url,
+                        meta_servers=2) as cluster:
+        first, second = cluster.meta_urls
+        with Client(first) as a:
+            a.pipe("/r/f", b"before")
+        old = cluster.meta_pid(1)
+        cluster.kill_meta(1)
+        cluster.wait_restarted("meta", 1, old)
+        assert cluster.meta_urls == [first, second]          # same ports
+        assert cluster.info["meta"] == cluster.info["metas"][0]
+        with Client(second) as b:
+            assert b.cat("/r/f") == b"before"

@@ -145,6 +145,7 @@ class Rebuilder:
         p = self.progress = Progress(state="running", lost=sorted(gone),
                                      passes=self.progress.passes + 1,
                                      files_total=len(files), started=time.time())
+        await self.service.share_status("rebuild", p.to_json())
         candidates = self._candidates()
         estimates = await asyncio.to_thread(
             lambda: {f.file_id: self._estimate(f, gone, candidates) for f in files})

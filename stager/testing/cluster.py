@@ -343,7 +343,8 @@ class ProcessCluster:
         while time.monotonic() - start < timeout:
             try:
                 info = self.reload()
-                entry = info["meta"] if role == "meta" else info["data"][i]
+                metas = info.get("metas", [info["meta"]])
+                entry = metas[i] if role == "meta" else info["data"][i]
                 if int(entry["pid"]) != old_pid:
                     return time.monotonic() - start
             except (OSError, ValueError, KeyError):
