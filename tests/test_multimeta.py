@@ -22,6 +22,7 @@ from stager.meta.service import MetaService
 from stager.meta.shared import sync
 from stager.protocol.models import TargetInfo
 from stager.testing import ProcessCluster
+from stager.testing.postgres import PostgresServer
 
 
 async def test_one_store_of_several_holds_the_duties_until_it_goes(pg_url: str) -> None:
@@ -82,6 +83,26 @@ async def test_what_one_server_hears_the_other_reads_back(pg_url: str) -> None:
         await jobs_b.load()
         [job] = jobs_b.jobs().jobs
         assert job.job == "job1" and job.summary["samples"] == 5
+    finally:
+        a.close()
+        b.close()
+
+
+async def test_duties_are_given_up_while_the_database_is_down(
+        postgres: PostgresServer, pg_url: str) -> None:
+    """No holder believes it still holds them after its lock connection dropped: the
+    first to ask once the database is back takes them, and only it."""
+    a, b = PostgreSQLStore(pg_url, connect_timeout=1.0), PostgreSQLStore(pg_url,
+                                                                         connect_timeout=1.0)
+    try:
+        assert await a.hold_duties() and not await b.hold_duties()
+        postgres.stop("immediate")
+        try:
+            assert not await a.hold_duties() and not await b.hold_duties()
+        finally:
+            postgres.start()
+        assert await b.hold_duties()
+        assert not await a.hold_duties()
     finally:
         a.close()
         b.close()

@@ -240,5 +240,8 @@ class PostgreSQLStore(MetaStore):
 
     async def hold_duties(self) -> bool:
         self._check_open()
-        await self.db.pool()        # the schema first (a fresh database has none)
+        try:
+            await self.db.pool()    # opened on this loop, so that close() finds the lock
+        except StagerError:
+            pass                    # the database is down: the lock says no below
         return await self.duties.hold()
