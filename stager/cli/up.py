@@ -5,6 +5,12 @@ own node name (``node0``, ``node1``, …) so replicas land on distinct "nodes"
 even on one machine.  The endpoints go to ``ROOT/cluster.json``.  SIGINT or
 SIGTERM stops every server cleanly; started again on the same root the cluster
 comes back with every committed file.
+
+With ``--meta-store postgresql://…`` the namespace lives in that database, and
+``--meta-servers N`` starts N metadata servers on it (roots ``ROOT/meta``,
+``ROOT/meta1``, …; one signing key under ``ROOT/auth``); ``cluster.json`` lists
+them under ``"metas"`` and keeps the first as ``"meta"``.  The data servers
+register with the first.
 """
 
 from __future__ import annotations
@@ -112,23 +118,35 @@ def _wait_targets(meta_url: str, want: int, deadline: float, token: str | None,
     raise RuntimeError(f"fewer than {want} data servers registered in time")
 
 
-def start_cluster(args: argparse.Namespace, started: list[Server]) -> tuple[Server, list[Server]]:
-    """Start every server; each is added to ``started`` as soon as it is spawned."""
+def start_cluster(args: argparse.Namespace, started: list[Server]
+                  ) -> tuple[list[Server], list[Server]]:
+    """Start every server; each is added to ``started`` as soon as it is spawned.
+    Returns the metadata servers and the data servers."""
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + READY_TIMEOUT
     tls, ca = _tls_argv(args)
-    meta_argv = [*ca, "meta", "--root", str(root / "meta"), "--host", args.host,
-                 "--port", str(args.port), "--replicas", str(args.replicas), *tls]
-    if args.chunk_size:
-        meta_argv += ["--chunk-size", args.chunk_size]
     exposure = ["--auth"] if args.auth else ["--insecure"] if args.insecure else []
-    if args.auth:
-        meta_argv += ["--auth-dir", str(root / AUTH_DIR),
-                      "--admin-token-file", str(root / ADMIN_TOKEN_FILE)]
-    meta = _spawn("meta", root / "meta", meta_argv + exposure, root / "meta" / "server.log")
-    started.append(meta)
-    _wait_ready(meta, deadline)
+    metas = []
+    for i in range(args.meta_servers):
+        # The first on --port; the others on ports of their own (kept by --restart).
+        port = args.port if i == 0 else 0
+        mroot = root / ("meta" if i == 0 else f"meta{i}")
+        meta_argv = [*ca, "meta", "--root", str(mroot), "--host", args.host,
+                     "--port", str(port), "--replicas", str(args.replicas), *tls]
+        if args.chunk_size:
+            meta_argv += ["--chunk-size", args.chunk_size]
+        if args.meta_store:
+            meta_argv += ["--store", args.meta_store]
+        if args.auth:
+            meta_argv += ["--auth-dir", str(root / AUTH_DIR),
+                          "--admin-token-file", str(root / ADMIN_TOKEN_FILE)]
+        server = _spawn("meta", mroot, meta_argv + exposure, mroot / "server.log")
+        started.append(server)
+        metas.append(server)
+        # One at a time: the first makes the schema, the signing key and the admin token.
+        _wait_ready(server, deadline)
+    meta = metas[0]
     admin = (root / ADMIN_TOKEN_FILE).read_text().strip() if args.auth else None
     join = ["--token-file", str(_join_token(root, meta.url, admin, args.ca_file))] \
         if admin else []
@@ -144,7 +162,7 @@ def start_cluster(args: argparse.Namespace, started: list[Server]) -> tuple[Serv
     for server in data:
         _wait_ready(server, deadline)
     _wait_targets(meta.url, args.data_servers, deadline, admin, args.ca_file)
-    return meta, data
+    return metas, data
 
 
 def _join_token(root: Path, meta_url: str, admin: str, ca_file: str = "") -> Path:
@@ -208,8 +226,15 @@ def run_up(args: argparse.Namespace) -> int:
     servers: list[Server] = []
     try:
         refuse_exposed(Config(host=args.host, auth=args.auth, insecure=args.insecure))
-        meta, data = start_cluster(args, servers)
-        cluster = {"meta": meta.to_json(), "data": [d.to_json() for d in data],
+        if args.meta_servers < 1:
+            raise RuntimeError("--meta-servers must be 1 or more")
+        if args.meta_servers > 1 and not args.meta_store:
+            raise RuntimeError("--meta-servers above 1 needs --meta-store postgresql://… "
+                               "(SQLite serves one metadata server)")
+        metas, data = start_cluster(args, servers)
+        meta = metas[0]
+        cluster = {"meta": meta.to_json(), "metas": [m.to_json() for m in metas],
+                   "data": [d.to_json() for d in data],
                    "pid": os.getpid(), "replicas": args.replicas, "auth": bool(args.auth)}
         if args.ca_file:
             cluster["ca_file"] = args.ca_file
@@ -217,6 +242,8 @@ def run_up(args: argparse.Namespace) -> int:
             cluster["admin_token_file"] = str(root / ADMIN_TOKEN_FILE)
         write_json_atomic(root / "cluster.json", cluster)
         print(f"stager cluster up: metadata server {meta.url}", flush=True)
+        for other in metas[1:]:
+            print(f"  metadata server {other.url}", flush=True)
         for d in data:
             print(f"  data server {d.url}  node {d.node}  target {_target_id(d.root)}",
                   flush=True)
@@ -234,9 +261,9 @@ def run_up(args: argparse.Namespace) -> int:
                     if args.restart:
                         _restart(s, servers, cluster, root)
                         break
-                    if s.role == "meta":
-                        return 1
                     servers.remove(s)
+                    if s.role == "meta" and not any(o.role == "meta" for o in servers):
+                        return 1        # the last metadata server: the cluster is gone
                     break
             time.sleep(0.2)
         return 0
@@ -260,7 +287,9 @@ def _restart(old: Server, servers: list[Server], cluster: dict[str, Any], root: 
         return
     servers[servers.index(old)] = new
     if new.role == "meta":
-        cluster["meta"] = new.to_json()
+        cluster["metas"] = [new.to_json() if m["root"] == str(new.root) else m
+                            for m in cluster["metas"]]
+        cluster["meta"] = cluster["metas"][0]
     else:
         cluster["data"] = [new.to_json() if d["root"] == str(new.root) else d
                            for d in cluster["data"]]
@@ -280,6 +309,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
     p.add_argument("--replicas", type=int, default=1, help="default replicas (default: 1)")
     p.add_argument("--chunk-size", help="default chunk size (default: 4MiB)")
+    p.add_argument("--meta-store", metavar="URL",
+                   help="the metadata servers' store: postgresql://USER@HOST:PORT/DB "
+                        "(default: SQLite under ROOT/meta)")
+    p.add_argument("--meta-servers", type=int, default=1,
+                   help="metadata servers sharing --meta-store (default: 1)")
     p.add_argument("--auth", action="store_true",
                    help="require tokens: a signing key under ROOT/auth/, an admin token in "
                         "ROOT/admin.token (both mode 0600)")

@@ -24,7 +24,7 @@ from ..web.metrics import ServerMetrics
 from ..web.middleware import METRICS_KEY, error_response, json_response, large_json_response
 from ..web.requests import path_arg, query_bool, query_int, read_json
 from ..web.server import add_routes, base_app
-from . import authapp, jobtable, reliability
+from . import authapp, jobtable, reliability, shared
 from .authapp import check_uploads, read_capability, write_capability
 from .gateway import Gateway
 from .service import MetaService
@@ -55,10 +55,11 @@ def make_meta_app(config: Config) -> web.Application:
     add_routes(app, "meta", {**HANDLERS, **authapp.handlers(service, config)})
     authapp.install(app, service, config)   # tokens, when config.auth
     app.cleanup_ctx.append(_data_plane)
+    shared.install(app, service, config)     # a store other metadata servers share
     app.cleanup_ctx.append(_background)
     # rebuild, repair, scrub, fsck: after _data_plane, whose plane they use
     reliability.install(app, service, config, lambda: app[GATEWAY].plane)
-    jobtable.install(app)           # live loader telemetry (the list_jobs route)
+    jobtable.install(app, service.store)    # live loader telemetry (the list_jobs route)
     return app
 
 
@@ -89,6 +90,8 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
         while True:
             await asyncio.sleep(min(config.gc_interval, config.heartbeat_interval))
             service.refresh_health()
+            if not service.duties_held:     # another metadata server collects
+                continue
             try:
                 await service.collect_garbage(purge)
             except Unavailable as exc:      # the metadata database is down: said once a round

@@ -5,7 +5,9 @@ With ``--auth`` the metadata server holds the cluster's Ed25519 key (under
 
 - **tokens**, for users, teams and data servers (``stager token create``): each
   recorded in the store without its text, revocable at once (the revoked ids are
-  a set in memory, filled from the store at start and on every revocation);
+  a set in memory, filled from the store at start and on every revocation, and
+  every :data:`REVOKED_REFRESH` seconds where other metadata servers share the
+  store);
 - **capabilities**, one per file id and operation, handed out with layouts and
   by the ``capabilities`` route, and its own **cluster capability** for what it
   asks of data servers (rebuild copies, purges, scrubs, listings).
@@ -47,6 +49,7 @@ ADMIN_TOKEN_FILE = "admin.token"
 ADMIN_TTL = 10 * 365 * 86400        # the bootstrap admin token: revoke it to end it
 MINTED_CACHE = 65536                # capabilities remembered for reuse
 SELF_ID = "0" * 32                  # the holder of the cluster capability: this server
+REVOKED_REFRESH = 0.5               # seconds between reads of the revoked ids (shared store)
 
 
 class MetaAuth:
@@ -72,6 +75,11 @@ class MetaAuth:
         return cls(load_or_create_key(directory), store, capability_ttl=capability_ttl)
 
     async def start(self) -> None:
+        await self.refresh()
+
+    async def refresh(self) -> None:
+        """Read the revoked ids from the store: at start, and often where other
+        metadata servers share it (a revoke through one is refused by all)."""
         self.revoked = {t.id for t in await self.store.list_tokens() if t.revoked is not None}
 
     # -- bearer tokens ----------------------------------------------------------------

@@ -13,6 +13,7 @@ what they protect.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from ..aio import cancel_and_wait
 from ..auth.policy import allows
 from ..config import Config
 from ..errors import NotFound, StagerError
@@ -29,7 +31,7 @@ from ..protocol.models import FileInfo
 from ..web.authmw import GATE, TokenGate, authorize, quiet_audit, token_of
 from ..web.middleware import json_response
 from ..web.requests import read_json
-from .auth import ADMIN_TOKEN_FILE, AUTH_DIR, MetaAuth
+from .auth import ADMIN_TOKEN_FILE, AUTH_DIR, REVOKED_REFRESH, MetaAuth
 from .service import MetaService
 from .store import Upload
 
@@ -53,9 +55,23 @@ def install(app: web.Application, service: MetaService, config: Config) -> None:
             config.admin_token_file or Path(config.root) / ADMIN_TOKEN_FILE)
         if written is not None:
             log.warning("auth on: an admin token was written to %s (mode 0600)", written)
+        task = asyncio.create_task(_refresh_revoked(auth)) if service.store.shared else None
         yield
+        if task is not None:
+            await cancel_and_wait([task])
 
     app.cleanup_ctx.append(start)
+
+
+async def _refresh_revoked(auth: MetaAuth) -> None:
+    """Other metadata servers share the store: what they revoke is refused here too,
+    within :data:`~.auth.REVOKED_REFRESH` seconds."""
+    while True:
+        await asyncio.sleep(REVOKED_REFRESH)
+        try:
+            await auth.refresh()
+        except (StagerError, OSError) as exc:    # the database is down: the set stays
+            log.debug("reading revoked tokens failed: %s", exc)
 
 
 def auth_of(request: web.Request) -> MetaAuth | None:

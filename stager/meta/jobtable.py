@@ -9,8 +9,11 @@ entry's stall fraction and samples/s as gauges.
 The table lives in memory, on purpose: it is live telemetry, rebuilt by the
 loaders' next reports within seconds of a restart, and an entry expires after
 :data:`~stager.protocol.jobreport.MISSED_REPORTS` report intervals without news
-(its loader ended, was killed, or cannot reach us).  Nothing here touches the
-metadata store.
+(its loader ended, was killed, or cannot reach us).  With one metadata server
+nothing here touches the metadata store.  Where several share one (PostgreSQL),
+each report is also written to it (an unlogged table: telemetry need not survive
+a database crash) and a listing reads every server's entries back from it, so a
+rank reporting to one server is listed by all.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from ..protocol.jobreport import (
 )
 from ..web.middleware import METRICS_KEY, json_response
 from ..web.requests import read_json
+from .store import MetaStore
 
 MAX_ENTRIES = 65536      # reporting loaders at once; bounds the table's memory (~2 KiB each)
 
@@ -98,10 +102,32 @@ class JobTable:
     """The live entries, in memory.  Used only from the server's event loop."""
 
     def __init__(self, clock: Callable[[], float] = time.time,
-                 max_entries: int = MAX_ENTRIES) -> None:
+                 max_entries: int = MAX_ENTRIES, store: MetaStore | None = None) -> None:
         self.clock = clock
         self.max_entries = max_entries
+        self.store = store          # shared with other metadata servers, else None
         self._entries: dict[Key, RankEntry] = {}
+
+    async def share(self, entry: RankEntry) -> None:
+        """Write ``entry`` to the shared store, for the other metadata servers."""
+        if self.store is not None:
+            worker = "" if entry.worker is None else str(entry.worker)
+            await self.store.put_report(
+                f"{entry.job}/{entry.rank}/{worker}",
+                {"job": entry.job, "rank": entry.rank, "worker": entry.worker,
+                 "report": entry.report, "received": entry.received,
+                 "expires": entry.expires},
+                expires=entry.expires)
+
+    async def load(self) -> None:
+        """Replace the entries by every server's, from the shared store."""
+        if self.store is None:
+            return
+        stored = await self.store.live_reports(self.clock())
+        entries = [RankEntry(b["job"], int(b["rank"]), b["worker"], b["report"],
+                             float(b["received"]), float(b["expires"]))
+                   for b in stored.values()]
+        self._entries = {(e.job, e.rank, e.worker): e for e in entries}
 
     def report(self, job: str, rank: int, worker: int | None,
                report: dict[str, Any]) -> RankEntry:
@@ -170,9 +196,10 @@ class JobsCollector:
 JOBS = web.AppKey("jobs", JobTable)
 
 
-def install(app: web.Application) -> JobTable:
-    """Give the metadata application the jobs table, its routes' state and gauges."""
-    table = JobTable()
+def install(app: web.Application, store: MetaStore | None = None) -> JobTable:
+    """Give the metadata application the jobs table, its routes' state and gauges
+    (kept in ``store`` too when other metadata servers share it)."""
+    table = JobTable(store=store if store is not None and store.shared else None)
     app[JOBS] = table
     app[METRICS_KEY].registry.register(JobsCollector(table))
     return table
@@ -183,10 +210,12 @@ async def report_rank(request: web.Request) -> web.Response:
     rank, worker = check_entry(request.match_info["rank"], request.query.get("worker"))
     report = parse_report(await read_json(request, MAX_REPORT_BYTES), rank)
     entry = request.app[JOBS].report(job, rank, worker, report)
+    await request.app[JOBS].share(entry)
     return json_response(RankRecorded(job, rank, worker, entry.expires).to_json())
 
 
 async def list_jobs(request: web.Request) -> web.Response:
+    await request.app[JOBS].load()
     return json_response(request.app[JOBS].jobs().to_json())
 
 

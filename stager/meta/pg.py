@@ -27,9 +27,11 @@ from ..protocol.models import Layout, LayoutSpec, TargetInfo
 from . import pg_copy as copies
 from . import pg_files as files
 from . import pg_namespace as ns
+from . import pg_shared as share
 from . import pg_uploads as up
 from .pg_db import Database, Op
 from .pg_group import MAX_GROUP, WriteGroups
+from .pg_shared import DutyLock
 from .store import (
     CommitArgs,
     CreateCheck,
@@ -54,11 +56,14 @@ class PostgreSQLStore(MetaStore):
     creates or migrates its schema), up to ``pool_size`` connections; up to
     ``max_group`` queued upload writes share one transaction (1: none do)."""
 
+    shared = True               # several metadata servers may use one database
+
     def __init__(self, url: str, *, pool_size: int = 10, max_group: int = MAX_GROUP,
                  connect_timeout: float = 5.0) -> None:
         self.db = Database(url, pool_size=pool_size, connect_timeout=connect_timeout)
         # Public: its counters say how writes were grouped (tests, benchmarks).
         self.writes = WriteGroups(self.db, max_group=max_group)
+        self.duties = DutyLock(url, connect_timeout)
         self._closed = False
 
     def close(self) -> None:
@@ -76,9 +81,11 @@ class PostgreSQLStore(MetaStore):
             asyncio.run_coroutine_threadsafe(self._aclose(), loop).result(timeout=60)
             return
         self.writes.cancel()
+        self.duties.terminate()
         self.db.terminate()
 
     async def _aclose(self) -> None:
+        await self.duties.aclose()
         await self.writes.drain()
         await self.db.aclose()
 
@@ -244,3 +251,27 @@ class PostgreSQLStore(MetaStore):
     async def list_targets(self) -> list[TargetInfo]:
         return list(await self._read(files.list_targets))
 
+
+    async def touch_target(self, target: TargetInfo) -> None:
+        await self._write(lambda c: share.touch_target(c, target))
+
+    # -- what several metadata servers share (.pg_shared) ------------------------------
+    async def put_state(self, key: str, value: dict[str, Any] | None) -> None:
+        await self._write(lambda c: share.put_state(c, key, value))
+
+    async def get_states(self, prefix: str) -> dict[str, dict[str, Any]]:
+        return dict(await self._read(lambda c: share.get_states(c, prefix)))
+
+    async def put_report(self, key: str, body: dict[str, Any], *, expires: float) -> None:
+        await self._write(lambda c: share.put_report(c, key, body, expires))
+
+    async def live_reports(self, now: float) -> dict[str, dict[str, Any]]:
+        return dict(await self._write(lambda c: share.live_reports(c, now)))
+
+    async def hold_duties(self) -> bool:
+        self._check_open()
+        try:
+            await self.db.pool()    # opened on this loop, so that close() finds the lock
+        except StagerError:
+            pass                    # the database is down: the lock says no below
+        return await self.duties.hold()

@@ -39,7 +39,7 @@ Op = Callable[[asyncpg.Connection], Awaitable[R]]
 CONFLICT_RETRIES = 50        # serialization failures and deadlocks, per transaction
 RECONNECTS = 3               # connections found dead before the transaction began
 ROOT_ID = 1
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Each migration takes the schema from version N-1 to N; applied in order, each in
 # the transaction that records its number.  Names sort bytewise (COLLATE "C"), as in
@@ -99,6 +99,16 @@ CREATE TABLE targets (
     chunks         BIGINT NOT NULL,
     last_heartbeat DOUBLE PRECISION NOT NULL,
     state          TEXT NOT NULL
+);
+""", 2: """
+CREATE TABLE shared_state (
+    key       TEXT COLLATE "C" PRIMARY KEY,
+    value     TEXT NOT NULL
+);
+CREATE UNLOGGED TABLE job_reports (
+    key       TEXT COLLATE "C" PRIMARY KEY,
+    body      TEXT NOT NULL,
+    expires   DOUBLE PRECISION NOT NULL
 );
 """}
 

@@ -102,7 +102,7 @@ class Rebuilder:
             log.warning("target %s %s (%s): re-replicating its chunks", target_id, state,
                         reason)
             target = await self.service.set_target_state(target_id, state)
-        self.service.retiring.add(target_id)
+        await self.service.retire(target_id)
         self._wake.set()
         return target
 
@@ -119,6 +119,9 @@ class Rebuilder:
         delay = tick
         while True:
             await wait_for_wake(self._wake, delay)
+            if not self.service.duties_held:     # another metadata server rebuilds
+                delay = tick
+                continue
             try:
                 self.service.refresh_health()
                 await self.check_timeouts()
@@ -126,6 +129,7 @@ class Rebuilder:
                     delay = tick
                     continue
                 deferred = await self.rebuild_pass()
+                await self.service.share_status("rebuild", self.progress.to_json())
                 delay = min(max(delay * 2, 1.0), RETRY_MAX) if deferred else tick
             except Exception:
                 log.exception("rebuild pass failed; will retry")
@@ -141,6 +145,7 @@ class Rebuilder:
         p = self.progress = Progress(state="running", lost=sorted(gone),
                                      passes=self.progress.passes + 1,
                                      files_total=len(files), started=time.time())
+        await self.service.share_status("rebuild", p.to_json())
         candidates = self._candidates()
         estimates = await asyncio.to_thread(
             lambda: {f.file_id: self._estimate(f, gone, candidates) for f in files})
@@ -164,7 +169,7 @@ class Rebuilder:
         p.finished = time.time()
         p.state = "waiting" if p.files_deferred or writing else "idle"
         if p.state == "idle":
-            self.service.retiring.difference_update(retiring & gone)
+            await self.service.retired(retiring & gone)
         log.info("rebuild pass %d: %d files, %d rebuilt, %d deferred, %d unrecoverable, "
                  "%d bytes copied", p.passes, p.files_total, p.files_done, p.files_deferred,
                  p.unrecoverable_count, p.bytes_copied)

@@ -51,19 +51,27 @@ class Reliability:
         return self.service.clock() - target.last_heartbeat < self.config.target_timeout
 
     def status(self) -> dict[str, Any]:
+        # Rebuild and fsck run on the server holding the duties; another shows what
+        # that one stored (stager/meta/shared.py).
+        here = self.service.duties_held
+        shared = self.service.shared_status
         return {
             "targets_lost": sum(t.state in GONE_STATES
                                 for t in self.service.targets.values()),
-            "rebuild": self.rebuilder.progress.to_json(),
+            "rebuild": (self.rebuilder.progress.to_json() if here or "rebuild" not in shared
+                        else shared["rebuild"]),
             "repair": self.repairer.status(),
-            "fsck": self.fsck.status(),
+            "fsck": self.fsck.status() if here or "fsck" not in shared else shared["fsck"],
         }
 
     async def fsck_forever(self) -> None:
         while True:
             await asyncio.sleep(self.config.fsck_interval)
+            if not self.service.duties_held:     # another metadata server runs it
+                continue
             try:
                 result = await self.fsck.run(repair=True)
+                await self.service.share_status("fsck", self.fsck.status())
                 if result.missing or result.orphans_deleted:
                     log.info("fsck: %d missing (%d repaired), %d orphans (%d deleted)",
                              result.missing, result.repaired, result.orphans,
@@ -124,7 +132,10 @@ async def scrub_report(request: web.Request) -> web.Response:
 
 async def fsck(request: web.Request) -> web.Response:
     req = FsckRequest.from_json(await _body(request))
-    return json_response((await _get(request).fsck.run(repair=req.repair)).to_json())
+    reliability = _get(request)
+    result = await reliability.fsck.run(repair=req.repair)
+    await reliability.service.share_status("fsck", reliability.fsck.status())
+    return json_response(result.to_json())
 
 
 HANDLERS = {"remove_target": remove_target, "scrub": scrub, "scrub_report": scrub_report,

@@ -39,6 +39,7 @@ async def reroute_many(service: MetaService, request: RerouteRequest
     a layout that does not name it, or why not."""
     if request.code != InsufficientStorage.code:
         service.suspect(request.target, request.reason or "a chunk write failed")
+        await service.share_suspect(request.target)
     healthy = [t for t in service.healthy_targets() if t.id != request.target]
     out: list[Created | StagerError] = []
     for item in request.items:

@@ -3,6 +3,12 @@
 Everything persistent goes through the store (:class:`~.store.MetaStore`), whose
 calls are coroutines; the service adds what is not stored: layout choice, the
 checks of a commit, and target liveness (soft state, kept in memory).
+
+On a store several metadata servers share (PostgreSQL) the soft state is stored
+too: heartbeats, suspects and the targets being retired are written through, and
+each server reads back what the others wrote every ``heartbeat_interval / 2``
+(:mod:`.shared`); the background duties run on the one server whose store says
+:meth:`~.store.MetaStore.hold_duties` (:attr:`MetaService.duties_held`).
 """
 
 from __future__ import annotations
@@ -57,6 +63,12 @@ class MetaService:
         self.suspects: dict[str, float] = {}
         # More sections of `status` (rebuild, scrub, fsck: stager/meta/reliability.py).
         self.status_extras: list[Callable[[], dict[str, Any]]] = []
+        # Whether this server runs the background duties (GC, rebuild, fsck): always
+        # with a store of its own; on a shared one, set by stager/meta/shared.py.
+        self.duties_held = not store.shared
+        # What the duty holder last stored of its work ("rebuild", "fsck"), as read
+        # back by the other servers (stager/meta/shared.py).
+        self.shared_status: dict[str, dict[str, Any]] = {}
 
     async def start(self) -> None:
         """Load the registered targets, each as if it had just heartbeat; before serving."""
@@ -217,6 +229,9 @@ class MetaService:
         self.targets[target_id] = target
         if target.state != old.state:
             log.info("target %s is %s again", target_id, target.state)
+        if self.store.shared:       # the other servers read its liveness back
+            await self.store.touch_target(target)
+        elif target.state != old.state:
             await self.store.upsert_target(target)
         return target
 
@@ -251,6 +266,32 @@ class MetaService:
                         target_id, reason)
             self.targets[target_id] = _with(target, state="suspect")
         self.suspects[target_id] = self.clock() + self.config.target_timeout
+
+    async def share_suspect(self, target_id: str) -> None:
+        """Store that ``target_id`` is suspect, for the other metadata servers."""
+        until = self.suspects.get(target_id)
+        if self.store.shared and until is not None:
+            await self.store.put_state(f"suspect/{target_id}", {"until": until})
+
+    async def retire(self, target_id: str) -> None:
+        """A lost target's chunks are to be copied elsewhere: it stays lost until
+        :meth:`retired` (stored, on a shared store, for the other servers)."""
+        self.retiring.add(target_id)
+        if self.store.shared:
+            await self.store.put_state(f"retiring/{target_id}", {})
+
+    async def retired(self, target_ids: set[str]) -> None:
+        """The chunks of ``target_ids`` are copied: they may rejoin, empty."""
+        self.retiring.difference_update(target_ids)
+        if self.store.shared:
+            for target_id in sorted(target_ids):
+                await self.store.put_state(f"retiring/{target_id}", None)
+
+    async def share_status(self, section: str, body: dict[str, Any] | None) -> None:
+        """Store a section of ``status`` (rebuild, fsck) that only the duty holder
+        computes, for the other servers to show."""
+        if self.store.shared and body is not None:
+            await self.store.put_state(f"status/{section}", body)
 
     def refresh_health(self) -> None:
         """Mark targets that missed their heartbeats down; suspects whose time is up

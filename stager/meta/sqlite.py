@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ..errors import StagerError
 from ..protocol.authmsg import TokenInfo
@@ -22,6 +23,7 @@ from .sqlite_copy import CopySQL
 from .sqlite_db import Database
 from .sqlite_namespace import NamespaceSQL
 from .sqlite_reliability import ReliabilitySQL
+from .sqlite_shared import SharedSQL
 from .sqlite_tokens import TokenSQL
 from .store import (
     CommitArgs,
@@ -49,6 +51,7 @@ class SQLiteStore(MetaStore):
         self.files = ReliabilitySQL(self.database)
         self.tokens = TokenSQL(self.database)
         self.copies = CopySQL(self.database)
+        self.states = SharedSQL(self.database)
         # Public: its counters say how writes were grouped (tests, benchmarks).
         self.thread = StoreThread(self.database.transaction, max_group=max_group)
 
@@ -187,3 +190,22 @@ class SQLiteStore(MetaStore):
 
     async def list_targets(self) -> list[TargetInfo]:
         return await self.thread.run(self.namespace.list_targets)
+
+    async def touch_target(self, target: TargetInfo) -> None:
+        await self.thread.run(self.states.touch_target, target)
+
+    # -- shared state (one server: kept for its restarts) ------------------------------
+    async def put_state(self, key: str, value: dict[str, Any] | None) -> None:
+        await self.thread.run(self.states.put_state, key, value)
+
+    async def get_states(self, prefix: str) -> dict[str, dict[str, Any]]:
+        return await self.thread.run(self.states.get_states, prefix)
+
+    async def put_report(self, key: str, body: dict[str, Any], *, expires: float) -> None:
+        await self.thread.run(self.states.put_report, key, body, expires)
+
+    async def live_reports(self, now: float) -> dict[str, dict[str, Any]]:
+        return await self.thread.run(self.states.live_reports, now)
+
+    async def hold_duties(self) -> bool:
+        return True             # one server per SQLite file: it always runs them

@@ -68,6 +68,15 @@ CREATE TABLE IF NOT EXISTS targets (
     last_heartbeat REAL NOT NULL,
     state          TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS shared_state (
+    key       TEXT PRIMARY KEY,
+    value     TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS job_reports (
+    key       TEXT PRIMARY KEY,
+    body      TEXT NOT NULL,
+    expires   REAL NOT NULL
+);
 """
 
 ROOT_ID = 1

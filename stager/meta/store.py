@@ -21,6 +21,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import StagerError
 from ..protocol.authmsg import TokenInfo
@@ -307,6 +308,42 @@ class MetaStore(ABC):
     @abstractmethod
     async def list_targets(self) -> list[TargetInfo]:
         """Every registered target, by id."""
+
+    async def touch_target(self, target: TargetInfo) -> None:
+        """Store a heartbeat: ``target``'s capacity, use, chunks, last heartbeat and
+        state, except that a stored ``removed`` state stays (an operator's word is
+        not undone by a heartbeat another metadata server had not heard of)."""
+        await self.upsert_target(target)
+
+    # -- what several metadata servers share (stager/meta/shared.py) -------------------
+    #: Whether other metadata servers may use this store at the same time (then the
+    #: soft state below is read back from it, and the duties go by :meth:`hold_duties`).
+    shared: bool = False
+
+    @abstractmethod
+    async def put_state(self, key: str, value: dict[str, Any] | None) -> None:
+        """Store a small JSON document under ``key`` (``None``: forget it): the
+        servers' shared soft state (suspects, rebuild progress, the last fsck)."""
+
+    @abstractmethod
+    async def get_states(self, prefix: str) -> dict[str, dict[str, Any]]:
+        """Every document whose key starts with ``prefix``, by key."""
+
+    @abstractmethod
+    async def put_report(self, key: str, body: dict[str, Any], *, expires: float) -> None:
+        """Store a loader's last telemetry report (:mod:`.jobtable`) under ``key``,
+        replacing its previous one, until ``expires`` (need not survive a crash)."""
+
+    @abstractmethod
+    async def live_reports(self, now: float) -> dict[str, dict[str, Any]]:
+        """Every report not expired at ``now``, by key (the expired ones are dropped)."""
+
+    @abstractmethod
+    async def hold_duties(self) -> bool:
+        """Whether this server runs the background duties (garbage collection,
+        rebuild, fsck) now: takes them when no other server holds them.  A store only
+        one server uses always says yes; PostgreSQL says yes to the one server that
+        holds an advisory lock, and another takes it when that one dies."""
 
     @abstractmethod
     def close(self) -> None:

@@ -235,17 +235,20 @@ class ProcessCluster:
     def __init__(self, root: str | os.PathLike[str], data_servers: int = 3,
                  replicas: int = 1, env: dict[str, str] | None = None,
                  fast: bool = True, restart: bool = False, auth: bool = False,
-                 tls: bool = False) -> None:
+                 tls: bool = False, meta_store: str = "", meta_servers: int = 1) -> None:
         """``fast`` shortens heartbeats and timeouts, for tests; ``restart`` runs
         ``stager up --restart``, which starts a killed server again; ``auth`` runs
         ``stager up --auth`` (its admin token: :attr:`admin_token`); ``tls``:
-        ``stager up --tls`` (HTTPS, its CA in :attr:`ca_file`)."""
+        ``stager up --tls`` (HTTPS, its CA in :attr:`ca_file`); ``meta_store`` and
+        ``meta_servers``: ``--meta-store URL --meta-servers N`` (:attr:`meta_urls`)."""
         self.root = Path(root)
         self.auth = auth
         self.n = data_servers
         self.replicas = replicas
         self.restart = restart
         self.tls = tls
+        self.meta_args = ([f"--meta-store={meta_store}"] if meta_store else []) + \
+            (["--meta-servers", str(meta_servers)] if meta_servers != 1 else [])
         tuned = {f"STAGER_{k.upper()}": str(v) for k, v in FAST.items()} if fast else {}
         self.env = {**os.environ, **tuned, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
@@ -266,7 +269,7 @@ class ProcessCluster:
                 [sys.executable, "-m", "stager", "up", "--root", str(self.root), "--port", "0",
                  "--data-servers", str(self.n), "--replicas", str(self.replicas),
                  *(["--restart"] if self.restart else []), *(["--auth"] if self.auth else []),
-                 *(["--tls"] if self.tls else [])],
+                 *(["--tls"] if self.tls else []), *self.meta_args],
                 env=self.env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while not (self.root / "cluster.json").exists():
@@ -296,6 +299,14 @@ class ProcessCluster:
         return str(self.info["meta"]["url"])
 
     @property
+    def meta_urls(self) -> list[str]:
+        """Every metadata server's URL, the first first (``"metas"`` in cluster.json)."""
+        return [str(m["url"]) for m in self.info.get("metas", [self.info["meta"]])]
+
+    def meta_pid(self, i: int = 0) -> int:
+        return int(self.info.get("metas", [self.info["meta"]])[i]["pid"])
+
+    @property
     def admin_token(self) -> str:
         """The admin token ``stager up --auth`` wrote (auth on)."""
         return Path(self.info["admin_token_file"]).read_text().strip()
@@ -317,8 +328,8 @@ class ProcessCluster:
     def kill_data(self, i: int) -> None:
         os.kill(self.data_pid(i), signal.SIGKILL)
 
-    def kill_meta(self) -> None:
-        os.kill(int(self.info["meta"]["pid"]), signal.SIGKILL)
+    def kill_meta(self, i: int = 0) -> None:
+        os.kill(self.meta_pid(i), signal.SIGKILL)
 
     def reload(self) -> dict[str, Any]:
         """Re-read ``cluster.json`` (``--restart`` rewrites it with new pids)."""
@@ -332,7 +343,8 @@ class ProcessCluster:
         while time.monotonic() - start < timeout:
             try:
                 info = self.reload()
-                entry = info["meta"] if role == "meta" else info["data"][i]
+                metas = info.get("metas", [info["meta"]])
+                entry = metas[i] if role == "meta" else info["data"][i]
                 if int(entry["pid"]) != old_pid:
                     return time.monotonic() - start
             except (OSError, ValueError, KeyError):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 
 import pytest
 
@@ -207,3 +208,45 @@ class MetaStoreTests:
         # the loaded default layouts are inherited, nearest directory first
         assert (await store.check_creates([("/d/g", False, False)]))[0] == LayoutSpec(
             chunk_size=1 << 16, stripe_count=1, replicas=2)
+
+    async def test_shared_state_is_kept_by_key_and_prefix(
+            self, open_store: Callable[[], MetaStore]) -> None:
+        store = open_store()
+        try:
+            await store.put_state("suspect/t1", {"until": 5.0})
+            await store.put_state("suspect/t2", {"until": 6.0})
+            await store.put_state("status/fsck", {"clean": True, "files": 3})
+            await store.put_state("suspect/t1", {"until": 7.0})          # replaced
+            await store.put_state("suspect/t2", None)                    # forgotten
+            await store.put_state("nothing/here", None)                  # nothing to forget
+            assert await store.get_states("suspect/") == {"suspect/t1": {"until": 7.0}}
+            assert await store.hold_duties()                 # the only server: it holds them
+        finally:
+            store.close()
+        again = open_store()
+        try:
+            assert await again.get_states("status/") == {"status/fsck": {"clean": True,
+                                                                          "files": 3}}
+            assert set(await again.get_states("")) == {"suspect/t1", "status/fsck"}
+        finally:
+            again.close()
+
+    async def test_a_heartbeat_does_not_undo_a_removal(self, store: MetaStore) -> None:
+        t = TargetInfo("t0", "n0", "http://127.0.0.1:1", capacity=10, state="up")
+        await store.touch_target(t)                          # registers when unknown
+        await store.touch_target(replace(t, used=4, last_heartbeat=9.0))
+        [stored] = await store.list_targets()
+        assert (stored.used, stored.last_heartbeat, stored.state) == (4, 9.0, "up")
+        await store.upsert_target(replace(t, state="removed"))
+        await store.touch_target(replace(t, used=5, last_heartbeat=10.0, state="up"))
+        [stored] = await store.list_targets()
+        assert (stored.used, stored.last_heartbeat, stored.state) == (5, 10.0, "removed")
+
+    async def test_loader_reports_live_until_they_expire(self, store: MetaStore) -> None:
+        await store.put_report("job/0/", {"samples": 1}, expires=10.0)
+        await store.put_report("job/1/", {"samples": 2}, expires=20.0)
+        await store.put_report("job/0/", {"samples": 3}, expires=30.0)     # replaced
+        assert await store.live_reports(5.0) == {"job/0/": {"samples": 3},
+                                                 "job/1/": {"samples": 2}}
+        assert await store.live_reports(25.0) == {"job/0/": {"samples": 3}}
+        assert await store.live_reports(5.0) == {"job/0/": {"samples": 3}}  # dropped for good

@@ -1,0 +1,92 @@
+"""Several metadata servers on one store: each reads back what the others wrote.
+
+With a store only one server uses (SQLite) nothing here runs.  On a shared store
+(PostgreSQL) every server, every ``heartbeat_interval / 2``:
+
+* reads the targets as stored (each heartbeat is written through, whichever
+  server it reached, so every server judges liveness from the same
+  ``last_heartbeat``), the suspects and the targets being retired;
+* asks the store whether it holds the background duties (garbage collection,
+  rebuild, fsck: :meth:`~.store.MetaStore.hold_duties`, an advisory lock of
+  PostgreSQL's) and sets :attr:`MetaService.duties_held`;
+* reads the status sections the duty holder stored (rebuild progress, last fsck).
+
+A revoke through one server reaches the others through the token table
+(:mod:`.authapp` refreshes its revoked set the same way, more often).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+from aiohttp import web
+
+from ..aio import cancel_and_wait
+from ..config import Config
+from ..errors import StagerError
+from .service import GONE_STATES, MetaService
+
+log = logging.getLogger("stager.meta")
+
+
+async def sync(service: MetaService) -> None:
+    """Bring ``service``'s soft state to what the store holds (a shared store only)."""
+    store = service.store
+    service.duties_held = await store.hold_duties()
+    stored = await store.list_targets()
+    suspects = await store.get_states("suspect/")
+    retiring = await store.get_states("retiring/")
+    statuses = await store.get_states("status/")
+    now = service.clock()
+    for key, body in suspects.items():
+        target_id = key.split("/", 1)[1]
+        until = float(body.get("until", 0.0))
+        if until > now:
+            service.suspects[target_id] = max(until, service.suspects.get(target_id, 0.0))
+    service.retiring = {key.split("/", 1)[1] for key in retiring}
+    for t in stored:
+        old = service.targets.get(t.id)
+        last = max(t.last_heartbeat, old.last_heartbeat if old is not None else 0.0)
+        state = t.state         # lost and removed are stored facts; the rest is judged
+        if state not in GONE_STATES:
+            if now - last > service.config.target_timeout:
+                state = "down"
+            else:
+                state = "suspect" if service.suspects.get(t.id, 0.0) > now else "up"
+        service.targets[t.id] = replace(t, state=state, last_heartbeat=last)
+    service.refresh_health()
+    service.shared_status = {key.split("/", 1)[1]: body for key, body in statuses.items()}
+
+
+def install(app: web.Application, service: MetaService, config: Config) -> None:
+    """Keep ``service`` in step with the other servers on its store, while ``app`` runs
+    (after the service has started: add it after the context that starts it)."""
+    if not service.store.shared:
+        return
+    interval = max(0.1, config.heartbeat_interval / 2)
+    service.status_extras.append(lambda: {"duties": {"held": service.duties_held}})
+
+    async def loop() -> None:
+        failing = False
+        while True:
+            try:
+                await sync(service)
+                failing = False
+            except (StagerError, OSError) as exc:
+                if not failing:
+                    log.warning("reading the shared state back failed: %s; will retry", exc)
+                failing = True
+            except Exception:
+                log.exception("reading the shared state back failed; will retry")
+            await asyncio.sleep(interval)
+
+    async def running(app: web.Application) -> AsyncIterator[None]:
+        await sync(service)
+        task = asyncio.create_task(loop())
+        yield
+        await cancel_and_wait([task])
+
+    app.cleanup_ctx.append(running)

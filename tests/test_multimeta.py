@@ -1,0 +1,202 @@
+"""Several metadata servers on one PostgreSQL store (issue 19, part 2): one
+namespace, the same targets, one holder of the background duties, revocations
+seen by all."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import raw_http
+
+from stager import Client
+from stager.config import Config
+from stager.errors import Unauthenticated
+from stager.meta.jobtable import JobTable
+from stager.meta.pg import PostgreSQLStore
+from stager.meta.service import MetaService
+from stager.meta.shared import sync
+from stager.protocol.models import TargetInfo
+from stager.testing import ProcessCluster
+from stager.testing.postgres import PostgresServer
+
+
+async def test_one_store_of_several_holds_the_duties_until_it_goes(pg_url: str) -> None:
+    first, second = PostgreSQLStore(pg_url), PostgreSQLStore(pg_url)
+    try:
+        assert await first.hold_duties()
+        assert not await second.hold_duties()
+        assert await first.hold_duties()             # held, not taken again
+        first.close()                                 # its lock connection drops
+        assert await second.hold_duties()
+        third = PostgreSQLStore(pg_url)
+        try:
+            assert not await third.hold_duties()
+        finally:
+            third.close()
+    finally:
+        first.close()
+        second.close()
+
+
+async def test_what_one_server_hears_the_other_reads_back(pg_url: str) -> None:
+    """Heartbeats, suspects, retiring targets, status sections and loader reports
+    written through one service are what another on the same database sees."""
+    config = Config(target_timeout=3.0)
+    a = MetaService(PostgreSQLStore(pg_url), config)
+    b = MetaService(PostgreSQLStore(pg_url), config)
+    try:
+        for svc in (a, b):
+            await svc.start()
+        for i in range(3):
+            await a.register_target(TargetInfo(f"t{i}", f"n{i}", f"http://127.0.0.1:{i + 1}"))
+        await sync(b)
+        assert [(t.id, t.state) for t in b.list_targets()] == [
+            ("t0", "up"), ("t1", "up"), ("t2", "up")]
+        # Only a's heartbeats arrive; b judges liveness from what a stored.
+        a.clock = b.clock = lambda: time.time() + 5.0
+        await a.heartbeat("t0", capacity=100, used=7, chunks=1)
+        await a.heartbeat("t1", capacity=100, used=0, chunks=0)
+        a.suspect("t1", "a writer could not reach it")
+        await a.share_suspect("t1")
+        await a.retire("t2")
+        await a.share_status("fsck", {"clean": True})
+        await sync(b)
+        assert [(t.id, t.state) for t in b.list_targets()] == [
+            (t.id, t.state) for t in a.list_targets()] == [
+            ("t0", "up"), ("t1", "suspect"), ("t2", "down")]
+        assert b.targets["t0"].used == 7 and b.retiring == {"t2"}
+        assert b.shared_status == {"fsck": {"clean": True}}
+        assert sum([a.duties_held, b.duties_held]) <= 1
+        await a.retired({"t2"})
+        await sync(b)
+        assert b.retiring == set()
+        # Loader telemetry reported to one is listed by the other.
+        jobs_a, jobs_b = JobTable(store=a.store), JobTable(store=b.store)
+        entry = jobs_a.report("job1", 0, None, {"interval": 1.0, "world_size": 1,
+                                               "samples": 5})
+        await jobs_a.share(entry)
+        await jobs_b.load()
+        [job] = jobs_b.jobs().jobs
+        assert job.job == "job1" and job.summary["samples"] == 5
+    finally:
+        a.close()
+        b.close()
+
+
+async def test_duties_are_given_up_while_the_database_is_down(
+        postgres: PostgresServer, pg_url: str) -> None:
+    """No holder believes it still holds them after its lock connection dropped: the
+    first to ask once the database is back takes them, and only it."""
+    a, b = PostgreSQLStore(pg_url, connect_timeout=1.0), PostgreSQLStore(pg_url,
+                                                                         connect_timeout=1.0)
+    try:
+        assert await a.hold_duties() and not await b.hold_duties()
+        postgres.stop("immediate")
+        try:
+            assert not await a.hold_duties() and not await b.hold_duties()
+        finally:
+            postgres.start()
+        assert await b.hold_duties()
+        assert not await a.hold_duties()
+    finally:
+        a.close()
+        b.close()
+
+
+def wait_for(what: Callable[[], Any], timeout: float, step: float = 0.05) -> float:
+    """Seconds until ``what()`` is true; fails after ``timeout``."""
+    start = time.monotonic()
+    while not what():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"not true within {timeout}s: {what}")
+        time.sleep(step)
+    return time.monotonic() - start
+
+
+@pytest.fixture
+def two_metas(tmp_path: Path, pg_url: str) -> Iterator[ProcessCluster]:
+    with ProcessCluster(tmp_path / "c", data_servers=2, auth=True, meta_store=pg_url,
+                        meta_servers=2) as cluster:
+        yield cluster
+
+
+def test_two_metadata_servers_share_namespace_targets_revocations_and_duties(
+        two_metas: ProcessCluster) -> None:
+    cluster = two_metas
+    assert len(cluster.meta_urls) == 2 and cluster.info["meta"] == cluster.info["metas"][0]
+    admin = cluster.admin_token
+    a, b = (Client(url, token=admin) for url in cluster.meta_urls)
+    try:
+        # A file created through one is read through the other.
+        a.pipe("/shared/kept", b"kept")
+        a.pipe("/shared/f", b"through a" * 1000)
+        assert b.cat("/shared/f") == b"through a" * 1000
+        b.rm("/shared/f")
+        assert not a.exists("/shared/f")
+
+        # The same targets, in the same states (heartbeats reach only the first).
+        def states(c: Client) -> list[tuple[str, str]]:
+            return [(t.id, t.state) for t in c.targets()]
+        wait_for(lambda: states(a) == states(b) and len(states(a)) == 2, 5)
+        assert {s for _, s in states(b)} == {"up"}
+
+        # A token revoked through one is refused by the other within about a second.
+        made = a.create_token(["read"], ["/"], 600, "revoked soon")
+        reader = Client(cluster.meta_urls[1], token=made.token)
+        try:
+            assert reader.ls("/") is not None
+            a.revoke_token(made.info.id)
+
+            def refused() -> bool:
+                try:
+                    reader.ls("/")
+                except Unauthenticated:
+                    return True
+                return False
+            assert wait_for(refused, 2.0) < 2.0
+        finally:
+            reader.close()
+
+        # Loader telemetry sent to one is listed by the other.
+        auth = {"Authorization": f"Bearer {admin}", "Content-Type": "application/json"}
+        sent = raw_http(cluster.meta_urls[0], "PUT", "/v1/jobs/multi/ranks/1", headers=auth,
+                        body=json.dumps({"interval": 1.0, "world_size": 2,
+                                         "samples": 3}).encode())
+        assert sent.status == 200
+        listed = raw_http(cluster.meta_urls[1], "GET", "/v1/jobs", headers=auth).json()
+        assert [j["job"] for j in listed["jobs"]] == ["multi"]
+
+        # The background duties run on exactly one of them...
+        def holders() -> list[bool]:
+            return [c.status()["duties"]["held"] for c in (a, b)]
+        wait_for(lambda: sum(holders()) == 1, 5)
+        holder = holders().index(True)
+        other = (a, b)[1 - holder]
+        # ... and move to the other within seconds when the holder is killed.
+        cluster.kill_meta(holder)
+        moved = wait_for(lambda: other.status()["duties"]["held"], 10)
+        print(f"duties moved in {moved:.2f}s")
+        assert other.cat("/shared/kept") == b"kept"
+    finally:
+        a.close()
+        b.close()
+
+
+def test_restart_brings_back_each_metadata_server(tmp_path: Path, pg_url: str) -> None:
+    with ProcessCluster(tmp_path / "c", data_servers=1, restart=True, meta_store=pg_url,
+                        meta_servers=2) as cluster:
+        first, second = cluster.meta_urls
+        with Client(first) as a:
+            a.pipe("/r/f", b"before")
+        old = cluster.meta_pid(1)
+        cluster.kill_meta(1)
+        cluster.wait_restarted("meta", 1, old)
+        assert cluster.meta_urls == [first, second]          # same ports
+        assert cluster.info["meta"] == cluster.info["metas"][0]
+        with Client(second) as b:
+            assert b.cat("/r/f") == b"before"
