@@ -39,7 +39,7 @@ Op = Callable[[asyncpg.Connection], Awaitable[R]]
 CONFLICT_RETRIES = 50        # serialization failures and deadlocks, per transaction
 RECONNECTS = 3               # connections found dead before the transaction began
 ROOT_ID = 1
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Each migration takes the schema from version N-1 to N; applied in order, each in
 # the transaction that records its number.  Names sort bytewise (COLLATE "C"), as in
@@ -100,6 +100,14 @@ CREATE TABLE targets (
     last_heartbeat DOUBLE PRECISION NOT NULL,
     state          TEXT NOT NULL
 );
+""", 2: """
+CREATE TABLE answers (
+    key     TEXT PRIMARY KEY,
+    status  INTEGER NOT NULL,
+    body    BYTEA NOT NULL,
+    created DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX answers_created ON answers (created);
 """}
 
 # Errors after which the connection is gone or the server cannot serve: the

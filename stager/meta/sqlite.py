@@ -17,6 +17,7 @@ from pathlib import Path
 from ..errors import StagerError
 from ..protocol.authmsg import TokenInfo
 from ..protocol.models import Layout, LayoutSpec, TargetInfo
+from .sqlite_answers import AnswerSQL
 from .sqlite_batch import BatchSQL
 from .sqlite_db import Database
 from .sqlite_namespace import NamespaceSQL
@@ -45,6 +46,7 @@ class SQLiteStore(MetaStore):
         self.batches = BatchSQL(self.namespace)
         self.files = ReliabilitySQL(self.database)
         self.tokens = TokenSQL(self.database)
+        self.answers = AnswerSQL(self.database)
         # Public: its counters say how writes were grouped (tests, benchmarks).
         self.thread = StoreThread(self.database.transaction, max_group=max_group)
 
@@ -164,3 +166,13 @@ class SQLiteStore(MetaStore):
 
     async def list_targets(self) -> list[TargetInfo]:
         return await self.thread.run(self.namespace.list_targets)
+
+    # -- idempotency keys -------------------------------------------------------------
+    async def recorded_answer(self, key: str) -> tuple[int, bytes] | None:
+        return await self.thread.run(self.answers.get, key)
+
+    async def record_answer(self, key: str, status: int, body: bytes, *, now: float) -> bool:
+        return await self.thread.run(self.answers.put, key, status, body, now)
+
+    async def expire_answers(self, before: float) -> int:
+        return await self.thread.run(self.answers.expire, before)

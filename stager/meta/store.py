@@ -250,6 +250,20 @@ class MetaStore(ABC):
     async def list_targets(self) -> list[TargetInfo]:
         """Every registered target, by id."""
 
+    # -- idempotency keys (stager/web/idempotency.py) ------------------------------------
+    @abstractmethod
+    async def recorded_answer(self, key: str) -> tuple[int, bytes] | None:
+        """The ``(status, body)`` recorded for the idempotency ``key``, or ``None``."""
+
+    @abstractmethod
+    async def record_answer(self, key: str, status: int, body: bytes, *, now: float) -> bool:
+        """Record the answer to the request sent with ``key`` at ``now``; False (and the
+        first kept) when ``key`` already has one."""
+
+    @abstractmethod
+    async def expire_answers(self, before: float) -> int:
+        """Forget answers recorded before ``before``; how many went."""
+
     @abstractmethod
     def close(self) -> None:
         """Finish what is under way and release the store (once, at shutdown)."""
