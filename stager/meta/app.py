@@ -19,6 +19,7 @@ from ..protocol import messages as m
 from ..protocol.batch import CommitItem, CreateItem, parse_items, results_json
 from ..protocol.models import FileInfo, LayoutSpec, TargetInfo, check_file_id
 from ..protocol.ranges import content_range, parse_range, unsatisfied_range
+from ..web import idempotency
 from ..web.authmw import authorize, token_of
 from ..web.metrics import ServerMetrics
 from ..web.middleware import METRICS_KEY, error_response, json_response, large_json_response
@@ -54,6 +55,7 @@ def make_meta_app(config: Config) -> web.Application:
     app[SERVICE] = service
     add_routes(app, "meta", {**HANDLERS, **authapp.handlers(service, config)})
     authapp.install(app, service, config)   # tokens, when config.auth
+    idempotency.install(app, service.store)   # after auth: keys answer their owners only
     app.cleanup_ctx.append(_data_plane)
     app.cleanup_ctx.append(_background)
     # rebuild, repair, scrub, fsck: after _data_plane, whose plane they use
