@@ -24,8 +24,8 @@ from stager.config import load_config
 from stager.errors import NotFound, Unavailable
 from stager.loader.dataset import parse_source
 from stager.meta.app import SERVICE
-from stager.protocol.batch import CreateItem
-from stager.protocol.headers import IDEMPOTENCY_KEY, REPLAYED
+from stager.protocol.batch import CommitItem, CreateItem
+from stager.protocol.headers import ATTEMPT, IDEMPOTENCY_KEY, REPLAYED
 from stager.protocol.metaurls import from_hosts, meta_urls
 from stager.protocol.routes import route
 from stager.testing import ThreadCluster
@@ -94,9 +94,17 @@ async def test_fsspec_takes_several_hosts(cluster: ThreadCluster, ns: str) -> No
     assert fs.unstrip_protocol(path) == f"stager://{dead},{host}{ns}/f"
 
 
+def forget_answers(cluster: ThreadCluster) -> None:
+    """Drop every recorded answer: as if the server had died right after acting."""
+    assert cluster.meta is not None
+    store = cluster.meta.app[SERVICE].store
+    asyncio.run_coroutine_threadsafe(store.expire_answers(1e12), cluster.loop).result(10)
+
+
 async def _post(session: aiohttp.ClientSession, url: str, body: Any,
-                key: str) -> tuple[int, Any, bool]:
-    async with session.post(url, json=body, headers={IDEMPOTENCY_KEY: key}) as resp:
+                key: str, attempt: int = 1) -> tuple[int, Any, bool]:
+    headers = {IDEMPOTENCY_KEY: key, ATTEMPT: str(attempt)}
+    async with session.post(url, json=body, headers=headers) as resp:
         return resp.status, await resp.json(), resp.headers.get(REPLAYED) == "1"
 
 
@@ -138,6 +146,48 @@ async def test_a_repeated_key_gets_the_first_answer_and_acts_once(
         made = await _post(s, route("mkdir").url(meta),
                            {"path": f"{ns}/dir", "parents": True, "exist_ok": False}, key)
         assert made[0] == 200 and not made[2] and made[1]["type"] == "directory"
+
+
+async def test_a_retry_finds_the_work_of_a_try_whose_answer_was_not_recorded(
+        cluster: ThreadCluster, ns: str) -> None:
+    """The server acted and died before recording its answer: the client's next try
+    (X-Stager-Attempt 2) finds the upload the create began and the file the commit
+    made, single and batched."""
+    meta = cluster.meta_url
+    async with aiohttp.ClientSession() as s:
+        key = uuid.uuid4().hex
+        body = CreateItem(f"{ns}/gap", None, True).to_json()
+        first = await _post(s, route("create").url(meta), body, key)
+        forget_answers(cluster)
+        again = await _post(s, route("create").url(meta), body, key, attempt=2)
+        assert again[0] == 200 and not again[2] and again[1] == first[1]
+        file_id = first[1]["file_id"]
+        assert [u for u in pending_uploads(cluster) if u == file_id] == [file_id]
+        commit = CommitItem(file_id, 0, ()).to_json()
+        ckey = uuid.uuid4().hex
+        done = await _post(s, route("commit").url(meta), commit, ckey)
+        forget_answers(cluster)
+        redone = await _post(s, route("commit").url(meta), commit, ckey, attempt=2)
+        assert redone[0] == 200 and not redone[2] and redone[1]["file_id"] == file_id
+        assert redone[1]["path"] == done[1]["path"] == f"{ns}/gap"
+        # batched: two creates, then their commits, each sent twice across the gap
+        items = {"items": [CreateItem(f"{ns}/b{i}", None, True).to_json() for i in range(2)]}
+        bkey = uuid.uuid4().hex
+        made = await _post(s, route("create_batch").url(meta), items, bkey)
+        forget_answers(cluster)
+        remade = await _post(s, route("create_batch").url(meta), items, bkey, attempt=2)
+        assert remade[1] == made[1]
+        ids = [r["file_id"] for r in made[1]["results"]]
+        commits = {"items": [CommitItem(f, 0, ()).to_json() for f in ids]}
+        mkey = uuid.uuid4().hex
+        await _post(s, route("commit_batch").url(meta), commits, mkey)
+        forget_answers(cluster)
+        recommitted = await _post(s, route("commit_batch").url(meta), commits, mkey, attempt=2)
+        assert [r["file_id"] for r in recommitted[1]["results"]] == ids
+        assert not set(ids) & pending_uploads(cluster)
+        # a first try is never taken for a retry: without the mark, the gone upload is a 404
+        status, _, _ = await _post(s, route("commit").url(meta), commit, uuid.uuid4().hex)
+        assert status == 404
 
 
 class CuttingProxy:

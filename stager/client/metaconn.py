@@ -23,7 +23,7 @@ import aiohttp
 from ..dataplane.transport import ChunkBody
 from ..errors import TRANSPORT_FAILURES, error_from_wire, unreachable
 from ..protocol import paths
-from ..protocol.headers import IDEMPOTENCY_KEY
+from ..protocol.headers import ATTEMPT, IDEMPOTENCY_KEY
 from ..protocol.metaurls import joined, meta_urls
 from ..protocol.models import FileInfo
 from ..protocol.routes import Route
@@ -84,6 +84,8 @@ class MetaConnection:
             # ChunkBody: a large manifest is megabytes; raw bytes of that size make
             # aiohttp warn.  A new one each try: a payload is written once.
             data = ChunkBody(raw_body) if raw_body is not None else None
+            if IDEMPOTENCY_KEY in hdrs:
+                hdrs[ATTEMPT] = str(attempt + 1)    # later tries look for the first's work
             try:
                 async with self._session().request(route.method, url, data=data,
                                                    headers=hdrs, **extra) as resp:

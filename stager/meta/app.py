@@ -25,7 +25,7 @@ from ..web.metrics import ServerMetrics
 from ..web.middleware import METRICS_KEY, error_response, json_response, large_json_response
 from ..web.requests import path_arg, query_bool, query_int, read_json
 from ..web.server import add_routes, base_app
-from . import authapp, jobtable, reliability
+from . import authapp, jobtable, opkey, reliability
 from .authapp import check_uploads, read_capability, write_capability
 from .gateway import Gateway
 from .service import MetaService
@@ -55,7 +55,8 @@ def make_meta_app(config: Config) -> web.Application:
     app[SERVICE] = service
     add_routes(app, "meta", {**HANDLERS, **authapp.handlers(service, config)})
     authapp.install(app, service, config)   # tokens, when config.auth
-    idempotency.install(app, service.store)   # after auth: keys answer their owners only
+    # after auth, so that a key answers only its owner; opkey: creates and commits retried
+    idempotency.install(app, service.store, bind=opkey.bind)
     app.cleanup_ctx.append(_data_plane)
     app.cleanup_ctx.append(_background)
     # rebuild, repair, scrub, fsck: after _data_plane, whose plane they use

@@ -10,3 +10,4 @@ FILE_ID = "X-Stager-File-Id"
 # retry of it; a server that has an answer for the key gives that instead of acting again.
 IDEMPOTENCY_KEY = "Idempotency-Key"
 REPLAYED = "X-Stager-Replayed"      # "1" on an answer given again for a known key
+ATTEMPT = "X-Stager-Attempt"        # which try of the keyed request this is: 1, 2, …

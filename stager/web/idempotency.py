@@ -10,11 +10,11 @@ successful request that carries one.  Failed requests are not recorded: their
 operations change nothing, so a retry acts afresh.
 
 The record goes to the store right after the operation, not in its transaction:
-a server that dies between the two has acted without recording, and a retry acts
-again.  For the operations a client retries that second act is harmless or
-visible: a create makes a second, pending upload (the first, never committed, is
-collected as abandoned), a commit, rename or remove finds its work done and
-answers ``NotFound`` (the client sees an error, never a duplicate).
+a server that dies between the two has acted without recording.  The client
+marks its later tries (``X-Stager-Attempt``), and the key is handed to the
+operation (``bind``): creates and commits then find what the first try did
+(stager/meta/opkey.py).  A rename or remove caught in that gap answers
+``NotFound`` on its retry: an error the client sees, never an operation applied twice.
 
 Keys are scoped by token, method and path, so one client's key never answers
 another's request, nor a request to another route; recorded answers expire after ``ttl`` seconds.
@@ -32,7 +32,7 @@ from typing import Protocol
 from aiohttp import web
 
 from ..errors import BadRequest, StagerError
-from ..protocol.headers import IDEMPOTENCY_KEY, REPLAYED
+from ..protocol.headers import ATTEMPT, IDEMPOTENCY_KEY, REPLAYED
 from .authmw import token_of
 
 log = logging.getLogger("stager.idempotency")
@@ -54,10 +54,15 @@ class AnswerBook(Protocol):
     async def expire_answers(self, before: float) -> int: ...
 
 
-def install(app: web.Application, book: AnswerBook, *, ttl: float = KEY_TTL,
-            clock: Callable[[], float] = time.time) -> None:
-    """Answer repeated keys on ``app`` from ``book``; sweep answers older than ``ttl``."""
-    app.middlewares.append(idempotency_middleware(book, clock))
+Bind = Callable[[str, bool], None]
+
+
+def install(app: web.Application, book: AnswerBook, *, bind: Bind | None = None,
+            ttl: float = KEY_TTL, clock: Callable[[], float] = time.time) -> None:
+    """Answer repeated keys on ``app`` from ``book``; sweep answers older than ``ttl``.
+    ``bind(key, retried)`` is called, in the handler's task, before a keyed request
+    without a recorded answer is acted on (``retried``: not the client's first try)."""
+    app.middlewares.append(idempotency_middleware(book, clock, bind))
 
     async def sweep(app: web.Application) -> AsyncIterator[None]:
         async def loop() -> None:
@@ -89,7 +94,7 @@ def scoped_key(request: web.Request, key: str) -> str:
     return f"{token.id if token else '-'} {request.method} {request.path} {key}"
 
 
-def idempotency_middleware(book: AnswerBook, clock: Callable[[], float]
+def idempotency_middleware(book: AnswerBook, clock: Callable[[], float], bind: Bind | None
                            ) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
     # keys being acted on here: a second request with one waits for the first's answer
     running: dict[str, asyncio.Event] = {}
@@ -109,6 +114,8 @@ def idempotency_middleware(book: AnswerBook, clock: Callable[[], float]
                 "Content-Type": "application/json", REPLAYED: "1"})
         running[scoped] = done = asyncio.Event()
         try:
+            if bind is not None:
+                bind(scoped, request.headers.get(ATTEMPT, "1") != "1")
             response = await handler(request)
             if 200 <= response.status < 300 and isinstance(response, web.Response) \
                     and isinstance(response.body, bytes):

@@ -178,7 +178,8 @@ async def test_kill9_one_meta_during_a_create_storm(pair: MetaPair,
                    acked_after_kill_per_writer=after_kill, failed_creates=len(failed),
                    files_present=len(present), acked_creates_lost=len(lost),
                    files_not_whole=len(wrong), pending_uploads_left=leftover,
-                   fsck_clean=fsck["clean"], seconds_after_kill=round(carried_on, 2))
+                   fsck_clean=fsck["clean"], seconds_after_kill=round(carried_on, 2),
+                   failures=failed[:3])
     assert before > 20
     assert lost == [], lost[:5]
     assert wrong == [], wrong[:5]
