@@ -56,7 +56,8 @@ def make_meta_app(config: Config) -> web.Application:
     add_routes(app, "meta", {**HANDLERS, **authapp.handlers(service, config)})
     authapp.install(app, service, config)   # tokens, when config.auth
     # after auth, so that a key answers only its owner; opkey: creates and commits retried
-    idempotency.install(app, service.store, bind=opkey.bind)
+    idempotency.install(app, service.store, bind=opkey.bind,
+                        self_answering=opkey.SELF_ANSWERING)
     app.cleanup_ctx.append(_data_plane)
     app.cleanup_ctx.append(_background)
     # rebuild, repair, scrub, fsck: after _data_plane, whose plane they use

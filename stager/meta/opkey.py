@@ -32,6 +32,8 @@ class OperationKey:
     retried: bool       # the client sent it before: the first try may have acted
 
 
+# the routes whose retries find an earlier try's work (no recorded answer needed)
+SELF_ANSWERING = frozenset({"create", "commit", "create_batch", "commit_batch"})
 _CURRENT: ContextVar[OperationKey | None] = ContextVar("stager_operation_key", default=None)
 
 

@@ -221,7 +221,8 @@ class PostgreSQLStore(MetaStore):
         return found
 
     async def record_answer(self, key: str, status: int, body: bytes, *, now: float) -> bool:
-        return bool(await self._write(lambda c: answers.put(c, key, status, body, now)))
+        self._check_open()      # grouped with the upload writes queued meanwhile
+        return bool(await self.writes.write(lambda c: answers.put(c, key, status, body, now)))
 
     async def expire_answers(self, before: float) -> int:
         return int(await self._write(lambda c: answers.expire(c, before)))

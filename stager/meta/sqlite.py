@@ -172,7 +172,7 @@ class SQLiteStore(MetaStore):
         return await self.thread.run(self.answers.get, key)
 
     async def record_answer(self, key: str, status: int, body: bytes, *, now: float) -> bool:
-        return await self.thread.run(self.answers.put, key, status, body, now)
+        return await self.thread.write(self.answers.put, key, status, body, now)
 
     async def expire_answers(self, before: float) -> int:
         return await self.thread.run(self.answers.expire, before)

@@ -23,6 +23,7 @@ CREATE INDEX IF NOT EXISTS answers_created ON answers (created);
 
 class AnswerSQL:
     def __init__(self, database: Database) -> None:
+        self.database = database
         self.db = database.db
         self.db.executescript(SCHEMA)
 
@@ -32,8 +33,10 @@ class AnswerSQL:
         return None if row is None else (int(row[0]), bytes(row[1]))
 
     def put(self, key: str, status: int, body: bytes, now: float) -> bool:
-        cur = self.db.execute("INSERT OR IGNORE INTO answers (key, status, body, created) "
-                              "VALUES (?, ?, ?, ?)", (key, status, body, now))
+        # its own transaction, or a savepoint in the group commit it shares
+        with self.database.transaction():
+            cur = self.db.execute("INSERT OR IGNORE INTO answers (key, status, body, created) "
+                                  "VALUES (?, ?, ?, ?)", (key, status, body, now))
         return cur.rowcount == 1
 
     def expire(self, before: float) -> int:

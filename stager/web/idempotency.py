@@ -11,10 +11,12 @@ operations change nothing, so a retry acts afresh.
 
 The record goes to the store right after the operation, not in its transaction:
 a server that dies between the two has acted without recording.  The client
-marks its later tries (``X-Stager-Attempt``), and the key is handed to the
-operation (``bind``): creates and commits then find what the first try did
-(stager/meta/opkey.py).  A rename or remove caught in that gap answers
-``NotFound`` on its retry: an error the client sees, never an operation applied twice.
+numbers its tries (``X-Stager-Attempt``), and the key is handed to the operation
+(``bind``): creates and commits, single or batched, find what an earlier try did
+themselves (stager/meta/opkey.py), so their answers are not recorded at all and
+the write path pays nothing for its keys.  A rename or remove caught in that gap
+answers ``NotFound`` on its retry: an error the client sees, never an operation
+applied twice.  A first try (``X-Stager-Attempt: 1``) is not looked up.
 
 Keys are scoped by token, method and path, so one client's key never answers
 another's request, nor a request to another route; recorded answers expire after ``ttl`` seconds.
@@ -58,11 +60,14 @@ Bind = Callable[[str, bool], None]
 
 
 def install(app: web.Application, book: AnswerBook, *, bind: Bind | None = None,
-            ttl: float = KEY_TTL, clock: Callable[[], float] = time.time) -> None:
+            self_answering: frozenset[str] = frozenset(), ttl: float = KEY_TTL,
+            clock: Callable[[], float] = time.time) -> None:
     """Answer repeated keys on ``app`` from ``book``; sweep answers older than ``ttl``.
     ``bind(key, retried)`` is called, in the handler's task, before a keyed request
-    without a recorded answer is acted on (``retried``: not the client's first try)."""
-    app.middlewares.append(idempotency_middleware(book, clock, bind))
+    without a recorded answer is acted on (``retried``: maybe not the first try).
+    The routes named in ``self_answering`` find an earlier try's work themselves
+    (through ``bind``): their answers are neither recorded nor looked up."""
+    app.middlewares.append(idempotency_middleware(book, clock, bind, self_answering))
 
     async def sweep(app: web.Application) -> AsyncIterator[None]:
         async def loop() -> None:
@@ -94,7 +99,8 @@ def scoped_key(request: web.Request, key: str) -> str:
     return f"{token.id if token else '-'} {request.method} {request.path} {key}"
 
 
-def idempotency_middleware(book: AnswerBook, clock: Callable[[], float], bind: Bind | None
+def idempotency_middleware(book: AnswerBook, clock: Callable[[], float], bind: Bind | None,
+                           self_answering: frozenset[str] = frozenset(),
                            ) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
     # keys being acted on here: a second request with one waits for the first's answer
     running: dict[str, asyncio.Event] = {}
@@ -107,7 +113,11 @@ def idempotency_middleware(book: AnswerBook, clock: Callable[[], float], bind: B
         scoped = scoped_key(request, key)
         while (busy := running.get(scoped)) is not None:
             await busy.wait()
-        found = await book.recorded_answer(scoped)
+        # A client that numbers its tries says when this is its first: nothing to find
+        # then.  One that does not is taken at its word that it may have sent it before.
+        retried = request.headers.get(ATTEMPT) != "1"
+        answers = request.match_info.route.name in self_answering
+        found = await book.recorded_answer(scoped) if retried and not answers else None
         if found is not None:
             status, body = found
             return web.Response(status=status, body=body, headers={
@@ -115,10 +125,10 @@ def idempotency_middleware(book: AnswerBook, clock: Callable[[], float], bind: B
         running[scoped] = done = asyncio.Event()
         try:
             if bind is not None:
-                bind(scoped, request.headers.get(ATTEMPT, "1") != "1")
+                bind(scoped, retried)
             response = await handler(request)
-            if 200 <= response.status < 300 and isinstance(response, web.Response) \
-                    and isinstance(response.body, bytes):
+            if not answers and 200 <= response.status < 300 \
+                    and isinstance(response, web.Response) and isinstance(response.body, bytes):
                 await _record(book, scoped, response, clock())
             return response
         finally:
