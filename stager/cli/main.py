@@ -22,7 +22,8 @@ COMMAND_MODULES = ("stager.cli.servers", "stager.cli.up", "stager.cli.filecmds",
 
 
 def meta_url(args: argparse.Namespace) -> str:
-    """``--meta``, else ``STAGER_META_URL``, else the default."""
+    """``--meta``, else ``STAGER_META_URL``, else the default: one metadata server's URL
+    or several, comma-separated (servers on one store; clients fail over in order)."""
     return str(getattr(args, "meta", None) or os.environ.get("STAGER_META_URL")
                or DEFAULT_META_URL)
 
@@ -30,8 +31,9 @@ def meta_url(args: argparse.Namespace) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stager", description="stager: a striped data-staging service for AI training")
-    parser.add_argument("--meta", metavar="URL",
-                        help="metadata server (default: $STAGER_META_URL, else "
+    parser.add_argument("--meta", metavar="URL[,URL…]",
+                        help="metadata server, or several on one store, comma-separated "
+                             "(default: $STAGER_META_URL, else "
                              f"{DEFAULT_META_URL})")
     parser.add_argument("--token-file", metavar="FILE",
                         help="a file holding the token to present (default: $STAGER_TOKEN, "

@@ -10,7 +10,7 @@ With ``--meta-store postgresql://…`` the namespace lives in that database, and
 ``--meta-servers N`` starts N metadata servers on it (roots ``ROOT/meta``,
 ``ROOT/meta1``, …; one signing key under ``ROOT/auth``); ``cluster.json`` lists
 them under ``"metas"`` and keeps the first as ``"meta"``.  The data servers
-register with the first.
+are given all of them (``--meta A,B``) and heartbeat to the first that answers.
 """
 
 from __future__ import annotations
@@ -153,7 +153,8 @@ def start_cluster(args: argparse.Namespace, started: list[Server]
     data = []
     for i in range(args.data_servers):
         droot = root / f"data{i}"
-        argv = [*join, *ca, "--meta", meta.url, "data", "--root", str(droot), "--host",
+        urls = ",".join(m.url for m in metas)
+        argv = [*join, *ca, "--meta", urls, "data", "--root", str(droot), "--host",
                 args.host, "--port", "0", "--node", f"node{i}", *exposure, *tls]
         server = _spawn("data", droot, argv, droot / "server.log")
         server.node = f"node{i}"

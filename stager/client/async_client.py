@@ -23,6 +23,7 @@ from ..protocol.batch import CommitItem, CreateItem, read_results
 from ..protocol.cluster import FsckResult, ScrubResult, Status
 from ..protocol.jobreport import JobList
 from ..protocol.manifest import Manifest
+from ..protocol.metaurls import joined, meta_urls
 from ..protocol.models import FileInfo, Layout, LayoutSpec, TargetInfo
 from ..protocol.routes import route
 from .bulk import WriteItem, put_tree, write_many
@@ -36,23 +37,25 @@ LOCAL_PIECE = 8 << 20      # bytes per read/write of a local file
 class AsyncClient:
     """Talks to one stager cluster.  Use ``async with AsyncClient(...) as c``.
 
-    ``meta_url`` defaults to ``config.meta_url`` (``STAGER_META_URL``, else
-    ``http://127.0.0.1:7070``).  All chunk traffic goes through one
+    ``meta_url`` (one URL, several comma-separated, or a sequence: metadata servers
+    on one store, tried in order) defaults to ``config.meta_url``
+    (``STAGER_META_URL``, else ``http://127.0.0.1:7070``).  All chunk traffic goes through one
     :class:`~stager.dataplane.DataPlane`, so per-target counters cover
     everything this client read and wrote.
     """
 
-    def __init__(self, meta_url: str | None = None, *, config: Config | None = None,
-                 token: str | None = None) -> None:
+    def __init__(self, meta_url: str | Sequence[str] | None = None, *,
+                 config: Config | None = None, token: str | None = None) -> None:
         self.config = config or load_config()
         if token is not None:
             self.config = self.config.replace(token=token)
-        self.meta_url = (meta_url or self.config.meta_url).rstrip("/")
+        urls = meta_urls(meta_url or self.config.meta_url)
+        self.meta_url = joined(urls)        # every metadata server, comma-separated
         self.options = PlaneOptions.of(self.config)
         self._session: aiohttp.ClientSession | None = None
         self._plane: DataPlane | None = None
         self._limit: asyncio.Semaphore | None = None
-        self.meta = MetaConnection(self.meta_url, lambda: self.plane.session,
+        self.meta = MetaConnection(urls, lambda: self.plane.session,
                                    retries=self.config.retries,
                                    stat_ttl=self.config.stat_cache_ttl,
                                    headers=self.config.auth_headers())

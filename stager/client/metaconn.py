@@ -1,4 +1,4 @@
-"""The client's connection to the metadata server: requests and the stat cache.
+"""The client's connection to the metadata servers: requests, failover and the stat cache.
 
 :class:`~stager.client.async_client.AsyncClient` and the batched writer
 (:mod:`stager.client.bulk`) both talk to the metadata server through one
@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
-from collections.abc import Callable, Mapping
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -21,55 +23,84 @@ import aiohttp
 from ..dataplane.transport import ChunkBody
 from ..errors import TRANSPORT_FAILURES, error_from_wire, unreachable
 from ..protocol import paths
+from ..protocol.headers import ATTEMPT, IDEMPOTENCY_KEY
+from ..protocol.metaurls import joined, meta_urls
 from ..protocol.models import FileInfo
 from ..protocol.routes import Route
 
 # scrub and fsck answer when they are done: minutes on big targets
 LONG = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=None)
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+log = logging.getLogger("stager.client")
 
 
 class MetaConnection:
-    """Requests to the metadata server at ``url`` over the session ``session()``
-    gives (the data plane's: one connection pool for everything a client does).
+    """Requests to the metadata servers ``urls`` (any of them serves the same store)
+    over the session ``session()`` gives (the data plane's: one connection pool for
+    everything a client does).
 
-    A GET that fails in transport is sent again ``retries`` times with backoff;
-    other methods are sent once, as they may have taken effect.
+    A request that fails in transport goes to the next server, round after round
+    (``retries`` rounds after the first, with backoff between them); the server that
+    answered is tried first next time.  A mutating request carries an
+    ``Idempotency-Key``, the same on every try: a server that already acted on it
+    (the connection broke after the request went out) answers what it answered then
+    instead of acting again (stager/web/idempotency.py).
     """
 
-    def __init__(self, url: str, session: Callable[[], aiohttp.ClientSession], *,
+    def __init__(self, urls: str | Sequence[str],
+                 session: Callable[[], aiohttp.ClientSession], *,
                  retries: int, stat_ttl: float, headers: Mapping[str, str] | None = None
                  ) -> None:
-        self.url = url.rstrip("/")
+        self.urls = meta_urls(urls)
         self.headers = dict(headers or {})     # Authorization, with a token
         self.retries = retries
         self.stat_ttl = stat_ttl
         self._session = session
+        self._current = 0                      # the server that answered last
         self._stats: dict[str, tuple[float, FileInfo]] = {}
+
+    @property
+    def url(self) -> str:
+        """The metadata server requests go to first: the one that answered last."""
+        return self.urls[self._current]
 
     async def request(self, route: Route, *, body: Any = None,
                       query: Mapping[str, Any] | None = None,
                       timeout: aiohttp.ClientTimeout | None = None, **path_params: Any) -> Any:
         """Send ``route`` (its path parameters filled from ``path_params``) with the
         JSON ``body``; the answer's JSON, or its error raised."""
-        url = route.url(self.url, query=query, **path_params)
-        # ChunkBody: a large manifest is megabytes; raw bytes of that size make aiohttp warn.
-        data = ChunkBody(json.dumps(body).encode()) if body is not None else None
-        hdrs = {"Content-Type": "application/json"} if data is not None else {}
+        raw_body = json.dumps(body).encode() if body is not None else None
+        hdrs = {"Content-Type": "application/json"} if raw_body is not None else {}
         hdrs.update(self.headers)
+        if route.method not in SAFE_METHODS:
+            hdrs[IDEMPOTENCY_KEY] = uuid.uuid4().hex
         extra = {"timeout": timeout} if timeout is not None else {}
-        attempts = self.retries + 1 if route.method == "GET" else 1
-        for attempt in range(attempts):
+        first, count = self._current, len(self.urls)
+        tries = (self.retries + 1) * count
+        for attempt in range(tries):
+            which = (first + attempt) % count
+            base = self.urls[which]
+            url = route.url(base, query=query, **path_params)
+            # ChunkBody: a large manifest is megabytes; raw bytes of that size make
+            # aiohttp warn.  A new one each try: a payload is written once.
+            data = ChunkBody(raw_body) if raw_body is not None else None
+            if IDEMPOTENCY_KEY in hdrs:
+                hdrs[ATTEMPT] = str(attempt + 1)    # later tries look for the first's work
             try:
-                async with self._session().request(route.method, url, data=data, headers=hdrs,
-                                                   **extra) as resp:
+                async with self._session().request(route.method, url, data=data,
+                                                   headers=hdrs, **extra) as resp:
                     status, raw = resp.status, await resp.read()
                 answer = json.loads(raw) if status < 400 else None
             except (*TRANSPORT_FAILURES, ValueError) as exc:   # ValueError: not JSON
-                if attempt + 1 < attempts:
-                    await asyncio.sleep(0.1 * 2 ** attempt)
-                    continue
-                raise unreachable(exc, f"metadata server {self.url} unreachable",
-                                  url=self.url) from exc
+                if attempt + 1 >= tries:
+                    raise unreachable(exc, f"metadata server {joined(self.urls)} unreachable",
+                                      url=base) from exc
+                log.info("metadata server %s: %s; trying %s", base, exc,
+                         self.urls[(which + 1) % count])
+                if (attempt + 1) % count == 0:          # a whole round failed
+                    await asyncio.sleep(0.1 * 2 ** ((attempt + 1) // count - 1))
+                continue
+            self._current = which
             if status >= 400:
                 raise error_from_wire(status, raw)
             return answer

@@ -14,7 +14,7 @@ import functools
 import io
 import threading
 import weakref
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from fsspec.asyn import sync
@@ -35,12 +35,12 @@ MIRRORED = ("stat", "exists", "ls", "mkdir", "set_layout", "rename", "rm", "stat
 class Client:
     """Blocking client; every method is the AsyncClient method of the same name."""
 
-    def __init__(self, meta_url: str | None = None, *, config: Config | None = None,
-                 token: str | None = None) -> None:
+    def __init__(self, meta_url: str | Sequence[str] | None = None, *,
+                 config: Config | None = None, token: str | None = None) -> None:
         self.config = config or load_config()
         if token is not None:
             self.config = self.config.replace(token=token)
-        self._meta_url = meta_url
+        self._meta_url = meta_url       # one URL, several comma-separated, or a list
         self._owner = new_owner()
         weakref.finalize(self, release, self._owner)    # forgotten without close()
 

@@ -15,6 +15,7 @@ from ..config import Config
 from ..errors import TRANSPORT_FAILURES, StagerError, error_from_wire
 from ..protocol.authmsg import PublicKey
 from ..protocol.messages import Heartbeat
+from ..protocol.metaurls import meta_urls
 from ..protocol.models import TargetInfo
 from ..protocol.routes import route
 from ..web.authmw import CapabilityGate
@@ -27,48 +28,54 @@ async def register_and_heartbeat(service: DataService, config: Config, url: str,
                                  gate: CapabilityGate | None = None) -> None:
     """Register at ``config.meta_url`` as ``url``, then heartbeat forever.
 
-    A metadata server that is down is retried with backoff; one that forgot the
-    target (answers 404 to a heartbeat) gets a fresh registration.  With auth on
+    With several metadata servers (``http://a:7070,http://b:7070``, on one store),
+    everything goes to the first that answers; a failure moves to the next.  A
+    metadata server that is down is retried with backoff; one that does not know
+    the target (answers 404 to a heartbeat) gets a fresh registration.  With auth on
     (``gate``), the metadata server's public key comes first, unless the gate was
     given it (``public_key_file``), and every request carries the join token.
     """
     timeout = aiohttp.ClientTimeout(total=max(config.heartbeat_interval * 2, 5.0))
     ident = service.identity
+    urls, current = meta_urls(config.meta_url), 0
     connector = aiohttp.TCPConnector(ssl=client_ssl(config.ca_file))
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         registered = False
         delay = 0.1
         while True:
             usage = await service.usage()
+            meta = urls[current]
             try:
                 if gate is not None and gate.cache is None:
-                    gate.trust(await _public_key(session, config))
+                    gate.trust(await _public_key(session, meta))
                     log.info("trusting the metadata server's public key")
                 if not registered:
                     body = TargetInfo(id=ident.target_id, node=ident.node, url=url,
                                       capacity=usage.capacity, used=usage.used,
                                       chunks=usage.chunks).to_json()
-                    await _post(session, route("register_target").url(config.meta_url), body,
-                                config)
-                    log.info("registered target %s at %s", ident.target_id, config.meta_url)
+                    await _post(session, route("register_target").url(meta), body, config)
+                    log.info("registered target %s at %s", ident.target_id, meta)
                     registered = True
                 else:
                     status = await _post(
-                        session, route("heartbeat").url(config.meta_url,
-                                                        target_id=ident.target_id),
+                        session, route("heartbeat").url(meta, target_id=ident.target_id),
                         Heartbeat(usage.capacity, usage.used, usage.chunks).to_json(), config)
                     if status == 404:
                         registered = False
                         continue
                 delay = config.heartbeat_interval
             except (*TRANSPORT_FAILURES, StagerError) as exc:
-                log.warning("metadata server %s unreachable: %s", config.meta_url, exc)
-                delay = min(max(delay * 2, 0.1), config.heartbeat_interval)
+                log.warning("metadata server %s unreachable: %s", meta, exc)
+                current = (current + 1) % len(urls)
+                if current == 0:            # every one failed: back off
+                    delay = min(max(delay * 2, 0.1), config.heartbeat_interval)
+                else:
+                    delay = 0.0
             await asyncio.sleep(delay)
 
 
-async def _public_key(session: aiohttp.ClientSession, config: Config) -> Ed25519PublicKey:
-    async with session.get(route("auth_key").url(config.meta_url)) as resp:
+async def _public_key(session: aiohttp.ClientSession, meta: str) -> Ed25519PublicKey:
+    async with session.get(route("auth_key").url(meta)) as resp:
         if resp.status >= 400:
             raise error_from_wire(resp.status, await resp.read())
         return load_public_key(PublicKey.from_json(await resp.json()).public_key)

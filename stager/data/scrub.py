@@ -28,6 +28,7 @@ from ..auth.tls import client_ssl
 from ..config import Config
 from ..errors import TRANSPORT_FAILURES, CorruptChunk, StagerError, error_from_wire
 from ..protocol.messages import ScrubReport
+from ..protocol.metaurls import meta_urls
 from ..protocol.routes import route
 from ..ratelimit import TokenBucket
 from ..storage import ChunkStore
@@ -148,11 +149,18 @@ class Scrubber:
         body = json.dumps(ScrubReport(self.target_id, tuple(chunks)).to_json())
         timeout = aiohttp.ClientTimeout(total=30)
         connector = aiohttp.TCPConnector(ssl=client_ssl(self.config.ca_file))
-        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session, \
-                session.post(route("scrub_report").url(self.config.meta_url), data=body,
-                             headers={"Content-Type": "application/json",
-                                      **self.config.auth_headers()}) as resp:
-            if resp.status >= 400:
-                raise error_from_wire(resp.status, await resp.read())
+        urls = meta_urls(self.config.meta_url)
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+            for i, meta in enumerate(urls):     # the first metadata server that answers
+                try:
+                    async with session.post(route("scrub_report").url(meta), data=body,
+                                            headers={"Content-Type": "application/json",
+                                                     **self.config.auth_headers()}) as resp:
+                        if resp.status >= 400:
+                            raise error_from_wire(resp.status, await resp.read())
+                    break
+                except TRANSPORT_FAILURES:
+                    if i + 1 == len(urls):
+                        raise
         self._unreported.difference_update(chunks)
         log.info("reported %d corrupt chunk(s) of %s", len(chunks), self.target_id)

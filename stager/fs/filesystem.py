@@ -19,7 +19,7 @@ import datetime as dt
 import os
 import stat
 import weakref
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from glob import has_magic
 from typing import Any, TypeVar
 
@@ -36,6 +36,7 @@ from ..dataplane.engine import ReadEngine
 from ..dataplane.readplan import FileTable, ReadOptions
 from ..errors import IsADirectory, NotADirectory
 from ..protocol import paths
+from ..protocol.metaurls import from_hosts, joined, meta_urls
 from ..protocol.models import FileInfo, LayoutSpec
 from ..stage.copy import copy_in, copy_out
 from ..stage.source import ThreadSource
@@ -61,7 +62,8 @@ class StagerFileSystem(AsyncFileSystem):
     root_marker = "/"
     async_impl = True
 
-    def __init__(self, meta_url: str | None = None, *, config: Config | None = None,
+    def __init__(self, meta_url: str | Sequence[str] | None = None, *,
+                 config: Config | None = None,
                  token: str | None = None, asynchronous: bool = False, loop: Any = None,
                  batch_size: int | None = None, **kwargs: Any) -> None:
         config = config or load_config()
@@ -72,7 +74,7 @@ class StagerFileSystem(AsyncFileSystem):
             loop = current().io_loop(config.event_loop)
         super().__init__(asynchronous=asynchronous, loop=loop, batch_size=batch_size, **kwargs)
         self.config = config
-        self.meta_url = (meta_url or self.config.meta_url).rstrip("/")
+        self.meta_url = joined(meta_urls(meta_url or self.config.meta_url))
         self._owner = new_owner()
         weakref.finalize(self, release, self._owner)   # when the filesystem goes, or at exit
 
@@ -137,15 +139,16 @@ class StagerFileSystem(AsyncFileSystem):
     def _get_kwargs_from_urls(path: str) -> dict[str, Any]:
         if path.startswith("stager://"):
             netloc = path[len("stager://"):].partition("/")[0]
-            if netloc:
-                return {"meta_url": f"http://{netloc}"}
+            if netloc:      # one host, or several: stager://a:7070,b:7070/path
+                return {"meta_url": from_hosts(netloc)}
         return {}
 
     def unstrip_protocol(self, name: str) -> str:
         if name.startswith("stager://"):
             return name
-        netloc = self.meta_url.removeprefix("http://") if self.meta_url.startswith(
-            "http://") else ""
+        urls = meta_urls(self.meta_url)
+        netloc = ",".join(u.removeprefix("http://") for u in urls) \
+            if all(u.startswith("http://") for u in urls) else ""
         return f"stager://{netloc}{self._strip_protocol(name)}"
 
     @property

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from ..client import AsyncClient
 from ..errors import NotFound
 from ..protocol import paths
+from ..protocol.metaurls import from_hosts
 from ..protocol.models import FileInfo
 
 
@@ -45,7 +46,7 @@ def parse_source(source: str) -> tuple[str, str | None]:
     url = urlsplit(source)
     if url.scheme != "stager":
         raise ValueError(f"only stager:// URLs can be loaded, not {url.scheme}://")
-    meta = f"http://{url.netloc}" if url.netloc else None
+    meta = from_hosts(url.netloc) if url.netloc else None     # stager://a:7070,b:7070/p
     return paths.normalize(url.path or "/"), meta
 
 

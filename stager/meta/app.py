@@ -19,12 +19,13 @@ from ..protocol import messages as m
 from ..protocol.batch import CommitItem, CreateItem, parse_items, results_json
 from ..protocol.models import FileInfo, LayoutSpec, TargetInfo, check_file_id
 from ..protocol.ranges import content_range, parse_range, unsatisfied_range
+from ..web import idempotency
 from ..web.authmw import authorize, token_of
 from ..web.metrics import ServerMetrics
 from ..web.middleware import METRICS_KEY, error_response, json_response, large_json_response
 from ..web.requests import path_arg, query_bool, query_int, read_json
 from ..web.server import add_routes, base_app
-from . import authapp, jobtable, reliability, shared
+from . import authapp, jobtable, opkey, reliability, shared
 from .authapp import check_uploads, read_capability, write_capability
 from .gateway import Gateway
 from .service import MetaService
@@ -54,6 +55,9 @@ def make_meta_app(config: Config) -> web.Application:
     app[SERVICE] = service
     add_routes(app, "meta", {**HANDLERS, **authapp.handlers(service, config)})
     authapp.install(app, service, config)   # tokens, when config.auth
+    # after auth, so that a key answers only its owner; opkey: creates and commits retried
+    idempotency.install(app, service.store, bind=opkey.bind,
+                        self_answering=opkey.SELF_ANSWERING)
     app.cleanup_ctx.append(_data_plane)
     shared.install(app, service, config)     # a store other metadata servers share
     app.cleanup_ctx.append(_background)

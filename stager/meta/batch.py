@@ -15,9 +15,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BadRequest, IsADirectory, StagerError
+from ..errors import BadRequest, IsADirectory, StagerError, UploadNotFound
 from ..protocol.batch import CommitItem, CreateItem, check_count
 from ..protocol.models import FileInfo, LayoutSpec
+from . import opkey
 from .store import NodeEntry, Upload
 
 if TYPE_CHECKING:
@@ -56,8 +57,12 @@ async def create_many(service: MetaService, items: Sequence[CreateItem]
     inherited = await service.store.check_creates([
         (items[i].path, items[i].overwrite, items[i].parents) for i in todo])
     uploads = _plan_uploads(service, items, todo, inherited, results)
-    if uploads:
-        await service.store.begin_uploads([u for _, u in uploads])
+    # a retry: the uploads the first try began are answered, not begun again
+    earlier = await opkey.earlier_uploads(service.store, [u.file_id for _, u in uploads])
+    uploads = [(i, earlier.get(u.file_id, u)) for i, u in uploads]
+    fresh = [u for _, u in uploads if u.file_id not in earlier]
+    if fresh:
+        await service.store.begin_uploads(fresh)
     for i, upload in uploads:
         results[i] = (upload, service.info(NodeEntry(upload.path, "file", 0, upload.created,
                                                      upload.file_id, upload.layout)))
@@ -95,6 +100,10 @@ async def commit_many(service: MetaService, items: Sequence[CommitItem]
     todo = []
     for i, (item, upload) in enumerate(zip(items, uploads, strict=True)):
         try:
+            if isinstance(upload, UploadNotFound) and \
+                    (done := await opkey.earlier_commit(service.store, item.file_id)):
+                results[i] = service.info(done)     # a retry: the first try committed it
+                continue
             if isinstance(upload, StagerError):
                 raise upload
             check_commit(upload, item.size, item.checksums)

@@ -24,6 +24,7 @@ from typing import Any
 from ..errors import StagerError
 from ..protocol.authmsg import TokenInfo
 from ..protocol.models import Layout, LayoutSpec, TargetInfo
+from . import pg_answers as answers
 from . import pg_copy as copies
 from . import pg_files as files
 from . import pg_namespace as ns
@@ -275,3 +276,15 @@ class PostgreSQLStore(MetaStore):
         except StagerError:
             pass                    # the database is down: the lock says no below
         return await self.duties.hold()
+
+    # -- idempotency keys -------------------------------------------------------------
+    async def recorded_answer(self, key: str) -> tuple[int, bytes] | None:
+        found: tuple[int, bytes] | None = await self._read(lambda c: answers.get(c, key))
+        return found
+
+    async def record_answer(self, key: str, status: int, body: bytes, *, now: float) -> bool:
+        self._check_open()      # grouped with the upload writes queued meanwhile
+        return bool(await self.writes.write(lambda c: answers.put(c, key, status, body, now)))
+
+    async def expire_answers(self, before: float) -> int:
+        return int(await self._write(lambda c: answers.expire(c, before)))

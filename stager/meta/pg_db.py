@@ -39,7 +39,7 @@ Op = Callable[[asyncpg.Connection], Awaitable[R]]
 CONFLICT_RETRIES = 50        # serialization failures and deadlocks, per transaction
 RECONNECTS = 3               # connections found dead before the transaction began
 ROOT_ID = 1
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # Each migration takes the schema from version N-1 to N; applied in order, each in
 # the transaction that records its number.  Names sort bytewise (COLLATE "C"), as in
@@ -110,6 +110,14 @@ CREATE UNLOGGED TABLE job_reports (
     body      TEXT NOT NULL,
     expires   DOUBLE PRECISION NOT NULL
 );
+""", 3: """
+CREATE TABLE answers (
+    key     TEXT PRIMARY KEY,
+    status  INTEGER NOT NULL,
+    body    BYTEA NOT NULL,
+    created DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX answers_created ON answers (created);
 """}
 
 # Errors after which the connection is gone or the server cannot serve: the

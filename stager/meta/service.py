@@ -17,14 +17,20 @@ import asyncio
 import json
 import logging
 import time
-import uuid
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace as _with
 from typing import Any
 
 from ..config import Config
-from ..errors import AlreadyExists, BadRequest, IsADirectory, NotFound, StagerError
+from ..errors import (
+    AlreadyExists,
+    BadRequest,
+    IsADirectory,
+    NotFound,
+    StagerError,
+    UploadNotFound,
+)
 from ..layout import choose_layout
 from ..protocol import paths
 from ..protocol.batch import CommitItem, CreateItem
@@ -32,7 +38,7 @@ from ..protocol.cluster import Status
 from ..protocol.manifest import Manifest
 from ..protocol.messages import RerouteRequest
 from ..protocol.models import MAX_LIST_LIMIT, FileInfo, Layout, LayoutSpec, TargetInfo
-from . import batch, reroute
+from . import batch, opkey, reroute
 from .batch import Created, check_commit
 from .store import MetaStore, NodeEntry, Upload
 
@@ -160,7 +166,11 @@ class MetaService:
         spec.validate(self.config.max_chunk_size)
         upload = self.new_upload(path, spec.merged_over(inherited), overwrite=overwrite,
                                  parents=parents, healthy=self.healthy_targets())
-        await self.store.begin_upload(upload)
+        earlier = await opkey.earlier_uploads(self.store, [upload.file_id])
+        if upload.file_id in earlier:       # a retry: the first try began it
+            upload = earlier[upload.file_id]
+        else:
+            await self.store.begin_upload(upload)
         return upload, self.info(NodeEntry(path, "file", 0, upload.created, upload.file_id,
                                            upload.layout))
 
@@ -171,7 +181,7 @@ class MetaService:
         config = self.config
         spec = spec.merged_over(LayoutSpec(config.chunk_size, config.stripe_count,
                                            config.replicas))
-        file_id = uuid.uuid4().hex
+        file_id = opkey.new_file_id(path)
         chosen = choose_layout(
             healthy, chunk_size=spec.chunk_size or config.chunk_size,
             stripe_count=spec.stripe_count or 0, replicas=spec.replicas or 1,
@@ -180,7 +190,14 @@ class MetaService:
 
     async def commit(self, file_id: str, *, size: int, checksums: tuple[int, ...],
                      mtime: float | None = None) -> FileInfo:
-        check_commit(await self.store.get_upload(file_id), size, checksums)
+        try:
+            upload = await self.store.get_upload(file_id)
+        except UploadNotFound:
+            done = await opkey.earlier_commit(self.store, file_id)
+            if done is None:
+                raise
+            return self.info(done)          # a retry: the first try committed it
+        check_commit(upload, size, checksums)
         now = self.clock()
         entry = await self.store.commit_upload(file_id, size=size, checksums=checksums,
                                                mtime=mtime or now, now=now)

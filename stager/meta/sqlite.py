@@ -18,6 +18,7 @@ from typing import Any
 from ..errors import StagerError
 from ..protocol.authmsg import TokenInfo
 from ..protocol.models import Layout, LayoutSpec, TargetInfo
+from .sqlite_answers import AnswerSQL
 from .sqlite_batch import BatchSQL
 from .sqlite_copy import CopySQL
 from .sqlite_db import Database
@@ -52,6 +53,8 @@ class SQLiteStore(MetaStore):
         self.tokens = TokenSQL(self.database)
         self.copies = CopySQL(self.database)
         self.states = SharedSQL(self.database)
+
+        self.answers = AnswerSQL(self.database)
         # Public: its counters say how writes were grouped (tests, benchmarks).
         self.thread = StoreThread(self.database.transaction, max_group=max_group)
 
@@ -209,3 +212,13 @@ class SQLiteStore(MetaStore):
 
     async def hold_duties(self) -> bool:
         return True             # one server per SQLite file: it always runs them
+
+    # -- idempotency keys -------------------------------------------------------------
+    async def recorded_answer(self, key: str) -> tuple[int, bytes] | None:
+        return await self.thread.run(self.answers.get, key)
+
+    async def record_answer(self, key: str, status: int, body: bytes, *, now: float) -> bool:
+        return await self.thread.write(self.answers.put, key, status, body, now)
+
+    async def expire_answers(self, before: float) -> int:
+        return await self.thread.run(self.answers.expire, before)

@@ -345,6 +345,20 @@ class MetaStore(ABC):
         one server uses always says yes; PostgreSQL says yes to the one server that
         holds an advisory lock, and another takes it when that one dies."""
 
+    # -- idempotency keys (stager/web/idempotency.py) ------------------------------------
+    @abstractmethod
+    async def recorded_answer(self, key: str) -> tuple[int, bytes] | None:
+        """The ``(status, body)`` recorded for the idempotency ``key``, or ``None``."""
+
+    @abstractmethod
+    async def record_answer(self, key: str, status: int, body: bytes, *, now: float) -> bool:
+        """Record the answer to the request sent with ``key`` at ``now``; False (and the
+        first kept) when ``key`` already has one."""
+
+    @abstractmethod
+    async def expire_answers(self, before: float) -> int:
+        """Forget answers recorded before ``before``; how many went."""
+
     @abstractmethod
     def close(self) -> None:
         """Finish what is under way and release the store (once, at shutdown)."""

@@ -250,3 +250,23 @@ class MetaStoreTests:
                                                  "job/1/": {"samples": 2}}
         assert await store.live_reports(25.0) == {"job/0/": {"samples": 3}}
         assert await store.live_reports(5.0) == {"job/0/": {"samples": 3}}  # dropped for good
+
+    async def test_answers_are_recorded_once_kept_and_expire(
+            self, open_store: Callable[[], MetaStore]) -> None:
+        store = open_store()
+        try:
+            assert await store.recorded_answer("k1") is None
+            assert await store.record_answer("k1", 200, b'{"a": 1}', now=10.0)
+            assert not await store.record_answer("k1", 201, b'{"a": 2}', now=11.0)  # first kept
+            assert await store.record_answer("k2", 200, b"{}", now=20.0)
+            assert await store.recorded_answer("k1") == (200, b'{"a": 1}')
+        finally:
+            store.close()
+        again = open_store()
+        try:
+            assert await again.recorded_answer("k1") == (200, b'{"a": 1}')   # survives a reopen
+            assert await again.expire_answers(15.0) == 1
+            assert await again.recorded_answer("k1") is None
+            assert await again.recorded_answer("k2") == (200, b"{}")
+        finally:
+            again.close()

@@ -1,0 +1,289 @@
+"""Clients with several metadata servers: failover order, and idempotency keys.
+
+Real servers on loopback: the module's cluster, a port nobody listens on, and a
+proxy that forwards a request to the metadata server and then breaks the
+connection before answering (a server that acted and died before it could say so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import fsspec
+import pytest
+from aiohttp import web
+
+from stager import AsyncClient, Client
+from stager.config import load_config
+from stager.errors import NotFound, Unavailable
+from stager.loader.dataset import parse_source
+from stager.meta.app import SERVICE
+from stager.protocol.batch import CommitItem, CreateItem
+from stager.protocol.headers import ATTEMPT, IDEMPOTENCY_KEY, REPLAYED
+from stager.protocol.metaurls import from_hosts, meta_urls
+from stager.protocol.routes import route
+from stager.testing import ThreadCluster
+
+
+def dead_url() -> str:
+    """The URL of a loopback port that nothing listens on (connections are refused)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def pending_uploads(cluster: ThreadCluster) -> set[str]:
+    """The file ids of every upload begun and not yet committed or aborted."""
+    assert cluster.meta is not None
+    store = cluster.meta.app[SERVICE].store
+    future = asyncio.run_coroutine_threadsafe(store.expired_uploads(1e12), cluster.loop)
+    return {u.file_id for u in future.result(10)}
+
+
+def test_meta_urls_parse_lists_strings_and_hosts() -> None:
+    assert meta_urls("http://a:1/, http://b:2,http://a:1") == ("http://a:1", "http://b:2")
+    assert meta_urls(["http://a:1", "http://b:2,http://c:3"]) == (
+        "http://a:1", "http://b:2", "http://c:3")
+    assert from_hosts("a:7070,b:7070") == "http://a:7070,http://b:7070"
+    assert parse_source("stager://a:7070,b:7070/data/x") == (
+        "/data/x", "http://a:7070,http://b:7070")
+    with pytest.raises(ValueError):
+        meta_urls(" , ")
+
+
+async def test_a_refused_server_is_skipped_and_the_one_that_answered_is_kept(
+        cluster: ThreadCluster, ns: str) -> None:
+    dead = dead_url()
+    async with AsyncClient([dead, cluster.meta_url], config=load_config(env={})) as c:
+        assert c.meta_url == f"{dead},{cluster.meta_url}"
+        assert c.meta.url == dead                       # first in the list, at first
+        await c.pipe(f"{ns}/a", b"hello")               # a create and a commit: mutating
+        assert c.meta.url == cluster.meta_url           # remembered
+        assert await c.cat(f"{ns}/a") == b"hello"
+    # a comma-separated string does the same, through the blocking client
+    with Client(f"{dead},{cluster.meta_url}", config=load_config(env={})) as c:
+        assert c.cat(f"{ns}/a") == b"hello"
+    # the live one first: the dead one is never tried
+    async with AsyncClient(f"{cluster.meta_url},{dead}", config=load_config(env={})) as c:
+        assert (await c.stat(f"{ns}/a")).size == 5
+        assert c.meta.url == cluster.meta_url
+
+
+async def test_all_servers_dead_is_unavailable_naming_them(ns: str) -> None:
+    urls = [dead_url(), dead_url()]
+    config = load_config({"retries": 1}, env={})
+    async with AsyncClient(urls, config=config) as c:
+        with pytest.raises(Unavailable) as caught:
+            await c.mkdir(f"{ns}/d")
+    assert urls[0] in str(caught.value) and urls[1] in str(caught.value)
+
+
+async def test_fsspec_takes_several_hosts(cluster: ThreadCluster, ns: str) -> None:
+    host = cluster.meta_url.removeprefix("http://")
+    dead = dead_url().removeprefix("http://")
+    fs, path = fsspec.core.url_to_fs(f"stager://{dead},{host}{ns}/f")
+    fs.pipe_file(path, b"through the second")
+    assert fs.cat_file(path) == b"through the second"
+    assert fs.unstrip_protocol(path) == f"stager://{dead},{host}{ns}/f"
+
+
+def forget_answers(cluster: ThreadCluster) -> None:
+    """Drop every recorded answer: as if the server had died right after acting."""
+    assert cluster.meta is not None
+    store = cluster.meta.app[SERVICE].store
+    asyncio.run_coroutine_threadsafe(store.expire_answers(1e12), cluster.loop).result(10)
+
+
+async def _post(session: aiohttp.ClientSession, url: str, body: Any,
+                key: str, attempt: int = 1) -> tuple[int, Any, bool]:
+    headers = {IDEMPOTENCY_KEY: key, ATTEMPT: str(attempt)}
+    async with session.post(url, json=body, headers=headers) as resp:
+        return resp.status, await resp.json(), resp.headers.get(REPLAYED) == "1"
+
+
+async def test_a_repeated_key_gets_the_first_answer_and_acts_once(
+        cluster: ThreadCluster, ns: str) -> None:
+    meta = cluster.meta_url
+    async with aiohttp.ClientSession() as s:
+        body = CreateItem(f"{ns}/k", None, True).to_json()
+        key = uuid.uuid4().hex
+        first = await _post(s, route("create").url(meta), body, key)
+        again = await _post(s, route("create").url(meta), body, key, attempt=2)
+        assert first[0] == again[0] == 200
+        assert again[1] == first[1]                             # the same upload
+        file_id = first[1]["file_id"]
+        assert file_id in pending_uploads(cluster)
+        # a commit sent twice answers the committed file twice, never a 404
+        commit = {"file_id": file_id, "size": 0, "checksums": []}
+        ckey = uuid.uuid4().hex
+        done = await _post(s, route("commit").url(meta), commit, ckey)
+        redone = await _post(s, route("commit").url(meta), commit, ckey, attempt=2)
+        assert done[0] == redone[0] == 200 and redone[1] == done[1]
+        assert file_id not in pending_uploads(cluster)
+        # without the key it would have acted again: the upload is gone
+        status, answer, _ = await _post(s, route("commit").url(meta), commit,
+                                        uuid.uuid4().hex)
+        assert status == 404 and answer["error"] == "upload_not_found"
+        # a rename and a remove are applied once
+        rename = {"src": f"{ns}/k", "dst": f"{ns}/k2", "overwrite": False}
+        rkey = uuid.uuid4().hex
+        assert (await _post(s, route("rename").url(meta), rename, rkey))[0] == 200
+        renamed = await _post(s, route("rename").url(meta), rename, rkey, attempt=2)
+        assert renamed[0] == 200 and renamed[2] and renamed[1]["path"] == f"{ns}/k2"
+        remove = {"path": f"{ns}/k2", "recursive": False}
+        xkey = uuid.uuid4().hex
+        removed = await _post(s, route("remove").url(meta), remove, xkey)
+        again = await _post(s, route("remove").url(meta), remove, xkey, attempt=2)
+        assert again[2] and again[1] == removed[1] and removed[1]["removed"] == 1
+        # a client that does not number its tries is answered from the record too
+        async with s.post(route("remove").url(meta), json=remove,
+                          headers={IDEMPOTENCY_KEY: xkey}) as resp:
+            assert resp.status == 200 and resp.headers[REPLAYED] == "1"
+        # a key is bound to its route: the same key on another acts afresh
+        made = await _post(s, route("mkdir").url(meta),
+                           {"path": f"{ns}/dir", "parents": True, "exist_ok": False}, key)
+        assert made[0] == 200 and not made[2] and made[1]["type"] == "directory"
+
+
+async def test_a_retry_finds_the_work_of_a_try_whose_answer_was_not_recorded(
+        cluster: ThreadCluster, ns: str) -> None:
+    """The server acted and died before recording its answer: the client's next try
+    (X-Stager-Attempt 2) finds the upload the create began and the file the commit
+    made, single and batched."""
+    meta = cluster.meta_url
+    async with aiohttp.ClientSession() as s:
+        key = uuid.uuid4().hex
+        body = CreateItem(f"{ns}/gap", None, True).to_json()
+        first = await _post(s, route("create").url(meta), body, key)
+        forget_answers(cluster)
+        again = await _post(s, route("create").url(meta), body, key, attempt=2)
+        assert again[0] == 200 and not again[2] and again[1] == first[1]
+        file_id = first[1]["file_id"]
+        assert [u for u in pending_uploads(cluster) if u == file_id] == [file_id]
+        commit = CommitItem(file_id, 0, ()).to_json()
+        ckey = uuid.uuid4().hex
+        done = await _post(s, route("commit").url(meta), commit, ckey)
+        forget_answers(cluster)
+        redone = await _post(s, route("commit").url(meta), commit, ckey, attempt=2)
+        assert redone[0] == 200 and not redone[2] and redone[1]["file_id"] == file_id
+        assert redone[1]["path"] == done[1]["path"] == f"{ns}/gap"
+        # batched: two creates, then their commits, each sent twice across the gap
+        items = {"items": [CreateItem(f"{ns}/b{i}", None, True).to_json() for i in range(2)]}
+        bkey = uuid.uuid4().hex
+        made = await _post(s, route("create_batch").url(meta), items, bkey)
+        forget_answers(cluster)
+        remade = await _post(s, route("create_batch").url(meta), items, bkey, attempt=2)
+        assert remade[1] == made[1]
+        ids = [r["file_id"] for r in made[1]["results"]]
+        commits = {"items": [CommitItem(f, 0, ()).to_json() for f in ids]}
+        mkey = uuid.uuid4().hex
+        await _post(s, route("commit_batch").url(meta), commits, mkey)
+        forget_answers(cluster)
+        recommitted = await _post(s, route("commit_batch").url(meta), commits, mkey, attempt=2)
+        assert [r["file_id"] for r in recommitted[1]["results"]] == ids
+        assert not set(ids) & pending_uploads(cluster)
+        # a first try is never taken for a retry: without the mark, the gone upload is a 404
+        status, _, _ = await _post(s, route("commit").url(meta), commit, uuid.uuid4().hex)
+        assert status == 404
+
+
+class CuttingProxy:
+    """Forwards every request to ``upstream`` and, for the first ``cuts`` mutating
+    ones, breaks the connection instead of answering: the request took effect and
+    the client cannot know.  Records the idempotency key of each request it saw."""
+
+    def __init__(self, upstream: str, cuts: int) -> None:
+        self.upstream, self.cuts = upstream, cuts
+        self.keys: list[str | None] = []
+        self.answers: list[Any] = []
+        self.url = ""
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.keys.append(request.headers.get(IDEMPOTENCY_KEY))
+        headers = {k: v for k, v in request.headers.items()
+                   if k.lower() not in ("host", "content-length", "transfer-encoding")}
+        async with aiohttp.ClientSession() as s, \
+                s.request(request.method, self.upstream + request.path_qs,
+                          data=await request.read(), headers=headers) as resp:
+            status, raw = resp.status, await resp.read()
+        if request.method != "GET" and self.cuts > 0:
+            self.cuts -= 1
+            self.answers.append(json.loads(raw))
+            assert request.transport is not None
+            request.transport.abort()                   # acted, and never said so
+            raise ConnectionResetError("cut")
+        return web.Response(status=status, body=raw,
+                            headers={"Content-Type": "application/json"})
+
+    async def __aenter__(self) -> CuttingProxy:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        port = self.runner.addresses[0][1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.runner.cleanup()
+
+
+@pytest.fixture
+async def proxy(cluster: ThreadCluster) -> AsyncIterator[CuttingProxy]:
+    async with CuttingProxy(cluster.meta_url, cuts=1) as p:
+        yield p
+
+
+async def test_an_unknown_outcome_is_sent_again_with_the_same_key(
+        cluster: ThreadCluster, proxy: CuttingProxy, ns: str) -> None:
+    """The create reaches the server through the proxy and takes effect; the answer is
+    lost.  The client sends it again, with the same key, to the next server, which
+    answers what was answered then: one upload, the client's."""
+    before = pending_uploads(cluster)
+    async with AsyncClient([proxy.url, cluster.meta_url], config=load_config(env={})) as c:
+        body = CreateItem(f"{ns}/once", None, True).to_json()
+        answer = await c.meta.request(route("create"), body=body)
+        assert c.meta.url == cluster.meta_url
+    assert proxy.keys and proxy.keys[0] is not None
+    assert answer["file_id"] == proxy.answers[0]["file_id"]     # the first try's upload
+    assert pending_uploads(cluster) - before == {answer["file_id"]}
+
+
+async def test_whole_writes_through_a_cutting_server_make_one_file_each(
+        cluster: ThreadCluster, ns: str) -> None:
+    """pipe, rename and write_many, each by a new client whose first mutating request
+    is cut after it took effect: every write lands once, nothing is left pending."""
+    config = load_config(env={})
+    async with CuttingProxy(cluster.meta_url, cuts=0) as proxy:
+        before = pending_uploads(cluster)
+
+        async def through_cut(op: Any) -> Any:
+            proxy.cuts = 1
+            async with AsyncClient([proxy.url, cluster.meta_url], config=config) as c:
+                result = await op(c)
+            assert proxy.cuts == 0          # it was cut, and the client got its answer
+            return result
+
+        info = await through_cut(lambda c: c.pipe(f"{ns}/p", b"x" * 1000))
+        await through_cut(lambda c: c.rename(f"{ns}/p", f"{ns}/q"))
+        many = await through_cut(lambda c: c.write_many(
+            [(f"{ns}/m{i}", bytes([i]) * 100) for i in range(5)]))
+        async with AsyncClient(cluster.meta_url, config=config) as c:
+            with pytest.raises(NotFound):
+                await c.stat(f"{ns}/p", cached=False)
+            assert (await c.stat(f"{ns}/q", cached=False)).file_id == info.file_id
+            assert await c.cat(f"{ns}/q") == b"x" * 1000
+            assert len(many) == 5
+            for i in range(5):
+                assert await c.cat(f"{ns}/m{i}") == bytes([i]) * 100
+        assert len(proxy.answers) == 3
+        assert pending_uploads(cluster) == before
