@@ -71,6 +71,8 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
+        if self.capabilities is not None:
+            await self.capabilities.close()
         if self._session is not None:
             await self._session.close()
         self._session = self._plane = self._limit = None

@@ -48,6 +48,15 @@ class CapabilityBook:
         self.off = False            # the cluster answered without capabilities: auth is off
         self.fetched = 0            # capabilities fetched (tests, telemetry)
 
+    async def close(self) -> None:
+        """Cancel the fetches under way (the client is closing: one left running would
+        open a new session to finish, and nothing would close it)."""
+        fetches = set(self._pending.values())
+        self._pending.clear()
+        for fetch in fetches:
+            fetch.cancel()
+        await asyncio.gather(*fetches, return_exceptions=True)
+
     def learn(self, op: str, file_id: str | None, text: str | None) -> None:
         """Keep ``text``, the ``op`` capability for ``file_id`` an answer carried."""
         if file_id is not None and text is not None:
