@@ -24,9 +24,9 @@ from ..errors import (
     NotFound,
 )
 from ..protocol import paths
-from ..protocol.models import Layout, LayoutSpec
+from ..protocol.models import LayoutSpec
 from .pg_db import ROOT_ID
-from .sqlite_db import layout_of, unpack
+from .sqlite_db import layout_of, subtree_entries, unpack
 from .store import NodeEntry
 
 Row = asyncpg.Record
@@ -265,14 +265,7 @@ async def subtree_files(conn: asyncpg.Connection, path: str) -> dict[str, NodeEn
         " FROM entries e JOIN sub ON e.parent = sub.id WHERE sub.kind = 'directory')"
         " SELECT sub.rel, e.size, e.mtime, e.file_id, e.layout, e.checksums"
         " FROM sub JOIN entries e ON e.id = sub.id WHERE sub.kind = 'file'", dir_id)
-    layouts: dict[str, Layout] = {}
-    out = {}
-    for rel, size, mtime, file_id, layout, blob in rows:
-        if layout not in layouts:
-            layouts[layout] = layout_of(layout)
-        out[rel] = NodeEntry(paths.join(path, rel), "file", size, mtime, file_id,
-                             layout=layouts[layout], checksums=unpack(blob))
-    return out
+    return subtree_entries(path, rows)
 
 
 # -- manifests ------------------------------------------------------------------------------

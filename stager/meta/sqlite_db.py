@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 import sqlite3
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+from ..protocol import paths
 from ..protocol.models import Layout
+from .store import NodeEntry
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -148,3 +151,17 @@ class Database:
             if self.db.in_transaction:
                 self.db.execute("ROLLBACK")
             raise
+
+
+def subtree_entries(path: str, rows: Iterable[Sequence[Any]]) -> dict[str, NodeEntry]:
+    """The files of a subtree query's ``(rel, size, mtime, file_id, layout, checksums)``
+    rows, by path relative to ``path``; each distinct layout text parsed once.  Both
+    stores' ``subtree_files`` end here."""
+    layouts: dict[str, Layout] = {}
+    out = {}
+    for rel, size, mtime, file_id, layout, blob in rows:
+        if layout not in layouts:
+            layouts[layout] = layout_of(layout)
+        out[rel] = NodeEntry(paths.join(path, rel), "file", size, mtime, file_id,
+                             layout=layouts[layout], checksums=unpack(blob))
+    return out

@@ -23,7 +23,15 @@ from ..errors import (
 )
 from ..protocol import paths
 from ..protocol.models import Layout, LayoutSpec, TargetInfo
-from .sqlite_db import ROOT_ID, Database, layout_of, layout_text, pack, unpack
+from .sqlite_db import (
+    ROOT_ID,
+    Database,
+    layout_of,
+    layout_text,
+    pack,
+    subtree_entries,
+    unpack,
+)
 from .store import Garbage, NodeEntry, Upload
 
 _COLS = "id, kind, size, mtime, file_id, layout, checksums"
@@ -258,14 +266,7 @@ class NamespaceSQL:
             " SELECT sub.rel, e.size, e.mtime, e.file_id, e.layout, e.checksums"
             " FROM sub JOIN entries e ON e.id = sub.id WHERE sub.kind = 'file'",
             (dir_id,)).fetchall()
-        layouts: dict[str, Layout] = {}
-        out = {}
-        for rel, size, mtime, file_id, layout, blob in rows:
-            if layout not in layouts:
-                layouts[layout] = layout_of(layout)
-            out[rel] = NodeEntry(paths.join(path, rel), "file", size, mtime, file_id,
-                                 layout=layouts[layout], checksums=unpack(blob))
-        return out
+        return subtree_entries(path, rows)
 
     # -- manifests --------------------------------------------------------------
     def put_manifest(self, path: str, body: bytes, *, now: float) -> None:
