@@ -153,7 +153,26 @@ def _is_down(exc: BaseException, conn: asyncpg.Connection | None) -> bool:
         return False
     if isinstance(exc, _DOWN):
         return True
-    return isinstance(exc, asyncpg.InterfaceError) and conn is not None and conn.is_closed()
+    if isinstance(exc, asyncpg.InternalClientError):    # the protocol is in a broken state
+        return True
+    return isinstance(exc, asyncpg.InterfaceError) and conn is not None and _closed(conn)
+
+
+def _closed(conn: asyncpg.Connection) -> bool:
+    """Whether ``conn`` is closed; a pool's proxy whose connection died is already
+    detached from it (asyncpg then refuses every call on it)."""
+    try:
+        return bool(conn.is_closed())
+    except asyncpg.InterfaceError:
+        return True
+
+
+def _drop(conn: asyncpg.Connection) -> None:
+    """Close a connection the database went away under, so that it never goes back to
+    the pool: half-way through an error it would still be waiting for the server
+    (asyncpg's "another operation is in progress"), and the pool's reset is a no-op."""
+    if not _closed(conn):
+        conn.terminate()
 
 
 class Database:
@@ -276,6 +295,7 @@ class Database:
                 return await op(conn)
             except Exception as exc:
                 if _is_down(exc, conn):
+                    _drop(conn)
                     raise _Lost() from exc
                 raise
         tx = conn.transaction(isolation=isolation, readonly=readonly)
@@ -284,12 +304,14 @@ class Database:
             result = await op(conn)
         except BaseException as exc:
             if _is_down(exc, conn):
+                _drop(conn)
                 raise _Lost() from exc
-            if not conn.is_closed():
+            if not _closed(conn):
                 try:
                     await tx.rollback()
                 except Exception as again:
                     if _is_down(again, conn):
+                        _drop(conn)
                         raise _Lost() from exc
                     raise
             raise
@@ -297,6 +319,7 @@ class Database:
             await tx.commit()
         except Exception as exc:
             if _is_down(exc, conn):
+                _drop(conn)
                 raise self.unavailable(exc, unknown=True) from None
             raise
         return result
