@@ -29,7 +29,9 @@ import shlex
 import shutil
 import signal
 import socket
+import struct
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -72,6 +74,48 @@ def ensure_user(name: str = TEST_USER) -> pwd.struct_passwd:
         return pwd.getpwnam(name)
 
 
+ACL_XATTR = "system.posix_acl_access"
+
+
+def _acl(mode: int, uid: int) -> bytes:
+    """A POSIX access ACL (the kernel's xattr format, version 2): ``mode`` plus execute
+    for user ``uid``."""
+    undefined = 0xFFFFFFFF
+    entries = [(0x01, (mode >> 6) & 7, undefined), (0x02, 1, uid),
+               (0x04, (mode >> 3) & 7, undefined), (0x10, ((mode >> 3) & 7) | 1, undefined),
+               (0x20, mode & 7, undefined)]
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+
+
+def grant_traverse(uid: int, targets: list[str]) -> list[tuple[str, int]]:
+    """Let ``uid`` reach ``targets`` (an interpreter under ``/root``, as pyenv puts it):
+    an ACL entry "execute for uid" on each directory above them that others may not
+    enter.  Returns ``(directory, mode)`` pairs for :func:`revoke_traverse`."""
+    done: list[tuple[str, int]] = []
+    for target in targets:
+        for parent in reversed(Path(os.path.realpath(target)).parents):
+            st = parent.stat()
+            if st.st_mode & 0o001 or any(parent == Path(d) for d, _ in done):
+                continue
+            try:
+                os.getxattr(parent, ACL_XATTR)
+                continue                # an ACL of its own: leave it alone
+            except OSError:
+                pass
+            os.setxattr(parent, ACL_XATTR, _acl(st.st_mode & 0o777, uid))
+            done.append((str(parent), st.st_mode & 0o777))
+    return done
+
+
+def revoke_traverse(granted: list[tuple[str, int]]) -> None:
+    for path, mode in granted:
+        try:
+            os.removexattr(path, ACL_XATTR)
+            os.chmod(path, mode)        # the group bits showed the ACL's mask
+        except OSError:
+            pass
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("0.0.0.0", 0))
@@ -98,17 +142,21 @@ class SlurmCluster:
     (a Lua script's text) and ``bb_conf`` (``burst_buffer.conf``'s text)."""
 
     def __init__(self, nodes: int = 3, *, bb_lua: str | None = None, bb_conf: str | None = None,
-                 user: str = TEST_USER, start_timeout: float = 60.0) -> None:
+                 user: str = TEST_USER, start_timeout: float = 60.0,
+                 keep: bool = bool(os.environ.get("STAGER_KEEP_SLURM"))) -> None:
+        """``keep``: leave the cluster's directory (logs, state) behind at :meth:`down`."""
         self.n = nodes
         self.bb_lua, self.bb_conf = bb_lua, bb_conf
         self.user = user
         self.start_timeout = start_timeout
+        self.keep = keep
         self.fabric = NetnsFabric(nodes, rate_mbit=None)
         self.root = Path()
         self.conf = Path()
         self.name = f"st{os.getpid() % 100000}x{int(time.time()) % 1000}"
         self._procs: list[subprocess.Popen[bytes]] = []
         self.uid = self.gid = -1
+        self._granted: list[tuple[str, int]] = []
 
     # -- paths ---------------------------------------------------------------------
     @property
@@ -146,6 +194,8 @@ class SlurmCluster:
         self.root = Path(tempfile.mkdtemp(prefix="stager-slurm-"))
         self.root.chmod(0o755)
         try:
+            # the job's tasks (and the hooks, once they drop root) run this interpreter
+            self._granted = grant_traverse(self.uid, [sys.executable, __file__])
             self.fabric.up()
             for sub in ("log", "state", "spool", "etc", "munge", "work"):
                 (self.root / sub).mkdir()
@@ -186,6 +236,10 @@ class SlurmCluster:
             except subprocess.TimeoutExpired:
                 pass
         self.fabric.down()          # and whatever still runs inside the namespaces
+        revoke_traverse(self._granted)
+        self._granted = []
+        if not self.keep and self.root != Path() and self.root.exists():
+            shutil.rmtree(self.root, ignore_errors=True)
 
     def _spawn(self, argv: list[str], log: str, env: dict[str, str] | None = None
                ) -> subprocess.Popen[bytes]:
