@@ -241,6 +241,22 @@ class SlurmCluster:
         if not self.keep and self.root != Path() and self.root.exists():
             shutil.rmtree(self.root, ignore_errors=True)
 
+    def leftovers(self) -> list[str]:
+        """What :meth:`down` should have removed and did not: processes whose command
+        line names this cluster's directory, namespaces and links of its fabric."""
+        found = []
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                    cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if str(self.root) in cmdline and self.root != Path():
+                found.append(f"process {entry.name}: {cmdline.strip()}")
+        return found + self.fabric.leftovers()
+
     def _spawn(self, argv: list[str], log: str, env: dict[str, str] | None = None
                ) -> subprocess.Popen[bytes]:
         with open(self.root / "log" / f"{log}.out", "ab") as out:

@@ -56,6 +56,7 @@ def slurm(bb_settings: Path) -> Iterator[SlurmCluster]:
         pytest.fail(f"Slurm did not start: {exc}")
     yield cluster
     cluster.down()
+    assert cluster.leftovers() == []
 
 
 @pytest.fixture(scope="module")

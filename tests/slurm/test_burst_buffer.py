@@ -21,6 +21,8 @@ from stager.testing.slurm import SlurmCluster, SlurmError
 
 from .conftest import REPO
 
+pytestmark = pytest.mark.slow      # a real Slurm: about a minute for the module
+
 SAMPLES = 30
 TRAIN = '''
 import hashlib, json, os, socket
