@@ -228,6 +228,8 @@ CASES: dict[str, Case] = {
     "list_targets": Case(lambda w: get("list_targets"), "read_m"),
     "register_target": Case(lambda w: post("register_target", w.targets[0]), **JOIN),
     "heartbeat": Case(_heartbeat, **JOIN),
+    "leave_target": Case(lambda w: post("leave_target", {}, target_id=w.fake_target()),
+                         **JOIN),
     "remove_target": Case(lambda w: post("remove_target", {}, target_id=w.fake_target()),
                           **ADMIN),
     "scrub": Case(lambda w: post("scrub", {}), **ADMIN),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,7 @@ def run_meta(args: argparse.Namespace) -> int:
 
 def run_data(args: argparse.Namespace) -> int:
     from ..data.app import SERVICE, make_data_app
-    from ..data.registration import register_and_heartbeat
+    from ..data.registration import leave, register_and_heartbeat
     from ..web.authmw import GATE
     from .main import meta_url
 
@@ -79,7 +80,13 @@ def run_data(args: argparse.Namespace) -> int:
         app = make_data_app(config)
 
         async def announce(url: str) -> None:
-            await register_and_heartbeat(app[SERVICE], config, url, app.get(GATE))
+            try:
+                await register_and_heartbeat(app[SERVICE], config, url, app.get(GATE))
+            except asyncio.CancelledError:
+                # Stopping (SIGTERM: a pod's preStop, `docker stop`), still serving:
+                # the metadata server marks the target down now, not after a timeout.
+                await leave(config, app[SERVICE].identity.target_id)
+                raise
 
         await serve(app, config, after_bind=announce, ready_file=_ready_file(args, config))
 

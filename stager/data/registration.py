@@ -74,6 +74,27 @@ async def register_and_heartbeat(service: DataService, config: Config, url: str,
             await asyncio.sleep(delay)
 
 
+async def leave(config: Config, target_id: str, *, within: float = 2.0) -> bool:
+    """Tell the metadata server that ``target_id`` is leaving (its data server is
+    stopping), so that it is marked down now rather than after missed heartbeats.
+    Best effort, within ``within`` seconds: whether a metadata server took it."""
+    connector = aiohttp.TCPConnector(ssl=client_ssl(config.ca_file))
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for meta in meta_urls(config.meta_url):
+            try:
+                async with asyncio.timeout(within):
+                    status = await _post(session, route("leave_target").url(
+                        meta, target_id=target_id), {}, config)
+            except (*TRANSPORT_FAILURES, StagerError, TimeoutError) as exc:
+                log.warning("could not tell %s that target %s is leaving: %s",
+                            meta, target_id, exc)
+                continue
+            if status != 404:
+                log.info("told %s that target %s is leaving", meta, target_id)
+                return True
+    return False
+
+
 async def _public_key(session: aiohttp.ClientSession, meta: str) -> Ed25519PublicKey:
     async with session.get(route("auth_key").url(meta)) as resp:
         if resp.status >= 400:

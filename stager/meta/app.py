@@ -140,6 +140,11 @@ async def heartbeat(request: web.Request) -> web.Response:
     return json_response(target.to_json())
 
 
+async def leave_target(request: web.Request) -> web.Response:
+    target = await _svc(request).leave(request.match_info["target_id"])
+    return json_response(target.to_json())
+
+
 # -- namespace -------------------------------------------------------------------------
 async def stat(request: web.Request) -> web.Response:
     info = await _svc(request).stat(path_arg(request))
@@ -348,7 +353,8 @@ async def gateway_delete(request: web.Request) -> web.Response:
 
 HANDLERS = {
     "status": status, "list_targets": list_targets, "register_target": register_target,
-    "heartbeat": heartbeat, "stat": stat, "list": list_dir, "mkdir": mkdir,
+    "heartbeat": heartbeat, "leave_target": leave_target, "stat": stat, "list": list_dir,
+    "mkdir": mkdir,
     "set_layout": set_layout, "create": create, "commit": commit, "abort": abort,
     "create_batch": create_batch, "commit_batch": commit_batch, "abort_batch": abort_batch,
     "reroute": reroute,

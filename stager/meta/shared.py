@@ -40,6 +40,8 @@ async def sync(service: MetaService) -> None:
     suspects = await store.get_states("suspect/")
     retiring = await store.get_states("retiring/")
     statuses = await store.get_states("status/")
+    left = {key.split("/", 1)[1]: float(body.get("at", 0.0))
+            for key, body in (await store.get_states("left/")).items()}
     now = service.clock()
     for key, body in suspects.items():
         target_id = key.split("/", 1)[1]
@@ -52,8 +54,8 @@ async def sync(service: MetaService) -> None:
         last = max(t.last_heartbeat, old.last_heartbeat if old is not None else 0.0)
         state = t.state         # lost and removed are stored facts; the rest is judged
         if state not in GONE_STATES:
-            if now - last > service.config.target_timeout:
-                state = "down"
+            if now - last > service.config.target_timeout or left.get(t.id, -1.0) >= last:
+                state = "down"          # silent, or it said it was leaving and is silent
             else:
                 state = "suspect" if service.suspects.get(t.id, 0.0) > now else "up"
         service.targets[t.id] = replace(t, state=state, last_heartbeat=last)

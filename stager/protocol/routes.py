@@ -153,6 +153,10 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/targets/{target_id}/heartbeat", "heartbeat",
           "a data server reports it is alive", "meta", params=(P_TARGET,), body="Heartbeat",
           responses={200: "Target", 404: "Error"}),
+    Route("POST", "/v1/targets/{target_id}/leave", "leave_target",
+          "a data server that is stopping says so: its target is down at once, not after "
+          "missed heartbeats (up again when it heartbeats)", "meta", params=(P_TARGET,),
+          responses={200: "Target", 404: "Error"}),
     Route("POST", "/v1/targets/{target_id}/remove", "remove_target",
           "declare a target lost: its chunks are re-replicated onto other targets", "meta",
           params=(P_TARGET,), responses={200: "Target", 404: "Error"}),
@@ -299,7 +303,8 @@ ACCESS: dict[str, Access] = {
     "health": PUBLIC, "openapi": PUBLIC, "metrics": PUBLIC,
     # cluster
     "status": ANY, "list_targets": ANY, "register_target": JOIN, "heartbeat": JOIN,
-    "remove_target": ADMIN, "scrub": ADMIN, "scrub_report": JOIN, "fsck": ADMIN,
+    "leave_target": JOIN, "remove_target": ADMIN, "scrub": ADMIN, "scrub_report": JOIN,
+    "fsck": ADMIN,
     "report_rank": Access("read", "none"), "list_jobs": Access("read", "cluster"),
     # namespace
     "stat": Access("read", "visible"), "list": Access("read", "visible"),
