@@ -9,6 +9,11 @@ import signal
 import time
 import urllib.request
 
+from stager.config import Config
+from stager.meta.pg import PostgreSQLStore
+from stager.meta.service import MetaService
+from stager.meta.shared import sync
+from stager.protocol.models import TargetInfo
 from stager.protocol.routes import route
 from stager.testing.cluster import ProcessCluster, ThreadCluster, wait_for_targets
 
@@ -52,3 +57,26 @@ def test_sigterm_marks_the_target_down_at_once(tmp_path):
             assert time.monotonic() - start < 5, "the target was not marked down"
             time.sleep(0.05)
         assert _states(cluster.meta_url)[staying] == "up"
+
+
+async def test_the_other_metadata_servers_read_the_leave_back(pg_url: str) -> None:
+    """On a shared store, a target that left is down on every server, not only on the
+    one it told, until it heartbeats again (wherever that heartbeat lands)."""
+    config = Config(target_timeout=30.0)
+    a = MetaService(PostgreSQLStore(pg_url), config)
+    b = MetaService(PostgreSQLStore(pg_url), config)
+    try:
+        for svc in (a, b):
+            await svc.start()
+        await a.register_target(TargetInfo("t0", "n0", "http://127.0.0.1:1"))
+        await a.register_target(TargetInfo("t1", "n1", "http://127.0.0.1:2"))
+        await sync(b)
+        assert (await a.leave("t0")).state == "down"
+        await sync(b)
+        assert [(t.id, t.state) for t in b.list_targets()] == [("t0", "down"), ("t1", "up")]
+        await b.heartbeat("t0", capacity=100, used=0, chunks=0)
+        await sync(a)
+        assert [t.state for t in a.list_targets()] == ["up", "up"]
+    finally:
+        a.close()
+        b.close()

@@ -67,9 +67,6 @@ class MetaService:
         # Targets a writer could not reach (stager/meta/reroute.py), until this clock
         # time: no new layouts on them, even while they heartbeat.
         self.suspects: dict[str, float] = {}
-        # Targets whose data server said it was stopping (leave), with the time of the
-        # heartbeat before: down until they heartbeat again.
-        self.left: dict[str, float] = {}
         # More sections of `status` (rebuild, scrub, fsck: stager/meta/reliability.py).
         self.status_extras: list[Callable[[], dict[str, Any]]] = []
         # Whether this server runs the background duties (GC, rebuild, fsck): always
@@ -232,7 +229,6 @@ class MetaService:
             if other.url == target.url and other.id != target.id and other.up:
                 raise AlreadyExists(f"{target.url} is already registered as {other.id}",
                                     url=target.url, target=other.id)
-        self.left.pop(target.id, None)
         target = _with(target, state=self._contact_state(target.id),
                        last_heartbeat=self.clock())
         await self.store.upsert_target(target)
@@ -245,7 +241,6 @@ class MetaService:
         old = self.targets.get(target_id)
         if old is None:
             raise NotFound(f"target {target_id} is not registered", target=target_id)
-        self.left.pop(target_id, None)
         target = _with(old, capacity=capacity, used=used, chunks=chunks,
                        state=self._contact_state(target_id), last_heartbeat=self.clock())
         self.targets[target_id] = target
@@ -267,9 +262,8 @@ class MetaService:
             return old
         target = _with(old, state="down")
         self.targets[target_id] = target
-        self.left[target_id] = old.last_heartbeat
-        if self.store.shared:
-            await self.store.put_state(f"left/{target_id}", {"at": old.last_heartbeat})
+        if self.store.shared:       # the others judge it down until a later heartbeat
+            await self.store.put_state(f"left/{target_id}", {"at": self.clock()})
         log.info("target %s (node %s) is leaving: marked down", target_id, target.node)
         return target
 
