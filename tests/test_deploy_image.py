@@ -22,6 +22,7 @@ import time
 import urllib.request
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -167,19 +168,33 @@ class Docker:
     def name(self, role: str) -> str:
         return f"stager-{role}-{self.tag}"
 
-    def start(self, role: str, port: int, argv: list[str]) -> str:
+    def start(self, role: str, port: int, argv: list[str], token: str = "") -> str:
         name = self.name(role)
         self.names.append(name)
+        env = ["-e", f"STAGER_TOKEN={token}"] if token else []
         started = run(["docker", "run", "-d", "--name", name, "--network", self.network,
                        "--read-only", "--tmpfs", "/var/lib/stager:uid=10001,gid=10001",
-                       "--health-interval", "1s", "-p", f"127.0.0.1::{port}", IMAGE, *argv])
+                       "--health-interval", "1s", "-p", f"127.0.0.1::{port}", *env,
+                       IMAGE, *argv])
         assert started.returncode == 0, started.stderr
         return name
 
-    def client(self, *argv: str, volume: str = "") -> subprocess.CompletedProcess[str]:
+    def client(self, *argv: str, token: str, volume: str = "",
+               text: bool = True) -> subprocess.CompletedProcess[Any]:
         mount = ["-v", volume] if volume else []
-        return run(["docker", "run", "--rm", "--network", self.network, "--read-only",
-                    *mount, IMAGE, "--meta", f"http://{self.name('meta')}:7070", *argv])
+        return subprocess.run(
+            ["docker", "run", "--rm", "--network", self.network, "--read-only", *mount,
+             "-e", f"STAGER_TOKEN={token}", IMAGE, "--meta",
+             f"http://{self.name('meta')}:7070", *argv],
+            capture_output=True, text=text, timeout=60)
+
+    def token(self, scope: str) -> str:
+        """A new token, minted in the metadata server's container with its admin token
+        (as deploy/README.md does with `kubectl exec`)."""
+        made = run(["docker", "exec", self.name("meta"), "stager", "--token-file",
+                    "/var/lib/stager/admin.token", "token", "create", "--scope", scope])
+        assert made.returncode == 0, made.stderr
+        return made.stdout.strip().splitlines()[-1]
 
     def wait_healthy(self, name: str, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
@@ -203,8 +218,10 @@ class Docker:
         run(["docker", "network", "rm", self.network])
 
 
-def target_states(meta_url: str) -> list[str]:
-    with urllib.request.urlopen(route("list_targets").url(meta_url), timeout=5) as resp:
+def target_states(meta_url: str, token: str = "") -> list[str]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    req = urllib.request.Request(route("list_targets").url(meta_url), headers=headers)
+    with urllib.request.urlopen(req, timeout=5) as resp:
         return [t["state"] for t in json.load(resp)["targets"]]
 
 
@@ -219,36 +236,42 @@ def test_image_serves_a_client_on_a_private_network(tmp_path):
     print(f"built {IMAGE} in {seconds:.0f} s")
     docker = Docker()
     try:
-        meta = docker.start("meta", 7070, META_ARGS)
+        # As the manifests run them: auth on, the data server's join token from the
+        # environment (a Secret there), read-only root file systems.
+        meta = docker.start("meta", 7070, [*META_ARGS[:-1], "--auth"])
+        docker.wait_healthy(meta)           # the image's HEALTHCHECK, /v1/health
+        admin = docker.token("admin")
         data_name = docker.name("data")
         data = docker.start("data", 7071, [
             "--meta", f"http://{meta}:7070", "data", "--host", "0.0.0.0", "--port", "7071",
-            "--advertise-url", f"http://{data_name}:7071", "--insecure"])
-        for name in (meta, data):
-            docker.wait_healthy(name)       # the image's HEALTHCHECK, /v1/health
+            "--advertise-url", f"http://{data_name}:7071", "--auth"],
+            token=docker.token("join"))
+        docker.wait_healthy(data)
         meta_url = docker.published(meta, 7070)
         deadline = time.monotonic() + 30
-        while target_states(meta_url) != ["up"]:
-            assert time.monotonic() < deadline, target_states(meta_url)
+        while target_states(meta_url, admin) != ["up"]:
+            assert time.monotonic() < deadline, target_states(meta_url, admin)
             time.sleep(0.2)
         payload = tmp_path / "payload.bin"
         payload.write_bytes(PAYLOAD)
         payload.chmod(0o644)
-        put = docker.client("put", "/in/payload.bin", "/data/payload.bin",
+        put = docker.client("put", "/in/payload.bin", "/data/payload.bin", token=admin,
                             volume=f"{payload}:/in/payload.bin:ro")
         assert put.returncode == 0, put.stderr
-        read = subprocess.run(["docker", "run", "--rm", "--network", docker.network,
-                               IMAGE, "--meta", f"http://{meta}:7070", "cat",
-                               "/data/payload.bin"], capture_output=True, timeout=60)
+        read = docker.client("cat", "/data/payload.bin", token=admin, text=False)
         assert read.returncode == 0, read.stderr
         assert read.stdout == PAYLOAD
+        refused = docker.client("cat", "/data/payload.bin", token="", text=False)
+        assert refused.returncode != 0 and b"needs a token" in refused.stderr
         # From the host, through the published port (the metadata server's gateway).
-        with urllib.request.urlopen(f"{meta_url}/v1/files/data/payload.bin") as resp:
+        req = urllib.request.Request(f"{meta_url}/v1/files/data/payload.bin",
+                                     headers={"Authorization": f"Bearer {admin}"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
             assert resp.read() == PAYLOAD
         # `docker stop` is a SIGTERM, as a pod's deletion is: the target is down at once.
         stopped = time.monotonic()
         assert run(["docker", "stop", data]).returncode == 0
-        assert target_states(meta_url) == ["down"]
+        assert target_states(meta_url, admin) == ["down"]
         assert time.monotonic() - stopped < 10
     finally:
         docker.close()
