@@ -22,6 +22,10 @@ def _default_root(job_id: str) -> Path:
     return Path(os.environ.get("TMPDIR") or "/tmp") / f"stager-job-{job_id}"
 
 
+def _exit_on(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     job = job_from_env(job_dir=args.job_dir, job_id=args.job_id)
     opts = JobOptions(
@@ -33,6 +37,11 @@ def cmd_up(args: argparse.Namespace) -> int:
         timeout=args.timeout, foreground=args.foreground)
     say = (lambda line: print(line, file=sys.stderr, flush=True)) if not args.quiet \
         else (lambda line: None)
+    if args.foreground:
+        # Slurm ends the step with SIGTERM, maybe while still starting: unwind through
+        # NodeUp.run, which stops what this node started and removes its root.
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, _exit_on)
     try:
         cluster = NodeUp(job, opts, say).run()
     except JobClusterError as exc:
@@ -46,6 +55,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     stopping = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, frame: stopping.set())
+    print(f"stager job up: node {job.node} up; its servers stop with this step", flush=True)
     stopping.wait()
     stop_node(job.job_id, job.node, opts.run_dir)
     return 0

@@ -145,6 +145,9 @@ class NodeUp:
                     pass
             stop_node(self.job.job_id, self.job.node, self.opts.run_dir, keep_job_dir=True,
                       grace=2.0)
+            if self.job.first:      # job down (or the epilog) still removes the job dir
+                self.record.pids = []
+                self.record.save(self.record_file)
             raise
 
     def _run(self) -> dict[str, Any]:
