@@ -193,3 +193,32 @@ def _gone(job: EmulatedJob, timeout: float = 10.0) -> None:
     while job.processes() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert job.processes() == []
+
+
+def test_a_server_bound_to_every_address_advertises_one_others_reach(tmp_path: Path) -> None:
+    """``--host 0.0.0.0`` without ``--advertise-url`` used to advertise 127.0.0.1, which
+    a data server then registered with a metadata server on another machine."""
+    import json
+    import subprocess
+    import sys
+    import urllib.request
+
+    from stager.web.server import machine_address
+
+    here = machine_address()
+    proc = subprocess.Popen([sys.executable, "-m", "stager", "meta", "--root",
+                             str(tmp_path / "m"), "--host", "0.0.0.0", "--port", "0",
+                             "--insecure"], stderr=subprocess.DEVNULL)
+    try:
+        ready = tmp_path / "m" / "server.json"
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        url = json.loads(ready.read_text())["url"]
+        assert url.split("//")[1].rsplit(":", 1)[0] == here
+        with urllib.request.urlopen(f"{url}/v1/health", timeout=10) as resp:
+            assert resp.status == 200
+    finally:
+        proc.terminate()
+        proc.wait(10)
