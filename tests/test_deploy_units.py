@@ -4,7 +4,8 @@
 this checkout).  Then each unit's ``ExecStartPre``/``ExecStart``/``ExecStartPost``
 runs as systemd would run it, with ``/etc/stager``, ``/var/lib/stager``,
 ``/srv/stager`` and ``/run/stager`` moved under a temporary directory: the
-metadata server and two data-disk instances start from ``stager.toml``, the
+metadata server (with tokens) and two data-disk instances (joining with the
+join token) start from deploy/README.md's ``stager.toml``, the
 readiness check passes only once each answers ``/v1/health``, and both disks
 register.
 """
@@ -114,9 +115,12 @@ def _start(name: str, instance: str, paths: dict[str, str], env: dict[str, str],
 
 
 def test_the_units_command_lines_start_a_cluster(tmp_path: Path) -> None:
-    paths, _ = _installed(tmp_path)
+    paths, stager = _installed(tmp_path)
     config = Path(paths["/etc/stager"]) / "stager.toml"
-    config.write_text('host = "127.0.0.1"\nmeta_url = "http://127.0.0.1:17070"\n'
+    join = Path(paths["/etc/stager"]) / "join.token"
+    # deploy/README.md's stager.toml, on loopback
+    config.write_text(f'host = "127.0.0.1"\nmeta_url = "http://127.0.0.1:17070"\n'
+                      f'auth = true\nreplicas = 2\ntoken_file = "{join}"\n'
                       'heartbeat_interval = 0.5\n')
     # the unit's port 7070 may be taken on a test machine: 17070, the config's too
     paths["--port 7070"] = "--port 17070"
@@ -128,10 +132,18 @@ def test_the_units_command_lines_start_a_cluster(tmp_path: Path) -> None:
                                  capture_output=True, text=True, timeout=30)
         assert missing.returncode == 1 and "no healthy server" in missing.stderr
         _start("stager-meta.service", "", paths, env, procs, tmp_path / "meta.log")
+        # the README's join token, minted with the admin token the metadata server wrote
+        admin = Path(paths["/var/lib/stager"]) / "meta" / "admin.token"
+        minted = subprocess.run([str(stager), "--token-file", str(admin), "token", "create",
+                                 "--scope", "join", "--name", "storage-nodes"],
+                                env={**env, "STAGER_META_URL": "http://127.0.0.1:17070"},
+                                capture_output=True, text=True, timeout=60, check=True)
+        join.write_text(minted.stdout.strip().splitlines()[-1] + "\n")
         for disk in ("nvme0", "nvme1"):
             Path(paths["/srv/stager"], disk).mkdir()
             _start("stager-data@.service", disk, paths, env, procs, tmp_path / f"{disk}.log")
-        wait_for_targets("http://127.0.0.1:17070", 2, 30, exact=True)
+        wait_for_targets("http://127.0.0.1:17070", 2, 30, exact=True,
+                         token=admin.read_text().strip())
         assert (Path(paths["/srv/stager"]) / "nvme1" / "stager" / "target.json").exists()
     finally:
         for p in procs:
