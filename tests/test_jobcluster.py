@@ -222,3 +222,47 @@ def test_a_server_bound_to_every_address_advertises_one_others_reach(tmp_path: P
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the epilog's case: root acting for a user")
+def test_job_down_as_root_removes_only_what_the_user_could(tmp_path: Path) -> None:
+    """Run by the epilog as root for the job's user, removal drops to that user: a
+    root-owned file that the user's directory holds stays (and says so)."""
+    import json
+    import shutil
+    import tempfile
+
+    from stager.deploy.jobprocs import NodeRecord, record_path, stop_node
+
+    nobody = 65534
+    base = Path(tempfile.mkdtemp(prefix="stager-jobdown-", dir="/tmp"))
+    try:
+        base.chmod(0o1777)             # like /tmp: a user removes what is theirs
+        for job_id, planted in (("50", False), ("51", True)):
+            root = base / f"root{job_id}"
+            (root / "data").mkdir(parents=True)
+            (root / "data" / "chunk").write_bytes(b"x")
+            for p in (root, root / "data", root / "data" / "chunk"):
+                os.chown(p, nobody, nobody)
+            if planted:                 # something of root's inside the user's tree
+                (root / "data" / "roots").mkdir()
+                (root / "data" / "roots" / "keep").write_text("root's")
+            record = record_path(base, job_id, "n1")
+            NodeRecord(job_id, "n1", str(root), str(base / "jobdir"), False).save(record)
+            os.chown(record, nobody, nobody)
+            if not planted:
+                report = stop_node(job_id, "n1", base, uid=nobody)
+                assert report.removed == [str(root)] and not root.exists()
+                assert not record.exists()
+            else:
+                with pytest.raises(PermissionError):
+                    stop_node(job_id, "n1", base, uid=nobody)
+                assert (root / "data" / "roots" / "keep").read_text() == "root's"
+        # a record that is not the job user's is refused outright
+        other = record_path(base, "52", "n1")
+        other.write_text(json.dumps(NodeRecord("52", "n1", "/etc", "/etc", True).__dict__))
+        with pytest.raises(BadRequest):
+            stop_node("52", "n1", base, uid=nobody)
+        assert Path("/etc/passwd").exists()
+    finally:
+        shutil.rmtree(base)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -166,16 +167,47 @@ def kill_job_processes(job_id: str, node: str, uid: int | None = None,
 
 
 def _remove_tree(path: Path, uid: int | None) -> bool:
-    """Remove ``path`` (never following a link out of it), if ``uid`` owns it."""
+    """Remove ``path`` (never following a link out of it), if ``uid`` owns it; run as
+    root for another user, with that user's rights only (in a child that drops root)."""
     if not path.exists() and not path.is_symlink():
         return False
     if uid is not None and _owner(path) != uid:
         raise PermissionError(f"{path} does not belong to uid {uid}: left in place")
+    if uid is None or uid == os.geteuid() or os.geteuid() != 0:
+        _unlink_tree(path)
+        return True
+    pid = os.fork()
+    if pid == 0:                # the child: become the job's user, remove, report
+        code = 1
+        try:
+            os.setgroups([])
+            os.setgid(_gid_of(uid))
+            os.setuid(uid)
+            _unlink_tree(path)
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise PermissionError(f"could not remove {path} as uid {uid}")
+    return True
+
+
+def _unlink_tree(path: Path) -> None:
     if path.is_symlink() or not path.is_dir():
         path.unlink()
     else:
         shutil.rmtree(path)
-    return True
+
+
+def _gid_of(uid: int) -> int:
+    gid = os.environ.get("SLURM_JOB_GID")
+    if gid and gid.isdigit():
+        return int(gid)
+    try:
+        return pwd.getpwuid(uid).pw_gid
+    except KeyError:
+        return uid
 
 
 @dataclass
