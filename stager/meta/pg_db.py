@@ -39,7 +39,7 @@ Op = Callable[[asyncpg.Connection], Awaitable[R]]
 CONFLICT_RETRIES = 50        # serialization failures and deadlocks, per transaction
 RECONNECTS = 3               # connections found dead before the transaction began
 ROOT_ID = 1
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # Each migration takes the schema from version N-1 to N; applied in order, each in
 # the transaction that records its number.  Names sort bytewise (COLLATE "C"), as in
@@ -118,6 +118,8 @@ CREATE TABLE answers (
     created DOUBLE PRECISION NOT NULL
 );
 CREATE INDEX answers_created ON answers (created);
+""", 4: """
+ALTER TABLE manifests ADD COLUMN gen BIGINT NOT NULL DEFAULT 0;
 """}
 
 # Errors after which the connection is gone or the server cannot serve: the

@@ -17,7 +17,7 @@ import asyncpg
 from ..errors import NotADirectory, NotFound, StagerError, UploadNotFound
 from ..protocol import paths
 from ..protocol.models import Layout, LayoutSpec
-from .pg_namespace import garbage_file, inherited, located, mkdirs, walk
+from .pg_namespace import BUMP, UP, changed_below, garbage_file, inherited, located, mkdirs, walk
 from .sqlite_batch import for_path
 from .sqlite_db import layout_of, layout_text, pack
 from .sqlite_namespace import check_replaceable
@@ -49,8 +49,19 @@ async def get_upload(conn: asyncpg.Connection, file_id: str) -> Upload:
     return _upload(row)
 
 
+# The file, its directory touched, and the manifests on it and above it bumped: one
+# statement.  In a batch the bump waits for the end: one for all its directories.
+_INSERT = ("INSERT INTO entries (parent, name, kind, size, mtime, file_id, layout, checksums)"
+           " VALUES (($1::bigint[])[1], $2, 'file', $3, $4, $5, $6, $7)")
+_TOUCH = "touched AS (UPDATE entries SET mtime = $8 WHERE id = ($1::bigint[])[1])"
+_COMMIT_ALONE = f"WITH RECURSIVE {UP}, {_TOUCH}, bumped AS ({BUMP}) {_INSERT}"
+_COMMIT_IN_BATCH = f"WITH {_TOUCH} {_INSERT}"
+
+
 async def commit_upload(conn: asyncpg.Connection, file_id: str, *, size: int,
-                        checksums: tuple[int, ...], mtime: float, now: float) -> NodeEntry:
+                        checksums: tuple[int, ...], mtime: float, now: float,
+                        changed: set[int] | None = None) -> NodeEntry:
+    """``changed``: where a batch collects the directories to bump at its end."""
     # Taken off the pending uploads first; if anything below fails, the transaction
     # (or the item's savepoint) rolls back and the upload is pending again.
     row = await conn.fetchrow(
@@ -69,12 +80,11 @@ async def commit_upload(conn: asyncpg.Connection, file_id: str, *, size: int,
     if existing is not None:
         await garbage_file(conn, existing, now)
         await conn.execute("DELETE FROM entries WHERE id = $1", existing["id"])
-    await conn.execute(                      # the file, and its directory touched
-        "WITH touched AS (UPDATE entries SET mtime = $8 WHERE id = $1) "
-        "INSERT INTO entries (parent, name, kind, size, mtime, file_id, layout, checksums)"
-        " VALUES ($1, $2, 'file', $3, $4, $5, $6, $7)",
-        parent_id, name, size, mtime, file_id, layout_text(upload.layout), pack(checksums),
-        now)
+    if changed is not None:
+        changed.add(parent_id)
+    await conn.execute(_COMMIT_ALONE if changed is None else _COMMIT_IN_BATCH,
+                       [parent_id], name, size, mtime, file_id, layout_text(upload.layout),
+                       pack(checksums), now)
     return NodeEntry(upload.path, "file", size, mtime, file_id, upload.layout,
                      checksums=checksums)
 
@@ -184,13 +194,17 @@ async def get_uploads(conn: asyncpg.Connection, file_ids: Sequence[str]
 async def commit_uploads(conn: asyncpg.Connection, items: Sequence[CommitArgs], *,
                          now: float) -> list[NodeEntry | StagerError]:
     out: list[NodeEntry | StagerError] = []
+    changed: set[int] = set()
     for file_id, size, checksums, mtime in items:
         try:
             async with conn.transaction():          # a savepoint: the item fails alone
                 out.append(await commit_upload(conn, file_id, size=size,
-                                               checksums=checksums, mtime=mtime, now=now))
+                                               checksums=checksums, mtime=mtime, now=now,
+                                               changed=changed))
         except StagerError as exc:
             out.append(exc)
+    if changed:
+        await changed_below(conn, list(changed))
     return out
 
 
