@@ -69,8 +69,27 @@ class MetaConnection:
                       timeout: aiohttp.ClientTimeout | None = None, **path_params: Any) -> Any:
         """Send ``route`` (its path parameters filled from ``path_params``) with the
         JSON ``body``; the answer's JSON, or its error raised."""
+        _, _, answer = await self._send(route, body, query, timeout, {}, json.loads,
+                                        path_params)
+        return answer
+
+    async def exchange(self, route: Route, *, body: Any = None,
+                       query: Mapping[str, Any] | None = None,
+                       timeout: aiohttp.ClientTimeout | None = None,
+                       headers: Mapping[str, str] | None = None, **path_params: Any
+                       ) -> tuple[int, Mapping[str, str], bytes]:
+        """:meth:`request` with more ``headers``, answering (status, headers, body as
+        sent: a ``Content-Encoding`` is not undone), or the error raised."""
+        return await self._send(route, body, query, timeout, headers or {}, bytes,
+                                path_params)
+
+    async def _send(self, route: Route, body: Any, query: Mapping[str, Any] | None,
+                    timeout: aiohttp.ClientTimeout | None, headers: Mapping[str, str],
+                    parse: Callable[[bytes], Any], path_params: Mapping[str, Any]
+                    ) -> tuple[int, Mapping[str, str], Any]:
         raw_body = json.dumps(body).encode() if body is not None else None
         hdrs = {"Content-Type": "application/json"} if raw_body is not None else {}
+        hdrs.update(headers)
         hdrs.update(self.headers)
         if route.method not in SAFE_METHODS:
             hdrs[IDEMPOTENCY_KEY] = uuid.uuid4().hex
@@ -89,8 +108,8 @@ class MetaConnection:
             try:
                 async with self._session().request(route.method, url, data=data,
                                                    headers=hdrs, **extra) as resp:
-                    status, raw = resp.status, await resp.read()
-                answer = json.loads(raw) if status < 400 else None
+                    status, answered, raw = resp.status, resp.headers, await resp.read()
+                answer = parse(raw) if status < 400 else None
             except (*TRANSPORT_FAILURES, ValueError) as exc:   # ValueError: not JSON
                 if attempt + 1 >= tries:
                     raise unreachable(exc, f"metadata server {joined(self.urls)} unreachable",
@@ -103,7 +122,7 @@ class MetaConnection:
             self._current = which
             if status >= 400:
                 raise error_from_wire(status, raw)
-            return answer
+            return status, answered, answer
         raise AssertionError("unreachable")
 
     # -- the stat cache ----------------------------------------------------------------------
