@@ -34,6 +34,7 @@ from .fileio import AsyncReadFile, AsyncWriteFile
 from .metaconn import LONG, MetaConnection
 
 LOCAL_PIECE = 8 << 20      # bytes per read/write of a local file
+KEPT_MANIFESTS = 4         # paths whose last manifest get_manifest keeps to revalidate
 
 
 class AsyncClient:
@@ -61,7 +62,8 @@ class AsyncClient:
                                    retries=self.config.retries,
                                    stat_ttl=self.config.stat_cache_ttl,
                                    headers=self.config.auth_headers())
-        # The last manifest of each path and its ETag, revalidated (get_manifest).
+        # The last manifest of each path and its ETag, revalidated (get_manifest): a
+        # few paths, as each of a 100,000-file dataset's is tens of megabytes.
         self._manifests: dict[str, tuple[str, Manifest]] = {}
         # With a token, the capabilities data servers want (stager/client/capabilities.py)
         self.capabilities = CapabilityBook(self.meta.request) \
@@ -197,12 +199,16 @@ class AsyncClient:
                 raise
             return None
         if status == 304 and kept is not None:
+            self._manifests[path] = self._manifests.pop(path)
             return kept[1]
         gzipped = answered.get("Content-Encoding", "").lower() == "gzip"
         manifest = await asyncio.to_thread(_decode_manifest, raw, gzipped)
         etag = answered.get("ETag")
+        self._manifests.pop(path, None)
         if etag:
             self._manifests[path] = (etag, manifest)
+            while len(self._manifests) > KEPT_MANIFESTS:    # the least recently fetched out
+                del self._manifests[next(iter(self._manifests))]
         return manifest
 
     async def status(self) -> dict[str, Any]:
