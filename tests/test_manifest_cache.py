@@ -10,7 +10,7 @@ import gzip
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -21,6 +21,7 @@ from stager import Client
 from stager.config import Config
 from stager.meta.app import SERVICE
 from stager.meta.service import MetaService
+from stager.meta.snapshots import Snapshot, SnapshotCache
 from stager.meta.sqlite import SQLiteStore
 from stager.meta.store import Upload
 from stager.protocol.manifest import Manifest, ManifestFile
@@ -187,3 +188,26 @@ def test_a_commit_through_one_server_is_seen_through_the_other(
     finally:
         a.close()
         b.close()
+
+
+async def test_the_cache_keeps_its_budget_least_recently_used_out() -> None:
+    cache = SnapshotCache(budget=250)
+    made: list[str] = []
+
+    def maker(etag: str, size: int) -> Callable[[], Awaitable[Snapshot]]:
+        async def make() -> Snapshot:
+            made.append(etag)
+            return Snapshot(etag, b"x" * size, size)
+        return make
+
+    for path in ("/a", "/b"):
+        await cache.get(path, f"{path}1", maker(f"{path}1", 100))
+    await cache.get("/a", "/a1", maker("/a1", 100))               # a hit: /a is the newest
+    await cache.get("/c", "/c1", maker("/c1", 100))               # over budget: /b goes
+    assert cache.peek("/a1") and cache.peek("/c1") and cache.peek("/b1") is None
+    await cache.get("/a", "/a2", maker("/a2", 100))               # a new version replaces
+    assert cache.peek("/a1") is None and cache.peek("/a2")
+    await cache.get("/d", "/d1", maker("/d1", 300))               # larger than the budget
+    assert cache.peek("/d1") is None and cache.peek("/a2") and cache.peek("/c1")
+    assert made == ["/a1", "/b1", "/c1", "/a2", "/d1"] and cache.resolutions == 5
+    assert cache.hits == 1
