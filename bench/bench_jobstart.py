@@ -162,7 +162,7 @@ def run(quick: bool) -> dict[str, Any]:
                 for f in figures:
                     if f["round"] == "warm":
                         warm[name, f["m"]] = f
-                    rows.append([f"{name}, {f['m']} clients, {f['round']}", r2(f["s"]),
+                    rows.append([f"{name}, M={f['m']}, {f['round']}", r2(f["s"]),
                                  r2(f["cpu"] * 1000),
                                  r2(f["raw_s"]) if "raw_s" in f else None,
                                  r2(f["m"] * decode)])
