@@ -17,7 +17,7 @@ from ..aio import gather_or_cancel
 from ..config import Config, load_config
 from ..dataplane import DataPlane, PlaneOptions, StripedReader, StripedWriter, make_session
 from ..dataplane.transport import TargetCounters
-from ..errors import IsADirectory, NoTargets, NotFound, StagerError, Unavailable
+from ..errors import IsADirectory, NoTargets, NotFound, StagerError, Unavailable, UploadNotFound
 from ..protocol import messages as m
 from ..protocol import paths
 from ..protocol.authmsg import TokenCreated, TokenInfo, TokenList, TokenRequest
@@ -28,7 +28,7 @@ from ..protocol.manifest import Manifest
 from ..protocol.metaurls import joined, meta_urls
 from ..protocol.models import FileInfo, Layout, LayoutSpec, TargetInfo
 from ..protocol.routes import route
-from .bulk import WriteItem, put_tree, write_many
+from .bulk import WriteItem, put_tree, upload_gone, write_many
 from .capabilities import CapabilityBook
 from .fileio import AsyncReadFile, AsyncWriteFile
 from .metaconn import LONG, MetaConnection
@@ -357,7 +357,14 @@ class AsyncClient:
                      mtime: float | None = None) -> FileInfo:
         size, checksums = await writer.close()
         body = CommitItem(file_id, size, tuple(checksums), mtime)
-        info = FileInfo.from_json(await self.meta.request(route("commit"), body=body.to_json()))
+        # A commit whose outcome is unknown is asked again (the same key), never the
+        # file written afresh: that could apply it twice, over a later writer's.
+        try:
+            info = FileInfo.from_json(await self.meta.request(
+                route("commit"), body=body.to_json(), settle=self.config.write_retries))
+        except UploadNotFound as exc:
+            raise upload_gone(file_id) from exc
+
         self.meta.forget(info.path)
         return info
 
@@ -460,6 +467,7 @@ def _span(size: int, start: int | None, end: int | None) -> tuple[int, int]:
     hi = size if end is None else (size + end if end < 0 else end)
     lo, hi = max(0, min(lo, size)), max(0, min(hi, size))
     return lo, max(lo, hi)
+
 
 
 def _decode_manifest(raw: bytes, gzipped: bool) -> Manifest:

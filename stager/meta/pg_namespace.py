@@ -42,17 +42,31 @@ WITH RECURSIVE walk AS (
 )"""
 _WALK = _WALK_CTE + "SELECT * FROM walk ORDER BY depth"
 
-# The directories $1 and their ancestors, walking the parent chain up (a few rows each).
-UP = ("up(id) AS (SELECT unnest($1::bigint[]) UNION "
-      "SELECT e.parent FROM entries e JOIN up ON e.id = up.id WHERE e.parent <> 0)")
-# Bumps the gen of every manifest on them: the walk joined to the small manifests table.
-BUMP = "UPDATE manifests SET gen = gen + 1 WHERE dir_id IN (SELECT id FROM up)"
+
+def _bump_up_from(seed: str) -> str:
+    """A statement bumping the gen of every manifest on the directories ``seed``
+    selects or on their ancestors: the walk up the parent chain (a few rows each),
+    joined to the small manifests table."""
+    return ("WITH RECURSIVE up(id) AS (" + seed + " UNION SELECT e.parent FROM entries e "
+            "JOIN up ON e.id = up.id WHERE e.parent <> 0) "
+            "UPDATE manifests SET gen = gen + 1 WHERE dir_id IN (SELECT id FROM up)")
+
+
+_BUMP_DIRS = _bump_up_from("SELECT unnest($1::bigint[])")
+_BUMP_FILES = _bump_up_from(
+    "SELECT parent FROM entries WHERE file_id = ANY($1::text[]) AND kind = 'file'")
 
 
 async def changed_below(conn: asyncpg.Connection, dir_ids: Sequence[int]) -> None:
     """In the caller's transaction: what a manifest on one of ``dir_ids`` or on one of
     their ancestors resolves to has changed; their ``gen`` goes up by one."""
-    await conn.execute(f"WITH RECURSIVE {UP} {BUMP}", sorted(set(dir_ids)))
+    await conn.execute(_BUMP_DIRS, sorted(set(dir_ids)))
+
+
+async def changed_files(conn: asyncpg.Connection, file_ids: Sequence[str]) -> None:
+    """:func:`changed_below` the directories of the committed files ``file_ids``:
+    one statement for a whole batch."""
+    await conn.execute(_BUMP_FILES, list(file_ids))
 
 
 async def walk(conn: asyncpg.Connection, names: Sequence[str]) -> list[Row]:
