@@ -17,12 +17,13 @@ from ..dataplane.credentials import ClusterCredential
 from ..errors import PayloadTooLarge, RangeNotSatisfiable, Unavailable
 from ..protocol import messages as m
 from ..protocol.batch import CommitItem, CreateItem, parse_items, results_json
+from ..protocol.headers import accepts_gzip, etag_matches
 from ..protocol.models import FileInfo, LayoutSpec, TargetInfo, check_file_id
 from ..protocol.ranges import content_range, parse_range, unsatisfied_range
 from ..web import idempotency
 from ..web.authmw import authorize, token_of
 from ..web.metrics import ServerMetrics
-from ..web.middleware import METRICS_KEY, error_response, json_response, large_json_response
+from ..web.middleware import METRICS_KEY, error_response, json_response
 from ..web.requests import path_arg, query_bool, query_int, read_json
 from ..web.server import add_routes, base_app
 from . import authapp, jobtable, opkey, reliability, shared
@@ -269,7 +270,23 @@ async def put_manifest(request: web.Request) -> web.Response:
 
 
 async def get_manifest(request: web.Request) -> web.Response:
-    return await large_json_response(await _svc(request).get_manifest(path_arg(request)))
+    """The resolved manifest, from the service's cache: gzip'd as cached when the
+    client takes gzip (plain JSON for curl), 304 when ``If-None-Match`` names it."""
+    service, path = _svc(request), path_arg(request)
+    wanted = request.headers.get("If-None-Match")
+    if wanted is not None:
+        etag = await service.manifest_etag(path)
+        if etag_matches(wanted, etag):
+            return web.Response(status=304, headers={"ETag": etag})
+    snapshot = await service.get_manifest(path)
+    headers = {"ETag": snapshot.etag, "Vary": "Accept-Encoding"}
+    if accepts_gzip(request.headers.get("Accept-Encoding", "")):
+        headers["Content-Encoding"] = "gzip"
+        return web.Response(body=snapshot.gzipped, content_type="application/json",
+                            headers=headers)
+    # Megabytes to inflate: in a thread, so the loop serves the other requests.
+    return web.Response(body=await asyncio.to_thread(snapshot.json_bytes),
+                        content_type="application/json", headers=headers)
 
 
 # -- whole-file gateway ----------------------------------------------------------------
