@@ -59,7 +59,8 @@ async def register_and_heartbeat(service: DataService, config: Config, url: str,
                 else:
                     status = await _post(
                         session, route("heartbeat").url(meta, target_id=ident.target_id),
-                        Heartbeat(usage.capacity, usage.used, usage.chunks).to_json(), config)
+                        Heartbeat(usage.capacity, usage.used, usage.chunks,
+                                  service.bytes_read, service.bytes_written).to_json(), config)
                     if status == 404:
                         registered = False
                         continue

@@ -48,6 +48,10 @@ class DataService:
         self.config = config
         self.identity = load_identity(root, config)
         self.store = ChunkStore(root, capacity=config.capacity)
+        # Chunk bytes served and stored since start: heartbeats carry them, and the
+        # metadata server shows their rates (stager/meta/throughput.py).
+        self.bytes_read = 0
+        self.bytes_written = 0
 
     async def put(self, chunk: str, data: bytes | bytearray | memoryview, crc: int) -> None:
         await asyncio.to_thread(self.store.put, chunk, data, crc)

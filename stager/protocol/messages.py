@@ -55,19 +55,26 @@ class Health:
 # -- metadata server: cluster --------------------------------------------------------------
 @dataclass(frozen=True)
 class Heartbeat:
-    """What a data server reports of its target with every heartbeat."""
+    """What a data server reports of its target with every heartbeat.  ``bytes_read``
+    and ``bytes_written``: chunk bytes served and stored since the data server started
+    (counters; the metadata server turns successive ones into rates)."""
 
     capacity: int = 0
     used: int = 0
     chunks: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"capacity": self.capacity, "used": self.used, "chunks": self.chunks}
+        return {"capacity": self.capacity, "used": self.used, "chunks": self.chunks,
+                "bytes_read": self.bytes_read, "bytes_written": self.bytes_written}
 
     @classmethod
     def from_json(cls, obj: Any) -> Heartbeat:
         return cls(capacity=count_of(obj, "capacity", 0), used=count_of(obj, "used", 0),
-                   chunks=count_of(obj, "chunks", 0))
+                   chunks=count_of(obj, "chunks", 0),
+                   bytes_read=count_of(obj, "bytes_read", 0),
+                   bytes_written=count_of(obj, "bytes_written", 0))
 
 
 @dataclass(frozen=True)
