@@ -25,7 +25,7 @@ from ..web.metrics import ServerMetrics
 from ..web.middleware import METRICS_KEY, error_response, json_response, large_json_response
 from ..web.requests import path_arg, query_bool, query_int, read_json
 from ..web.server import add_routes, base_app
-from . import authapp, gauges, jobtable, opkey, reliability, shared, throughput, ui
+from . import authapp, gauges, jobtable, opkey, reliability, shared, targetstats, ui
 from .authapp import check_uploads, read_capability, write_capability
 from .gateway import Gateway
 from .service import MetaService
@@ -43,7 +43,7 @@ def make_meta_app(config: Config) -> web.Application:
     service = MetaService(open_store(config), config)
 
     async def cluster_gauges(metrics: ServerMetrics) -> None:
-        gauges.refresh(metrics, service, app[throughput.RATES],
+        gauges.refresh(metrics, service, app[targetstats.RATES],
                        app[reliability.RELIABILITY].status()["rebuild"])
 
     app = base_app("meta", client_max_size=config.max_json_body, identity={},
@@ -61,7 +61,7 @@ def make_meta_app(config: Config) -> web.Application:
     # rebuild, repair, scrub, fsck: after _data_plane, whose plane they use
     reliability.install(app, service, config, lambda: app[GATEWAY].plane)
     jobtable.install(app, service.store)    # live loader telemetry (the list_jobs route)
-    throughput.install(app, service)        # per-target rates, from heartbeats
+    targetstats.install(app, service)        # per-target rates, from heartbeats
     return app
 
 
@@ -135,7 +135,7 @@ async def heartbeat(request: web.Request) -> web.Response:
     target = await _svc(request).heartbeat(request.match_info["target_id"],
                                            capacity=beat.capacity, used=beat.used,
                                            chunks=beat.chunks)
-    throughput.observe(request, target.id, beat)
+    targetstats.observe(request, target.id, beat)
     return json_response(target.to_json())
 
 

@@ -2,8 +2,9 @@
 
 What the Grafana board (deploy/grafana/stager.json) draws from the metadata
 server: targets up and down, the cluster's capacity, each target's throughput
-over the last minute (from heartbeats: :mod:`stager.meta.throughput`) and the
-rebuild's bytes remaining.  The data servers export their own bytes and usage.
+over the last minute and its scrub's bytes remaining (from heartbeats:
+:mod:`stager.meta.targetstats`), the rebuild's bytes remaining.  The data servers
+export their own bytes and usage.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 from ..web.metrics import ServerMetrics
 from .service import MetaService
-from .throughput import TargetRates
+from .targetstats import TargetRates
 
 
 def refresh(metrics: ServerMetrics, service: MetaService, rates: TargetRates,
@@ -40,6 +41,13 @@ def refresh(metrics: ServerMetrics, service: MetaService, rates: TargetRates,
         if rate is not None:
             read.labels(t.id, t.node).set(rate[0])
             write.labels(t.id, t.node).set(rate[1])
+    scrub = metrics.gauge("stager_target_scrub_bytes_remaining",
+                          "bytes a target's running scrub pass has still to verify",
+                          ("target", "node"))
+    scrub.clear()
+    for t in targets:
+        if t.id in rates.scrubs:
+            scrub.labels(t.id, t.node).set(rates.scrubs[t.id].bytes_remaining)
     metrics.gauge("stager_rebuild_bytes_remaining",
                   "bytes the rebuild has still to copy").set(rebuild.get("bytes_remaining", 0))
     metrics.gauge("stager_rebuild_bytes_total",

@@ -150,24 +150,40 @@ function drawRebuild(status) {
 function drawScrub(status) {
   const repair = status.repair || {};
   const last = repair.last_scrub;
+  const now = Date.now() / 1000;
   const items = [];
+  const scrubs = Object.entries(status.scrubs || {});
+  if (scrubs.length) {
+    items.push(el("table", { class: "scrubs" }, el("tbody", {}, ...scrubs.map(([id, p]) => {
+      const running = p.state === "running";
+      const label = running
+        ? `${bytes(p.bytes_remaining)} remaining of ${bytes(p.bytes_total)}`
+        : p.finished ? `pass ${p.passes} done ${ago(now - p.finished)}: ${bytes(p.bytes_total)}`
+          : "no pass yet";
+      return el("tr", { "data-scrub": id },
+        el("td", { class: "mono" }, id),
+        el("td", {}, el("span", { class: "state " + (running ? "running" : "up") }, p.state)),
+        el("td", {}, bar(p.bytes_total ? p.bytes_done / p.bytes_total : (running ? 0 : 1),
+                         label, p.corrupt_found ? "bad" : "")));
+    }))));
+  }
   if (last && last.finished) {
-    items.push(el("p", {}, `last full scrub ${ago(Date.now() / 1000 - last.finished)}: ` +
+    items.push(el("p", {}, `last full scrub ${ago(now - last.finished)}: ` +
       `${(last.checked || 0).toLocaleString()} chunks, ${bytes(last.bytes)} checked in ` +
       `${(last.seconds || 0).toFixed(1)} s`));
     items.push(el("p", { class: last.corrupt ? "error" : "" },
       `${last.corrupt || 0} corrupt, ${last.repaired || 0} repaired, ` +
       `${last.unrecoverable || 0} unrecoverable`));
   } else {
-    items.push(el("p", { class: "muted" }, "no cluster-wide scrub since this server started " +
-      "(each data server scrubs in the background)"));
+    items.push(el("p", { class: "muted" }, "no cluster-wide scrub (stager scrub) since this " +
+      "server started"));
   }
   const pending = repair.pending || 0;
   items.push(el("p", {}, `repairs: ${repair.repaired || 0} done, ${pending} queued, ` +
     `${repair.deferred || 0} deferred`));
   const fsck = status.fsck;
   if (fsck && fsck.finished) {
-    items.push(el("p", {}, `last fsck ${ago(Date.now() / 1000 - fsck.finished)}: ` +
+    items.push(el("p", {}, `last fsck ${ago(now - fsck.finished)}: ` +
       `${fsck.missing || 0} missing, ${fsck.orphans || 0} orphans`));
   }
   $("scrub").replaceChildren(...items);

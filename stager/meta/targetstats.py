@@ -1,14 +1,16 @@
-"""Read and write throughput of each target over the last minute, from its heartbeats.
+"""What heartbeats say of a target beyond its liveness: throughput and scrub progress.
 
 A data server's heartbeat carries two counters, chunk bytes served and stored since
-it started (:class:`~stager.protocol.messages.Heartbeat`).  :class:`TargetRates`
-keeps a minute of them per target and answers the rate between the oldest and the
+it started, and its background scrub's progress
+(:class:`~stager.protocol.messages.Heartbeat`).  :class:`TargetRates` keeps a
+minute of the counters per target and answers the rate between the oldest and the
 newest: what the dashboard's targets table shows (the ``throughput`` section of
 ``status``) and the ``stager_target_*_bytes_per_second`` gauges.  A counter that
-went backwards is a restarted data server: its older samples are dropped.
+went backwards is a restarted data server: its older samples are dropped.  The last
+scrub progress of each target is the ``scrubs`` section.
 
-Only the metadata server a data server heartbeats to sees its counters; the others
-of a shared store show no rate for it (Prometheus' ``rate(stager_sent_bytes[1m])``
+Only the metadata server a data server heartbeats to sees these; the others of a
+shared store show no rate for it (Prometheus' ``rate(stager_sent_bytes_total[1m])``
 on the data servers themselves is the cluster-wide view).
 """
 
@@ -21,7 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..protocol.messages import Heartbeat
+from ..protocol.messages import Heartbeat, ScrubProgress
 from .service import MetaService
 
 WINDOW = 60.0       # seconds of samples kept per target
@@ -33,6 +35,7 @@ class TargetRates:
         self.clock = clock
         self.window = window
         self._samples: dict[str, deque[tuple[float, int, int]]] = {}
+        self.scrubs: dict[str, ScrubProgress] = {}
 
     def observe(self, target_id: str, bytes_read: int, bytes_written: int) -> None:
         """A heartbeat's counters."""
@@ -67,17 +70,27 @@ class TargetRates:
         return {"throughput": out}
 
 
+    def scrub_status(self) -> dict[str, Any]:
+        """The ``scrubs`` section of ``status``: target id → its scrub's progress."""
+        return {"scrubs": {t: p.to_json() for t, p in sorted(self.scrubs.items())}}
+
+
 RATES = web.AppKey("rates", TargetRates)
 
 
 def install(app: web.Application, service: MetaService) -> TargetRates:
-    """Give the metadata application the per-target rates: the ``throughput`` section
-    of ``status``; the heartbeat handler feeds them (:func:`observe`)."""
+    """Give the metadata application the per-target rates and scrub progress: the
+    ``throughput`` and ``scrubs`` sections of ``status``; the heartbeat handler feeds
+    them (:func:`observe`)."""
     rates = TargetRates()
     app[RATES] = rates
     service.status_extras.append(rates.status)
+    service.status_extras.append(rates.scrub_status)
     return rates
 
 
 def observe(request: web.Request, target_id: str, beat: Heartbeat) -> None:
-    request.app[RATES].observe(target_id, beat.bytes_read, beat.bytes_written)
+    rates = request.app[RATES]
+    rates.observe(target_id, beat.bytes_read, beat.bytes_written)
+    if beat.scrub is not None:
+        rates.scrubs[target_id] = beat.scrub
