@@ -5,7 +5,9 @@ back while the pictures are taken (so the throughput columns move), loader
 reports as a training job's ranks send them, and Debian's headless Chromium
 (:mod:`stager.testing.browser`).  Three states: healthy, a target killed with
 SIGKILL and shown down, a starving job.  Each PNG is 1000 px wide, reduced to a
-small palette so it stays well under 150 KB.
+small palette so it stays well under 150 KB.  The killed target is declared lost
+after 3 s here (``target_lost_after``; 600 s by default), so the picture shows its
+rebuild under way.
 """
 
 from __future__ import annotations
@@ -86,7 +88,12 @@ def main() -> None:
     if missing():
         raise SystemExit(f"no browser: {missing()}")
     args.out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as root, ProcessCluster(root, 3) as cluster:
+    # a background scrub running while the pictures are taken, and a killed target
+    # declared lost soon, so its rebuild shows bytes remaining
+    env = {"STAGER_SCRUB_INTERVAL": "4", "STAGER_SCRUB_RATE": str(4 * MiB),
+           "STAGER_TARGET_LOST_AFTER": "3", "STAGER_REBUILD_RATE": str(2 * MiB)}
+    with tempfile.TemporaryDirectory() as root, \
+            ProcessCluster(root, 3, replicas=2, env=env) as cluster:
         stop = threading.Event()
         mover = threading.Thread(target=traffic, args=(cluster.meta_url, stop), daemon=True)
         mover.start()
@@ -107,7 +114,10 @@ def main() -> None:
             victim = cluster.target_id(0)
             cluster.kill_data(0)
             wait(browser, f"return document.querySelector('tr[data-target=\"{victim}\"] "
-                          ".state').textContent == 'down'")
+                          ".state').textContent != 'up'")
+            wait(browser, "return document.querySelector('#rebuild .state').textContent "
+                          "== 'running'", timeout=20)
+            time.sleep(2.5)
             save(browser, args.out / "dashboard-target-down.png")
         finally:
             browser.quit()

@@ -154,7 +154,14 @@ function drawScrub(status) {
   const items = [];
   const scrubs = Object.entries(status.scrubs || {});
   if (scrubs.length) {
+    const states = Object.fromEntries((status.targets || []).map((t) => [t.id, t.state]));
     items.push(el("table", { class: "scrubs" }, el("tbody", {}, ...scrubs.map(([id, p]) => {
+      if (states[id] !== "up") {      // no heartbeat, no news: what it said last is stale
+        return el("tr", { "data-scrub": id }, el("td", { class: "mono" }, id),
+          el("td", {}, el("span", { class: "state " + (states[id] || "down") },
+                          states[id] || "gone")),
+          el("td", { class: "muted" }, `last pass ${p.passes}; no news while not up`));
+      }
       const running = p.state === "running";
       const label = running
         ? `${bytes(p.bytes_remaining)} remaining of ${bytes(p.bytes_total)}`
