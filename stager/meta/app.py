@@ -26,7 +26,7 @@ from ..web.metrics import ServerMetrics
 from ..web.middleware import METRICS_KEY, error_response, json_response
 from ..web.requests import path_arg, query_bool, query_int, read_json
 from ..web.server import add_routes, base_app
-from . import authapp, jobtable, opkey, reliability, shared
+from . import authapp, gauges, jobtable, opkey, reliability, shared, targetstats, ui
 from .authapp import check_uploads, read_capability, write_capability
 from .gateway import Gateway
 from .service import MetaService
@@ -44,11 +44,8 @@ def make_meta_app(config: Config) -> web.Application:
     service = MetaService(open_store(config), config)
 
     async def cluster_gauges(metrics: ServerMetrics) -> None:
-        targets = service.list_targets()
-        metrics.gauge("stager_targets_up", "storage targets answering heartbeats").set(
-            sum(t.up for t in targets))
-        metrics.gauge("stager_targets_down", "storage targets marked down").set(
-            sum(not t.up for t in targets))
+        gauges.refresh(metrics, service, app[targetstats.RATES],
+                       app[reliability.RELIABILITY].status()["rebuild"])
 
     app = base_app("meta", client_max_size=config.max_json_body, identity={},
                    refresh_metrics=cluster_gauges)
@@ -65,6 +62,7 @@ def make_meta_app(config: Config) -> web.Application:
     # rebuild, repair, scrub, fsck: after _data_plane, whose plane they use
     reliability.install(app, service, config, lambda: app[GATEWAY].plane)
     jobtable.install(app, service.store)    # live loader telemetry (the list_jobs route)
+    targetstats.install(app, service)        # per-target rates, from heartbeats
     return app
 
 
@@ -138,6 +136,7 @@ async def heartbeat(request: web.Request) -> web.Response:
     target = await _svc(request).heartbeat(request.match_info["target_id"],
                                            capacity=beat.capacity, used=beat.used,
                                            chunks=beat.chunks)
+    targetstats.observe(request, target.id, beat)
     return json_response(target.to_json())
 
 
@@ -373,4 +372,5 @@ HANDLERS = {
     "get_manifest": get_manifest, "gateway_get": gateway_get,
     "gateway_head": gateway_head, "gateway_put": gateway_put,
     "gateway_delete": gateway_delete, **reliability.HANDLERS, **jobtable.HANDLERS,
+    **ui.HANDLERS,
 }
