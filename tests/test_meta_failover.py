@@ -21,12 +21,13 @@ from aiohttp import web
 
 from stager import AsyncClient, Client
 from stager.config import load_config
-from stager.errors import NotFound, Unavailable
+from stager.errors import NotFound, Unavailable, UploadNotFound
 from stager.loader.dataset import parse_source
 from stager.meta.app import SERVICE
 from stager.protocol.batch import CommitItem, CreateItem
 from stager.protocol.headers import ATTEMPT, IDEMPOTENCY_KEY, REPLAYED
 from stager.protocol.metaurls import from_hosts, meta_urls
+from stager.protocol.models import FileInfo
 from stager.protocol.routes import route
 from stager.testing import ThreadCluster
 
@@ -287,3 +288,72 @@ async def test_whole_writes_through_a_cutting_server_make_one_file_each(
                 assert await c.cat(f"{ns}/m{i}") == bytes([i]) * 100
         assert len(proxy.answers) == 3
         assert pending_uploads(cluster) == before
+
+
+class OutageProxy(CuttingProxy):
+    """Cuts the first commit after it took effect, then answers 503 to everything
+    until ``down`` is cleared: a metadata tier that went away mid-commit."""
+
+    def __init__(self, upstream: str) -> None:
+        super().__init__(upstream, cuts=0)
+        self.down = False
+        self.cut_done = asyncio.Event()
+        self.commit_keys: list[str | None] = []
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.path.endswith(("/commit", "/commit-batch")):
+            self.commit_keys.append(request.headers.get(IDEMPOTENCY_KEY))
+        if self.down:
+            return web.json_response({"error": "unavailable", "message": "down"}, status=503)
+        if request.path.endswith(("/commit", "/commit-batch")) and not self.cut_done.is_set():
+            self.cuts = 1
+            try:
+                return await super().handle(request)
+            finally:
+                self.down = True
+                self.cut_done.set()
+        return await super().handle(request)
+
+
+@pytest.mark.parametrize("replaced", [False, True], ids=["alone", "replaced"])
+@pytest.mark.parametrize("how", ["pipe", "write_many"])
+async def test_a_commit_of_unknown_outcome_is_settled_not_written_again(
+        cluster: ThreadCluster, ns: str, how: str, replaced: bool) -> None:
+    """The commit takes effect and its answer is lost; the metadata tier then answers
+    503 for a while.  The writer asks about its commit again, with the same key, once
+    the tier is back, and never writes the file afresh: alone, it learns its commit
+    was done; when another writer replaced the file meanwhile, it gets an error
+    saying so, and the later file stays."""
+    path = f"{ns}/raced"
+    before = pending_uploads(cluster)
+    config = load_config({"retries": 0}, env={})
+    async with OutageProxy(cluster.meta_url) as proxy, \
+            AsyncClient(proxy.url, config=config) as first, \
+            AsyncClient(cluster.meta_url, config=config) as later:
+        if how == "pipe":
+            task = asyncio.ensure_future(first.pipe(path, b"first" * 100))
+        else:
+            task = asyncio.ensure_future(first.write_many([(path, b"first" * 100)]))
+        await asyncio.wait_for(proxy.cut_done.wait(), 30)
+        assert await later.cat(path) == b"first" * 100           # the cut commit took effect
+        first_id = (await later.stat(path, cached=False)).file_id
+        if replaced:
+            await later.pipe(path, b"later")
+        await asyncio.sleep(0.6)                 # the first writer asks again meanwhile
+        proxy.down = False
+        try:
+            result = await asyncio.wait_for(task, 60)
+            info = result if how == "pipe" else result[0]
+        except UploadNotFound as exc:
+            info = exc
+        if replaced:
+            assert isinstance(info, UploadNotFound), info
+            assert "not written again" in str(info)
+            assert await later.cat(path) == b"later"             # not written again over it
+        else:
+            assert isinstance(info, FileInfo), info
+            assert info.file_id == first_id                      # the first try's file
+            assert await later.cat(path) == b"first" * 100
+        assert len(proxy.commit_keys) >= 2                       # it did ask again...
+        assert len(set(proxy.commit_keys)) == 1                  # ...with the same key
+    assert pending_uploads(cluster) == before

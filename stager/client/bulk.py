@@ -32,7 +32,7 @@ from ..aio import gather_or_cancel
 from ..checksum import crc32c
 from ..dataplane.transport import unknown_target
 from ..dataplane.writer import reroute_failed, routes_around
-from ..errors import NoTargets, StagerError, Unavailable
+from ..errors import NoTargets, StagerError, Unavailable, UploadNotFound
 from ..layout import chunk_targets
 from ..protocol import paths
 from ..protocol.batch import MAX_BATCH_ITEMS, CommitItem, CreateItem, batch_body, read_results
@@ -281,9 +281,22 @@ async def _commit(client: AsyncClient, items: Sequence[WriteItem], uploads: list
     body = batch_body([CommitItem(u.file_id, memoryview(items[u.index].data).nbytes,
                                   tuple(u.checksums), items[u.index].mtime).to_json()
                        for u in uploads])
-    answer = await client.meta.request(route("commit_batch"), body=body)
+    # The chunks are stored: a commit whose outcome is unknown is asked again, not the
+    # files written afresh (which could apply them twice, over a later writer's).
+    answer = await client.meta.request(route("commit_batch"), body=body,
+                                       settle=client.config.write_retries)
     for up, got in zip(uploads, read_results(answer, FileInfo.from_json), strict=True):
-        results[up.index] = got
+        results[up.index] = upload_gone(up.file_id) if isinstance(got, UploadNotFound) else got
+
+
+def upload_gone(file_id: str) -> UploadNotFound:
+    """A commit of our own upload found it gone.  Its first try's answer was lost and
+    the commit was asked again: it was done then, and the file since replaced or
+    removed by another writer (or the upload outlived ``upload_grace``)."""
+    return UploadNotFound(
+        f"upload {file_id} is gone: committed by a try whose answer was lost, then "
+        "replaced or removed by another writer (or expired); not written again",
+        file_id=file_id)
 
 
 async def _abort(client: AsyncClient, file_ids: list[str]) -> None:

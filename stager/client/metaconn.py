@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 
 from ..dataplane.transport import ChunkBody
-from ..errors import TRANSPORT_FAILURES, error_from_wire, unreachable
+from ..errors import TRANSPORT_FAILURES, NoTargets, Unavailable, error_from_wire, unreachable
 from ..protocol import paths
 from ..protocol.headers import ATTEMPT, IDEMPOTENCY_KEY
 from ..protocol.metaurls import joined, meta_urls
@@ -66,14 +66,60 @@ class MetaConnection:
 
     async def request(self, route: Route, *, body: Any = None,
                       query: Mapping[str, Any] | None = None,
-                      timeout: aiohttp.ClientTimeout | None = None, **path_params: Any) -> Any:
+                      timeout: aiohttp.ClientTimeout | None = None, settle: int = 0,
+                      **path_params: Any) -> Any:
         """Send ``route`` (its path parameters filled from ``path_params``) with the
-        JSON ``body``; the answer's JSON, or its error raised."""
+        JSON ``body``; the answer's JSON, or its error raised.
+
+        ``settle``: a mutating request whose outcome stayed unknown (every server
+        unreachable, or a 503: the database went away mid-commit) is sent again, with
+        the same key, up to ``settle`` more times with backoff (from 0.25 s, at most
+        4 s apart), so that a metadata tier that comes back answers what became of it.
+        Sending the operation afresh instead could apply it twice, the second time
+        over a later writer's."""
+        _, _, answer = await self._settled(route, body, query, timeout, settle, {},
+                                           json.loads, path_params)
+        return answer
+
+    async def exchange(self, route: Route, *, body: Any = None,
+                       query: Mapping[str, Any] | None = None,
+                       timeout: aiohttp.ClientTimeout | None = None,
+                       headers: Mapping[str, str] | None = None, **path_params: Any
+                       ) -> tuple[int, Mapping[str, str], bytes]:
+        """:meth:`request` with more ``headers``, answering (status, headers, body as
+        sent: a ``Content-Encoding`` is not undone), or the error raised."""
+        return await self._settled(route, body, query, timeout, 0, headers or {}, bytes,
+                                   path_params)
+
+    async def _settled(self, route: Route, body: Any, query: Mapping[str, Any] | None,
+                       timeout: aiohttp.ClientTimeout | None, settle: int,
+                       headers: Mapping[str, str], parse: Callable[[bytes], Any],
+                       path_params: Mapping[str, Any]) -> tuple[int, Mapping[str, str], Any]:
         raw_body = json.dumps(body).encode() if body is not None else None
         hdrs = {"Content-Type": "application/json"} if raw_body is not None else {}
+        hdrs.update(headers)
         hdrs.update(self.headers)
         if route.method not in SAFE_METHODS:
             hdrs[IDEMPOTENCY_KEY] = uuid.uuid4().hex
+        else:
+            settle = 0
+        tried = 0
+        while True:
+            try:
+                return await self._send(route, raw_body, hdrs, query, timeout, tried, parse,
+                                        path_params)
+            except Unavailable as exc:
+                if settle <= 0 or isinstance(exc, NoTargets):
+                    raise
+                settle -= 1
+                await asyncio.sleep(min(0.25 * 2 ** min(tried // len(self.urls), 4), 4.0))
+                tried += (self.retries + 1) * len(self.urls)
+
+    async def _send(self, route: Route, raw_body: bytes | None, hdrs: dict[str, str],
+                    query: Mapping[str, Any] | None, timeout: aiohttp.ClientTimeout | None,
+                    tried: int, parse: Callable[[bytes], Any], path_params: Mapping[str, Any]
+                    ) -> tuple[int, Mapping[str, str], Any]:
+        """One round of tries over the servers (``tried``: tries made before it)."""
         extra = {"timeout": timeout} if timeout is not None else {}
         first, count = self._current, len(self.urls)
         tries = (self.retries + 1) * count
@@ -85,12 +131,12 @@ class MetaConnection:
             # aiohttp warn.  A new one each try: a payload is written once.
             data = ChunkBody(raw_body) if raw_body is not None else None
             if IDEMPOTENCY_KEY in hdrs:
-                hdrs[ATTEMPT] = str(attempt + 1)    # later tries look for the first's work
+                hdrs[ATTEMPT] = str(tried + attempt + 1)   # later tries look for the first's work
             try:
                 async with self._session().request(route.method, url, data=data,
                                                    headers=hdrs, **extra) as resp:
-                    status, raw = resp.status, await resp.read()
-                answer = json.loads(raw) if status < 400 else None
+                    status, answered, raw = resp.status, resp.headers, await resp.read()
+                answer = parse(raw) if status < 400 else None
             except (*TRANSPORT_FAILURES, ValueError) as exc:   # ValueError: not JSON
                 if attempt + 1 >= tries:
                     raise unreachable(exc, f"metadata server {joined(self.urls)} unreachable",
@@ -103,7 +149,7 @@ class MetaConnection:
             self._current = which
             if status >= 400:
                 raise error_from_wire(status, raw)
-            return answer
+            return status, answered, answer
         raise AssertionError("unreachable")
 
     # -- the stat cache ----------------------------------------------------------------------

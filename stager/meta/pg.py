@@ -39,6 +39,7 @@ from .store import (
     EntryRecord,
     Garbage,
     ManifestRecord,
+    ManifestVersion,
     MetaStore,
     NodeEntry,
     StoredFile,
@@ -140,6 +141,10 @@ class PostgreSQLStore(MetaStore):
     async def put_manifest(self, path: str, body: bytes, *, now: float) -> None:
         await self._write(lambda c: ns.put_manifest(c, path, body, now))
 
+    async def manifest_version(self, path: str) -> ManifestVersion:
+        version: ManifestVersion = await self._read(lambda c: ns.manifest_version(c, path))
+        return version
+
     async def get_manifest(self, path: str) -> tuple[bytes, float]:
         return tuple(await self._read(lambda c: ns.get_manifest(c, path),  # type: ignore[return-value]
                                       snapshot=True))
@@ -147,7 +152,8 @@ class PostgreSQLStore(MetaStore):
     # -- writes: these may share one transaction with writes queued alongside ----
     async def begin_upload(self, upload: Upload) -> None:
         self._check_open()
-        await self.writes.write(lambda c: up.begin_uploads(c, [upload]))
+        await self.writes.write(lambda c: up.begin_uploads(c, [upload]),
+                                alone=lambda c: up.begin_upload(c, upload))
 
     async def get_upload(self, file_id: str) -> Upload:
         upload: Upload = await self._read(lambda c: up.get_upload(c, file_id))
@@ -169,6 +175,9 @@ class PostgreSQLStore(MetaStore):
 
     async def check_creates(self, items: Sequence[CreateCheck]
                             ) -> list[LayoutSpec | StagerError]:
+        if len(items) == 1:     # one statement: one snapshot without a transaction
+            [item] = items
+            return [await self._read(lambda c: up.check_create(c, item))]
         return list(await self._read(lambda c: up.check_creates(c, items), snapshot=True))
 
     async def begin_uploads(self, uploads: Sequence[Upload]) -> None:

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 from ..errors import InternalError, StagerError, Unavailable
+from .pg_functions import COMMIT_FUNCTION
 
 log = logging.getLogger("stager.meta")
 
@@ -39,7 +40,7 @@ Op = Callable[[asyncpg.Connection], Awaitable[R]]
 CONFLICT_RETRIES = 50        # serialization failures and deadlocks, per transaction
 RECONNECTS = 3               # connections found dead before the transaction began
 ROOT_ID = 1
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 5
 
 # Each migration takes the schema from version N-1 to N; applied in order, each in
 # the transaction that records its number.  Names sort bytewise (COLLATE "C"), as in
@@ -118,7 +119,10 @@ CREATE TABLE answers (
     created DOUBLE PRECISION NOT NULL
 );
 CREATE INDEX answers_created ON answers (created);
-"""}
+""", 4: """
+ALTER TABLE manifests ADD COLUMN IF NOT EXISTS gen BIGINT NOT NULL DEFAULT 0;
+""",
+    5: COMMIT_FUNCTION}
 
 # Errors after which the connection is gone or the server cannot serve: the
 # database is unavailable (the pool reconnects once it is back).
@@ -153,7 +157,26 @@ def _is_down(exc: BaseException, conn: asyncpg.Connection | None) -> bool:
         return False
     if isinstance(exc, _DOWN):
         return True
-    return isinstance(exc, asyncpg.InterfaceError) and conn is not None and conn.is_closed()
+    if isinstance(exc, asyncpg.InternalClientError):    # the protocol is in a broken state
+        return True
+    return isinstance(exc, asyncpg.InterfaceError) and conn is not None and _closed(conn)
+
+
+def _closed(conn: asyncpg.Connection) -> bool:
+    """Whether ``conn`` is closed; a pool's proxy whose connection died is already
+    detached from it (asyncpg then refuses every call on it)."""
+    try:
+        return bool(conn.is_closed())
+    except asyncpg.InterfaceError:
+        return True
+
+
+def _drop(conn: asyncpg.Connection) -> None:
+    """Close a connection the database went away under, so that it never goes back to
+    the pool: half-way through an error it would still be waiting for the server
+    (asyncpg's "another operation is in progress"), and the pool's reset is a no-op."""
+    if not _closed(conn):
+        conn.terminate()
 
 
 class Database:
@@ -234,6 +257,14 @@ class Database:
         return await self._run(op, isolation="repeatable_read" if snapshot else None,
                                readonly=True)
 
+    async def statement(self, op: Op[R]) -> R:
+        """``op(conn)``, one writing statement, in a transaction of its own (no BEGIN and
+        COMMIT round trips); run again when the connection is lost, so it must be safe
+        to run twice.  Only for a statement that SERIALIZABLE adds nothing to: one that
+        reads no rows another transaction may write (an insert of a new key), so that
+        it cannot be part of an anomaly.  Its commit is still durable (fsync)."""
+        return await self._run(op, isolation=None, readonly=False)
+
     async def write(self, op: Op[R]) -> R:
         """``op(conn)`` in one SERIALIZABLE transaction, run again after conflicts."""
         return await self._run(op, isolation="serializable", readonly=False)
@@ -276,6 +307,7 @@ class Database:
                 return await op(conn)
             except Exception as exc:
                 if _is_down(exc, conn):
+                    _drop(conn)
                     raise _Lost() from exc
                 raise
         tx = conn.transaction(isolation=isolation, readonly=readonly)
@@ -284,12 +316,14 @@ class Database:
             result = await op(conn)
         except BaseException as exc:
             if _is_down(exc, conn):
+                _drop(conn)
                 raise _Lost() from exc
-            if not conn.is_closed():
+            if not _closed(conn):
                 try:
                     await tx.rollback()
                 except Exception as again:
                     if _is_down(again, conn):
+                        _drop(conn)
                         raise _Lost() from exc
                     raise
             raise
@@ -297,6 +331,7 @@ class Database:
             await tx.commit()
         except Exception as exc:
             if _is_down(exc, conn):
+                _drop(conn)
                 raise self.unavailable(exc, unknown=True) from None
             raise
         return result

@@ -2,8 +2,10 @@
 
 While one group's transaction runs, the writes that arrive queue up; the next
 group takes them all (up to ``max_group``) into one SERIALIZABLE transaction,
-each in a savepoint of its own so that it fails alone, exactly as the SQLite
-store's thread groups them (:mod:`.storethread`).  One COMMIT, one WAL flush,
+so that each fails alone, exactly as the SQLite store's thread groups them
+(:mod:`.storethread`): a write that fails with our error has changed nothing, and
+one that fails with a database error has the group run again, each write in a
+savepoint.  One COMMIT, one WAL flush,
 for all of them; every caller is answered only after it.  Groups run one at a
 time, so the writes of one metadata server never conflict with each other (a
 group commit in one directory would otherwise have every transaction update the
@@ -19,6 +21,7 @@ from typing import Any
 
 import asyncpg
 
+from ..errors import StagerError
 from .pg_db import Database, Op, must_abort
 
 MAX_GROUP = 256          # writes per shared transaction
@@ -28,6 +31,7 @@ MAX_GROUP = 256          # writes per shared transaction
 class _Call:
     op: Op[Any]
     future: asyncio.Future[Any]
+    alone: Op[Any] | None = None     # run instead when alone, without a transaction
 
 
 class WriteGroups:
@@ -36,15 +40,19 @@ class WriteGroups:
         self.max_group = max_group
         self.groups = 0              # shared transactions of more than one write
         self.grouped_calls = 0       # writes that ran inside one
+        self.redone = 0              # groups run again with savepoints (a database error)
         self._queue: deque[_Call] = deque()
         self._worker: asyncio.Task[None] | None = None
         self._closed = False
 
-    async def write(self, op: Op[Any]) -> Any:
-        """``op(conn)`` in a transaction it may share with the writes queued alongside."""
+    async def write(self, op: Op[Any], *, alone: Op[Any] | None = None) -> Any:
+        """``op(conn)`` in a transaction it may share with the writes queued alongside.
+        ``alone``, where given, does the same as one statement that needs no transaction
+        (see :meth:`.Database.statement`): it runs instead when nothing else is queued,
+        a round trip instead of three (BEGIN, op, COMMIT)."""
         if self._closed:
             raise RuntimeError("the metadata store is closed")
-        call = _Call(op, asyncio.get_running_loop().create_future())
+        call = _Call(op, asyncio.get_running_loop().create_future(), alone)
         self._queue.append(call)
         if self._worker is None or self._worker.done():
             self._worker = asyncio.get_running_loop().create_task(self._work())
@@ -76,10 +84,12 @@ class WriteGroups:
 
     async def _run(self, group: list[_Call]) -> None:
         try:
-            if len(group) == 1:
+            if len(group) == 1 and group[0].alone is not None:
+                outcomes = [(True, await self.db.statement(group[0].alone))]
+            elif len(group) == 1:
                 outcomes = [(True, await self.db.write(group[0].op))]
             else:
-                outcomes = await self.db.write(lambda conn: _each(conn, group))
+                outcomes = await self._shared(group)
                 self.groups += 1
                 self.grouped_calls += len(group)
         except asyncio.CancelledError:
@@ -89,6 +99,13 @@ class WriteGroups:
         except Exception as exc:       # the transaction failed: none of it happened
             outcomes = [(False, exc)] * len(group)
         self._answer(group, outcomes)
+
+    async def _shared(self, group: list[_Call]) -> list[tuple[bool, Any]]:
+        try:
+            return list(await self.db.write(lambda conn: _each(conn, group)))
+        except _Redo:
+            self.redone += 1
+            return list(await self.db.write(lambda conn: _each_saved(conn, group)))
 
     @staticmethod
     def _answer(group: list[_Call], outcomes: list[tuple[bool, Any]]) -> None:
@@ -101,7 +118,31 @@ class WriteGroups:
                 call.future.set_exception(value)
 
 
+class _Redo(Exception):
+    """A write of the group failed with a database error, which aborts the whole
+    transaction: run the group again, each write in a savepoint."""
+
+
 async def _each(conn: asyncpg.Connection, group: list[_Call]) -> list[tuple[bool, Any]]:
+    """Each write in turn, without savepoints: a write either succeeds, or raises one of
+    our errors having changed nothing (the store's writes are written so: their checks
+    come before their changes), or raises a database error, which aborts the
+    transaction -- then the group runs again with :func:`_each_saved`."""
+    outcomes: list[tuple[bool, Any]] = []
+    for call in group:
+        try:
+            outcomes.append((True, await call.op(conn)))
+        except StagerError as exc:
+            outcomes.append((False, exc))
+        except Exception as exc:
+            if must_abort(exc, conn):
+                raise
+            raise _Redo() from exc
+    return outcomes
+
+
+async def _each_saved(conn: asyncpg.Connection, group: list[_Call]
+                      ) -> list[tuple[bool, Any]]:
     """Each write in a savepoint: one that fails (not the whole transaction) fails alone.
     Releasing one savepoint and taking the next is one round trip."""
     outcomes: list[tuple[bool, Any]] = []

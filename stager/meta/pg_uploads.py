@@ -1,9 +1,9 @@
 """The PostgreSQL store's SQL of writes: uploads, their commits (one at a time and
 in batches), and the garbage they leave.
 
-Coroutines over one connection inside the caller's transaction.  A commit walks
-the file's whole path in one statement (its parents and whatever is already
-there), so it takes a handful of round trips however deep the file lies.  A
+Coroutines over one connection inside the caller's transaction.  A commit is one
+statement, a server-side function (:mod:`.pg_functions`), however deep the file
+lies; checking a single create is one statement too (the walk of its whole path).  A
 batch is one transaction whose items each run in a savepoint, so a failed item
 leaves nothing behind and the others still commit.
 """
@@ -14,10 +14,18 @@ from collections.abc import Sequence
 
 import asyncpg
 
-from ..errors import NotADirectory, NotFound, StagerError, UploadNotFound
+from ..errors import (
+    AlreadyExists,
+    IsADirectory,
+    NotADirectory,
+    NotFound,
+    StagerError,
+    UploadNotFound,
+)
 from ..protocol import paths
 from ..protocol.models import Layout, LayoutSpec
-from .pg_namespace import garbage_file, inherited, located, mkdirs, walk
+from .pg_db import ROOT_ID, must_abort
+from .pg_namespace import changed_files, inherited, located, walk
 from .sqlite_batch import for_path
 from .sqlite_db import layout_of, layout_text, pack
 from .sqlite_namespace import check_replaceable
@@ -41,6 +49,22 @@ async def begin_uploads(conn: asyncpg.Connection, uploads: Sequence[Upload]) -> 
                              u.created) for u in uploads])
 
 
+async def begin_upload(conn: asyncpg.Connection, upload: Upload) -> None:
+    """:func:`begin_uploads` of one, as a statement that may run again (after a lost
+    connection, its first run may have committed): finding its own row is done."""
+    values = (upload.file_id, upload.path, layout_text(upload.layout), upload.overwrite,
+              upload.parents, upload.created)
+    done = await conn.execute(f"INSERT INTO uploads ({_UPLOAD_COLS}) VALUES "
+                              "($1, $2, $3, $4, $5, $6) ON CONFLICT (file_id) DO NOTHING",
+                              *values)
+    if done == "INSERT 0 1":
+        return
+    row = await conn.fetchrow(f"SELECT {_UPLOAD_COLS} FROM uploads WHERE file_id = $1",
+                              upload.file_id)
+    if row is None or tuple(row) != values:     # another upload's: the error it was
+        await begin_uploads(conn, [upload])
+
+
 async def get_upload(conn: asyncpg.Connection, file_id: str) -> Upload:
     row = await conn.fetchrow(f"SELECT {_UPLOAD_COLS} FROM uploads WHERE file_id = $1",
                               file_id)
@@ -49,34 +73,54 @@ async def get_upload(conn: asyncpg.Connection, file_id: str) -> Upload:
     return _upload(row)
 
 
+# A commit alone, as one statement: stager_commit, and the gen of every manifest on a
+# directory the file's path walks through (the ones already there: a directory the
+# commit makes has none) bumped alongside.  A commit that fails may still bump them,
+# which only costs a manifest cache a resolution it did not need.
+_COMMIT_BUMPING = f"""
+WITH RECURSIVE target AS (
+    SELECT string_to_array(substr(path, 2), '/') AS names FROM uploads WHERE file_id = $1
+), dirs AS (
+    SELECT 0 AS depth, e.id, e.kind FROM entries e, target WHERE e.id = {ROOT_ID}
+  UNION ALL
+    SELECT d.depth + 1, e.id, e.kind FROM dirs d CROSS JOIN target t
+    JOIN entries e ON e.parent = d.id AND e.name = t.names[d.depth + 1]
+    WHERE d.kind = 'directory' AND d.depth < cardinality(t.names) - 1
+), bumped AS (
+    UPDATE manifests SET gen = gen + 1 WHERE dir_id IN (SELECT id FROM dirs)
+)
+SELECT * FROM stager_commit($1, $2, $3, $4, $5)"""
+_COMMIT = "SELECT * FROM stager_commit($1, $2, $3, $4, $5)"
+
+
 async def commit_upload(conn: asyncpg.Connection, file_id: str, *, size: int,
-                        checksums: tuple[int, ...], mtime: float, now: float) -> NodeEntry:
-    # Taken off the pending uploads first; if anything below fails, the transaction
-    # (or the item's savepoint) rolls back and the upload is pending again.
-    row = await conn.fetchrow(
-        f"DELETE FROM uploads WHERE file_id = $1 RETURNING {_UPLOAD_COLS}", file_id)
-    if row is None:
-        raise _missing(file_id)
-    upload = _upload(row)
-    parent, name = paths.split(upload.path)
-    names = paths.parts(upload.path)
-    rows = await walk(conn, names)
-    parent_id = await mkdirs(conn, parent, rows, parents=upload.parents, exist_ok=True,
-                             now=now)
-    existing = rows[-1] if len(rows) == len(names) + 1 else None
-    check_replaceable(None if existing is None else (existing["id"], existing["kind"]),
-                      upload.path, upload.overwrite)
-    if existing is not None:
-        await garbage_file(conn, existing, now)
-        await conn.execute("DELETE FROM entries WHERE id = $1", existing["id"])
-    await conn.execute(                      # the file, and its directory touched
-        "WITH touched AS (UPDATE entries SET mtime = $8 WHERE id = $1) "
-        "INSERT INTO entries (parent, name, kind, size, mtime, file_id, layout, checksums)"
-        " VALUES ($1, $2, 'file', $3, $4, $5, $6, $7)",
-        parent_id, name, size, mtime, file_id, layout_text(upload.layout), pack(checksums),
-        now)
-    return NodeEntry(upload.path, "file", size, mtime, file_id, upload.layout,
+                        checksums: tuple[int, ...], mtime: float, now: float,
+                        bump: bool = True) -> NodeEntry:
+    """One statement (:data:`.pg_functions.COMMIT_FUNCTION`); the error it raises comes
+    after it changed nothing but manifest versions (the upload stays pending).
+    ``bump=False``: a batch bumps the manifests of all its files at its end."""
+    row = await conn.fetchrow(_COMMIT_BUMPING if bump else _COMMIT,
+                              file_id, size, mtime, pack(checksums), now)
+    if row["r_err"] is not None:
+        raise _commit_error(file_id, row["r_err"], row["r_at"], row["r_path"])
+    return NodeEntry(row["r_path"], "file", size, mtime, file_id, layout_of(row["r_layout"]),
                      checksums=checksums)
+
+
+def _commit_error(file_id: str, code: str, at: str | None, path: str | None) -> StagerError:
+    """The error ``stager_commit`` answered with, as the Python steps raised it."""
+    if code == "upload" or path is None:
+        return _missing(file_id)
+    parent = paths.split(path)[0]
+    if code == "noparent":
+        return NotFound(f"parent directory {at} does not exist", path=parent)
+    if code == "fileparent":
+        return AlreadyExists(f"{at} exists and is a file", path=parent)
+    if code == "notdir":
+        return NotADirectory(f"{at} is not a directory", path=parent)
+    if code == "isdir":
+        return IsADirectory(f"{path} is a directory", path=path)
+    return AlreadyExists(f"{path} already exists", path=path)
 
 
 async def abort_upload(conn: asyncpg.Connection, file_id: str, *, now: float) -> None:
@@ -120,11 +164,11 @@ async def check_creates(conn: asyncpg.Connection, items: Sequence[CreateCheck]
     """In one snapshot: the walk of each parent once, then its children the batch
     names, in one query per parent."""
     states: dict[str, tuple[int | None, LayoutSpec] | StagerError] = {}
-    taken: dict[str, dict[str, asyncpg.Record]] = {}
+    taken: dict[str, dict[str, tuple[int, str]]] = {}
     for path, _, _ in items:
         parent, name = paths.split(path)
         if parent not in states:
-            states[parent] = await _parent_state(conn, parent)
+            states[parent] = _parent_state(parent, await walk(conn, paths.parts(parent)))
             taken[parent] = {}
             state = states[parent]
             if not isinstance(state, StagerError) and state[0] is not None:
@@ -133,35 +177,47 @@ async def check_creates(conn: asyncpg.Connection, items: Sequence[CreateCheck]
                 rows = await conn.fetch("SELECT name, id, kind FROM entries "
                                         "WHERE parent = $1 AND name = ANY($2::text[])",
                                         state[0], names)
-                taken[parent] = {r["name"]: r for r in rows}
-    out: list[LayoutSpec | StagerError] = []
-    for path, overwrite, make_parents in items:
-        parent, name = paths.split(path)
-        state = states[parent]
-        try:
-            if isinstance(state, StagerError):
-                raise state
-            parent_id, spec = state
-            if parent_id is None:
-                if not make_parents:
-                    raise NotFound(f"parent directory {parent} does not exist", path=path)
-            else:
-                found = taken[parent].get(name)
-                check_replaceable(None if found is None else (found["id"], found["kind"]),
-                                  path, overwrite)
-        except StagerError as exc:
-            out.append(for_path(exc, path))
-            continue
-        out.append(spec)
-    return out
+                taken[parent] = {r["name"]: (r["id"], r["kind"]) for r in rows}
+    return [_checked(item, states[paths.split(item[0])[0]],
+                     taken[paths.split(item[0])[0]]) for item in items]
 
 
-async def _parent_state(conn: asyncpg.Connection, parent: str
-                        ) -> tuple[int | None, LayoutSpec] | StagerError:
-    """(the parent directory's id or None when it is missing, the layout its new files
-    inherit), or the error every file in it gets."""
-    names = paths.parts(parent)
+async def check_create(conn: asyncpg.Connection, item: CreateCheck) -> LayoutSpec | StagerError:
+    """:func:`check_creates` of one item in one statement: the walk of its whole path
+    gives its parent's state and what is already there."""
+    path = item[0]
+    names = paths.parts(path)
     rows = await walk(conn, names)
+    parent = paths.split(path)[0]
+    state = _parent_state(parent, rows[:len(names)])
+    found = rows[-1] if len(rows) == len(names) + 1 else None
+    return _checked(item, state, {} if found is None else
+                    {names[-1]: (found["id"], found["kind"])})
+
+
+def _checked(item: CreateCheck, state: tuple[int | None, LayoutSpec] | StagerError,
+             taken: dict[str, tuple[int, str]]) -> LayoutSpec | StagerError:
+    path, overwrite, make_parents = item
+    parent, name = paths.split(path)
+    try:
+        if isinstance(state, StagerError):
+            raise state
+        parent_id, spec = state
+        if parent_id is None:
+            if not make_parents:
+                raise NotFound(f"parent directory {parent} does not exist", path=path)
+        else:
+            check_replaceable(taken.get(name), path, overwrite)
+    except StagerError as exc:
+        return for_path(exc, path)
+    return spec
+
+
+def _parent_state(parent: str, rows: Sequence[asyncpg.Record]
+                  ) -> tuple[int | None, LayoutSpec] | StagerError:
+    """(the parent directory's id or None when it is missing, the layout its new files
+    inherit), or the error every file in it gets; ``rows`` is the parent's walk."""
+    names = paths.parts(parent)
     try:
         row = located(parent, names, rows)
     except NotFound:
@@ -183,15 +239,41 @@ async def get_uploads(conn: asyncpg.Connection, file_ids: Sequence[str]
 
 async def commit_uploads(conn: asyncpg.Connection, items: Sequence[CommitArgs], *,
                          now: float) -> list[NodeEntry | StagerError]:
-    out: list[NodeEntry | StagerError] = []
-    for file_id, size, checksums, mtime in items:
-        try:
-            async with conn.transaction():          # a savepoint: the item fails alone
-                out.append(await commit_upload(conn, file_id, size=size,
-                                               checksums=checksums, mtime=mtime, now=now))
-        except StagerError as exc:
-            out.append(exc)
+    """:func:`commit_upload` of each item, then one statement bumping the manifests
+    above all the files committed."""
+    out = await _commit_each(conn, items, now)
+    done = [e.file_id for e in out if isinstance(e, NodeEntry) and e.file_id]
+    if done:
+        await changed_files(conn, done)
     return out
+
+
+async def _commit_each(conn: asyncpg.Connection, items: Sequence[CommitArgs], now: float
+                       ) -> list[NodeEntry | StagerError]:
+    """Each item fails alone.  A commit that fails with our error has changed nothing,
+    so the items run one after the other in one savepoint; only a database error
+    (which aborts the savepoint) has them run again, each in a savepoint of its own."""
+    try:
+        async with conn.transaction():
+            return [await _committed(conn, item, now) for item in items]
+    except Exception as exc:
+        if must_abort(exc, conn):
+            raise
+    out: list[NodeEntry | StagerError] = []
+    for item in items:
+        async with conn.transaction():          # a savepoint: the item fails alone
+            out.append(await _committed(conn, item, now))
+    return out
+
+
+async def _committed(conn: asyncpg.Connection, item: CommitArgs, now: float
+                     ) -> NodeEntry | StagerError:
+    file_id, size, checksums, mtime = item
+    try:
+        return await commit_upload(conn, file_id, size=size, checksums=checksums,
+                                   mtime=mtime, now=now, bump=False)
+    except StagerError as exc:
+        return exc
 
 
 async def abort_uploads(conn: asyncpg.Connection, file_ids: Sequence[str], *, now: float

@@ -32,10 +32,11 @@ import pytest
 from faults.faultlib import make_bytes, seconds
 from stager import AsyncClient
 from stager.config import load_config
-from stager.errors import StagerError
+from stager.errors import StagerError, Unavailable
 from stager.meta.pg import PostgreSQLStore
 from stager.protocol.models import LayoutSpec
 from stager.testing.cluster import FAST, wait_for_targets
+from stager.testing.postgres import PostgresServer
 
 pytestmark = pytest.mark.faults
 WORKERS = 8
@@ -193,3 +194,73 @@ async def test_kill9_one_meta_during_a_create_storm(pair: MetaPair,
     # the data servers moved their heartbeats to the survivor
     beats = [t.last_heartbeat for t in targets]
     assert len(beats) == DATA_SERVERS and min(beats) > killed_at, (beats, killed_at)
+
+
+async def test_database_restart_during_a_create_storm(pair: MetaPair, postgres: PostgresServer,
+                                                      figures: dict[str, Any]) -> None:
+    """The database itself stops mid-storm: creates fail with a clear 503 while it is down
+    (or wait it out in their retries), every writer carries on once it is back, and no
+    acknowledged create is lost.  A create whose outcome was unknown to its writer is
+    either absent or whole, never half there."""
+    duration = seconds("meta_db_restart", 6)
+    outage = 1.5
+    created: dict[str, bytes] = {}          # acknowledged creates
+    meant: dict[str, bytes] = {}            # every create tried
+    errors: dict[str, str] = {}             # failed creates: path -> the error
+    after_restart = [0] * WORKERS
+    restarted = asyncio.Event()
+    stop = asyncio.Event()
+
+    async def writer(w: int) -> None:
+        async with AsyncClient(pair.urls, config=load_config(env={})) as c:
+            j = 0
+            while not stop.is_set():
+                path = f"/dbstorm/w{w}/f{j:05d}"
+                body = meant[path] = make_bytes(path, 1 + (j * 7919) % 20_000)
+                j += 1
+                try:
+                    await c.pipe(path, body, layout=LayoutSpec(chunk_size=64 * 1024))
+                except (StagerError, OSError) as exc:
+                    errors[path] = f"{type(exc).__name__}: {exc}"
+                    await asyncio.sleep(0.05)
+                    continue
+                created[path] = body
+                if restarted.is_set():
+                    after_restart[w] += 1
+
+    tasks = [asyncio.ensure_future(writer(w)) for w in range(WORKERS)]
+    await asyncio.sleep(duration / 3)
+    before = len(created)
+    await asyncio.to_thread(postgres.stop)          # fast: open connections are cut
+    down_at = time.monotonic()
+    async with AsyncClient(pair.urls, config=load_config({"retries": 0}, env={})) as probe:
+        with pytest.raises(Unavailable, match="metadata database is unavailable"):
+            await probe.stat("/dbstorm", cached=False)      # what a caller that does not wait sees
+    await asyncio.sleep(max(0.0, outage - (time.monotonic() - down_at)))
+    acked_while_down = len(created) - before
+    await asyncio.to_thread(postgres.start)
+    restarted.set()
+    await asyncio.sleep(duration * 2 / 3)
+    stop.set()
+    await asyncio.gather(*tasks)
+
+    async with AsyncClient(pair.urls, config=load_config(env={})) as c:
+        present = {e.path for e in [x async for x in c.walk("/dbstorm")]}
+        lost = [p for p in created if p not in present]
+        unknown = sorted(present - set(created))         # failed for the writer, yet there
+        not_whole = [p for p in present if await c.cat(p) != meant[p]]
+        fsck = await c.fsck()
+    unclear = [e for e in errors.values() if not e.startswith(Unavailable.__name__)]
+    figures.update(seconds=duration, outage_s=outage, acked_before_stop=before,
+                   acked_while_down=acked_while_down, acked_creates=len(created),
+                   failed_creates=len(errors), failed_yet_present=len(unknown),
+                   acked_after_restart_per_writer=after_restart,
+                   acked_creates_lost=len(lost), files_not_whole=len(not_whole),
+                   fsck_clean=fsck["clean"], errors=sorted(set(errors.values()))[:3])
+    assert before > 20
+    assert lost == [], lost[:5]
+    assert not_whole == [], not_whole[:5]
+    assert unclear == [], unclear[:3]                    # a 503 saying why, nothing else
+    assert all(n > 0 for n in after_restart), after_restart   # every writer carried on
+    assert set(present) <= set(meant)
+    assert fsck["clean"], fsck

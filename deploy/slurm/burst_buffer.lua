@@ -1,0 +1,127 @@
+--[[
+stager's hooks for Slurm's burst_buffer/lua plugin (BurstBufferType=burst_buffer/lua).
+
+Put this file, as burst_buffer.lua, beside slurm.conf and burst_buffer.conf. A job
+script then asks for staging in its leading comment block:
+
+    #STAGER stage_in  https://host/imagenet  /jobs/$SLURM_JOB_ID/in  [--include GLOB]
+    #STAGER stage_out /jobs/$SLURM_JOB_ID/out  file:///project/results
+
+(the word is burst_buffer.conf's Directive=). Each hook runs `stager slurm HOOK ARGS`,
+where the work is done (stager/stage/slurm.py); its exit status becomes slurm.SUCCESS
+or slurm.ERROR and its output the message Slurm shows: sbatch's error when a job is
+rejected, the reason of a held job. The cluster and the jobs' directory are in the
+settings file below (meta_url, token_file, ca_file, jobs_dir, state_dir).
+
+Written for the Lua 5.1 that Slurm 22.05 links: a pipe's close() gives no exit
+status, so the command's status is echoed after its output.
+--]]
+
+-- Settings: the stager command (a path, or e.g. "env PYTHONPATH=/src /venv/bin/python
+-- -m stager"), and the hooks' settings file.
+STAGER = "stager"
+STAGER_CONFIG = "/etc/stager/slurm.toml"
+-- End of settings.
+
+local function quote(word)
+	return "'" .. (string.gsub(tostring(word), "'", "'\\''")) .. "'"
+end
+
+-- burst_buffer.conf's Directive= (beside this script), so there is one place to set it.
+local function directive()
+	local source = debug.getinfo(1, "S").source
+	local dir = string.match(source, "^@(.*)/[^/]*$")
+	local conf = dir and io.open(dir .. "/burst_buffer.conf")
+	if not conf then
+		return nil
+	end
+	local word
+	for line in conf:lines() do
+		word = word or string.match(line, "^%s*[Dd]irective%s*=%s*(%S+)")
+	end
+	conf:close()
+	return word
+end
+
+-- Run `stager slurm HOOK ARGS…`: slurm.SUCCESS or slurm.ERROR, and its output.
+local function stager(hook, ...)
+	local words = {STAGER, "slurm", hook, "--config", quote(STAGER_CONFIG)}
+	local word = directive()
+	if word then
+		table.insert(words, "--directive")
+		table.insert(words, quote(word))
+	end
+	for i = 1, select("#", ...) do
+		table.insert(words, quote(select(i, ...)))
+	end
+	local command = table.concat(words, " ") .. " 2>&1; echo \"__stager_rc=$?\""
+	local pipe = io.popen(command)
+	if not pipe then
+		return slurm.ERROR, "cannot run " .. STAGER
+	end
+	local out = pipe:read("*a") or ""
+	pipe:close()
+	local rc = tonumber(string.match(out, "__stager_rc=(%d+)%s*$"))
+	out = string.gsub(string.gsub(out, "__stager_rc=%d+%s*$", ""), "%s+$", "")
+	if rc == 0 then
+		slurm.log_debug("stager slurm %s: %s", hook, out)
+		return slurm.SUCCESS, out
+	end
+	slurm.log_error("stager slurm %s failed (%s): %s", hook, tostring(rc), out)
+	return slurm.ERROR, out
+end
+
+-- At sbatch time, in slurmctld: parse and check the directives (quick, offline).
+function slurm_bb_job_process(job_script)
+	local rc, out = stager("job_process", job_script)
+	if rc == slurm.SUCCESS then
+		return rc
+	end
+	return rc, out
+end
+
+-- Slurm needs a non-empty pool list; stager's capacity is the cluster's, not Slurm's.
+function slurm_bb_pools()
+	return slurm.SUCCESS, '{"pools":[{"id":"stager","quantity":1000000,"granularity":1}]}'
+end
+
+function slurm_bb_setup(job_id, uid, gid, pool, bb_size, job_script)
+	return stager("setup", job_id, uid, gid, pool or "", bb_size or "0", job_script)
+end
+
+-- While the job is pending: stage each stage_in into the cluster.
+function slurm_bb_data_in(job_id, job_script)
+	return stager("data_in", job_id, job_script)
+end
+
+function slurm_bb_real_size(job_id)
+	return slurm.SUCCESS
+end
+
+-- STAGER_META_URL and STAGER_JOB_DIR into the job's environment.
+function slurm_bb_paths(job_id, job_script, path_file)
+	return stager("paths", job_id, job_script, path_file)
+end
+
+function slurm_bb_pre_run(job_id, job_script)
+	return stager("pre_run", job_id, job_script)
+end
+
+function slurm_bb_post_run(job_id, job_script)
+	return stager("post_run", job_id, job_script)
+end
+
+-- After the job: stage each stage_out from the cluster to its destination.
+function slurm_bb_data_out(job_id, job_script)
+	return stager("data_out", job_id, job_script)
+end
+
+-- After the job, or when it is cancelled: remove its directory.
+function slurm_bb_job_teardown(job_id, job_script, hurry)
+	return stager("teardown", job_id, job_script, hurry)
+end
+
+-- scontrol show bbstat [ARGS…]
+function slurm_bb_get_status(...)
+	return stager("status", ...)
+end

@@ -1,0 +1,63 @@
+"""``stager slurm HOOK …``: the hooks of Slurm's ``burst_buffer/lua`` plugin.
+
+``deploy/slurm/burst_buffer.lua`` runs one of these per hook, with the
+arguments Slurm gave the hook.  The exit status is the hook's (0: success);
+the output is the message Slurm shows: sbatch's error for a rejected job, the
+reason of a held one.  The work is :mod:`stager.stage.slurm`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from ..errors import StagerError
+from ..stage import slurm as hooks
+
+# hook -> (its arguments as Slurm passes them, what it does with the settings and them)
+HOOKS: dict[str, tuple[tuple[str, ...], Callable[..., str]]] = {
+    "job_process": (("script",), lambda s, a: hooks.job_process(s, a.script)),
+    "setup": (("job_id", "uid", "gid", "pool", "size", "script"),
+              lambda s, a: hooks.setup(s, a.job_id, a.uid, a.gid, a.script)),
+    "data_in": (("job_id", "script"), lambda s, a: hooks.data_in(s, a.job_id, a.script)),
+    "paths": (("job_id", "script", "path_file"),
+              lambda s, a: hooks.paths_file(s, a.job_id, a.path_file)),
+    "pre_run": (("job_id", "script"), lambda s, a: ""),
+    "post_run": (("job_id", "script"), lambda s, a: ""),
+    "data_out": (("job_id", "script"), lambda s, a: hooks.data_out(s, a.job_id, a.script)),
+    "teardown": (("job_id", "script", "hurry"), lambda s, a: hooks.teardown(s, a.job_id)),
+    "status": ((), lambda s, a: hooks.status(s)),
+}
+
+
+def cmd_hook(args: argparse.Namespace) -> int:
+    try:
+        settings = hooks.SlurmSettings.load(args.config)
+        if args.directive:
+            settings = hooks.SlurmSettings(**{**settings.__dict__,
+                                              "directive": args.directive})
+        message = HOOKS[args.hook][1](settings, args)
+    except (StagerError, OSError, ValueError) as exc:
+        print(getattr(exc, "message", None) or str(exc) or type(exc).__name__)
+        return 1
+    if message:
+        print(message)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("slurm", help="Slurm burst-buffer hooks (deploy/slurm/burst_buffer.lua)",
+                       description=__doc__.split("\n\n")[1] if __doc__ else None)
+    hook_sub = p.add_subparsers(dest="hook", metavar="HOOK", required=True)
+    for name, (params, _) in HOOKS.items():
+        h = hook_sub.add_parser(name, help=f"slurm_bb_{name}")
+        h.add_argument("--config", metavar="TOML",
+                       help=f"the hooks' settings (default: {hooks.DEFAULT_SETTINGS})")
+        h.add_argument("--directive", help="the directive word (burst_buffer.conf's "
+                                           "Directive=; default: the settings', STAGER)")
+        for param in params:
+            h.add_argument(param)
+        if name == "status":
+            h.add_argument("words", nargs="*", help="scontrol show bbstat's arguments")
+        h.set_defaults(func=cmd_hook)
+

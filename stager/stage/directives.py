@@ -1,0 +1,164 @@
+"""``#STAGER`` directives in a batch script: what a job asks to be staged in and out.
+
+::
+
+    #!/bin/sh
+    #SBATCH --nodes=3
+    #STAGER stage_in  https://host/imagenet  /jobs/$SLURM_JOB_ID/in  --include '*.tar'
+    #STAGER stage_out /jobs/$SLURM_JOB_ID/out file:///project/results
+
+Read the way Slurm's ``burst_buffer/lua`` plugin reads them, so that both agree
+on which lines are directives: only the script's leading comment block counts
+(reading stops at the first line that is not blank and does not start with
+``#``), and a line ending in ``\\`` continues on the next directive line.  The
+directive word is configurable (``Directive=`` of ``burst_buffer.conf``).
+
+A stager path may be relative: it is then below the job's directory
+(``/jobs/<id>``).  ``$SLURM_JOB_ID`` (or ``${SLURM_JOB_ID}``) is the only
+variable; anything else with a ``$`` is an error, so that a typo never stages
+into a path the user did not mean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+from dataclasses import dataclass
+
+from ..errors import BadRequest
+from ..protocol import paths
+
+__all__ = ["Directive", "DirectiveError", "parse_directives"]
+
+KINDS = ("stage_in", "stage_out")
+_VAR = re.compile(r"\$(\{SLURM_JOB_ID\}|SLURM_JOB_ID\b)")
+
+
+class DirectiveError(BadRequest):
+    """A malformed directive; the message names its line."""
+
+
+@dataclass(frozen=True)
+class Directive:
+    kind: str                   # "stage_in" or "stage_out"
+    src: str                    # stage_in: any fsspec URL; stage_out: a stager path
+    dst: str                    # stage_in: a stager path; stage_out: any fsspec URL
+    line: int                   # where it starts in the script (1-based)
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+    @property
+    def stager_path(self) -> str:
+        """The stager side: where data lands (stage_in) or comes from (stage_out)."""
+        return self.dst if self.kind == "stage_in" else self.src
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:   # type: ignore[override]
+        raise DirectiveError(message)
+
+
+def _arguments() -> _Parser:
+    p = _Parser(prog="stage_in", add_help=False, exit_on_error=False)
+    p.add_argument("src")
+    p.add_argument("dst")
+    p.add_argument("--include", action="append", default=[])
+    p.add_argument("--exclude", action="append", default=[])
+    return p
+
+
+def directive_lines(script: str, word: str = "STAGER") -> list[tuple[int, str]]:
+    """``(line number, text after the directive word)`` of each directive, continuation
+    lines joined."""
+    out: list[tuple[int, str]] = []
+    tag = "#" + word
+    continued = False
+    for number, raw in enumerate(script.splitlines(), 1):
+        line = raw.strip()
+        if not line:
+            continue
+        if not line.startswith("#"):
+            break                           # the first command ends the directives
+        if not line.startswith(tag) or (line[len(tag):len(tag) + 1] not in ("", " ", "\t")):
+            continued = False
+            continue
+        text = line[len(tag):].strip()
+        more = text.endswith("\\")
+        text = text[:-1].rstrip() if more else text
+        if continued:
+            out[-1] = (out[-1][0], f"{out[-1][1]} {text}")
+        else:
+            out.append((number, text))
+        continued = more
+    return out
+
+
+def parse_directives(script: str, *, word: str = "STAGER", job_id: int | str | None = None,
+                     jobs_dir: str = "/jobs") -> list[Directive]:
+    """Every directive of ``script``, checked; ``$SLURM_JOB_ID`` becomes ``job_id``
+    (``None``: a placeholder, for checking before the job has one).  Raises
+    :class:`DirectiveError` naming the first bad line."""
+    job = "0" if job_id is None else str(job_id)
+    job_dir = paths.normalize(f"{jobs_dir}/{job}")
+    out = []
+    for number, text in directive_lines(script, word):
+        where = f"line {number}: #{word} {text}"
+        try:
+            out.append(_one(text, number, job, job_dir))
+        except DirectiveError as exc:
+            raise DirectiveError(f"{where}: {exc.message}") from None
+        except ValueError as exc:           # shlex: an unclosed quote
+            raise DirectiveError(f"{where}: {exc}") from None
+    return out
+
+
+def _one(text: str, number: int, job: str, job_dir: str) -> Directive:
+    words = shlex.split(text)
+    if not words:
+        raise DirectiveError(f"empty directive: expected one of {', '.join(KINDS)}")
+    kind, rest = words[0], words[1:]
+    if kind not in KINDS:
+        raise DirectiveError(f"unknown directive {kind!r}: expected one of {', '.join(KINDS)}")
+    try:
+        args, extra = _arguments().parse_known_args([_expand(w, job) for w in rest])
+    except argparse.ArgumentError as exc:
+        raise DirectiveError(str(exc)) from None
+    if extra:
+        raise DirectiveError(f"unexpected {' '.join(extra)!r}: {kind} SRC DST "
+                             "[--include GLOB] [--exclude GLOB]")
+    if kind == "stage_in":
+        src, dst = args.src, _stager_path(args.dst, job_dir)
+    else:
+        if args.include or args.exclude:
+            raise DirectiveError("stage_out takes no --include/--exclude")
+        src, dst = _stager_path(args.src, job_dir), args.dst
+        if _is_stager(dst):
+            raise DirectiveError(f"stage_out's destination {dst!r} must be a URL outside "
+                                 "stager (file://, s3://, …)")
+    if kind == "stage_in" and _is_stager(src):
+        raise DirectiveError(f"stage_in's source {src!r} must be a URL outside stager")
+    return Directive(kind, src, dst, number, tuple(args.include), tuple(args.exclude))
+
+
+def _expand(word: str, job: str) -> str:
+    word = _VAR.sub(job, word)
+    if "$" in word:
+        raise DirectiveError(f"{word!r}: only $SLURM_JOB_ID is expanded")
+    return word
+
+
+def _is_stager(url: str) -> bool:
+    return "://" not in url or url.startswith("stager://")
+
+
+def _stager_path(path: str, job_dir: str) -> str:
+    if path.startswith("stager://"):
+        raise DirectiveError(f"{path!r}: name the stager side by its path (/jobs/…), "
+                             "the cluster is the one configured for Slurm")
+    if "://" in path:
+        raise DirectiveError(f"{path!r} must be a stager path")
+    try:
+        return paths.normalize(path if path.startswith("/") else f"{job_dir}/{path}")
+    except BadRequest as exc:
+        raise DirectiveError(exc.message) from None

@@ -1,0 +1,144 @@
+"""The PostgreSQL store's round trips: what each call sends (counted on the real
+connection), and that the server-side commit (schema 5) answers as the SQLite
+store does, changing nothing when it fails."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from stager.errors import StagerError
+from stager.meta import pg_uploads as up
+from stager.meta.pg import PostgreSQLStore
+from stager.meta.sqlite import SQLiteStore
+from stager.meta.store import MetaStore, Upload
+from stager.protocol.models import LayoutSpec
+from stager.testing.metastore import LAYOUT, upload
+
+
+async def watched(store: PostgreSQLStore) -> list[str]:
+    """The statements the store's one connection sends from now on (pool_size=1)."""
+    seen: list[str] = []
+    pool = await store.db.pool()
+    async with pool.acquire() as conn:
+        conn.add_query_logger(lambda q: seen.append(" ".join(q.query.split())[:40].strip()))
+    return seen
+
+
+async def test_create_commit_and_stat_take_one_statement_each(pg_url: str) -> None:
+    store = PostgreSQLStore(pg_url, pool_size=1)
+    try:
+        await store.mkdir("/a", parents=False, exist_ok=False, now=1.0)
+        seen = await watched(store)
+        u = upload("r1", "/a/b/c")
+        assert await store.check_creates([(u.path, True, True)]) == [LayoutSpec()]
+        assert len(seen) == 1 and seen[0].startswith("WITH RECURSIVE walk")
+        seen.clear()
+        await store.begin_upload(u)                 # alone: no transaction needed
+        assert len(seen) == 1 and seen[0].startswith("INSERT INTO uploads")
+        seen.clear()
+        await store.commit_upload(u.file_id, size=1, checksums=(7,), mtime=2.0, now=2.0)
+        # stager_commit, with the manifests above the file bumped in the same statement
+        assert seen == ["BEGIN ISOLATION LEVEL SERIALIZABLE;",
+                        "WITH RECURSIVE target AS ( SELECT string", "COMMIT;"]
+        seen.clear()
+        entry = await store.stat("/a/b/c")
+        assert len(seen) == 1 and (entry.size, entry.checksums, entry.file_id) == (
+            1, (7,), u.file_id)
+        assert (await store.stat("/a/b")).is_dir
+    finally:
+        store.close()
+
+
+def _upload(file_id: str, path: str, *, overwrite: bool = True,
+            parents: bool = True) -> Upload:
+    return Upload(file_id.ljust(32, "0"), path, LAYOUT, overwrite, parents, 1.0)
+
+
+async def _outcomes(store: MetaStore) -> list[Any]:
+    """Commits that fail in each way a commit can, then one that makes its parent;
+    after each failure the upload is still pending and nothing else changed."""
+    await store.mkdir("/d", parents=False, exist_ok=False, now=1.0)
+    for file_id, path in [("f", "/f"), ("e", "/e")]:
+        u = _upload(file_id, path)
+        await store.begin_upload(u)
+        await store.commit_upload(u.file_id, size=0, checksums=(), mtime=1.0, now=1.0)
+    cases = [_upload("x1", "/f/x"), _upload("x2", "/f/y/z"), _upload("x3", "/d"),
+             _upload("x4", "/e", overwrite=False), _upload("x5", "/m/n/o", parents=False),
+             _upload("x6", "/p/q", parents=False), _upload("x7", "/s/t/u")]
+    out: list[Any] = []
+    for u in cases:
+        await store.begin_upload(u)
+        try:
+            entry = await store.commit_upload(u.file_id, size=2, checksums=(3,), mtime=4.0,
+                                              now=4.0)
+            out.append(("ok", entry.path, entry.size, entry.checksums, entry.layout))
+        except StagerError as exc:
+            assert (await store.get_upload(u.file_id)).path == u.path      # still pending
+            out.append((type(exc).__name__, exc.message, exc.details))
+    try:
+        await store.commit_upload("0" * 32, size=0, checksums=(), mtime=1.0, now=1.0)
+    except StagerError as exc:
+        out.append((type(exc).__name__, exc.message, exc.details))
+    out.append([(e.path, e.kind) for e in await store.list_dir("/", after="", limit=100)])
+    return out
+
+
+async def test_a_commit_answers_as_on_sqlite_and_a_failed_one_changes_nothing(
+        pg_url: str, tmp_path: Path) -> None:
+    stores: list[MetaStore] = [SQLiteStore(tmp_path / "meta.sqlite3"), PostgreSQLStore(pg_url)]
+    try:
+        sqlite, pg = [await _outcomes(s) for s in stores]
+    finally:
+        for s in stores:
+            s.close()
+    assert pg == sqlite
+    assert [o[0] for o in pg[:8]] == ["AlreadyExists", "NotADirectory", "IsADirectory",
+                                      "AlreadyExists", "NotFound", "ok", "ok",
+                                      "UploadNotFound"]
+    assert pg[-1] == [("/d", "directory"), ("/e", "file"), ("/f", "file"),
+                      ("/p", "directory"), ("/s", "directory")]
+
+
+async def test_a_database_error_in_a_group_runs_it_again_with_savepoints(pg_url: str) -> None:
+    """A write of a group that fails with a database error (not ours) aborts the shared
+    transaction; the group runs again, each write in a savepoint, and only it fails."""
+    store = PostgreSQLStore(pg_url)
+    try:
+        uploads = [upload(f"q{i:02d}", f"/q/f{i}") for i in range(8)]
+        await store.begin_uploads([*uploads, upload("qzz", "/q/pending")])
+        again = upload("qzz", "/q/other")          # the same id: a unique violation
+        results = await _gathered(
+            [lambda u=u: store.commit_upload(u.file_id, size=0, checksums=(), mtime=1.0,
+                                             now=1.0) for u in uploads[:4]]
+            + [lambda: store.begin_uploads([again])]
+            + [lambda u=u: store.commit_upload(u.file_id, size=0, checksums=(), mtime=1.0,
+                                               now=1.0) for u in uploads[4:]])
+        assert isinstance(results[4], asyncpg.UniqueViolationError)
+        assert [r.path for r in results[:4] + results[5:]] == [u.path for u in uploads]
+        assert store.writes.redone >= 1
+        assert len(await store.list_dir("/q", after="", limit=100)) == 8
+    finally:
+        store.close()
+
+
+async def _gathered(calls: list[Callable[[], Any]]) -> list[Any]:
+    return list(await asyncio.gather(*(c() for c in calls), return_exceptions=True))
+
+
+async def test_a_lone_begin_may_run_twice_but_never_takes_another_id(pg_url: str) -> None:
+    store = PostgreSQLStore(pg_url)
+    try:
+        u = upload("b1", "/b/one")
+        await store.db.statement(lambda c: up.begin_upload(c, u))
+        await store.db.statement(lambda c: up.begin_upload(c, u))   # a rerun: done
+        assert await store.get_upload(u.file_id) == u
+        with pytest.raises(asyncpg.UniqueViolationError):
+            await store.db.statement(lambda c: up.begin_upload(c, upload("b1", "/b/two")))
+    finally:
+        store.close()
