@@ -25,7 +25,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from ..errors import BadRequest
+from ..errors import BadRequest, InvalidPath
 from . import paths
 from .models import INT64_MAX, FileInfo, Layout, check_file_id
 
@@ -169,7 +169,10 @@ def _check_paths(rels: list[str]) -> None:
 def _check_path(rel: str) -> None:
     if not rel or rel.startswith("/") or rel.endswith("/"):
         raise BadRequest(f"manifest paths are relative and canonical: {rel!r}")
-    paths.normalize("/" + rel)    # InvalidPath: empty, "." or ".." segments, NUL, lengths
+    try:
+        paths.normalize("/" + rel)    # empty, "." or ".." segments, NUL, lengths
+    except InvalidPath as exc:
+        raise InvalidPath(f"manifest path {rel!r}: {exc.message}", path=rel) from None
 
 
 def _paths_surely_canonical(rels: list[str]) -> bool:
