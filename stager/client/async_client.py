@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-import json
 import os
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
@@ -471,4 +470,4 @@ def _span(size: int, start: int | None, end: int | None) -> tuple[int, int]:
 
 
 def _decode_manifest(raw: bytes, gzipped: bool) -> Manifest:
-    return Manifest.from_json(json.loads(gzip.decompress(raw) if gzipped else raw))
+    return Manifest.decode(gzip.decompress(raw) if gzipped else raw)
