@@ -66,7 +66,9 @@ class Manifest:
 
     def file_info(self, f: ManifestFile) -> FileInfo:
         """A FileInfo good enough to read ``f`` without a stat (when not stale)."""
-        return FileInfo(path=paths.join(self.path, f.path), type="file", size=f.size,
+        # Both parts were checked canonical when the manifest was decoded: joined
+        # as they are (a normalize per file was most of a 100,000-file Loader's start).
+        return FileInfo(path=self.path.rstrip("/") + "/" + f.path, type="file", size=f.size,
                         mtime=f.mtime, file_id=f.file_id, layout=f.layout,
                         checksums=f.checksums, locations=self.locations)
 
@@ -148,7 +150,8 @@ def _build(body: _Body, path: str) -> Manifest:
         files.append(ManifestFile(f.path, f.size, f.mtime, f.file_id, layouts[f.layout],
                                   sums[k:k + n], f.stale))
         k += n
-    return Manifest(path=path if body.path is None else body.path, files=tuple(files),
+    where = path if body.path is None else body.path
+    return Manifest(path=paths.normalize(where) if where else where, files=tuple(files),
                     source=body.source, created=body.created, extra=body.extra,
                     locations=body.locations)
 
