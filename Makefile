@@ -7,9 +7,10 @@ BIN     := $(VENV)/bin
 PIP     := $(BIN)/python -m pip
 # Debian packages the tests use (FUSE mounts, nginx baselines, network namespaces,
 # fault injection: fiu-run, the PostgreSQL metadata store's tests: initdb, pg_ctl,
-# a real Slurm with burst buffers: tests/slurm/).
+# a real Slurm with burst buffers: tests/slurm/, the dashboard in a headless browser).
 APT_PACKAGES ?= iproute2 nginx-light iperf3 fuse3 libfuse3-dev pkg-config fio fiu-utils postgresql \
-	slurmctld slurmd slurm-client munge slurm-wlm-basic-plugins
+	slurmctld slurmd slurm-client munge slurm-wlm-basic-plugins \
+	chromium chromium-driver curl systemd
 
 .PHONY: demo test test-fast lint sysdeps bench bench-quick clean
 

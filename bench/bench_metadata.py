@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from stager.meta.sqlite import SQLiteStore
-from stager.meta.store import Upload
+from stager.meta.store import MetaStore, Upload
 from stager.protocol.manifest import Manifest, ManifestFile
 from stager.protocol.models import Layout
 from stager.testing.nodes import NodeCluster
@@ -38,20 +38,29 @@ def fill_store(db: Path, directory: str, n: int) -> float:
 
 async def _fill_store(db: Path, directory: str, n: int) -> float:
     store = SQLiteStore(db)
-    layout = Layout(chunk_size=4 << 20, stripe_count=1, replicas=1, targets=("t-bench",),
-                    nodes=("node0",))
     start = time.perf_counter()
     try:
-        await store.mkdir(directory, parents=True, exist_ok=True, now=time.time())
-        for k in range(0, n, 1000):         # the store's batch methods: a transaction each
-            now = time.time()
-            uploads = [Upload(uuid.uuid4().hex, f"{directory}/f{i:07d}", layout, True, True,
-                              now) for i in range(k, min(n, k + 1000))]
-            await store.begin_uploads(uploads)
-            await store.commit_uploads([(u.file_id, 0, (), now) for u in uploads], now=now)
+        await fill(store, directory, n)
     finally:
         store.close()
     return time.perf_counter() - start
+
+
+async def fill(store: MetaStore, directory: str, n: int) -> list[Upload]:
+    """``n`` empty files committed in ``directory`` of ``store`` through its batch
+    methods (a transaction per 1,000); their uploads, in order."""
+    layout = Layout(chunk_size=4 << 20, stripe_count=1, replicas=1, targets=("t-bench",),
+                    nodes=("node0",))
+    await store.mkdir(directory, parents=True, exist_ok=True, now=time.time())
+    done: list[Upload] = []
+    for k in range(0, n, 1000):
+        now = time.time()
+        uploads = [Upload(uuid.uuid4().hex, f"{directory}/f{i:07d}", layout, True, True,
+                          now) for i in range(k, min(n, k + 1000))]
+        await store.begin_uploads(uploads)
+        await store.commit_uploads([(u.file_id, 0, (), now) for u in uploads], now=now)
+        done.extend(uploads)
+    return done
 
 
 async def stager_ops(meta_url: str, creates: int, stats: int, lists: int,

@@ -78,6 +78,7 @@ class Config:
     max_upload_size: int = 1 << 40   # whole-file PUT through the gateway
     max_json_body: int = 16 * MiB
     max_manifest_size: int = 256 * MiB
+    manifest_cache_bytes: int = 256 * MiB  # metadata server: resolved manifests kept, gzip'd
     list_page_size: int = 1000
     # health
     heartbeat_interval: float = 2.0
@@ -143,7 +144,8 @@ class Config:
 _FIELDS = {f.name: f for f in fields(Config)}
 _CHOICES = {"event_loop": LOOP_KINDS}
 _SIZE_FIELDS = {"chunk_size", "max_chunk_size", "max_upload_size", "max_json_body",
-                "max_manifest_size", "capacity", "rebuild_rate", "scrub_rate"}
+                "max_manifest_size", "manifest_cache_bytes", "capacity", "rebuild_rate",
+                "scrub_rate"}
 
 
 def _coerce(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -223,6 +223,7 @@ CASES: dict[str, Case] = {
     "openapi": Case(lambda w: get("openapi")),
     "metrics": Case(lambda w: get("metrics")),
     "auth_key": Case(lambda w: get("auth_key")),
+    "dashboard": Case(lambda w: get("dashboard", asset="")),
     # metadata server: cluster
     "status": Case(lambda w: get("status"), "read_m"),
     "list_targets": Case(lambda w: get("list_targets"), "read_m"),

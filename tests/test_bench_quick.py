@@ -14,7 +14,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 OURS = ["striping", "loopback", "small_samples", "metadata", "writes", "write_failover",
-        "memory", "auth"]
+        "memory", "auth", "jobstart", "jobcluster"]
 
 
 def _numbers(rows: list[list[object]]) -> list[float]:

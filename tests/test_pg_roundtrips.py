@@ -43,8 +43,9 @@ async def test_create_commit_and_stat_take_one_statement_each(pg_url: str) -> No
         assert len(seen) == 1 and seen[0].startswith("INSERT INTO uploads")
         seen.clear()
         await store.commit_upload(u.file_id, size=1, checksums=(7,), mtime=2.0, now=2.0)
+        # stager_commit, with the manifests above the file bumped in the same statement
         assert seen == ["BEGIN ISOLATION LEVEL SERIALIZABLE;",
-                        "SELECT * FROM stager_commit($1, $2, $3,", "COMMIT;"]
+                        "WITH RECURSIVE target AS ( SELECT string", "COMMIT;"]
         seen.clear()
         entry = await store.stat("/a/b/c")
         assert len(seen) == 1 and (entry.size, entry.checksums, entry.file_id) == (

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from stager import Client
+from stager.errors import Forbidden, Unauthenticated
 from stager.stage import slurm as hooks
 from stager.stage.directives import Directive, DirectiveError, parse_directives
 from stager.testing import ThreadCluster
@@ -106,3 +107,50 @@ def test_settings_refuse_unknown_keys(tmp_path: Path) -> None:
     path.write_text('meta_url = "http://h:1"\njob_dir = "/x"\n')
     with pytest.raises(ValueError, match="unknown setting"):
         hooks.SlurmSettings.load(path)
+
+
+def test_with_auth_a_job_gets_its_own_token_and_loses_it_at_teardown(tmp_path: Path) -> None:
+    """setup mints the job a read+write token on its directory and its directives'
+    stager paths; paths hands it to the job; teardown revokes it."""
+    with ThreadCluster(tmp_path / "c", data_servers=1, auth=True) as cluster:
+        admin = tmp_path / "admin.token"
+        admin.write_text(cluster.admin_token)
+        admin.chmod(0o600)
+        settings = tmp_path / "slurm.toml"
+        settings.write_text(f'meta_url = "{cluster.meta_url}"\njobs_dir = "/bbjobs"\n'
+                            f'state_dir = "{tmp_path / "state"}"\ntoken_file = "{admin}"\n'
+                            "job_token_ttl = 3600\n")
+        script = tmp_path / "job.sh"
+        script.write_text("#!/bin/sh\n#STAGER stage_in https://h/ds /shared/ds7\n"
+                          "#STAGER stage_out out file:///tmp/results\n")
+        done = run_hook(settings, "setup", "7", "1000", "1000", "stager", "0", str(script))
+        assert done.returncode == 0, done.stdout
+        assert "on /bbjobs/7 /shared/ds7" in done.stdout
+        token_file = tmp_path / "state" / "7.token"
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        env = tmp_path / "env"
+        assert run_hook(settings, "paths", "7", str(script), str(env)).returncode == 0
+        lines = dict(line.split("=", 1) for line in env.read_text().splitlines())
+        token = lines["STAGER_TOKEN"]
+        assert token == token_file.read_text().strip()
+
+        with Client(cluster.meta_url, token=cluster.admin_token) as admin_client:
+            admin_client.pipe("/private/secret", b"not the job's")
+        with Client(cluster.meta_url, token=token) as job:
+            job.pipe("/bbjobs/7/out/a", b"result")
+            job.pipe("/shared/ds7/x", b"data")
+            assert job.cat("/bbjobs/7/out/a") == b"result"
+            with pytest.raises(Forbidden):
+                job.pipe("/bbjobs/8/out/a", b"another job's")
+            with pytest.raises(Forbidden):
+                job.cat("/private/secret")
+            assert [e.path for e in job.ls("/")] == ["/bbjobs", "/shared"]   # not /private
+            done = run_hook(settings, "teardown", "7", str(script), "false")
+            assert done.returncode == 0, done.stdout
+            assert "revoked" in done.stdout
+            with pytest.raises(Unauthenticated):
+                job.stat("/shared/ds7/x", cached=False)
+        assert not token_file.exists()
+        with Client(cluster.meta_url, token=cluster.admin_token) as admin_client:
+            assert not admin_client.exists("/bbjobs/7")
+            assert admin_client.cat("/shared/ds7/x") == b"data"    # outside the job dir: kept

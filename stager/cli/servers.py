@@ -66,9 +66,10 @@ def run_data(args: argparse.Namespace) -> int:
     from ..data.app import SERVICE, make_data_app
     from ..data.registration import leave, register_and_heartbeat
     from ..web.authmw import GATE
-    from .main import meta_url
 
-    config = server_config(args, 0, meta_url=meta_url(args), node=args.node,
+    # --meta as a flag; else the usual layers: STAGER_META_URL, the file's meta_url (a
+    # systemd unit's /etc/stager/stager.toml), the default
+    config = server_config(args, 0, meta_url=args.meta, node=args.node,
                            target_id=args.target_id, capacity=args.capacity,
                            public_key_file=args.public_key)
     if config.auth and config.bearer_token() is None:

@@ -18,7 +18,7 @@ from ..stage import slurm as hooks
 HOOKS: dict[str, tuple[tuple[str, ...], Callable[..., str]]] = {
     "job_process": (("script",), lambda s, a: hooks.job_process(s, a.script)),
     "setup": (("job_id", "uid", "gid", "pool", "size", "script"),
-              lambda s, a: hooks.setup(s, a.job_id, a.uid, a.gid)),
+              lambda s, a: hooks.setup(s, a.job_id, a.uid, a.gid, a.script)),
     "data_in": (("job_id", "script"), lambda s, a: hooks.data_in(s, a.job_id, a.script)),
     "paths": (("job_id", "script", "path_file"),
               lambda s, a: hooks.paths_file(s, a.job_id, a.path_file)),

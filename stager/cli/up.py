@@ -243,6 +243,7 @@ def run_up(args: argparse.Namespace) -> int:
             cluster["admin_token_file"] = str(root / ADMIN_TOKEN_FILE)
         write_json_atomic(root / "cluster.json", cluster)
         print(f"stager cluster up: metadata server {meta.url}", flush=True)
+        print(f"  dashboard {meta.url}/ui/", flush=True)
         for other in metas[1:]:
             print(f"  metadata server {other.url}", flush=True)
         for d in data:

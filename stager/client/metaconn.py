@@ -77,8 +77,27 @@ class MetaConnection:
         4 s apart), so that a metadata tier that comes back answers what became of it.
         Sending the operation afresh instead could apply it twice, the second time
         over a later writer's."""
+        _, _, answer = await self._settled(route, body, query, timeout, settle, {},
+                                           json.loads, path_params)
+        return answer
+
+    async def exchange(self, route: Route, *, body: Any = None,
+                       query: Mapping[str, Any] | None = None,
+                       timeout: aiohttp.ClientTimeout | None = None,
+                       headers: Mapping[str, str] | None = None, **path_params: Any
+                       ) -> tuple[int, Mapping[str, str], bytes]:
+        """:meth:`request` with more ``headers``, answering (status, headers, body as
+        sent: a ``Content-Encoding`` is not undone), or the error raised."""
+        return await self._settled(route, body, query, timeout, 0, headers or {}, bytes,
+                                   path_params)
+
+    async def _settled(self, route: Route, body: Any, query: Mapping[str, Any] | None,
+                       timeout: aiohttp.ClientTimeout | None, settle: int,
+                       headers: Mapping[str, str], parse: Callable[[bytes], Any],
+                       path_params: Mapping[str, Any]) -> tuple[int, Mapping[str, str], Any]:
         raw_body = json.dumps(body).encode() if body is not None else None
         hdrs = {"Content-Type": "application/json"} if raw_body is not None else {}
+        hdrs.update(headers)
         hdrs.update(self.headers)
         if route.method not in SAFE_METHODS:
             hdrs[IDEMPOTENCY_KEY] = uuid.uuid4().hex
@@ -87,7 +106,7 @@ class MetaConnection:
         tried = 0
         while True:
             try:
-                return await self._send(route, raw_body, hdrs, query, timeout, tried,
+                return await self._send(route, raw_body, hdrs, query, timeout, tried, parse,
                                         path_params)
             except Unavailable as exc:
                 if settle <= 0 or isinstance(exc, NoTargets):
@@ -98,7 +117,8 @@ class MetaConnection:
 
     async def _send(self, route: Route, raw_body: bytes | None, hdrs: dict[str, str],
                     query: Mapping[str, Any] | None, timeout: aiohttp.ClientTimeout | None,
-                    tried: int, path_params: Mapping[str, Any]) -> Any:
+                    tried: int, parse: Callable[[bytes], Any], path_params: Mapping[str, Any]
+                    ) -> tuple[int, Mapping[str, str], Any]:
         """One round of tries over the servers (``tried``: tries made before it)."""
         extra = {"timeout": timeout} if timeout is not None else {}
         first, count = self._current, len(self.urls)
@@ -115,8 +135,8 @@ class MetaConnection:
             try:
                 async with self._session().request(route.method, url, data=data,
                                                    headers=hdrs, **extra) as resp:
-                    status, raw = resp.status, await resp.read()
-                answer = json.loads(raw) if status < 400 else None
+                    status, answered, raw = resp.status, resp.headers, await resp.read()
+                answer = parse(raw) if status < 400 else None
             except (*TRANSPORT_FAILURES, ValueError) as exc:   # ValueError: not JSON
                 if attempt + 1 >= tries:
                     raise unreachable(exc, f"metadata server {joined(self.urls)} unreachable",
@@ -129,7 +149,7 @@ class MetaConnection:
             self._current = which
             if status >= 400:
                 raise error_from_wire(status, raw)
-            return answer
+            return status, answered, answer
         raise AssertionError("unreachable")
 
     # -- the stat cache ----------------------------------------------------------------------

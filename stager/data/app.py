@@ -75,8 +75,10 @@ def _svc(request: web.Request) -> DataService:
 
 
 def _count(request: web.Request, sent: int = 0, received: int = 0) -> None:
-    metrics = request.app[METRICS_KEY]
-    target = _svc(request).identity.target_id
+    metrics, service = request.app[METRICS_KEY], _svc(request)
+    target = service.identity.target_id
+    service.bytes_read += sent
+    service.bytes_written += received
     if sent:
         metrics.bytes_out.labels(target).inc(sent)
     if received:

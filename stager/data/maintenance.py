@@ -29,6 +29,7 @@ def install(app: web.Application, service: DataService, config: Config) -> Scrub
     """Give ``app`` a scrubber (background passes when ``scrub_interval`` > 0)."""
     scrubber = Scrubber(service.store, service.identity.target_id, config)
     app[SCRUBBER] = scrubber
+    service.scrubber = scrubber     # its progress rides on the heartbeats
     app.middlewares.append(suspect_middleware)
 
     async def background(app: web.Application) -> AsyncIterator[None]:

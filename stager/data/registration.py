@@ -18,6 +18,7 @@ from ..protocol.messages import Heartbeat
 from ..protocol.metaurls import meta_urls
 from ..protocol.models import TargetInfo
 from ..protocol.routes import route
+from ..storage import Usage
 from ..web.authmw import CapabilityGate
 from .service import DataService
 
@@ -59,7 +60,7 @@ async def register_and_heartbeat(service: DataService, config: Config, url: str,
                 else:
                     status = await _post(
                         session, route("heartbeat").url(meta, target_id=ident.target_id),
-                        Heartbeat(usage.capacity, usage.used, usage.chunks).to_json(), config)
+                        _heartbeat(service, usage).to_json(), config)
                     if status == 404:
                         registered = False
                         continue
@@ -93,6 +94,12 @@ async def leave(config: Config, target_id: str, *, within: float = 2.0) -> bool:
                 log.info("told %s that target %s is leaving", meta, target_id)
                 return True
     return False
+
+
+def _heartbeat(service: DataService, usage: Usage) -> Heartbeat:
+    scrub = service.scrubber.progress if service.scrubber is not None else None
+    return Heartbeat(usage.capacity, usage.used, usage.chunks, service.bytes_read,
+                     service.bytes_written, scrub)
 
 
 async def _public_key(session: aiohttp.ClientSession, meta: str) -> Ed25519PublicKey:

@@ -18,7 +18,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -27,7 +27,7 @@ from ..aio import wait_for_wake
 from ..auth.tls import client_ssl
 from ..config import Config
 from ..errors import TRANSPORT_FAILURES, CorruptChunk, StagerError, error_from_wire
-from ..protocol.messages import ScrubReport
+from ..protocol.messages import ScrubProgress, ScrubReport
 from ..protocol.metaurls import meta_urls
 from ..protocol.routes import route
 from ..ratelimit import TokenBucket
@@ -77,6 +77,7 @@ class Scrubber:
         self.passes = 0
         self.corrupt_found = 0
         self.last_pass: ScrubResult | None = None
+        self.progress = ScrubProgress()     # of full passes: heartbeats carry it
         self._lock = asyncio.Lock()
         self._suspects: set[str] = set()
         self._unreported: set[str] = set()
@@ -88,8 +89,9 @@ class Scrubber:
         self._wake.set()
 
     async def verify(self, names: Iterable[str], *, rate: int = 0,
-                     progress: Progress | None = None) -> ScrubResult:
-        """Check ``names`` at most ``rate`` bytes/s (0: as fast as the disk goes)."""
+                     progress: Progress | None = None, tally: bool = False) -> ScrubResult:
+        """Check ``names`` at most ``rate`` bytes/s (0: as fast as the disk goes);
+        ``tally``: count each chunk in :attr:`progress` (a full pass)."""
         async with self._lock:
             result = ScrubResult()
             bucket = TokenBucket(rate)
@@ -101,6 +103,10 @@ class Scrubber:
                 if not good:
                     result.corrupt.append(name)
                     self.corrupt_found += 1
+                if tally:
+                    self.progress = replace(self.progress, chunks_done=result.checked,
+                                            bytes_done=result.bytes,
+                                            corrupt_found=self.corrupt_found)
                 await bucket.take(size)
                 if progress is not None and time.monotonic() - last >= PROGRESS_EVERY:
                     last = time.monotonic()
@@ -111,9 +117,19 @@ class Scrubber:
     async def full_pass(self, *, rate: int = 0, progress: Progress | None = None
                         ) -> ScrubResult:
         names = await asyncio.to_thread(self.store.list_chunks)
-        result = await self.verify(names, rate=rate, progress=progress)
+        used = (await asyncio.to_thread(self.store.usage)).used
+        self.progress = replace(self.progress, state="running", chunks_done=0, bytes_done=0,
+                                chunks_total=len(names), bytes_total=used,
+                                started=time.time(), finished=0.0)
+        try:
+            result = await self.verify(names, rate=rate, progress=progress, tally=True)
+        finally:
+            self.progress = replace(self.progress, state="idle", finished=time.time())
         self.passes += 1
         self.last_pass = result
+        # what the pass found on disk is the pass's size (the start's was an estimate)
+        self.progress = replace(self.progress, passes=self.passes, bytes_total=result.bytes,
+                                chunks_total=result.checked)
         if result.corrupt:
             log.warning("scrub of %s: %d of %d chunks corrupt: %s", self.target_id,
                         len(result.corrupt), result.checked, result.corrupt[:10])

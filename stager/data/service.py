@@ -10,12 +10,16 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..config import Config
 from ..errors import BadRequest
 from ..protocol.models import TARGET_ID_RE, ReadItem, check_file_id
 from ..storage import ChunkStore, OpenChunk, Usage
 from .batchread import BatchRead
+
+if TYPE_CHECKING:
+    from .scrub import Scrubber
 
 MAX_BATCH_ITEMS = 65536
 
@@ -48,6 +52,11 @@ class DataService:
         self.config = config
         self.identity = load_identity(root, config)
         self.store = ChunkStore(root, capacity=config.capacity)
+        # Chunk bytes served and stored since start: heartbeats carry them, and the
+        # metadata server shows their rates (stager/meta/targetstats.py).
+        self.bytes_read = 0
+        self.bytes_written = 0
+        self.scrubber: Scrubber | None = None      # set by stager/data/maintenance.py
 
     async def put(self, chunk: str, data: bytes | bytearray | memoryview, crc: int) -> None:
         await asyncio.to_thread(self.store.put, chunk, data, crc)

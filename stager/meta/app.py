@@ -17,15 +17,16 @@ from ..dataplane.credentials import ClusterCredential
 from ..errors import PayloadTooLarge, RangeNotSatisfiable, Unavailable
 from ..protocol import messages as m
 from ..protocol.batch import CommitItem, CreateItem, parse_items, results_json
+from ..protocol.headers import accepts_gzip, etag_matches
 from ..protocol.models import FileInfo, LayoutSpec, TargetInfo, check_file_id
 from ..protocol.ranges import content_range, parse_range, unsatisfied_range
 from ..web import idempotency
 from ..web.authmw import authorize, token_of
 from ..web.metrics import ServerMetrics
-from ..web.middleware import METRICS_KEY, error_response, json_response, large_json_response
+from ..web.middleware import METRICS_KEY, error_response, json_response
 from ..web.requests import path_arg, query_bool, query_int, read_json
 from ..web.server import add_routes, base_app
-from . import authapp, jobtable, opkey, reliability, shared
+from . import authapp, gauges, jobtable, opkey, reliability, shared, targetstats, ui
 from .authapp import check_uploads, read_capability, write_capability
 from .gateway import Gateway
 from .service import MetaService
@@ -43,11 +44,8 @@ def make_meta_app(config: Config) -> web.Application:
     service = MetaService(open_store(config), config)
 
     async def cluster_gauges(metrics: ServerMetrics) -> None:
-        targets = service.list_targets()
-        metrics.gauge("stager_targets_up", "storage targets answering heartbeats").set(
-            sum(t.up for t in targets))
-        metrics.gauge("stager_targets_down", "storage targets marked down").set(
-            sum(not t.up for t in targets))
+        gauges.refresh(metrics, service, app[targetstats.RATES],
+                       app[reliability.RELIABILITY].status()["rebuild"])
 
     app = base_app("meta", client_max_size=config.max_json_body, identity={},
                    refresh_metrics=cluster_gauges)
@@ -64,6 +62,7 @@ def make_meta_app(config: Config) -> web.Application:
     # rebuild, repair, scrub, fsck: after _data_plane, whose plane they use
     reliability.install(app, service, config, lambda: app[GATEWAY].plane)
     jobtable.install(app, service.store)    # live loader telemetry (the list_jobs route)
+    targetstats.install(app, service)        # per-target rates, from heartbeats
     return app
 
 
@@ -137,6 +136,7 @@ async def heartbeat(request: web.Request) -> web.Response:
     target = await _svc(request).heartbeat(request.match_info["target_id"],
                                            capacity=beat.capacity, used=beat.used,
                                            chunks=beat.chunks)
+    targetstats.observe(request, target.id, beat)
     return json_response(target.to_json())
 
 
@@ -274,7 +274,23 @@ async def put_manifest(request: web.Request) -> web.Response:
 
 
 async def get_manifest(request: web.Request) -> web.Response:
-    return await large_json_response(await _svc(request).get_manifest(path_arg(request)))
+    """The resolved manifest, from the service's cache: gzip'd as cached when the
+    client takes gzip (plain JSON for curl), 304 when ``If-None-Match`` names it."""
+    service, path = _svc(request), path_arg(request)
+    wanted = request.headers.get("If-None-Match")
+    if wanted is not None:
+        etag = await service.manifest_etag(path)
+        if etag_matches(wanted, etag):
+            return web.Response(status=304, headers={"ETag": etag})
+    snapshot = await service.get_manifest(path)
+    headers = {"ETag": snapshot.etag, "Vary": "Accept-Encoding"}
+    if accepts_gzip(request.headers.get("Accept-Encoding", "")):
+        headers["Content-Encoding"] = "gzip"
+        return web.Response(body=snapshot.gzipped, content_type="application/json",
+                            headers=headers)
+    # Megabytes to inflate: in a thread, so the loop serves the other requests.
+    return web.Response(body=await asyncio.to_thread(snapshot.json_bytes),
+                        content_type="application/json", headers=headers)
 
 
 # -- whole-file gateway ----------------------------------------------------------------
@@ -362,4 +378,5 @@ HANDLERS = {
     "get_manifest": get_manifest, "gateway_get": gateway_get,
     "gateway_head": gateway_head, "gateway_put": gateway_put,
     "gateway_delete": gateway_delete, **reliability.HANDLERS, **jobtable.HANDLERS,
+    **ui.HANDLERS,
 }

@@ -39,6 +39,7 @@ from .store import (
     EntryRecord,
     Garbage,
     ManifestRecord,
+    ManifestVersion,
     MetaStore,
     NodeEntry,
     StoredFile,
@@ -139,6 +140,10 @@ class PostgreSQLStore(MetaStore):
     # -- manifests --------------------------------------------------------------
     async def put_manifest(self, path: str, body: bytes, *, now: float) -> None:
         await self._write(lambda c: ns.put_manifest(c, path, body, now))
+
+    async def manifest_version(self, path: str) -> ManifestVersion:
+        version: ManifestVersion = await self._read(lambda c: ns.manifest_version(c, path))
+        return version
 
     async def get_manifest(self, path: str) -> tuple[bytes, float]:
         return tuple(await self._read(lambda c: ns.get_manifest(c, path),  # type: ignore[return-value]

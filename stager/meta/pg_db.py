@@ -119,9 +119,9 @@ CREATE TABLE answers (
     created DOUBLE PRECISION NOT NULL
 );
 CREATE INDEX answers_created ON answers (created);
+""", 4: """
+ALTER TABLE manifests ADD COLUMN IF NOT EXISTS gen BIGINT NOT NULL DEFAULT 0;
 """,
-    # 4 is another branch's (a gen column on manifests); until it merges, a no-op here.
-    4: "SELECT 1",
     5: COMMIT_FUNCTION}
 
 # Errors after which the connection is gone or the server cannot serve: the

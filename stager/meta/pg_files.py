@@ -15,6 +15,7 @@ import asyncpg
 from ..errors import NotFound
 from ..protocol.authmsg import TokenInfo
 from ..protocol.models import Layout, TargetInfo
+from .pg_namespace import changed_below
 from .sqlite_db import layout_of, layout_text, unpack
 from .store import StoredFile
 
@@ -65,10 +66,13 @@ async def files_page(conn: asyncpg.Connection, *, after: int, limit: int,
 
 async def replace_layout(conn: asyncpg.Connection, file_id: str, old: Layout,
                          new: Layout) -> bool:
-    status = await conn.execute(
+    parent = await conn.fetchval(
         "UPDATE entries SET layout = $1 WHERE file_id = $2 AND kind = 'file' "
-        "AND layout = $3", layout_text(new), file_id, layout_text(old))
-    return bool(status == "UPDATE 1")
+        "AND layout = $3 RETURNING parent", layout_text(new), file_id, layout_text(old))
+    if parent is None:
+        return False
+    await changed_below(conn, [int(parent)])
+    return True
 
 
 # -- tokens ------------------------------------------------------------------------------

@@ -11,10 +11,9 @@ walk and parents of :func:`.pg_namespace.mkdirs`, the check of
 back as a code and the path component it names, having changed nothing, and the
 caller raises it.
 
-The manifests ``gen`` bump of ancestor directories (schema 4) belongs in the same
-transaction as a commit: it is a statement the Python caller runs after the call
-(see :func:`.pg_uploads.commit_upload`), or a line before ``RETURN`` below in a
-later migration that replaces this function.
+The manifests ``gen`` bump of ancestor directories (schema 4) rides in the same
+statement as the call (see :func:`.pg_uploads.commit_upload`); a batch bumps them
+once at its end.
 """
 
 from __future__ import annotations

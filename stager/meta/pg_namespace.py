@@ -27,20 +27,46 @@ from ..protocol import paths
 from ..protocol.models import LayoutSpec
 from .pg_db import ROOT_ID
 from .sqlite_db import layout_of, subtree_entries, unpack
-from .store import NodeEntry
+from .store import ManifestVersion, NodeEntry
 
 Row = asyncpg.Record
 COLS = "id, kind, size, mtime, file_id, layout, checksums"
 
-_WALK = f"""
+_WALK_CTE = f"""
 WITH RECURSIVE walk AS (
     SELECT 0 AS depth, {COLS} FROM entries WHERE id = {ROOT_ID}
   UNION ALL
     SELECT w.depth + 1, e.id, e.kind, e.size, e.mtime, e.file_id, e.layout, e.checksums
     FROM walk w JOIN entries e ON e.parent = w.id AND e.name = ($1::text[])[w.depth + 1]
     WHERE w.kind = 'directory' AND w.depth < cardinality($1::text[])
-)
-SELECT * FROM walk ORDER BY depth"""
+)"""
+_WALK = _WALK_CTE + "SELECT * FROM walk ORDER BY depth"
+
+
+def _bump_up_from(seed: str) -> str:
+    """A statement bumping the gen of every manifest on the directories ``seed``
+    selects or on their ancestors: the walk up the parent chain (a few rows each),
+    joined to the small manifests table."""
+    return ("WITH RECURSIVE up(id) AS (" + seed + " UNION SELECT e.parent FROM entries e "
+            "JOIN up ON e.id = up.id WHERE e.parent <> 0) "
+            "UPDATE manifests SET gen = gen + 1 WHERE dir_id IN (SELECT id FROM up)")
+
+
+_BUMP_DIRS = _bump_up_from("SELECT unnest($1::bigint[])")
+_BUMP_FILES = _bump_up_from(
+    "SELECT parent FROM entries WHERE file_id = ANY($1::text[]) AND kind = 'file'")
+
+
+async def changed_below(conn: asyncpg.Connection, dir_ids: Sequence[int]) -> None:
+    """In the caller's transaction: what a manifest on one of ``dir_ids`` or on one of
+    their ancestors resolves to has changed; their ``gen`` goes up by one."""
+    await conn.execute(_BUMP_DIRS, sorted(set(dir_ids)))
+
+
+async def changed_files(conn: asyncpg.Connection, file_ids: Sequence[str]) -> None:
+    """:func:`changed_below` the directories of the committed files ``file_ids``:
+    one statement for a whole batch."""
+    await conn.execute(_BUMP_FILES, list(file_ids))
 
 
 async def walk(conn: asyncpg.Connection, names: Sequence[str]) -> list[Row]:
@@ -200,6 +226,7 @@ async def rename(conn: asyncpg.Connection, src: str, dst: str, *, overwrite: boo
                        parent_id, dst_name, row["id"])
     await touch(conn, src_parent, now)
     await touch(conn, parent_id, now)
+    await changed_below(conn, [src_parent, parent_id])
     return await stat(conn, dst, False)
 
 
@@ -233,6 +260,7 @@ async def remove(conn: asyncpg.Connection, path: str, *, recursive: bool, now: f
         await garbage_file(conn, row, now)
         await conn.execute("DELETE FROM entries WHERE id = $1", row["id"])
         await touch(conn, parent_id, now)
+        await changed_below(conn, [parent_id])
         return 1
     if not recursive and await has_child(conn, row["id"]):
         raise DirectoryNotEmpty(f"{path} is not empty", path=path)
@@ -244,6 +272,7 @@ async def remove(conn: asyncpg.Connection, path: str, *, recursive: bool, now: f
     await conn.execute(_SUBTREE + "DELETE FROM entries WHERE id IN (SELECT id FROM sub)",
                        row["id"])
     await touch(conn, parent_id, now)
+    await changed_below(conn, [parent_id])
     return int(status.split()[-1])           # "INSERT 0 <rows>"
 
 
@@ -273,7 +302,8 @@ async def put_manifest(conn: asyncpg.Connection, path: str, body: bytes, now: fl
     dir_id = await resolve_dir(conn, paths.normalize(path))
     await conn.execute(
         "INSERT INTO manifests VALUES ($1, $2, $3) ON CONFLICT (dir_id) DO UPDATE "
-        "SET body = EXCLUDED.body, created = EXCLUDED.created", dir_id, body, now)
+        "SET body = EXCLUDED.body, created = EXCLUDED.created, gen = manifests.gen + 1",
+        dir_id, body, now)
 
 
 async def get_manifest(conn: asyncpg.Connection, path: str) -> tuple[bytes, float]:
@@ -283,3 +313,18 @@ async def get_manifest(conn: asyncpg.Connection, path: str) -> tuple[bytes, floa
     if row is None:
         raise NotFound(f"no manifest recorded for {path}", path=path)
     return bytes(row[0]), float(row[1])
+
+
+async def manifest_version(conn: asyncpg.Connection, path: str) -> ManifestVersion:
+    """One statement: the path's walk, with the manifest of each directory on it."""
+    path = paths.normalize(path)
+    names = paths.parts(path)
+    rows = await conn.fetch(_WALK_CTE + "SELECT walk.*, m.gen, m.created AS made FROM walk "
+                            "LEFT JOIN manifests m ON m.dir_id = walk.id ORDER BY depth",
+                            list(names))
+    row = located(path, names, rows)
+    if row["kind"] != "directory":
+        raise NotADirectory(f"{path} is not a directory", path=path)
+    if row["gen"] is None:
+        raise NotFound(f"no manifest recorded for {path}", path=path)
+    return ManifestVersion(int(row["id"]), int(row["gen"]), float(row["made"]))

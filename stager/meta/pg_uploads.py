@@ -24,8 +24,8 @@ from ..errors import (
 )
 from ..protocol import paths
 from ..protocol.models import Layout, LayoutSpec
-from .pg_db import must_abort
-from .pg_namespace import inherited, located, walk
+from .pg_db import ROOT_ID, must_abort
+from .pg_namespace import changed_files, inherited, located, walk
 from .sqlite_batch import for_path
 from .sqlite_db import layout_of, layout_text, pack
 from .sqlite_namespace import check_replaceable
@@ -73,15 +73,36 @@ async def get_upload(conn: asyncpg.Connection, file_id: str) -> Upload:
     return _upload(row)
 
 
+# A commit alone, as one statement: stager_commit, and the gen of every manifest on a
+# directory the file's path walks through (the ones already there: a directory the
+# commit makes has none) bumped alongside.  A commit that fails may still bump them,
+# which only costs a manifest cache a resolution it did not need.
+_COMMIT_BUMPING = f"""
+WITH RECURSIVE target AS (
+    SELECT string_to_array(substr(path, 2), '/') AS names FROM uploads WHERE file_id = $1
+), dirs AS (
+    SELECT 0 AS depth, e.id, e.kind FROM entries e, target WHERE e.id = {ROOT_ID}
+  UNION ALL
+    SELECT d.depth + 1, e.id, e.kind FROM dirs d CROSS JOIN target t
+    JOIN entries e ON e.parent = d.id AND e.name = t.names[d.depth + 1]
+    WHERE d.kind = 'directory' AND d.depth < cardinality(t.names) - 1
+), bumped AS (
+    UPDATE manifests SET gen = gen + 1 WHERE dir_id IN (SELECT id FROM dirs)
+)
+SELECT * FROM stager_commit($1, $2, $3, $4, $5)"""
+_COMMIT = "SELECT * FROM stager_commit($1, $2, $3, $4, $5)"
+
+
 async def commit_upload(conn: asyncpg.Connection, file_id: str, *, size: int,
-                        checksums: tuple[int, ...], mtime: float, now: float) -> NodeEntry:
+                        checksums: tuple[int, ...], mtime: float, now: float,
+                        bump: bool = True) -> NodeEntry:
     """One statement (:data:`.pg_functions.COMMIT_FUNCTION`); the error it raises comes
-    after it changed nothing (the upload stays pending)."""
-    row = await conn.fetchrow("SELECT * FROM stager_commit($1, $2, $3, $4, $5)",
+    after it changed nothing but manifest versions (the upload stays pending).
+    ``bump=False``: a batch bumps the manifests of all its files at its end."""
+    row = await conn.fetchrow(_COMMIT_BUMPING if bump else _COMMIT,
                               file_id, size, mtime, pack(checksums), now)
     if row["r_err"] is not None:
         raise _commit_error(file_id, row["r_err"], row["r_at"], row["r_path"])
-    # (schema 4's gen bump of the ancestors' manifests goes here, same transaction)
     return NodeEntry(row["r_path"], "file", size, mtime, file_id, layout_of(row["r_layout"]),
                      checksums=checksums)
 
@@ -218,6 +239,17 @@ async def get_uploads(conn: asyncpg.Connection, file_ids: Sequence[str]
 
 async def commit_uploads(conn: asyncpg.Connection, items: Sequence[CommitArgs], *,
                          now: float) -> list[NodeEntry | StagerError]:
+    """:func:`commit_upload` of each item, then one statement bumping the manifests
+    above all the files committed."""
+    out = await _commit_each(conn, items, now)
+    done = [e.file_id for e in out if isinstance(e, NodeEntry) and e.file_id]
+    if done:
+        await changed_files(conn, done)
+    return out
+
+
+async def _commit_each(conn: asyncpg.Connection, items: Sequence[CommitArgs], now: float
+                       ) -> list[NodeEntry | StagerError]:
     """Each item fails alone.  A commit that fails with our error has changed nothing,
     so the items run one after the other in one savepoint; only a database error
     (which aborts the savepoint) has them run again, each in a savepoint of its own."""
@@ -239,7 +271,7 @@ async def _committed(conn: asyncpg.Connection, item: CommitArgs, now: float
     file_id, size, checksums, mtime = item
     try:
         return await commit_upload(conn, file_id, size=size, checksums=checksums,
-                                   mtime=mtime, now=now)
+                                   mtime=mtime, now=now, bump=False)
     except StagerError as exc:
         return exc
 

@@ -38,8 +38,9 @@ from ..protocol.cluster import Status
 from ..protocol.manifest import Manifest
 from ..protocol.messages import RerouteRequest
 from ..protocol.models import MAX_LIST_LIMIT, FileInfo, Layout, LayoutSpec, TargetInfo
-from . import batch, opkey, reroute
+from . import batch, opkey, reroute, snapshots
 from .batch import Created, check_commit
+from .snapshots import Snapshot, SnapshotCache
 from .store import MetaStore, NodeEntry, Upload
 
 log = logging.getLogger("stager.meta")
@@ -75,6 +76,8 @@ class MetaService:
         # What the duty holder last stored of its work ("rebuild", "fsck"), as read
         # back by the other servers (stager/meta/shared.py).
         self.shared_status: dict[str, dict[str, Any]] = {}
+        # Resolved manifests, encoded once (stager/meta/snapshots.py).
+        self.snapshots = SnapshotCache(config.manifest_cache_bytes)
 
     async def start(self) -> None:
         """Load the registered targets, each as if it had just heartbeat; before serving."""
@@ -143,14 +146,29 @@ class MetaService:
         await self.store.put_manifest(path, blob, now=self.clock())
         return count
 
-    async def get_manifest(self, path: str) -> dict[str, Any]:
-        """The manifest of ``path`` resolved against the live namespace (see
-        :mod:`stager.protocol.manifest`)."""
+    async def manifest_etag(self, path: str) -> str:
+        """The ETag the manifest of ``path`` resolves under now: one store query."""
         path = paths.normalize(path)
-        blob, created = await self.store.get_manifest(path)
-        live = await self.store.subtree_files(path)
+        urls = {t.id: t.url for t in self.targets.values()}
+        return snapshots.etag_of(path, await self.store.manifest_version(path), urls)
+
+    async def get_manifest(self, path: str) -> Snapshot:
+        """The manifest of ``path`` resolved against the live namespace (see
+        :mod:`stager.protocol.manifest`), encoded: from the cache of :mod:`.snapshots`
+        while nothing it resolves against has changed."""
+        path = paths.normalize(path)
         urls = {t.id: t.url for t in self.targets.values()}    # a snapshot for the thread
-        return await asyncio.to_thread(_resolve_manifest, path, blob, created, live, urls)
+        etag = snapshots.etag_of(path, await self.store.manifest_version(path), urls)
+
+        async def resolve() -> Snapshot:
+            # Read after the version: a change in between makes this snapshot newer
+            # than its key says, never older, and the next request misses anyway.
+            blob, created = await self.store.get_manifest(path)
+            live = await self.store.subtree_files(path)
+            return await asyncio.to_thread(lambda: snapshots.encode(
+                etag, _resolve_manifest(path, blob, created, live, urls)))
+
+        return await self.snapshots.get(path, etag, resolve)
 
     # -- writes ---------------------------------------------------------------------
     async def create(self, path: str, *, layout: LayoutSpec | None = None,

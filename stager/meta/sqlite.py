@@ -32,6 +32,7 @@ from .store import (
     EntryRecord,
     Garbage,
     ManifestRecord,
+    ManifestVersion,
     MetaStore,
     NodeEntry,
     StoredFile,
@@ -96,6 +97,9 @@ class SQLiteStore(MetaStore):
 
     async def get_manifest(self, path: str) -> tuple[bytes, float]:
         return await self.thread.run(self.namespace.get_manifest, path)
+
+    async def manifest_version(self, path: str) -> ManifestVersion:
+        return await self.thread.run(self.namespace.manifest_version, path)
 
     # -- writes: these may share one transaction with writes queued alongside ----
     async def begin_upload(self, upload: Upload) -> None:

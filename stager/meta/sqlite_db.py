@@ -49,7 +49,8 @@ CREATE TABLE IF NOT EXISTS garbage (
 CREATE TABLE IF NOT EXISTS manifests (
     dir_id    INTEGER PRIMARY KEY REFERENCES entries (id) ON DELETE CASCADE,
     body      BLOB NOT NULL,
-    created   REAL NOT NULL
+    created   REAL NOT NULL,
+    gen       INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS entries_file_id ON entries (file_id);
 CREATE TABLE IF NOT EXISTS tokens (
@@ -84,6 +85,12 @@ CREATE TABLE IF NOT EXISTS job_reports (
 
 ROOT_ID = 1
 
+# Bumps the gen of every manifest on the given directories or their ancestors: the
+# walk up the parent chain (a few rows per directory) joined to the small manifests table.
+_BUMP = ("WITH RECURSIVE up(id) AS (SELECT value FROM json_each(?) UNION "
+         "SELECT e.parent FROM entries e JOIN up ON e.id = up.id WHERE e.parent <> 0) "
+         "UPDATE manifests SET gen = gen + 1 WHERE dir_id IN (SELECT id FROM up)")
+
 
 def pack(checksums: tuple[int, ...]) -> bytes:
     return struct.pack(f"<{len(checksums)}I", *checksums)
@@ -116,12 +123,26 @@ class Database:
         self.db.execute("PRAGMA synchronous=FULL")   # fsync on every commit
         self.db.execute("PRAGMA foreign_keys=ON")
         self.db.executescript(SCHEMA)
+        columns = {r[1] for r in self.db.execute("PRAGMA table_info(manifests)")}
+        if "gen" not in columns:        # a database made before manifests had versions
+            self.db.execute("ALTER TABLE manifests ADD COLUMN gen INTEGER NOT NULL DEFAULT 0")
+        # Directories whose manifests (theirs and their ancestors') the transaction
+        # under way changes: bumped in one statement just before its COMMIT.
+        self.changed: set[int] = set()
         self.db.execute(
             "INSERT OR IGNORE INTO entries (id, parent, name, kind, mtime) "
             "VALUES (?, 0, '', 'directory', strftime('%s','now'))", (ROOT_ID,))
 
     def close(self) -> None:
         self.db.close()
+
+    def changed_below(self, dir_id: int) -> None:
+        """The transaction under way changes what a manifest on directory ``dir_id``
+        or on one of its ancestors resolves to.  One statement at the outermost COMMIT
+        bumps them all, so a batch or a group commit pays it once; an item rolled
+        back to its savepoint may leave its directory here, which only costs a
+        manifest cache a resolution it did not need."""
+        self.changed.add(dir_id)
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
@@ -139,11 +160,16 @@ class Database:
             self.db.execute("RELEASE op")
             return
         self.db.execute("BEGIN IMMEDIATE")
+        self.changed.clear()
         try:
             yield self.db
+            if self.changed:
+                self.db.execute(_BUMP, (json.dumps(sorted(self.changed)),))
         except BaseException:
+            self.changed.clear()
             self.db.execute("ROLLBACK")
             raise
+        self.changed.clear()
         try:
             self.db.execute("COMMIT")
         except BaseException:

@@ -32,7 +32,7 @@ from .sqlite_db import (
     subtree_entries,
     unpack,
 )
-from .store import Garbage, NodeEntry, Upload
+from .store import Garbage, ManifestVersion, NodeEntry, Upload
 
 _COLS = "id, kind, size, mtime, file_id, layout, checksums"
 Row = tuple[Any, ...]
@@ -55,6 +55,8 @@ class NamespaceSQL:
     def __init__(self, database: Database) -> None:
         self.db = database.db
         self.tx: Callable[[], AbstractContextManager[object]] = database.transaction
+        # Marks a directory whose manifests (and its ancestors') the write changes.
+        self.changed: Callable[[int], None] = database.changed_below
 
     # -- path resolution --------------------------------------------------------
     def child(self, parent_id: int, name: str) -> Row | None:
@@ -200,6 +202,8 @@ class NamespaceSQL:
                             (parent_id, dst_name, row[0]))
             self._touch(src_parent, now)
             self._touch(parent_id, now)
+            self.changed(src_parent)
+            self.changed(parent_id)
         return self.stat(dst, checksums=False)
 
     def _replace_for_rename(self, row: Row, existing: Row, dst: str,
@@ -229,6 +233,7 @@ class NamespaceSQL:
                 self._garbage_file(row, now)
                 self.db.execute("DELETE FROM entries WHERE id = ?", (row[0],))
                 self._touch(parent_id, now)
+                self.changed(parent_id)
                 return 1
             has_child = self._has_child(row[0])
             if has_child and not recursive:
@@ -246,6 +251,7 @@ class NamespaceSQL:
             self.db.execute(subtree + "DELETE FROM entries WHERE id IN (SELECT id FROM sub)",
                             (row[0],))
             self._touch(parent_id, now)
+            self.changed(parent_id)
             return max(files, 0)
 
     def counts(self) -> tuple[int, int, int]:
@@ -272,8 +278,10 @@ class NamespaceSQL:
     def put_manifest(self, path: str, body: bytes, *, now: float) -> None:
         with self.tx():
             dir_id = self._resolve_dir(paths.normalize(path))
-            self.db.execute("INSERT OR REPLACE INTO manifests VALUES (?, ?, ?)",
-                            (dir_id, body, now))
+            self.db.execute(
+                "INSERT INTO manifests (dir_id, body, created) VALUES (?, ?, ?) "
+                "ON CONFLICT (dir_id) DO UPDATE SET body = excluded.body, "
+                "created = excluded.created, gen = gen + 1", (dir_id, body, now))
 
     def get_manifest(self, path: str) -> tuple[bytes, float]:
         path = paths.normalize(path)
@@ -282,6 +290,15 @@ class NamespaceSQL:
         if row is None:
             raise NotFound(f"no manifest recorded for {path}", path=path)
         return bytes(row[0]), float(row[1])
+
+    def manifest_version(self, path: str) -> ManifestVersion:
+        path = paths.normalize(path)
+        dir_id = self._resolve_dir(path)
+        row = self.db.execute("SELECT gen, created FROM manifests WHERE dir_id = ?",
+                              (dir_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"no manifest recorded for {path}", path=path)
+        return ManifestVersion(dir_id, int(row[0]), float(row[1]))
 
     # -- uploads ----------------------------------------------------------------
     def begin_uploads(self, uploads: Sequence[Upload]) -> None:
@@ -317,6 +334,7 @@ class NamespaceSQL:
                  pack(checksums)))
             self.db.execute("DELETE FROM uploads WHERE file_id = ?", (file_id,))
             self._touch(parent_id, now)
+            self.changed(parent_id)
         return NodeEntry(upload.path, "file", size, mtime, file_id, upload.layout,
                          checksums=checksums)
 

@@ -68,4 +68,9 @@ class ReliabilitySQL:
             cur = self.db.execute(
                 "UPDATE entries SET layout = ? WHERE file_id = ? AND kind = 'file' "
                 "AND layout = ?", (layout_text(new), file_id, layout_text(old)))
-            return cur.rowcount == 1
+            if cur.rowcount != 1:
+                return False
+            parent = self.db.execute("SELECT parent FROM entries WHERE file_id = ? AND "
+                                     "kind = 'file'", (file_id,)).fetchone()
+            self.database.changed_below(int(parent[0]))
+            return True

@@ -106,6 +106,19 @@ class ManifestRecord:
     created: float
 
 
+@dataclass(frozen=True)
+class ManifestVersion:
+    """Which manifest a directory has and how far its resolution has changed: the
+    directory's row, the manifest's ``gen`` (bumped, in the same transaction, by every
+    change visible to the manifest's resolution: a commit, remove or rename below the
+    directory, a layout replaced by rebuild, the manifest stored again) and when it was
+    stored (so that a row id a new directory reuses never matches an old manifest)."""
+
+    dir_id: int
+    gen: int
+    created: float
+
+
 # (path, overwrite, parents) of one file about to be created
 CreateCheck = tuple[str, bool, bool]
 # (file_id, size, checksums, mtime) of one upload to commit
@@ -165,6 +178,11 @@ class MetaStore(ABC):
     @abstractmethod
     async def get_manifest(self, path: str) -> tuple[bytes, float]:
         """The manifest of directory ``path`` and when it was stored; NotFound if none."""
+
+    @abstractmethod
+    async def manifest_version(self, path: str) -> ManifestVersion:
+        """The version of the manifest of directory ``path``, in one query (a cache of
+        resolved manifests checks it on every request); NotFound if none."""
 
     # -- writes ----------------------------------------------------------------
     @abstractmethod

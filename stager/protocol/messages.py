@@ -11,7 +11,7 @@ infos, targets) in :mod:`stager.protocol.models`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..checksum import from_hex, to_hex
@@ -53,21 +53,69 @@ class Health:
 
 
 # -- metadata server: cluster --------------------------------------------------------------
+SCRUB_STATES = ("idle", "running")
+
+
+@dataclass(frozen=True)
+class ScrubProgress:
+    """A data server's background scrub: the pass running now (``bytes_total`` is the
+    target's bytes when it began), or the last one (``finished``, unix time)."""
+
+    state: str = "idle"
+    passes: int = 0
+    chunks_done: int = 0
+    chunks_total: int = 0
+    bytes_done: int = 0
+    bytes_total: int = 0
+    corrupt_found: int = 0
+    started: float = 0.0
+    finished: float = 0.0
+
+    @property
+    def bytes_remaining(self) -> int:
+        return max(0, self.bytes_total - self.bytes_done) if self.state == "running" else 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "bytes_remaining": self.bytes_remaining}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> ScrubProgress:
+        state = field_of(obj, "state", str, "idle")
+        if state not in SCRUB_STATES:
+            raise BadRequest(f"scrub state must be one of {SCRUB_STATES}")
+        times = {k: float(field_of(obj, k, (int, float), 0.0)) for k in ("started", "finished")}
+        return cls(state, **{k: count_of(obj, k, 0) for k in (
+            "passes", "chunks_done", "chunks_total", "bytes_done", "bytes_total",
+            "corrupt_found")}, **times)
+
+
 @dataclass(frozen=True)
 class Heartbeat:
-    """What a data server reports of its target with every heartbeat."""
+    """What a data server reports of its target with every heartbeat.  ``bytes_read``
+    and ``bytes_written``: chunk bytes served and stored since the data server started
+    (counters; the metadata server turns successive ones into rates); ``scrub``: its
+    background scrub's progress."""
 
     capacity: int = 0
     used: int = 0
     chunks: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    scrub: ScrubProgress | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"capacity": self.capacity, "used": self.used, "chunks": self.chunks}
+        body = {"capacity": self.capacity, "used": self.used, "chunks": self.chunks,
+                "bytes_read": self.bytes_read, "bytes_written": self.bytes_written}
+        return body if self.scrub is None else {**body, "scrub": self.scrub.to_json()}
 
     @classmethod
     def from_json(cls, obj: Any) -> Heartbeat:
         return cls(capacity=count_of(obj, "capacity", 0), used=count_of(obj, "used", 0),
-                   chunks=count_of(obj, "chunks", 0))
+                   chunks=count_of(obj, "chunks", 0),
+                   bytes_read=count_of(obj, "bytes_read", 0),
+                   bytes_written=count_of(obj, "bytes_written", 0),
+                   scrub=None if obj.get("scrub") is None
+                   else ScrubProgress.from_json(field_of(obj, "scrub", dict)))
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,14 @@ SCHEMAS: dict[str, Any] = {
                     "used": _COUNT, "state": _STR, "last_heartbeat": _NUM, "chunks": _COUNT},
                    ("id", "node", "url")),
     "TargetList": _obj({"targets": {"type": "array", "items": _ref("Target")}}),
-    "Heartbeat": _obj({"capacity": _COUNT, "used": _COUNT, "chunks": _COUNT}),
+    "Heartbeat": _obj({"capacity": _COUNT, "used": _COUNT, "chunks": _COUNT,
+                       "bytes_read": _COUNT, "bytes_written": _COUNT,
+                       "scrub": _ref("ScrubProgress")}),
+    "ScrubProgress": _obj({"state": {"enum": ["idle", "running"]}, "passes": _COUNT,
+                           "chunks_done": _COUNT, "chunks_total": _COUNT,
+                           "bytes_done": _COUNT, "bytes_total": _COUNT,
+                           "bytes_remaining": _COUNT, "corrupt_found": _COUNT,
+                           "started": _NUM, "finished": _NUM}),
     "Status": {**_obj({"targets": {"type": "array", "items": _ref("Target")}, "nodes": _INT,
                        "targets_up": _INT, "capacity": _INT, "used": _INT, "files": _INT,
                        "directories": _INT, "bytes": _INT},
@@ -196,6 +203,8 @@ def _content(schema: str) -> dict[str, Any]:
                                                         "format": "binary"}}}
     if schema == "text":
         return {"text/plain": {"schema": _STR}}
+    if schema == "asset":       # the dashboard's files (stager/meta/ui/)
+        return {t: {"schema": _STR} for t in ("text/html", "text/css", "text/javascript")}
     if schema == "ndjson":
         return {"application/x-ndjson": {"schema": _STR}}
     if schema == "object":

@@ -184,6 +184,12 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/v1/jobs", "list_jobs",
           "live loader telemetry: every job, its ranks and a summary, worst stall first",
           "meta", responses={200: "JobList"}),
+    # metadata server: the dashboard (stager/meta/ui/: static files over the JSON API)
+    Route("GET", "/ui/{asset:.*}", "dashboard",
+          "the live dashboard: /ui/ is its page, the rest its script and style", "meta",
+          params=(Param("asset", "path", description="a file of the dashboard; empty: "
+                        "the page", required=True),),
+          responses={200: "asset", 404: "Error"}),
     # metadata server: namespace
     Route("GET", "/v1/stat/{path:.*}", "stat", "stat a file or directory", "meta",
           params=(P_PATH,), responses={200: "FileInfo", 400: "Error", 404: "Error"}),
@@ -301,6 +307,7 @@ ROUTES = ROUTES + _AUTH_ROUTES
 # What each operation needs when auth is on: one line per route, checked complete below.
 ACCESS: dict[str, Access] = {
     "health": PUBLIC, "openapi": PUBLIC, "metrics": PUBLIC,
+    "dashboard": PUBLIC,    # static files: the data comes from the API, with a token
     # cluster
     "status": ANY, "list_targets": ANY, "register_target": JOIN, "heartbeat": JOIN,
     "leave_target": JOIN, "remove_target": ADMIN, "scrub": ADMIN, "scrub_report": JOIN,

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import NotADirectory, NotFound
+from ..errors import BadRequest, NotADirectory, NotFound
 from ..protocol import paths
 from ..protocol.manifest import Manifest, ManifestFile
 from ..protocol.models import FileInfo, LayoutSpec
@@ -42,11 +42,15 @@ class StageOptions:
     manifest: bool = True                # record a dataset manifest (directories only)
     progress: bool | None = False        # None: a bar when stderr is a terminal
     storage_options: dict[str, Any] = field(default_factory=dict)
+    share: tuple[int, int] = (0, 1)      # (i, n): only every n-th listed file, from the i-th
+                                         # (n stagers splitting one source; `stager job up`)
 
     def __post_init__(self) -> None:
         # Accept any iterable of globs (a list from the CLI), keep a hashable tuple.
         object.__setattr__(self, "include", tuple(self.include))
         object.__setattr__(self, "exclude", tuple(self.exclude))
+        if not 0 <= self.share[0] < self.share[1]:
+            raise BadRequest(f"share {self.share}: (i, n) with 0 <= i < n")
 
 
 @dataclass
@@ -134,7 +138,8 @@ def _entries(source: Source, listing: dict[str, dict[str, Any]], options: StageO
         rel = "" if single else source.relative(path)
         if single or plan.selected(rel, options.include, options.exclude):
             entries.append(Listed(path, rel, info))
-    return entries
+    index, count = options.share
+    return entries[index::count]
 
 
 async def _staged_files(client: AsyncClient, dst: str, single: bool) -> dict[str, FileInfo]:

@@ -10,11 +10,15 @@ the job is pending or finishing, so no node is allocated while data moves:
 =============  ===========================================================
 job_process    at sbatch time, quick: parse the directives, check every URL's
                protocol can be opened; a bad line rejects the job
-setup          record the job's owner (uid, gid) under ``state_dir``
+setup          record the job's owner (uid, gid) under ``state_dir``; with auth,
+               mint the job its own token (read and write on its directory
+               and on its directives' stager paths only)
 data_in        ``stage_in`` each source into the cluster, as the job's owner
-paths          ``STAGER_META_URL`` and ``STAGER_JOB_DIR`` into the job's environment
+paths          ``STAGER_META_URL``, ``STAGER_JOB_DIR`` (and the job's
+               ``STAGER_TOKEN``) into the job's environment
 data_out       ``stage_out`` each result, as the job's owner
-teardown       remove ``/jobs/<id>`` and the record (also for a cancelled job)
+teardown       remove ``/jobs/<id>`` and the record, revoke the job's token
+               (also for a cancelled job)
 =============  ===========================================================
 
 The hooks run as root (inside ``slurmctld``); anything that reads a source or
@@ -58,6 +62,8 @@ class SlurmSettings:
     jobs_dir: str = "/jobs"             # each job's directory: JOBS_DIR/<job id>
     state_dir: str = "/var/lib/stager/slurm"   # each job's owner, between hooks
     directive: str = "STAGER"           # the word of burst_buffer.conf's Directive=
+    job_token_ttl: int = 7 * 86400      # with auth: the life of a job's own token, at
+                                        # most (teardown revokes it when the job ends)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str] | None) -> SlurmSettings:
@@ -71,7 +77,12 @@ class SlurmSettings:
         if unknown:
             raise BadRequest(f"{path or DEFAULT_SETTINGS}: unknown setting(s) "
                              f"{', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        return cls(**{k: str(v) for k, v in data.items()})
+        kinds = {f.name: f.type for f in fields(cls)}
+        try:
+            return cls(**{k: int(v) if kinds[k] in (int, "int") else str(v)
+                          for k, v in data.items()})
+        except ValueError as exc:
+            raise BadRequest(f"{path or DEFAULT_SETTINGS}: {exc}") from None
 
     def job_dir(self, job_id: str) -> str:
         return paths.normalize(f"{self.jobs_dir}/{job_id}")
@@ -104,14 +115,46 @@ def job_process(settings: SlurmSettings, script: str) -> str:
     return f"{len(directives)} stager directive(s)"
 
 
-def setup(settings: SlurmSettings, job_id: str, uid: str, gid: str) -> str:
-    """Remember whose job it is: the later hooks get only its id."""
+def setup(settings: SlurmSettings, job_id: str, uid: str, gid: str,
+          script: str | None = None) -> str:
+    """Remember whose job it is (the later hooks get only its id).  With auth (a
+    ``token_file`` in the settings, an admin token), mint the job a token of its own:
+    read and write on its directory and its directives' stager paths, nothing else;
+    :func:`paths_file` hands it to the job, :func:`teardown` revokes it."""
     state = Path(settings.state_dir)
     state.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = state / f"{job_id}.json.tmp"
-    tmp.write_text(json.dumps({"uid": int(uid), "gid": int(gid)}))
-    tmp.rename(state / f"{job_id}.json")
-    return f"job {job_id} of uid {uid}"
+    record: dict[str, object] = {"uid": int(uid), "gid": int(gid)}
+    said = f"job {job_id} of uid {uid}"
+    if settings.token_file:
+        prefixes = job_prefixes(settings, job_id, script)
+        created = _with_client(settings.client_config(), lambda c: c.create_token(
+            ["read", "write"], prefixes, settings.job_token_ttl, f"slurm-job-{job_id}"))
+        _write_private(state / f"{job_id}.token", created.token + "\n")
+        record["token_id"] = created.info.id
+        said += f"; token {created.info.id} on {' '.join(prefixes)}"
+    _write_private(state / f"{job_id}.json", json.dumps(record))
+    return said
+
+
+def job_prefixes(settings: SlurmSettings, job_id: str, script: str | None) -> list[str]:
+    """Where a job's token reaches: its directory, and every stager path of its
+    directives outside it."""
+    found = [settings.job_dir(job_id)]
+    if script is not None:
+        for d in read_directives(script, settings, job_id):
+            path = d.dst if d.kind == "stage_in" else d.src
+            if not any(paths.is_within(path, p) for p in found):
+                found.append(path)
+    return found
+
+
+def _write_private(path: Path, text: str) -> None:
+    """``text`` into ``path`` (0600), whole or not at all."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    tmp.rename(path)
 
 
 def data_in(settings: SlurmSettings, job_id: str, script: str) -> str:
@@ -135,9 +178,14 @@ def paths_file(settings: SlurmSettings, job_id: str, path_file: str) -> str:
     """The job's environment: where its cluster and its directory are."""
     lines = [f"STAGER_META_URL={settings.meta_url}",
              f"STAGER_JOB_DIR={settings.job_dir(job_id)}"]
+    said = list(lines)
+    token = Path(settings.state_dir, f"{job_id}.token")
+    if token.exists():
+        lines.append(f"STAGER_TOKEN={token.read_text().strip()}")
+        said.append("STAGER_TOKEN=(the job's own)")
     with open(path_file, "a") as fh:
         fh.write("\n".join(lines) + "\n")
-    return ", ".join(lines)
+    return ", ".join(said)
 
 
 def data_out(settings: SlurmSettings, job_id: str, script: str) -> str:
@@ -157,18 +205,32 @@ def data_out(settings: SlurmSettings, job_id: str, script: str) -> str:
 
 
 def teardown(settings: SlurmSettings, job_id: str) -> str:
-    """Remove the job's directory and record; nothing there is not an error."""
+    """Remove the job's directory, revoke its token, drop its record; nothing there is
+    not an error."""
     job_dir = settings.job_dir(job_id)
+    record = Path(settings.state_dir, f"{job_id}.json")
+    try:
+        token_id = json.loads(record.read_text()).get("token_id")
+    except FileNotFoundError:
+        token_id = None
 
     async def work(client: AsyncClient) -> str:
         try:
             removed = await client.rm(job_dir, recursive=True)
         except NotFound:
             removed = 0
-        return f"removed {job_dir} ({removed} entries)"
+        said = f"removed {job_dir} ({removed} entries)"
+        if token_id:
+            try:
+                await client.revoke_token(token_id)
+            except NotFound:
+                pass
+            said += f"; token {token_id} revoked"
+        return said
 
     message = _with_client(settings.client_config(), work)
-    Path(settings.state_dir, f"{job_id}.json").unlink(missing_ok=True)
+    Path(settings.state_dir, f"{job_id}.token").unlink(missing_ok=True)
+    record.unlink(missing_ok=True)
     return message
 
 
@@ -233,10 +295,10 @@ async def _step(d: Directive, work: Awaitable[T]) -> T:
         raise SourceError(f"{where}: {type(exc).__name__}: {exc}") from exc
 
 
-def _with_client(config: Config, work: Callable[[AsyncClient], Awaitable[str]]) -> str:
+def _with_client(config: Config, work: Callable[[AsyncClient], Awaitable[T]]) -> T:
     from ..client import AsyncClient
 
-    async def run() -> str:
+    async def run() -> T:
         async with AsyncClient(config.meta_url, config=config) as client:
             return await work(client)
 

@@ -20,7 +20,7 @@ from dataclasses import replace
 
 import pytest
 
-from ..errors import AlreadyExists, IsADirectory, NotFound, UploadNotFound
+from ..errors import AlreadyExists, IsADirectory, NotADirectory, NotFound, UploadNotFound
 from ..meta.store import EntryRecord, Garbage, ManifestRecord, MetaStore, Upload, all_files
 from ..protocol.authmsg import TokenInfo
 from ..protocol.models import Layout, LayoutSpec, TargetInfo
@@ -148,6 +148,72 @@ class MetaStoreTests:
             assert [t.id for t in await again.list_targets()] == ["t0"]
         finally:
             again.close()
+
+    async def test_a_manifest_version_moves_with_each_visible_change(
+            self, store: MetaStore) -> None:
+        await store.mkdir("/ds/sub", parents=True, exist_ok=False, now=1.0)
+        await store.mkdir("/other", parents=False, exist_ok=False, now=1.0)
+        await store.put_manifest("/ds", b"m", now=1.5)
+        await store.put_manifest("/ds/sub", b"m", now=1.5)
+        with pytest.raises(NotFound):
+            await store.manifest_version("/other")
+        v = await store.manifest_version("/ds")
+        assert v.created == 1.5 and v.dir_id == (await store.manifest_version("/ds")).dir_id
+        last = {p: (await store.manifest_version(p)).gen for p in ("/ds", "/ds/sub")}
+
+        async def bumped() -> dict[str, int]:
+            """How far each manifest's gen moved since the last call."""
+            now = {p: (await store.manifest_version(p)).gen for p in last}
+            moved = {p: now[p] - last[p] for p in last}
+            last.update(now)
+            return moved
+
+        pending = upload("v1", "/ds/sub/f")
+        await store.begin_upload(pending)            # not visible: nothing moves
+        assert await bumped() == {"/ds": 0, "/ds/sub": 0}
+        await store.commit_upload(pending.file_id, size=0, checksums=(), mtime=2.0, now=2.0)
+        assert await bumped() == {"/ds": 1, "/ds/sub": 1}
+        await self.put(store, "v2", "/other/x")      # outside the subtree
+        await self.put(store, "v3", "/other/y")
+        assert await bumped() == {"/ds": 0, "/ds/sub": 0}
+        batch = [upload("v4", "/ds/a"), upload("v5", "/ds/sub/b"), upload("v6", "/ds/sub/c")]
+        await store.begin_uploads(batch)
+        await store.commit_uploads([(u.file_id, 0, (), 2.0) for u in batch], now=2.0)
+        assert await bumped() == {"/ds": 1, "/ds/sub": 1}     # one bump for the batch
+        grouped = [upload(f"v7{i}", f"/ds/sub/g{i}") for i in range(3)]
+        await store.begin_uploads(grouped)
+        await asyncio.gather(*(store.commit_upload(u.file_id, size=0, checksums=(), mtime=2.0,
+                                                   now=2.0) for u in grouped))
+        assert all(n >= 1 for n in (await bumped()).values())
+        await store.rename("/ds/sub/f", "/other/f", overwrite=False, now=3.0)
+        assert await bumped() == {"/ds": 1, "/ds/sub": 1}
+        await store.rename("/other/y", "/ds/y", overwrite=False, now=3.0)
+        assert await bumped() == {"/ds": 1, "/ds/sub": 0}
+        await store.rename("/other/x", "/other/x2", overwrite=False, now=3.0)
+        assert await bumped() == {"/ds": 0, "/ds/sub": 0}
+        assert not await store.replace_layout(batch[1].file_id, OTHER, LAYOUT)   # lost CAS
+        assert await bumped() == {"/ds": 0, "/ds/sub": 0}
+        assert await store.replace_layout(batch[1].file_id, LAYOUT, OTHER)
+        assert await bumped() == {"/ds": 1, "/ds/sub": 1}
+        await store.remove("/ds/y", recursive=False, now=4.0)
+        assert await bumped() == {"/ds": 1, "/ds/sub": 0}
+        await store.remove("/other", recursive=True, now=4.0)
+        assert await bumped() == {"/ds": 0, "/ds/sub": 0}
+        await store.put_manifest("/ds/sub", b"m2", now=5.0)
+        assert await bumped() == {"/ds": 0, "/ds/sub": 1}
+        assert (await store.manifest_version("/ds/sub")).created == 5.0
+        await store.mkdir("/ds/sub/deeper/gone", parents=True, exist_ok=False, now=5.0)
+        await self.put(store, "v8", "/ds/sub/deeper/gone/f")
+        assert await bumped() == {"/ds": 1, "/ds/sub": 1}
+        await store.remove("/ds/sub/deeper", recursive=True, now=6.0)
+        assert await bumped() == {"/ds": 1, "/ds/sub": 1}
+        del last["/ds/sub"]
+        await store.remove("/ds/sub", recursive=True, now=6.0)    # its manifest goes too
+        assert await bumped() == {"/ds": 1}
+        with pytest.raises(NotFound):
+            await store.manifest_version("/ds/sub")
+        with pytest.raises(NotADirectory):
+            await store.manifest_version("/ds/a")
 
     async def test_tokens_are_recorded_listed_and_revoked_for_good(
             self, open_store: Callable[[], MetaStore]) -> None:

@@ -154,6 +154,7 @@ class NetnsFabric:
                 _batch("ip", [f"link add {self.bridge} type bridge",
                               f"addr add {self.host_address}/24 dev {self.bridge}",
                               f"link set {self.bridge} up"])
+                _forward(self.bridge, "-I")
             nodes = [Node(i, f"node{i}", self._netns(i), f"10.77.{third}.{10 + i}",
                           self._host_if(i)) for i in range(self._n)]
             _batch("ip", [f"netns add {n.netns}" for n in nodes]
@@ -203,6 +204,7 @@ class NetnsFabric:
                 names = [self._netns(i) for i in range(self._n)]
                 _kill_inside(names)
                 links = [self._host_if(i) for i in range(self._n)] + [self.bridge]
+                _forward(self.bridge, "-D")
                 if not _remove(links, names):
                     log.warning("fabric %s: teardown ran past %.0f s; what is left goes "
                                 "with sweep_stale() once process %d has exited",
@@ -292,8 +294,40 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _bridge_filtered() -> bool:
+    """Do bridged packets cross iptables (``br_netfilter`` loaded, as Docker does)?
+    Then its FORWARD policy, DROP under Docker, applies between two nodes too."""
+    try:
+        return Path("/proc/sys/net/bridge/bridge-nf-call-iptables").read_text().strip() == "1"
+    except OSError:
+        return False
+
+
+def _forward(bridge: str, op: str) -> None:
+    """``op`` ``-I`` (insert) or ``-D`` (delete) the rule that lets node-to-node packets
+    across ``bridge`` through a filtering FORWARD chain; nothing where none filters."""
+    if not _bridge_filtered() or shutil.which("iptables") is None:
+        return
+    _run("iptables", "-w", "10", op, "FORWARD", "-i", bridge, "-o", bridge, "-j", "ACCEPT",
+         check=op == "-I")
+
+
+def _stale_forward_rules() -> None:
+    """Delete the FORWARD rules of bridges whose process is gone (see :func:`_forward`)."""
+    if not _bridge_filtered() or shutil.which("iptables") is None:
+        return
+    for line in _run("iptables", "-w", "10", "-S", "FORWARD", check=False).splitlines():
+        words = line.split()
+        if words[:1] == ["-A"] and "-i" in words:
+            bridge = words[words.index("-i") + 1]
+            if (m := LINK_RE.match(bridge)) and bridge.startswith("sb") \
+                    and not _alive(int(m.group(1), 16)):
+                _forward(bridge, "-D")
+
+
 def sweep_stale() -> list[str]:
     """Remove namespaces and links left by stager processes that no longer run."""
+    _stale_forward_rules()
     links = [link for link in list_links()
              if (m := LINK_RE.match(link)) and not _alive(int(m.group(1), 16))]
     spaces = [ns for ns in list_netns()

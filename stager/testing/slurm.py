@@ -143,13 +143,16 @@ class SlurmCluster:
 
     def __init__(self, nodes: int = 3, *, bb_lua: str | None = None, bb_conf: str | None = None,
                  user: str = TEST_USER, start_timeout: float = 60.0,
-                 keep: bool = bool(os.environ.get("STAGER_KEEP_SLURM"))) -> None:
-        """``keep``: leave the cluster's directory (logs, state) behind at :meth:`down`."""
+                 keep: bool = bool(os.environ.get("STAGER_KEEP_SLURM")),
+                 extra_conf: tuple[str, ...] = ()) -> None:
+        """``keep``: leave the cluster's directory (logs, state) behind at :meth:`down`;
+        ``extra_conf``: more ``slurm.conf`` lines (``Epilog=…``)."""
         self.n = nodes
         self.bb_lua, self.bb_conf = bb_lua, bb_conf
         self.user = user
         self.start_timeout = start_timeout
         self.keep = keep
+        self.extra_conf = extra_conf
         self.fabric = NetnsFabric(nodes, rate_mbit=None)
         self.root = Path()
         self.conf = Path()
@@ -306,7 +309,7 @@ class SlurmCluster:
             "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU",
             "ReturnToService=2", "MinJobAge=600", "KillWait=2", "SlurmdTimeout=60",
             f"SlurmctldPort={self.ctld_port}", f"SlurmdPort={self.slurmd_port}",
-            *nodes,
+            *self.extra_conf, *nodes,
             f"PartitionName=p Nodes=n[0-{self.n - 1}] Default=YES MaxTime=INFINITE State=UP",
         ]
         if self.bb_lua is not None:

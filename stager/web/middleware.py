@@ -34,13 +34,6 @@ def encode_json(body: object) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-async def large_json_response(body: object) -> web.Response:
-    """A response of megabytes of JSON (a manifest), encoded in a thread: on the
-    loop it held every other request up for a good part of a second."""
-    return web.Response(body=await asyncio.to_thread(encode_json, body),
-                        content_type="application/json")
-
-
 def error_response(exc: StagerError, headers: dict[str, str] | None = None) -> web.Response:
     return json_response(exc.to_json(), status=exc.status, headers=headers)
 

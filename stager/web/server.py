@@ -183,8 +183,35 @@ def _bound_address(runner: web.AppRunner) -> tuple[str, int]:
 
 
 def _url_host(configured: str, bound: str) -> str:
-    host = configured if configured not in ("0.0.0.0", "::", "") else "127.0.0.1"
+    host = configured if configured not in ("0.0.0.0", "::", "") else machine_address()
     return f"[{host}]" if ":" in host else host
+
+
+def machine_address() -> str:
+    """What other machines reach this one by, for a server bound to every address
+    with no ``--advertise-url``: the host name when it resolves beyond loopback, else
+    the address of the default route's interface; 127.0.0.1 (said in the log) only
+    when there is neither, a machine no other can reach anyway."""
+    name = socket.gethostname()
+    try:
+        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+        if infos and not any(ipaddress.ip_address(i[4][0].split("%")[0]).is_loopback
+                             for i in infos):
+            return name
+    except OSError:
+        pass
+    try:
+        # UDP connect sends nothing; it picks the source address a packet would use
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.1", 9))          # TEST-NET-1, never routed anywhere
+            address = str(probe.getsockname()[0])
+        if not ipaddress.ip_address(address).is_loopback:
+            return address
+    except OSError:
+        pass
+    log.warning("bound to every address, but %s resolves only to loopback and there is "
+                "no default route: advertising 127.0.0.1 (give --advertise-url)", name)
+    return "127.0.0.1"
 
 
 def refuse_exposed(config: Config) -> None:

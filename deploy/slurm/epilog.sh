@@ -1,0 +1,20 @@
+#!/bin/sh
+# Slurm Epilog (slurm.conf: Epilog=/etc/slurm/epilog.d/stager.sh): when a job ends on a
+# node -- completed, failed, cancelled or killed -- nothing of its per-job stager
+# cluster (`stager job up`) stays: its servers on this node are stopped (SIGTERM, then
+# SIGKILL) and its node-local root removed; on the job's first node also the job
+# directory with its tokens.  `stager job down` does the work: it finds the processes by
+# the record job up left (/tmp/stager-job-ID.NODE.json, or $STAGER_JOB_RUN_DIR) and by
+# their environment, and, run as root, touches only what belongs to $SLURM_JOB_UID.
+#
+# A job that never ran `stager job up` costs one stager start-up (no record, nothing
+# found).  The epilog always exits 0: a failure here is logged, not a drained node.
+# $STAGER: the command (word-split: "python3 -m stager" works)
+STAGER=${STAGER:-$(command -v stager || echo /usr/local/bin/stager)}
+[ -n "$SLURM_JOB_ID" ] || exit 0
+NODE=${SLURMD_NODENAME:-$(hostname -s)}
+if ! out=$($STAGER job down --job-id "$SLURM_JOB_ID" --node "$NODE" 2>&1); then
+    logger -t stager-epilog "job $SLURM_JOB_ID on $NODE: $out" 2>/dev/null \
+        || echo "stager-epilog: job $SLURM_JOB_ID on $NODE: $out" >&2
+fi
+exit 0

@@ -1,0 +1,208 @@
+"""The dashboard at /ui/ in a real headless browser, over a real cluster (issue 21).
+
+One Chromium for the module (Debian's ``chromium`` and ``chromium-driver`` through
+Selenium: :mod:`stager.testing.browser`), a ``stager up`` cluster in a subprocess so
+a data server can be killed with SIGKILL, and an auth-on cluster for the token form.
+Each state is saved as a screenshot under the test's tmp dir (the path is printed),
+and the browser's console must hold no error the page did not expect.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from conftest import start_cluster
+
+from stager.testing import ProcessCluster, ThreadCluster
+from stager.testing.browser import missing, open_browser, report_job
+from stager.testing.cluster import FAST
+
+pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
+
+REFRESH = 2.0                       # seconds between the page's refreshes (stager/meta/ui)
+T = TypeVar("T")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    driver = open_browser()
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessCluster]:
+    with ProcessCluster(tmp_path_factory.mktemp("dash"), 3) as c:
+        yield c
+
+
+@pytest.fixture(autouse=True)
+def _console(browser: Any) -> Iterator[None]:
+    """No test leaves an error in the console; each starts with it empty."""
+    browser.get_log("browser")
+    yield
+
+
+def console_errors(browser: Any, expected: Callable[[dict[str, Any]], bool] = lambda e: False
+                   ) -> list[dict[str, Any]]:
+    return [e for e in browser.get_log("browser")
+            if e["level"] == "SEVERE" and not expected(e)]
+
+
+def wait_for(fn: Callable[[], T | None], timeout: float, what: str) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.1)
+
+
+def rows(browser: Any) -> dict[str, str]:
+    """target id → its state cell, as the page shows them now."""
+    return dict(browser.execute_script(
+        "return Array.from(document.querySelectorAll('#targets tbody tr'))"
+        ".map(r => [r.dataset.target, r.querySelector('.state').textContent])"))
+
+
+def shot(browser: Any, path: Path) -> Path:
+    browser.save_screenshot(str(path))
+    print(f"screenshot: {path}")
+    assert path.stat().st_size > 1000
+    return path
+
+
+def test_every_target_listed_and_a_killed_one_shown_down(
+        browser: Any, cluster: ProcessCluster, tmp_path: Path) -> None:
+    browser.get(cluster.meta_url + "/ui/")
+    ids = {cluster.target_id(i) for i in range(3)}
+    wait_for(lambda: set(rows(browser)) == ids and set(rows(browser).values()) == {"up"},
+             10, "every target listed, up")
+    health = browser.find_element("id", "health").text
+    assert health.startswith("healthy: 3 of 3 targets up"), health
+    shot(browser, tmp_path / "healthy.png")
+
+    victim = cluster.target_id(0)
+    cluster.kill_data(0)                # kill -9: no goodbye to the metadata server
+    killed = time.monotonic()
+    wait_for(lambda: rows(browser).get(victim) == "down", FAST["target_timeout"] + REFRESH + 3,
+             f"{victim} shown down")
+    took = time.monotonic() - killed
+    print(f"target down on the page {took:.1f} s after kill -9 "
+          f"(target_timeout {FAST['target_timeout']} s, refresh {REFRESH} s)")
+    assert took <= FAST["target_timeout"] + REFRESH + 1
+    assert {k: v for k, v in rows(browser).items() if k != victim} == \
+        dict.fromkeys(ids - {victim}, "up")
+    assert "degraded" in browser.find_element("id", "health").text
+    row = browser.find_element("css selector", f'tr[data-target="{victim}"]')
+    assert "down" in row.get_attribute("class")
+    shot(browser, tmp_path / "target-down.png")
+    assert console_errors(browser) == []
+
+
+def test_a_reporting_job_appears_with_its_stall_worst_first(
+        browser: Any, cluster: ProcessCluster, tmp_path: Path) -> None:
+    target = cluster.target_id(1)
+    fine, starving = f"fine-{time.time_ns()}", f"starving-{time.time_ns()}"
+    report_job(cluster.meta_url, fine, 0, stall_fraction=0.02, samples_per_second=950.0,
+               samples=4000)
+    for rank, stall in ((0, 0.18), (1, 0.71)):
+        report_job(cluster.meta_url, starving, rank, world_size=2, stall_fraction=stall,
+                   recent_stall_fraction=stall, samples_per_second=40.0, samples=900,
+                   host=f"gpu{rank}", targets=[{"target": target, "mean_latency": 0.084,
+                                                "requests": 50, "bytes": 1 << 20}])
+    browser.get(cluster.meta_url + "/ui/")
+
+    def jobs() -> list[str]:
+        return list(browser.execute_script(
+            "return Array.from(document.querySelectorAll('#jobs section.job'))"
+            ".map(s => s.dataset.job)"))
+
+    wait_for(lambda: {fine, starving} <= set(jobs()), 2 * REFRESH + 3, "both jobs shown")
+    order = jobs()
+    assert order.index(starving) < order.index(fine)
+    section = browser.find_element("css selector", f'section[data-job="{starving}"]')
+    assert "stall 71.0%" in section.find_element("css selector", ".stall").text
+    assert "bad" in section.find_element("css selector", ".stall").get_attribute("class")
+    worst = section.find_element("css selector", 'tr[data-rank="1"]')
+    assert "starving" in worst.get_attribute("class")
+    text = worst.text
+    assert "71.0%" in text and "40.0" in text and "gpu1" in text
+    assert f"{target} (84.0 ms)" in text
+    shot(browser, tmp_path / "starving-job.png")
+    assert console_errors(browser) == []
+
+
+def test_throughput_column_shows_writes(browser: Any, cluster: ProcessCluster) -> None:
+    """Bytes written reach the targets' write rate (heartbeat counters → the page)."""
+    from stager import Client
+
+    with Client(cluster.meta_url) as client:
+        client.pipe(f"/dash/blob-{time.time_ns()}", b"x" * (4 << 20))
+    browser.get(cluster.meta_url + "/ui/")
+
+    def writing() -> list[str]:
+        cells = browser.execute_script(
+            "return Array.from(document.querySelectorAll('#targets tbody tr'))"
+            ".map(r => r.cells[7].textContent)")
+        return [c for c in cells if c not in ("–", "0 B/s")]
+
+    assert wait_for(writing, 2 * REFRESH + 3, "a write rate above zero")
+    assert console_errors(browser) == []
+
+
+@pytest.fixture(scope="module")
+def auth_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadCluster]:
+    c = start_cluster(tmp_path_factory.mktemp("dash-auth"), 2, auth=True)
+    try:
+        c.wait_targets(2)
+        yield c
+    finally:
+        c.stop()
+
+
+def test_auth_on_the_page_asks_for_a_token(browser: Any, auth_cluster: ThreadCluster,
+                                           tmp_path: Path) -> None:
+    browser.get(auth_cluster.meta_url + "/ui/")
+    form = browser.find_element("id", "login")
+    wait_for(form.is_displayed, 5, "the token form")
+    assert not browser.find_element("id", "board").is_displayed()
+    shot(browser, tmp_path / "token-form.png")
+
+    def submit(token: str) -> None:
+        field = browser.find_element("id", "token")
+        field.clear()
+        field.send_keys(token)
+        form.submit()
+
+    submit("not-a-token")               # refused (401): the form comes back, with why
+    wait_for(lambda: form.is_displayed() and browser.find_element("id", "login-error").text,
+             5, "the form back after a 401")
+    assert "refused" in browser.find_element("id", "login-error").text
+    assert browser.execute_script("return sessionStorage.getItem('stager.token')") is None
+
+    token = auth_cluster.mint(["read"], name="dashboard")
+    submit(token)
+    ids = {auth_cluster.target_id(i) for i in range(2)}
+    wait_for(lambda: set(rows(browser)) == ids, 5, "the targets, with the token")
+    assert not form.is_displayed()
+    assert browser.execute_script("return sessionStorage.getItem('stager.token')") == token
+    assert browser.execute_script("return localStorage.length") == 0
+    assert "no loader is reporting" in browser.find_element("id", "jobs").text \
+        or browser.find_elements("css selector", "#jobs section.job")
+    shot(browser, tmp_path / "auth-board.png")
+    # the one error: the browser's own line for the refused request
+    assert console_errors(browser, lambda e: e["source"] == "network" and " 401 " in
+                          e["message"]) == []
+
+    browser.find_element("id", "logout").click()    # forgotten: the form again
+    wait_for(form.is_displayed, 2, "the form after forgetting the token")
+    assert browser.execute_script("return sessionStorage.getItem('stager.token')") is None
