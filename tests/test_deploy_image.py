@@ -110,7 +110,8 @@ def ensure_wheels() -> Path:
     key = hashlib.sha256((REPO / "pyproject.toml").read_bytes()).hexdigest()[:16]
     wheels = CACHE / f"wheels-py{sys.version_info.major}{sys.version_info.minor}-{key}"
     if not (wheels / ".complete").exists():
-        shutil.rmtree(wheels, ignore_errors=True)
+        for stale in CACHE.glob("wheels-*"):        # of an older pyproject.toml
+            shutil.rmtree(stale, ignore_errors=True)
         made = run([sys.executable, "-m", "pip", "wheel", "-q", "-w", str(wheels),
                     str(REPO), "setuptools", "wheel"], timeout=300)
         if made.returncode != 0:
