@@ -10,7 +10,7 @@ PIP     := $(BIN)/python -m pip
 # a real Slurm with burst buffers: tests/slurm/, the dashboard in a headless browser).
 APT_PACKAGES ?= iproute2 nginx-light iperf3 fuse3 libfuse3-dev pkg-config fio fiu-utils postgresql \
 	slurmctld slurmd slurm-client munge slurm-wlm-basic-plugins \
-	chromium chromium-driver curl systemd
+	chromium chromium-driver curl systemd docker.io debootstrap
 
 .PHONY: demo test test-fast lint sysdeps bench bench-quick clean
 

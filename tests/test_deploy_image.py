@@ -67,6 +67,37 @@ def why_no_docker() -> str | None:
     return None
 
 
+@pytest.fixture(scope="module", autouse=True)
+def docker_daemon(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Start ``dockerd`` for this module when Docker is installed (``make test``'s
+    Debian packages) but no daemon answers, as root; stopped again at the end.  Where
+    it cannot start, the tests see why (``why_no_docker``) and the stand-in runs."""
+    if (shutil.which("dockerd") is None or os.geteuid() != 0
+            or os.environ.get("STAGER_TEST_IMAGE_STANDIN") == "1"
+            or run(["docker", "info"], timeout=20).returncode == 0):
+        yield None
+        return
+    log = tmp_path_factory.mktemp("dockerd") / "dockerd.log"
+    with open(log, "wb") as out:
+        daemon = subprocess.Popen(["dockerd"], stdout=out, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while run(["docker", "info"], timeout=20).returncode != 0:
+            if daemon.poll() is not None or time.monotonic() > deadline:
+                print(f"dockerd did not start: {log.read_text(errors='replace')[-1500:]}")
+                break
+            time.sleep(0.5)
+        yield daemon
+    finally:
+        daemon.terminate()
+        try:
+            daemon.wait(30)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.wait()
+
+
 def apt_mirror() -> str:
     """The Debian mirror this machine's apt uses (for debootstrap)."""
     for path in [Path("/etc/apt/sources.list"), *Path("/etc/apt/sources.list.d").glob("*")]:
