@@ -26,9 +26,8 @@ from ..protocol import paths
 from ..protocol.models import Layout, LayoutSpec
 from .pg_db import ROOT_ID, must_abort
 from .pg_namespace import changed_files, inherited, located, walk
-from .sqlite_batch import for_path
+from .sqlite_batch import checked_create
 from .sqlite_db import layout_of, layout_text, pack
-from .sqlite_namespace import check_replaceable
 from .store import CommitArgs, CreateCheck, Garbage, NodeEntry, Upload
 
 _UPLOAD_COLS = "file_id, path, layout, overwrite, parents, created"
@@ -164,12 +163,11 @@ async def check_creates(conn: asyncpg.Connection, items: Sequence[CreateCheck]
     """In one snapshot: the walk of each parent once, then its children the batch
     names, in one query per parent."""
     states: dict[str, tuple[int | None, LayoutSpec] | StagerError] = {}
-    taken: dict[str, dict[str, tuple[int, str]]] = {}
+    taken: dict[int, dict[str, tuple[int, str]]] = {}      # parent id: name: (id, kind)
     for path, _, _ in items:
-        parent, name = paths.split(path)
+        parent = paths.split(path)[0]
         if parent not in states:
             states[parent] = _parent_state(parent, await walk(conn, paths.parts(parent)))
-            taken[parent] = {}
             state = states[parent]
             if not isinstance(state, StagerError) and state[0] is not None:
                 names = sorted({paths.split(p)[1] for p, _, _ in items
@@ -177,9 +175,10 @@ async def check_creates(conn: asyncpg.Connection, items: Sequence[CreateCheck]
                 rows = await conn.fetch("SELECT name, id, kind FROM entries "
                                         "WHERE parent = $1 AND name = ANY($2::text[])",
                                         state[0], names)
-                taken[parent] = {r["name"]: (r["id"], r["kind"]) for r in rows}
-    return [_checked(item, states[paths.split(item[0])[0]],
-                     taken[paths.split(item[0])[0]]) for item in items]
+                taken[state[0]] = {r["name"]: (r["id"], r["kind"]) for r in rows}
+    return [checked_create(item, states[paths.split(item[0])[0]],
+                           lambda parent_id, name: taken[parent_id].get(name))
+            for item in items]
 
 
 async def check_create(conn: asyncpg.Connection, item: CreateCheck) -> LayoutSpec | StagerError:
@@ -191,26 +190,8 @@ async def check_create(conn: asyncpg.Connection, item: CreateCheck) -> LayoutSpe
     parent = paths.split(path)[0]
     state = _parent_state(parent, rows[:len(names)])
     found = rows[-1] if len(rows) == len(names) + 1 else None
-    return _checked(item, state, {} if found is None else
-                    {names[-1]: (found["id"], found["kind"])})
-
-
-def _checked(item: CreateCheck, state: tuple[int | None, LayoutSpec] | StagerError,
-             taken: dict[str, tuple[int, str]]) -> LayoutSpec | StagerError:
-    path, overwrite, make_parents = item
-    parent, name = paths.split(path)
-    try:
-        if isinstance(state, StagerError):
-            raise state
-        parent_id, spec = state
-        if parent_id is None:
-            if not make_parents:
-                raise NotFound(f"parent directory {parent} does not exist", path=path)
-        else:
-            check_replaceable(taken.get(name), path, overwrite)
-    except StagerError as exc:
-        return for_path(exc, path)
-    return spec
+    taken = {} if found is None else {names[-1]: (found["id"], found["kind"])}
+    return checked_create(item, state, lambda _parent, name: taken.get(name))
 
 
 def _parent_state(parent: str, rows: Sequence[asyncpg.Record]

@@ -7,7 +7,8 @@ one), so a failed item leaves nothing behind and the others still commit.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..errors import NotADirectory, NotFound, StagerError
 from ..protocol import paths
@@ -27,24 +28,11 @@ class BatchSQL:
     def check_creates(self, items: Sequence[CreateCheck]) -> list[LayoutSpec | StagerError]:
         parents: dict[str, tuple[int | None, LayoutSpec] | StagerError] = {}
         out: list[LayoutSpec | StagerError] = []
-        for path, overwrite, make_parents in items:
-            parent, name = paths.split(path)
+        for item in items:
+            parent = paths.split(item[0])[0]
             if parent not in parents:
                 parents[parent] = self._parent_state(parent)
-            state = parents[parent]
-            try:
-                if isinstance(state, StagerError):
-                    raise state
-                parent_id, spec = state
-                if parent_id is None:
-                    if not make_parents:
-                        raise NotFound(f"parent directory {parent} does not exist", path=path)
-                else:
-                    check_replaceable(self.namespace.child(parent_id, name), path, overwrite)
-            except StagerError as exc:
-                out.append(for_path(exc, path))
-                continue
-            out.append(spec)
+            out.append(checked_create(item, parents[parent], self.namespace.child))
         return out
 
     def _parent_state(self, parent: str) -> tuple[int | None, LayoutSpec] | StagerError:
@@ -92,6 +80,27 @@ class BatchSQL:
                 except StagerError as exc:
                     out.append(exc)
         return out
+
+
+def checked_create(item: CreateCheck, state: tuple[int | None, LayoutSpec] | StagerError,
+                   child: Callable[[int, str], Any]) -> LayoutSpec | StagerError:
+    """One create's check, in either store: its parent's ``state`` (the parent's id,
+    ``None`` where it is still to be made, and the layout it hands down; or why it
+    cannot hold a file) and ``child(parent_id, name)``, what is there already."""
+    path, overwrite, make_parents = item
+    parent, name = paths.split(path)
+    try:
+        if isinstance(state, StagerError):
+            raise state
+        parent_id, spec = state
+        if parent_id is None:
+            if not make_parents:
+                raise NotFound(f"parent directory {parent} does not exist", path=path)
+        else:
+            check_replaceable(child(parent_id, name), path, overwrite)
+    except StagerError as exc:
+        return for_path(exc, path)
+    return spec
 
 
 def for_path(exc: StagerError, path: str) -> StagerError:
