@@ -133,62 +133,87 @@ async def test_a_file_created_through_one_reads_through_the_other(pair: MetaPair
         assert (await a.stat("/x/two", cached=False)).size == 25
 
 
-async def test_kill9_one_meta_during_a_create_storm(pair: MetaPair,
-                                                    figures: dict[str, Any]) -> None:
-    duration = seconds("meta_failover", 6)
-    created: dict[str, bytes] = {}          # acknowledged creates
-    after_kill = [0] * WORKERS              # creates each writer had acknowledged after it
-    failed: list[str] = []
-    killed = asyncio.Event()
-    stop = asyncio.Event()
+class Storm:
+    """WORKERS writers creating small files under ``prefix`` through every metadata
+    server, from :meth:`start` until :meth:`finish`: what each tried, what was
+    acknowledged, what failed and why, and the acks each had after :attr:`mark`."""
 
-    async def writer(w: int) -> None:
-        async with AsyncClient(pair.urls, config=load_config(env={})) as c:
+    def __init__(self, urls: list[str], prefix: str) -> None:
+        self.urls, self.prefix = urls, prefix
+        self.meant: dict[str, bytes] = {}           # every create tried
+        self.created: dict[str, bytes] = {}         # acknowledged creates
+        self.errors: dict[str, str] = {}            # failed creates: path -> the error
+        self.after = [0] * WORKERS                  # acks of each writer after mark
+        self.mark = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Future[None]] = []
+
+    def start(self) -> None:
+        self._tasks = [asyncio.ensure_future(self._writer(w)) for w in range(WORKERS)]
+
+    async def finish(self) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+
+    async def _writer(self, w: int) -> None:
+        async with AsyncClient(self.urls, config=load_config(env={})) as c:
             j = 0
-            while not stop.is_set():
-                path = f"/storm/w{w}/f{j:05d}"
-                body = make_bytes(path, 1 + (j * 7919) % 20_000)
+            while not self._stop.is_set():
+                path = f"{self.prefix}/w{w}/f{j:05d}"
+                body = self.meant[path] = make_bytes(path, 1 + (j * 7919) % 20_000)
                 j += 1
                 try:
                     await c.pipe(path, body, layout=LayoutSpec(chunk_size=64 * 1024))
                 except (StagerError, OSError) as exc:
-                    failed.append(f"{path}: {exc!r}")
+                    self.errors[path] = f"{type(exc).__name__}: {exc}"
+                    await asyncio.sleep(0.05)
                     continue
-                created[path] = body
-                if killed.is_set():
-                    after_kill[w] += 1
+                self.created[path] = body
+                if self.mark.is_set():
+                    self.after[w] += 1
 
-    tasks = [asyncio.ensure_future(writer(w)) for w in range(WORKERS)]
+    async def outcome(self) -> tuple[set[str], list[str], list[str], dict[str, Any]]:
+        """What is there now: the paths, the acknowledged ones missing, those not
+        holding the bytes meant for them, and fsck's answer."""
+        async with AsyncClient(self.urls, config=load_config(env={})) as c:
+            present = {e.path for e in [x async for x in c.walk(self.prefix)]}
+            lost = [p for p in self.created if p not in present]
+            not_whole = [p for p in present if await c.cat(p) != self.meant[p]]
+            return present, lost, not_whole, await c.fsck()
+
+
+async def test_kill9_one_meta_during_a_create_storm(pair: MetaPair,
+                                                    figures: dict[str, Any]) -> None:
+    duration = seconds("meta_failover", 6)
+    storm = Storm(pair.urls, "/storm")
+    storm.start()
     await asyncio.sleep(duration / 3)
-    before = len(created)
+    before = len(storm.created)
     pair.kill("meta0")
     killed_at = time.time()
-    killed.set()
+    storm.mark.set()
     kill_time = time.monotonic()
     await asyncio.sleep(duration * 2 / 3)
-    stop.set()
-    await asyncio.gather(*tasks)
+    await storm.finish()
     carried_on = time.monotonic() - kill_time
 
+    present, lost, wrong, fsck = await storm.outcome()
     async with AsyncClient(pair.urls, config=load_config(env={})) as c:
-        present = {e.path: e for e in [x async for x in c.walk("/storm")]}
-        lost = [p for p in created if p not in present]
-        wrong = [p for p in created if p in present and await c.cat(p) != created[p]]
-        fsck = await c.fsck()
         targets = await c.targets()
     leftover = await pending_uploads(pair.store)
-    figures.update(seconds=duration, acked_before_kill=before, acked_creates=len(created),
-                   acked_after_kill_per_writer=after_kill, failed_creates=len(failed),
-                   files_present=len(present), acked_creates_lost=len(lost),
-                   files_not_whole=len(wrong), pending_uploads_left=leftover,
-                   fsck_clean=fsck["clean"], seconds_after_kill=round(carried_on, 2),
-                   failures=failed[:3])
+    failed = list(storm.errors.items())
+    figures.update(seconds=duration, acked_before_kill=before,
+                   acked_creates=len(storm.created), acked_after_kill_per_writer=storm.after,
+                   failed_creates=len(failed), files_present=len(present),
+                   acked_creates_lost=len(lost), files_not_whole=len(wrong),
+                   pending_uploads_left=leftover, fsck_clean=fsck["clean"],
+                   seconds_after_kill=round(carried_on, 2), failures=failed[:3])
     assert before > 20
     assert lost == [], lost[:5]
     assert wrong == [], wrong[:5]
-    assert all(n > 0 for n in after_kill), after_kill         # every writer carried on
+    assert all(n > 0 for n in storm.after), storm.after       # every writer carried on
     assert failed == [], failed[:3]          # retries went to the other server and landed
-    assert sorted(present) == sorted(created)                  # nothing twice, nothing more
+    assert sorted(present) == sorted(storm.created)            # nothing twice, nothing more
     assert leftover == 0                     # no second upload for any create
     assert fsck["clean"], fsck
     # the data servers moved their heartbeats to the survivor
@@ -204,63 +229,36 @@ async def test_database_restart_during_a_create_storm(pair: MetaPair, postgres: 
     either absent or whole, never half there."""
     duration = seconds("meta_db_restart", 6)
     outage = 1.5
-    created: dict[str, bytes] = {}          # acknowledged creates
-    meant: dict[str, bytes] = {}            # every create tried
-    errors: dict[str, str] = {}             # failed creates: path -> the error
-    after_restart = [0] * WORKERS
-    restarted = asyncio.Event()
-    stop = asyncio.Event()
-
-    async def writer(w: int) -> None:
-        async with AsyncClient(pair.urls, config=load_config(env={})) as c:
-            j = 0
-            while not stop.is_set():
-                path = f"/dbstorm/w{w}/f{j:05d}"
-                body = meant[path] = make_bytes(path, 1 + (j * 7919) % 20_000)
-                j += 1
-                try:
-                    await c.pipe(path, body, layout=LayoutSpec(chunk_size=64 * 1024))
-                except (StagerError, OSError) as exc:
-                    errors[path] = f"{type(exc).__name__}: {exc}"
-                    await asyncio.sleep(0.05)
-                    continue
-                created[path] = body
-                if restarted.is_set():
-                    after_restart[w] += 1
-
-    tasks = [asyncio.ensure_future(writer(w)) for w in range(WORKERS)]
+    storm = Storm(pair.urls, "/dbstorm")
+    storm.start()
     await asyncio.sleep(duration / 3)
-    before = len(created)
+    before = len(storm.created)
     await asyncio.to_thread(postgres.stop)          # fast: open connections are cut
     down_at = time.monotonic()
     async with AsyncClient(pair.urls, config=load_config({"retries": 0}, env={})) as probe:
         with pytest.raises(Unavailable, match="metadata database is unavailable"):
             await probe.stat("/dbstorm", cached=False)      # what a caller that does not wait sees
     await asyncio.sleep(max(0.0, outage - (time.monotonic() - down_at)))
-    acked_while_down = len(created) - before
+    acked_while_down = len(storm.created) - before
     await asyncio.to_thread(postgres.start)
-    restarted.set()
+    storm.mark.set()
     await asyncio.sleep(duration * 2 / 3)
-    stop.set()
-    await asyncio.gather(*tasks)
+    await storm.finish()
 
-    async with AsyncClient(pair.urls, config=load_config(env={})) as c:
-        present = {e.path for e in [x async for x in c.walk("/dbstorm")]}
-        lost = [p for p in created if p not in present]
-        unknown = sorted(present - set(created))         # failed for the writer, yet there
-        not_whole = [p for p in present if await c.cat(p) != meant[p]]
-        fsck = await c.fsck()
-    unclear = [e for e in errors.values() if not e.startswith(Unavailable.__name__)]
+    present, lost, not_whole, fsck = await storm.outcome()
+    unknown = sorted(present - set(storm.created))     # failed for the writer, yet there
+    errors = storm.errors.values()
+    unclear = [e for e in errors if not e.startswith(Unavailable.__name__)]
     figures.update(seconds=duration, outage_s=outage, acked_before_stop=before,
-                   acked_while_down=acked_while_down, acked_creates=len(created),
-                   failed_creates=len(errors), failed_yet_present=len(unknown),
-                   acked_after_restart_per_writer=after_restart,
+                   acked_while_down=acked_while_down, acked_creates=len(storm.created),
+                   failed_creates=len(storm.errors), failed_yet_present=len(unknown),
+                   acked_after_restart_per_writer=storm.after,
                    acked_creates_lost=len(lost), files_not_whole=len(not_whole),
-                   fsck_clean=fsck["clean"], errors=sorted(set(errors.values()))[:3])
+                   fsck_clean=fsck["clean"], errors=sorted(set(errors))[:3])
     assert before > 20
     assert lost == [], lost[:5]
     assert not_whole == [], not_whole[:5]
     assert unclear == [], unclear[:3]                    # a 503 saying why, nothing else
-    assert all(n > 0 for n in after_restart), after_restart   # every writer carried on
-    assert set(present) <= set(meant)
+    assert all(n > 0 for n in storm.after), storm.after   # every writer carried on
+    assert present <= set(storm.meant)
     assert fsck["clean"], fsck
