@@ -24,7 +24,7 @@ from stager.protocol.models import Layout
 from stager.testing.nodes import NodeCluster
 
 from .bench_metadata_pg import store_rows
-from .common import new_client, r2, run_async, scratch
+from .common import many_timed, new_client, r2, run_async, scratch
 
 PARALLEL = 16
 BATCH = 256
@@ -70,21 +70,21 @@ async def stager_ops(meta_url: str, creates: int, stats: int, lists: int,
     async with new_client(meta_url) as c:
         await c.mkdir("/seq")
         await c.mkdir("/par")
-        t = await _timed(lambda i: c.pipe(f"/seq/f{i:06d}", b""), creates, 1)
+        t = await many_timed(lambda i: c.pipe(f"/seq/f{i:06d}", b""), creates, 1)
         out["create+commit (0 B), 1 at a time"] = (creates / t, f"{creates} files")
-        t = await _timed(lambda i: c.pipe(f"/par/f{i:06d}", b""), creates, PARALLEL)
+        t = await many_timed(lambda i: c.pipe(f"/par/f{i:06d}", b""), creates, PARALLEL)
         out[f"create+commit (0 B), {PARALLEL} in flight"] = (creates / t, f"{creates} files")
         t = await _batched_creates(c, creates)
         out[f"create+commit (0 B), batches of {BATCH} (write_many)"] = (creates / t,
                                                                        f"{creates} files")
-        t = await _timed(lambda i: c.stat(f"/seq/f{i % creates:06d}", cached=False), stats, 1)
+        t = await many_timed(lambda i: c.stat(f"/seq/f{i % creates:06d}", cached=False), stats, 1)
         out["stat, 1 at a time"] = (stats / t, f"{stats} stats")
-        t = await _timed(lambda i: c.stat(f"/par/f{i % creates:06d}", cached=False), stats,
+        t = await many_timed(lambda i: c.stat(f"/par/f{i % creates:06d}", cached=False), stats,
                          PARALLEL)
         out[f"stat, {PARALLEL} in flight"] = (stats / t, f"{stats} stats")
         small = f"/seq-small-{uuid.uuid4().hex[:6]}"
         await asyncio.gather(*(c.pipe(f"{small}/f{i:03d}", b"") for i in range(SMALL_DIR)))
-        t = await _timed(lambda i: c.ls(small), lists, 1)
+        t = await many_timed(lambda i: c.ls(small), lists, 1)
         out[f"list a {SMALL_DIR}-entry directory"] = (lists / t, f"{lists} listings")
         start = time.perf_counter()
         n = len(await c.ls(huge))
@@ -102,18 +102,6 @@ async def _batched_creates(c: Any, count: int) -> float:
                                       for i in range(k, min(count, k + BATCH))])
         if any(isinstance(r, Exception) for r in results):
             raise AssertionError(f"batched create failed: {results}")
-    return time.perf_counter() - start
-
-
-async def _timed(op: Any, count: int, parallel: int) -> float:
-    sem = asyncio.Semaphore(parallel)
-
-    async def one(i: int) -> None:
-        async with sem:
-            await op(i)
-
-    start = time.perf_counter()
-    await asyncio.gather(*(one(i) for i in range(count)))
     return time.perf_counter() - start
 
 

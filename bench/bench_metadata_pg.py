@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 from stager.client import AsyncClient
 from stager.config import load_config
 from stager.testing import ProcessCluster
 from stager.testing.cluster import wait_for_targets
 from stager.testing.postgres import PostgresUnavailable, start_postgres
+
+from .common import many_timed
 
 PARALLEL = 16
 LISTED = 1000
@@ -80,11 +80,11 @@ async def _ops(urls: list[str], n: int) -> Rows:
     try:
         c = first
         await c.mkdir("/seq")
-        t = await _timed(lambda i: c.pipe(f"/seq/f{i:06d}", b""), n, 1)
+        t = await many_timed(lambda i: c.pipe(f"/seq/f{i:06d}", b""), n, 1)
         out["create+commit (0 B), 1 at a time"] = _rate(n, t, "files")
-        t = await _timed(lambda i: c.stat(f"/seq/f{i % n:06d}", cached=False), n, 1)
+        t = await many_timed(lambda i: c.stat(f"/seq/f{i % n:06d}", cached=False), n, 1)
         out["stat, 1 at a time"] = _rate(n, t, "stats")
-        t = await _timed(lambda i: c.rename(f"/seq/f{i:06d}", f"/seq/r{i:06d}"), n, 1)
+        t = await many_timed(lambda i: c.rename(f"/seq/f{i:06d}", f"/seq/r{i:06d}"), n, 1)
         out["rename, 1 at a time"] = _rate(n, t, "renames")
         start = time.perf_counter()
         done = await c.write_many([(f"/batch/f{i:05d}", b"") for i in range(LISTED)])
@@ -93,7 +93,7 @@ async def _ops(urls: list[str], n: int) -> Rows:
             raise AssertionError(f"write_many failed: {done}")
         out[f"write_many of {LISTED:,} (0 B): files/s"] = _rate(LISTED, t, "files")
         lists = max(10, n // 10)
-        t = await _timed(lambda i: c.ls("/batch"), lists, 1)
+        t = await many_timed(lambda i: c.ls("/batch"), lists, 1)
         out[f"list a {LISTED:,}-entry directory"] = _rate(lists, t, "listings")
         t = await _spread([first, second], n)
         out[_SPREAD] = _rate(n, t, "files")
@@ -107,8 +107,8 @@ async def _spread(clients: list[AsyncClient], n: int) -> float:
     """Seconds for ``n`` creates from the clients, ``PARALLEL`` in flight each."""
     start = time.perf_counter()
     await asyncio.gather(*(
-        _timed(lambda i, c=c, k=k: c.pipe(f"/par{k}/f{i:06d}", b""), n // len(clients),
-               PARALLEL) for k, c in enumerate(clients)))
+        many_timed(lambda i, c=c, k=k: c.pipe(f"/par{k}/f{i:06d}", b""), n // len(clients),
+                   PARALLEL) for k, c in enumerate(clients)))
     return time.perf_counter() - start
 
 
@@ -116,13 +116,3 @@ def _rate(count: int, seconds: float, what: str) -> tuple[float, str]:
     return count / seconds, f"{count} {what}, {seconds / count * 1e6:,.0f} us/op"
 
 
-async def _timed(op: Callable[[int], Awaitable[Any]], count: int, parallel: int) -> float:
-    sem = asyncio.Semaphore(parallel)
-
-    async def one(i: int) -> None:
-        async with sem:
-            await op(i)
-
-    start = time.perf_counter()
-    await asyncio.gather(*(one(i) for i in range(count)))
-    return time.perf_counter() - start

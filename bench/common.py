@@ -93,6 +93,19 @@ async def atimed(coro: Awaitable[Any]) -> tuple[float, Any]:
     return time.perf_counter() - start, value
 
 
+async def many_timed(op: Callable[[int], Awaitable[Any]], count: int, parallel: int) -> float:
+    """Seconds for ``op(0)`` … ``op(count - 1)``, ``parallel`` of them in flight."""
+    sem = asyncio.Semaphore(parallel)
+
+    async def one(i: int) -> None:
+        async with sem:
+            await op(i)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(count)))
+    return time.perf_counter() - start
+
+
 def interleaved(rounds: int, cases: dict[str, Callable[[], float]]) -> dict[str, list[float]]:
     """Run every case once per round, in turn, so background load hits all alike.
 
