@@ -27,7 +27,7 @@ from stager.meta.app import SERVICE
 from stager.protocol.batch import CommitItem, CreateItem
 from stager.protocol.headers import ATTEMPT, IDEMPOTENCY_KEY, REPLAYED
 from stager.protocol.metaurls import from_hosts, meta_urls
-from stager.protocol.models import FileInfo
+from stager.protocol.models import FileInfo, LayoutSpec
 from stager.protocol.routes import route
 from stager.testing import ThreadCluster
 
@@ -193,6 +193,46 @@ async def test_a_retry_finds_the_work_of_a_try_whose_answer_was_not_recorded(
         # a first try is never taken for a retry: without the mark, the gone upload is a 404
         status, _, _ = await _post(s, route("commit").url(meta), commit, uuid.uuid4().hex)
         assert status == 404
+
+
+def lose_upload(cluster: ThreadCluster, file_id: str) -> None:
+    """Take a pending upload away, as a crash of the database does with one begun just
+    before it (its commit had not waited for the flush)."""
+    assert cluster.meta is not None
+    store = cluster.meta.app[SERVICE].store
+    asyncio.run_coroutine_threadsafe(store.abort_upload(file_id, now=0.0),
+                                     cluster.loop).result(10)
+
+
+async def test_an_upload_gone_at_its_first_commit_is_written_again(
+        cluster: ThreadCluster, ns: str) -> None:
+    """A commit asked once (no earlier try could have committed it) that finds its upload
+    gone says so (``first_try``), not that another writer replaced it; ``pipe``, which
+    holds the bytes, then writes them again as a new upload."""
+    async with AsyncClient(cluster.meta_url) as c:
+        file_id, writer = await c.create(f"{ns}/lost")
+        await writer.write(b"first")
+        lose_upload(cluster, file_id)
+        with pytest.raises(UploadNotFound) as gone:
+            await c.commit(file_id, writer)
+        assert gone.value.details.get("first_try") is True
+        assert "is gone" not in str(gone.value)
+
+        lost: list[str] = []
+
+        async def lose_the_first() -> None:     # while pipe writes its chunks
+            while not lost:
+                for pending in pending_uploads(cluster):
+                    lose_upload(cluster, pending)
+                    lost.append(pending)
+                await asyncio.sleep(0.001)
+
+        body = bytes(range(256)) * (64 * 1024)          # 16 MiB: chunks take a while
+        loser = asyncio.create_task(lose_the_first())
+        info = await c.pipe(f"{ns}/again", body, layout=LayoutSpec(chunk_size=1 << 20))
+        await asyncio.wait_for(loser, 5)
+        assert lost and info.file_id not in lost         # written again, as a new upload
+        assert await c.cat(f"{ns}/again") == body
 
 
 class CuttingProxy:

@@ -22,11 +22,14 @@ from stager.testing.metastore import LAYOUT, upload
 
 
 async def watched(store: PostgreSQLStore) -> list[str]:
-    """The statements the store's one connection sends from now on (pool_size=1)."""
+    """The statements the store's connections send from now on (pool_size=1: one for
+    reads, one for writes)."""
     seen: list[str] = []
-    pool = await store.db.pool()
-    async with pool.acquire() as conn:
-        conn.add_query_logger(lambda q: seen.append(" ".join(q.query.split())[:40].strip()))
+    for serializable in (False, True):
+        pool = await store.db.pool(serializable)
+        async with pool.acquire() as conn:
+            conn.add_query_logger(
+                lambda q: seen.append(" ".join(q.query.split())[:40].strip()))
     return seen
 
 
@@ -40,17 +43,44 @@ async def test_create_commit_and_stat_take_one_statement_each(pg_url: str) -> No
         assert len(seen) == 1 and seen[0].startswith("WITH RECURSIVE walk")
         seen.clear()
         await store.begin_upload(u)                 # alone: no transaction needed
-        assert len(seen) == 1 and seen[0].startswith("INSERT INTO uploads")
+        assert len(seen) == 1 and seen[0].startswith("SELECT stager_reserve(")
         seen.clear()
         await store.commit_upload(u.file_id, size=1, checksums=(7,), mtime=2.0, now=2.0)
-        # stager_commit, with the manifests above the file bumped in the same statement
-        assert seen == ["BEGIN ISOLATION LEVEL SERIALIZABLE;",
-                        "WITH RECURSIVE target AS ( SELECT string", "COMMIT;"]
+        # stager_commit, with the manifests above the file bumped in the same statement,
+        # SERIALIZABLE (the writes pool's default) with no BEGIN and COMMIT
+        assert seen == ["WITH RECURSIVE target AS ( SELECT string"]
         seen.clear()
         entry = await store.stat("/a/b/c")
         assert len(seen) == 1 and (entry.size, entry.checksums, entry.file_id) == (
             1, (7,), u.file_id)
         assert (await store.stat("/a/b")).is_dir
+    finally:
+        store.close()
+
+
+async def test_lazy_commits_do_not_leak_into_the_session(pg_url: str) -> None:
+    """A reservation and a recorded answer commit without waiting for the WAL flush;
+    the connection then goes back to the pool, and what runs on it next (a commit)
+    must wait for it again: the setting lasted only their own transaction."""
+    store = PostgreSQLStore(pg_url, pool_size=1)
+    try:
+        seen = await watched(store)
+        u1, u2 = upload("l1", "/l1"), upload("l2", "/l2")
+        await store.begin_upload(u1)
+        assert await store.record_answer("k1", 200, b"{}", now=1.0)
+        assert not await store.record_answer("k1", 500, b"x", now=2.0)   # the first kept
+        assert await store.recorded_answer("k1") == (200, b"{}")
+        assert [q.split("(")[0] for q in seen[:2]] == ["SELECT stager_reserve",
+                                                        "SELECT stager_record_answer"]
+        pool = await store.db.pool(serializable=True)
+        async with pool.acquire() as conn:
+            assert await conn.fetchval("SHOW synchronous_commit") == "on"
+            assert await conn.fetchval("SHOW transaction_isolation") == "serializable"
+            async with conn.transaction():
+                await up.begin_upload(conn, u2)
+                assert await conn.fetchval("SHOW synchronous_commit") == "off"
+            assert await conn.fetchval("SHOW synchronous_commit") == "on"
+        assert await store.get_uploads([u1.file_id, u2.file_id]) == [u1, u2]
     finally:
         store.close()
 

@@ -292,11 +292,12 @@ async def _commit(client: AsyncClient, items: Sequence[WriteItem], uploads: list
 def upload_gone(file_id: str) -> UploadNotFound:
     """A commit of our own upload found it gone.  Its first try's answer was lost and
     the commit was asked again: it was done then, and the file since replaced or
-    removed by another writer (or the upload outlived ``upload_grace``)."""
+    removed by another writer (or the upload outlived ``upload_grace``, or the
+    metadata database crashed before either was flushed)."""
     return UploadNotFound(
         f"upload {file_id} is gone: committed by a try whose answer was lost, then "
-        "replaced or removed by another writer (or expired); not written again",
-        file_id=file_id)
+        "replaced or removed by another writer (or expired, or lost in a crash of the "
+        "metadata database); not written again", file_id=file_id, settled=True)
 
 
 async def _abort(client: AsyncClient, file_ids: list[str]) -> None:

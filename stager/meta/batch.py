@@ -27,11 +27,12 @@ if TYPE_CHECKING:
 Created = tuple[Upload, FileInfo]
 
 
-def check_commit(upload: Upload, size: int, checksums: Sequence[int]) -> None:
-    """What a commit must satisfy: a size, and one checksum per chunk of it."""
+def check_commit(chunk_size: int, size: int, checksums: Sequence[int]) -> None:
+    """What a commit of an upload in chunks of ``chunk_size`` must satisfy: a size, and
+    one checksum per chunk of it."""
     if size < 0:
         raise BadRequest("size must not be negative")
-    expected = upload.layout.chunk_count(size)
+    expected = -(-size // chunk_size)
     if len(checksums) != expected:
         raise BadRequest(f"a {size}-byte file has {expected} chunks, "
                          f"got {len(checksums)} checksums")
@@ -106,7 +107,7 @@ async def commit_many(service: MetaService, items: Sequence[CommitItem]
                 continue
             if isinstance(upload, StagerError):
                 raise upload
-            check_commit(upload, item.size, item.checksums)
+            check_commit(upload.layout.chunk_size, item.size, item.checksums)
         except StagerError as exc:
             results[i] = exc
             continue

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
+
+import asyncpg
 
 from ..errors import StagerError
 from ..protocol.authmsg import TokenInfo
@@ -162,8 +164,12 @@ class PostgreSQLStore(MetaStore):
     async def commit_upload(self, file_id: str, *, size: int, checksums: tuple[int, ...],
                             mtime: float, now: float) -> NodeEntry:
         self._check_open()
-        entry: NodeEntry = await self.writes.write(lambda c: up.commit_upload(
-            c, file_id, size=size, checksums=checksums, mtime=mtime, now=now))
+        def commit(conn: asyncpg.Connection) -> Awaitable[NodeEntry]:
+            return up.commit_upload(conn, file_id, size=size, checksums=checksums,
+                                    mtime=mtime, now=now)
+
+        # alone, one statement: a lost connection leaves its outcome unknown (not rerun)
+        entry: NodeEntry = await self.writes.write(commit, alone=commit, rerun=False)
         return entry
 
     async def abort_upload(self, file_id: str, *, now: float) -> None:
@@ -293,7 +299,9 @@ class PostgreSQLStore(MetaStore):
 
     async def record_answer(self, key: str, status: int, body: bytes, *, now: float) -> bool:
         self._check_open()      # grouped with the upload writes queued meanwhile
-        return bool(await self.writes.write(lambda c: answers.put(c, key, status, body, now)))
+        return bool(await self.writes.write(
+            lambda c: answers.put(c, key, status, body, now),
+            alone=lambda c: answers.put_lazily(c, key, status, body, now)))
 
     async def expire_answers(self, before: float) -> int:
         return int(await self._write(lambda c: answers.expire(c, before)))

@@ -19,6 +19,14 @@ async def put(conn: asyncpg.Connection, key: str, status: int, body: bytes,
     return str(done).endswith(" 1")
 
 
+async def put_lazily(conn: asyncpg.Connection, key: str, status: int, body: bytes,
+                     now: float) -> bool:
+    """:func:`put` as one statement of its own whose commit does not wait for the WAL
+    flush (``stager_record_answer``, :mod:`.pg_functions` says why that is enough)."""
+    return bool(await conn.fetchval("SELECT stager_record_answer($1, $2, $3, $4)",
+                                    key, status, body, now))
+
+
 async def expire(conn: asyncpg.Connection, before: float) -> int:
     done = await conn.execute("DELETE FROM answers WHERE created < $1", before)
     return int(str(done).rsplit(" ", 1)[-1])

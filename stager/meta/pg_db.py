@@ -30,7 +30,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 from ..errors import InternalError, StagerError, Unavailable
-from .pg_functions import COMMIT_FUNCTION
+from .pg_functions import COMMIT_FUNCTION, LAZY_FUNCTIONS
 
 log = logging.getLogger("stager.meta")
 
@@ -40,7 +40,7 @@ Op = Callable[[asyncpg.Connection], Awaitable[R]]
 CONFLICT_RETRIES = 50        # serialization failures and deadlocks, per transaction
 RECONNECTS = 3               # connections found dead before the transaction began
 ROOT_ID = 1
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # Each migration takes the schema from version N-1 to N; applied in order, each in
 # the transaction that records its number.  Names sort bytewise (COLLATE "C"), as in
@@ -122,7 +122,7 @@ CREATE INDEX answers_created ON answers (created);
 """, 4: """
 ALTER TABLE manifests ADD COLUMN IF NOT EXISTS gen BIGINT NOT NULL DEFAULT 0;
 """,
-    5: COMMIT_FUNCTION}
+    5: COMMIT_FUNCTION, 6: LAZY_FUNCTIONS}
 
 # Errors after which the connection is gone or the server cannot serve: the
 # database is unavailable (the pool reconnects once it is back).
@@ -195,33 +195,43 @@ class Database:
         self.conflicts = 0           # transactions run again after a conflict (tests, metrics)
         self.loop: asyncio.AbstractEventLoop | None = None     # the loop it serves
         self.loop_thread: int | None = None                     # ... and its thread
-        self._pool: asyncpg.Pool | None = None
+        # Two pools: one whose transactions default to REPEATABLE READ, for reads, and
+        # one whose default to SERIALIZABLE, for writes, so that a write of one statement
+        # needs no BEGIN and COMMIT round trips (see statement()).
+        self._pools: dict[bool, asyncpg.Pool] = {}      # {serializable: pool}
         self._opening: asyncio.Lock | None = None
 
     # -- the pool -------------------------------------------------------------------
-    async def pool(self) -> asyncpg.Pool:
-        if self._pool is not None:
-            return self._pool
+    async def pool(self, serializable: bool = False) -> asyncpg.Pool:
+        """The pool of reads, or of writes; the first opened migrates the schema."""
+        pool = self._pools.get(serializable)
+        if pool is not None:
+            return pool
         if self._opening is None:
             self._opening = asyncio.Lock()
         async with self._opening:
-            if self._pool is None:
-                self._pool = await self._open()
+            if serializable not in self._pools:
+                self._pools[serializable] = await self._open(serializable,
+                                                             migrating=not self._pools)
                 self.loop = asyncio.get_running_loop()
                 self.loop_thread = threading.get_ident()
-        return self._pool
+        return self._pools[serializable]
 
-    async def _open(self) -> asyncpg.Pool:
+    async def _open(self, serializable: bool, migrating: bool) -> asyncpg.Pool:
         try:
             pool = await asyncpg.create_pool(
                 # No floor of idle connections: asyncpg would keep reconnecting them
                 # (and logging it) all through an outage; calls connect as they need.
-                self.url, min_size=0, max_size=self.pool_size, timeout=self.connect_timeout,
-                reset=_keep_session, command_timeout=self.command_timeout,
-                server_settings={"default_transaction_isolation": "repeatable read",
-                                 "application_name": "stager-meta"})
+                self.url, min_size=0, timeout=self.connect_timeout, reset=_keep_session,
+                max_size=max(1, self.pool_size // 2) if serializable else self.pool_size,
+                command_timeout=self.command_timeout, server_settings={
+                    "default_transaction_isolation":
+                        "serializable" if serializable else "repeatable read",
+                    "application_name": "stager-meta"})
         except _DOWN as exc:
             raise self.unavailable(exc) from None
+        if not migrating:
+            return pool
         try:
             async with pool.acquire() as conn:
                 await migrate(conn, self.name)
@@ -239,17 +249,16 @@ class Database:
 
     def terminate(self) -> None:
         """Drop every connection now (nothing waits)."""
-        if self._pool is not None:
-            self._pool.terminate()
+        for pool in self._pools.values():
+            pool.terminate()
 
     async def aclose(self, timeout: float = 10.0) -> None:
-        """Let the calls under way finish (up to ``timeout``), then close the pool."""
-        if self._pool is None:
-            return
-        try:
-            await asyncio.wait_for(self._pool.close(), timeout)
-        except TimeoutError:
-            self._pool.terminate()
+        """Let the calls under way finish (up to ``timeout``), then close the pools."""
+        for pool in self._pools.values():
+            try:
+                await asyncio.wait_for(pool.close(), timeout)
+            except TimeoutError:
+                pool.terminate()
 
     # -- transactions -----------------------------------------------------------------
     async def read(self, op: Op[R], *, snapshot: bool = False) -> R:
@@ -257,23 +266,24 @@ class Database:
         return await self._run(op, isolation="repeatable_read" if snapshot else None,
                                readonly=True)
 
-    async def statement(self, op: Op[R]) -> R:
-        """``op(conn)``, one writing statement, in a transaction of its own (no BEGIN and
-        COMMIT round trips); run again when the connection is lost, so it must be safe
-        to run twice.  Only for a statement that SERIALIZABLE adds nothing to: one that
-        reads no rows another transaction may write (an insert of a new key), so that
-        it cannot be part of an anomaly.  Its commit is still durable (fsync)."""
-        return await self._run(op, isolation=None, readonly=False)
+    async def statement(self, op: Op[R], *, rerun: bool = True) -> R:
+        """``op(conn)``, one writing statement, in a SERIALIZABLE transaction of its own
+        (no BEGIN and COMMIT round trips: the writes pool's default), run again after
+        conflicts.  With ``rerun`` it is also run again when the connection is lost, so
+        it must then be safe to run twice; without, a lost connection is an unknown
+        outcome (Unavailable, saying so), as a lost COMMIT is for :meth:`write`."""
+        return await self._run(op, isolation=None, readonly=False, rerun=rerun)
 
     async def write(self, op: Op[R]) -> R:
         """``op(conn)`` in one SERIALIZABLE transaction, run again after conflicts."""
         return await self._run(op, isolation="serializable", readonly=False)
 
-    async def _run(self, op: Op[R], *, isolation: str | None, readonly: bool) -> R:
+    async def _run(self, op: Op[R], *, isolation: str | None, readonly: bool,
+                   rerun: bool = True) -> R:
         conflicts = reconnects = 0
         while True:
             try:
-                return await self._once(op, isolation, readonly)
+                return await self._once(op, isolation, readonly, rerun)
             except _CONFLICT as exc:
                 conflicts += 1
                 self.conflicts += 1
@@ -286,14 +296,15 @@ class Database:
                 if reconnects > RECONNECTS:
                     raise self.unavailable(lost.__cause__ or lost) from None
 
-    async def _once(self, op: Op[R], isolation: str | None, readonly: bool) -> R:
-        pool = await self.pool()
+    async def _once(self, op: Op[R], isolation: str | None, readonly: bool,
+                    rerun: bool) -> R:
+        pool = await self.pool(serializable=not readonly)
         try:
             conn = await pool.acquire()
         except _DOWN as exc:
             raise self.unavailable(exc) from None
         try:
-            return await self._in_transaction(conn, op, isolation, readonly)
+            return await self._in_transaction(conn, op, isolation, readonly, rerun)
         finally:
             try:
                 await pool.release(conn)
@@ -301,13 +312,15 @@ class Database:
                 log.debug("could not release a metadata database connection", exc_info=True)
 
     async def _in_transaction(self, conn: Any, op: Op[R], isolation: str | None,
-                              readonly: bool) -> R:
+                              readonly: bool, rerun: bool) -> R:
         if isolation is None:
             try:
                 return await op(conn)
             except Exception as exc:
                 if _is_down(exc, conn):
                     _drop(conn)
+                    if not rerun:
+                        raise self.unavailable(exc, unknown=True) from None
                     raise _Lost() from exc
                 raise
         tx = conn.transaction(isolation=isolation, readonly=readonly)

@@ -92,3 +92,44 @@ BEGIN
 END
 $fn$;
 """
+
+# Schema migration 6: writes whose loss in a crash of the database costs nothing that
+# was promised, committed without waiting for their WAL flush (``synchronous_commit``
+# off for their own transaction only; PostgreSQL still keeps them consistent, and a
+# later durable commit flushes them with it).  Each is one statement, so it runs as a
+# transaction of its own, and may run twice (after a lost connection): ON CONFLICT.
+#
+# - ``stager_reserve``: a pending upload.  Nothing of it is visible, and its commit,
+#   which takes the row away, is durable and flushes the row's WAL with its own; a
+#   crash of the database within ~0.6 s of the reservation (three ``wal_writer_delay``)
+#   can lose it, and then that commit fails with "upload not found", having changed
+#   nothing: the writer writes the file again, and the chunks already written become
+#   orphans that fsck collects after ``orphan_grace``.
+# - ``stager_record_answer``: the answer to a keyed request, recorded after its
+#   operation committed (durably); it only spares a retry the work of finding what
+#   the first try did, and one lost in a crash is the same as a server that died
+#   before recording it (see stager/meta/opkey.py).
+LAZY_FUNCTIONS = """
+CREATE FUNCTION stager_reserve(p_file_id TEXT, p_path TEXT, p_layout TEXT,
+                               p_overwrite BOOLEAN, p_parents BOOLEAN,
+                               p_created DOUBLE PRECISION) RETURNS BOOLEAN
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    INSERT INTO uploads (file_id, path, layout, overwrite, parents, created)
+        VALUES (p_file_id, p_path, p_layout, p_overwrite, p_parents, p_created)
+        ON CONFLICT (file_id) DO NOTHING;
+    RETURN FOUND;
+END
+$fn$;
+CREATE FUNCTION stager_record_answer(p_key TEXT, p_status INTEGER, p_body BYTEA,
+                                     p_created DOUBLE PRECISION) RETURNS BOOLEAN
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    INSERT INTO answers (key, status, body, created)
+        VALUES (p_key, p_status, p_body, p_created) ON CONFLICT (key) DO NOTHING;
+    RETURN FOUND;
+END
+$fn$;
+"""

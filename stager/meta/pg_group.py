@@ -32,6 +32,7 @@ class _Call:
     op: Op[Any]
     future: asyncio.Future[Any]
     alone: Op[Any] | None = None     # run instead when alone, without a transaction
+    rerun: bool = True               # ... and again after a lost connection
 
 
 class WriteGroups:
@@ -45,14 +46,15 @@ class WriteGroups:
         self._worker: asyncio.Task[None] | None = None
         self._closed = False
 
-    async def write(self, op: Op[Any], *, alone: Op[Any] | None = None) -> Any:
+    async def write(self, op: Op[Any], *, alone: Op[Any] | None = None,
+                    rerun: bool = True) -> Any:
         """``op(conn)`` in a transaction it may share with the writes queued alongside.
         ``alone``, where given, does the same as one statement that needs no transaction
-        (see :meth:`.Database.statement`): it runs instead when nothing else is queued,
-        a round trip instead of three (BEGIN, op, COMMIT)."""
+        (see :meth:`.Database.statement`, whose ``rerun`` it is): it runs instead when
+        nothing else is queued, a round trip instead of three (BEGIN, op, COMMIT)."""
         if self._closed:
             raise RuntimeError("the metadata store is closed")
-        call = _Call(op, asyncio.get_running_loop().create_future(), alone)
+        call = _Call(op, asyncio.get_running_loop().create_future(), alone, rerun)
         self._queue.append(call)
         if self._worker is None or self._worker.done():
             self._worker = asyncio.get_running_loop().create_task(self._work())
@@ -85,7 +87,8 @@ class WriteGroups:
     async def _run(self, group: list[_Call]) -> None:
         try:
             if len(group) == 1 and group[0].alone is not None:
-                outcomes = [(True, await self.db.statement(group[0].alone))]
+                outcomes = [(True, await self.db.statement(group[0].alone,
+                                                           rerun=group[0].rerun))]
             elif len(group) == 1:
                 outcomes = [(True, await self.db.write(group[0].op))]
             else:

@@ -50,13 +50,12 @@ async def begin_uploads(conn: asyncpg.Connection, uploads: Sequence[Upload]) -> 
 
 async def begin_upload(conn: asyncpg.Connection, upload: Upload) -> None:
     """:func:`begin_uploads` of one, as a statement that may run again (after a lost
-    connection, its first run may have committed): finding its own row is done."""
+    connection, its first run may have committed): finding its own row is done.  Its
+    commit does not wait for the WAL flush (``stager_reserve``, :mod:`.pg_functions`
+    says why that loses nothing promised)."""
     values = (upload.file_id, upload.path, layout_text(upload.layout), upload.overwrite,
               upload.parents, upload.created)
-    done = await conn.execute(f"INSERT INTO uploads ({_UPLOAD_COLS}) VALUES "
-                              "($1, $2, $3, $4, $5, $6) ON CONFLICT (file_id) DO NOTHING",
-                              *values)
-    if done == "INSERT 0 1":
+    if await conn.fetchval("SELECT stager_reserve($1, $2, $3, $4, $5, $6)", *values):
         return
     row = await conn.fetchrow(f"SELECT {_UPLOAD_COLS} FROM uploads WHERE file_id = $1",
                               upload.file_id)

@@ -18,6 +18,7 @@ import json
 import logging
 import time
 import zlib
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace as _with
 from typing import Any
@@ -49,6 +50,7 @@ Purger = Callable[[TargetInfo, list[str]], Awaitable[int]]
 # Targets whose chunks are re-replicated elsewhere (stager/meta/rebuild.py): "lost"
 # after target_lost_after seconds down, "removed" by `stager target remove`.
 GONE_STATES = frozenset({"lost", "removed"})
+BEGUN_KEPT = 65536        # uploads whose chunk size a commit finds in memory
 
 
 class MetaService:
@@ -78,6 +80,10 @@ class MetaService:
         self.shared_status: dict[str, dict[str, Any]] = {}
         # Resolved manifests, encoded once (stager/meta/snapshots.py).
         self.snapshots = SnapshotCache(config.manifest_cache_bytes)
+        # The chunk size of the uploads begun here and not yet committed, the newest
+        # last: a commit checks its checksum count against it without asking the store
+        # (the store's commit is the authority on whether the upload is still there).
+        self.begun: OrderedDict[str, int] = OrderedDict()
 
     async def start(self) -> None:
         """Load the registered targets, each as if it had just heartbeat; before serving."""
@@ -189,6 +195,9 @@ class MetaService:
             upload = earlier[upload.file_id]
         else:
             await self.store.begin_upload(upload)
+        self.begun[upload.file_id] = upload.layout.chunk_size
+        if len(self.begun) > BEGUN_KEPT:
+            self.begun.popitem(last=False)
         return upload, self.info(NodeEntry(path, "file", 0, upload.created, upload.file_id,
                                            upload.layout))
 
@@ -208,20 +217,25 @@ class MetaService:
 
     async def commit(self, file_id: str, *, size: int, checksums: tuple[int, ...],
                      mtime: float | None = None) -> FileInfo:
+        chunk_size = self.begun.pop(file_id, None)
         try:
-            upload = await self.store.get_upload(file_id)
-        except UploadNotFound:
+            if chunk_size is None:
+                chunk_size = (await self.store.get_upload(file_id)).layout.chunk_size
+            check_commit(chunk_size, size, checksums)
+            now = self.clock()
+            entry = await self.store.commit_upload(file_id, size=size, checksums=checksums,
+                                                   mtime=mtime or now, now=now)
+        except UploadNotFound as exc:
             done = await opkey.earlier_commit(self.store, file_id)
-            if done is None:
-                raise
-            return self.info(done)          # a retry: the first try committed it
-        check_commit(upload, size, checksums)
-        now = self.clock()
-        entry = await self.store.commit_upload(file_id, size=size, checksums=checksums,
-                                               mtime=mtime or now, now=now)
+            if done is not None:
+                return self.info(done)      # a retry: the first try committed it
+            if not opkey.retried():         # no earlier try: nothing of it was committed
+                raise UploadNotFound(exc.message, **exc.details, first_try=True) from None
+            raise
         return self.info(entry)
 
     async def abort(self, file_id: str) -> None:
+        self.begun.pop(file_id, None)
         await self.store.abort_upload(file_id, now=self.clock())
 
     # -- batched writes (stager/meta/batch.py) ------------------------------------------

@@ -7,6 +7,7 @@ one thread (:mod:`.storethread`), so one connection serves them all.
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import struct
@@ -108,7 +109,10 @@ def layout_text(layout: Layout) -> str:
     return json.dumps(layout.to_json())
 
 
+@functools.lru_cache(maxsize=4096)
 def layout_of(text: str) -> Layout:
+    """The layout stored as ``text``.  Files written together mostly share one (the
+    same targets, in the same order), and a Layout is immutable: parsed once."""
     return Layout.from_json(json.loads(text))
 
 
