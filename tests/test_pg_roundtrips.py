@@ -135,6 +135,54 @@ async def test_a_commit_answers_as_on_sqlite_and_a_failed_one_changes_nothing(
                       ("/p", "directory"), ("/s", "directory")]
 
 
+async def _renames(store: MetaStore) -> list[Any]:
+    """Renames that fail in each way one can, and ones that move files and
+    directories, replacing what they may; after each, the whole tree."""
+    for path in ("/a/b", "/a/empty", "/c/full/x"):
+        await store.mkdir(path, parents=True, exist_ok=False, now=1.0)
+    for i, path in enumerate(["/a/f", "/a/g", "/c/h", "/a/b/k"]):
+        u = _upload(f"r{i}", path)
+        await store.begin_upload(u)
+        await store.commit_upload(u.file_id, size=i, checksums=(i,) if i else (),
+                                  mtime=1.0, now=1.0)
+    cases = [("/nope", "/x"), ("/a/f", "/nope/x"), ("/a/f", "/a/g/x"), ("/a/f", "/a/b"),
+             ("/a/b", "/a/f"), ("/a/f", "/a/g", False), ("/a/b", "/a/b/k/z"),
+             ("/a/b", "/c/full"), ("/a", "/a/b/deeper"), ("/a/f", "/a/f"),
+             ("/a/f", "/a/g"), ("/a/b", "/a/empty"), ("/c/h", "/a/empty/h"), ("/c", "/z/c")]
+    out: list[Any] = []
+    for src, dst, *more in cases:
+        try:
+            entry = await store.rename(src, dst, overwrite=more[0] if more else True, now=2.0)
+            out.append(("ok", entry.path, entry.kind, entry.size, entry.file_id))
+        except StagerError as exc:
+            out.append((type(exc).__name__, exc.message, exc.details))
+    out.append(sorted((p, e.kind, e.size) for p, e in
+                      (await store.subtree_files("/")).items()))
+    out.append([(e.path, e.kind) for e in await store.list_dir("/a", after="", limit=100)])
+    return out
+
+
+async def test_a_rename_answers_as_on_sqlite_in_five_round_trips(pg_url: str,
+                                                                  tmp_path: Path) -> None:
+    stores: list[MetaStore] = [SQLiteStore(tmp_path / "meta.sqlite3"),
+                               PostgreSQLStore(pg_url, pool_size=1)]
+    try:
+        sqlite, pg = [await _renames(s) for s in stores]
+        assert pg == sqlite
+        assert [o[0] for o in pg[:14]] == [
+            "NotFound", "NotFound", "NotADirectory", "IsADirectory", "NotADirectory",
+            "AlreadyExists", "InvalidPath", "DirectoryNotEmpty", "InvalidPath", "ok", "ok",
+            "ok", "ok", "NotFound"]
+        store = stores[1]
+        assert isinstance(store, PostgreSQLStore)
+        seen = await watched(store)
+        await store.rename("/a/g", "/a/empty/g2", overwrite=True, now=3.0)
+        assert [q.split(" ")[0] for q in seen] == ["BEGIN", "WITH", "WITH", "WITH", "COMMIT;"]
+    finally:
+        for s in stores:
+            s.close()
+
+
 async def test_a_database_error_in_a_group_runs_it_again_with_savepoints(pg_url: str) -> None:
     """A write of a group that fails with a database error (not ours) aborts the shared
     transaction; the group runs again, each write in a savepoint, and only it fails."""

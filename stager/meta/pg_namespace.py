@@ -206,28 +206,42 @@ async def set_layout(conn: asyncpg.Connection, path: str, layout: LayoutSpec) ->
     return await stat(conn, path, True)
 
 
+# A rename's changes in one statement: the entry moved, both parents touched, and the
+# manifests on or above them bumped (no row is updated twice: a directory is never
+# moved into itself, so the moved entry is neither parent).
+_MOVE = ("WITH RECURSIVE moved AS (UPDATE entries SET parent = $2, name = $3 WHERE id = $4), "
+         "touched AS (UPDATE entries SET mtime = $5 WHERE id = ANY($1::bigint[])), "
+         "up(id) AS (SELECT unnest($1::bigint[]) UNION SELECT e.parent FROM entries e "
+         "JOIN up ON e.id = up.id WHERE e.parent <> 0) "
+         "UPDATE manifests SET gen = gen + 1 WHERE dir_id IN (SELECT id FROM up)")
+
+
 async def rename(conn: asyncpg.Connection, src: str, dst: str, *, overwrite: bool,
                  now: float) -> NodeEntry:
+    """Two walks (one statement each: the source, and the destination with its parents),
+    then the move in one statement: a rename is five round trips with BEGIN and COMMIT."""
     src, dst = paths.normalize(src), paths.normalize(dst)
     if src == "/" or dst == "/":
         raise InvalidPath("cannot rename the root")
-    row = await resolve(conn, src)
+    src_names = paths.parts(src)
+    src_rows = await walk(conn, src_names)
+    row = located(src, src_names, src_rows)
     if src == dst:
         return entry(dst, row, False)
     if row["kind"] == "directory" and paths.is_within(dst, src):
         raise InvalidPath(f"cannot move {src} inside itself", src=src, dst=dst)
     dst_parent, dst_name = paths.split(dst)
-    parent_id = await resolve_dir(conn, dst_parent)
-    existing = await child(conn, parent_id, dst_name)
-    if existing is not None:
-        await _replace_for_rename(conn, row, existing, dst, overwrite, now)
-    src_parent = await resolve_dir(conn, paths.split(src)[0])
-    await conn.execute("UPDATE entries SET parent = $1, name = $2 WHERE id = $3",
-                       parent_id, dst_name, row["id"])
-    await touch(conn, src_parent, now)
-    await touch(conn, parent_id, now)
-    await changed_below(conn, [src_parent, parent_id])
-    return await stat(conn, dst, False)
+    dst_names = paths.parts(dst)
+    dst_rows = await walk(conn, dst_names)
+    # the destination's parent, from the same walk (resolve_dir's errors)
+    parent = located(dst_parent, dst_names[:-1], dst_rows[:len(dst_names)])
+    if parent["kind"] != "directory":
+        raise NotADirectory(f"{dst_parent} is not a directory", path=dst_parent)
+    if len(dst_rows) == len(dst_names) + 1:
+        await _replace_for_rename(conn, row, dst_rows[-1], dst, overwrite, now)
+    parents = sorted({int(src_rows[-2]["id"]), int(parent["id"])})
+    await conn.execute(_MOVE, parents, int(parent["id"]), dst_name, int(row["id"]), now)
+    return entry(dst, row, False)
 
 
 async def _replace_for_rename(conn: asyncpg.Connection, row: Row, existing: Row, dst: str,
