@@ -4,26 +4,41 @@ server, and PostgreSQL behind two (issue 19's rows of ``python -m bench metadata
 Each is a ``stager up`` cluster (:class:`~stager.testing.ProcessCluster`, two
 data servers) started in turn on this machine; PostgreSQL is a throwaway server
 (:mod:`stager.testing.postgres`), a fresh database for each cluster.  The same
-operations, through the client: create+commit one at a time, stat, listing a
+operations, through the client: an empty file created one at a time (one request,
+the gateway's PUT, which creates and commits it), a 1 KiB file (create, the chunk
+written to a data server, commit), stat, listing a
 1,000-entry directory, rename, one ``write_many`` of 1,000 empty files (one
 create-batch and one commit-batch request), and creates from two clients with
 16 in flight each -- both on the one server, or one client per server -- whose
-rates give the two-server / one-server ratio.
+rates give the two-server / one-server ratio.  While those creates run, the machine's
+busy cores and the metadata servers' CPU are read from ``/proc``: whether the one
+server was the bottleneck, or the machine was.
+
+The rows named '..., store interface' time the same create, stat and rename at the
+store interface in this process (no HTTP, no metadata server): the position of
+JuiceFS's client, which talks to its metadata engine directly, and so the one its
+published figures compare with.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
+from typing import Any
 
 from stager.client import AsyncClient
 from stager.config import load_config
+from stager.meta.pg import PostgreSQLStore
+from stager.meta.sqlite import SQLiteStore
+from stager.meta.store import MetaStore
 from stager.testing import ProcessCluster
 from stager.testing.cluster import wait_for_targets
+from stager.testing.metastore import upload
 from stager.testing.postgres import PostgresUnavailable, start_postgres
 
-from .common import many_timed
+from .common import aim, cpu_seconds, machine_busy, many_timed
 
 PARALLEL = 16
 LISTED = 1000
@@ -38,14 +53,19 @@ def store_rows(root: Path, quick: bool) -> tuple[Rows, list[str]]:
     n = 100 if quick else 1000
     rows: Rows = {}
     notes: list[str] = []
-    rows.update(_one(root / "sqlite", "SQLite", "", 1, n))
+    load: dict[str, str] = {}
+    rows.update(_one(root / "sqlite", "SQLite", "", 1, n, load))
+    rows.update(_interface("SQLite, store interface",
+                           SQLiteStore(root / "interface" / "meta.sqlite3"), n))
     try:
         pg = start_postgres()
     except PostgresUnavailable as exc:
         return rows, [f"No PostgreSQL rows: {exc}"]
     try:
-        rows.update(_one(root / "pg1", STORES[1], pg.create_database(), 1, n))
-        rows.update(_one(root / "pg2", STORES[2], pg.create_database(), 2, n))
+        rows.update(_one(root / "pg1", STORES[1], pg.create_database(), 1, n, load))
+        rows.update(_one(root / "pg2", STORES[2], pg.create_database(), 2, n, load))
+        rows.update(_interface("PostgreSQL, store interface",
+                               PostgreSQLStore(pg.create_database()), n))
     finally:
         pg.destroy()
     one = rows.get(f"{STORES[1]}: {_SPREAD}")
@@ -54,18 +74,42 @@ def store_rows(root: Path, quick: bool) -> tuple[Rows, list[str]]:
         notes.append(f"Two PostgreSQL metadata servers / one, creates from two clients "
                      f"with {PARALLEL} in flight each: {two[0] / one[0]:.2f}x (aim >= 1.6x; "
                      "every server, client and PostgreSQL share this machine's cores).")
+    notes += [f"While '{_SPREAD}' ran, {store}: {what}." for store, what in load.items()]
     return rows, notes
 
 
-_SPREAD = f"create+commit (0 B), 2 clients x {PARALLEL} in flight"
+_SPREAD = f"create (0 B), 2 clients x {PARALLEL} in flight"
+
+# issue 19's aims, from JuiceFS's published PostgreSQL figures: (row, us/op at most)
+_LATENCY_AIMS = [("PostgreSQL, store interface: stat, 1 at a time", 350),
+                 ("PostgreSQL, store interface: create (0 B), 1 at a time", 844),
+                 (f"{STORES[1]}: stat, 1 at a time", 350),
+                 (f"{STORES[1]}: create (0 B), 1 at a time", 844)]
 
 
-def _one(root: Path, store: str, url: str, servers: int, n: int) -> Rows:
+def store_aims(rows: Rows) -> dict[str, dict[str, Any]]:
+    """The aims of the rows that ran: latencies in us/op, and two servers / one."""
+    aims = {}
+    for name, most in _LATENCY_AIMS:
+        if name in rows:
+            us = 1e6 / rows[name][0]
+            aims[f"{name} (us/op)"] = aim(us, f"<= {most}", us <= most)
+    one = rows.get(f"{STORES[1]}: {_SPREAD}")
+    two = rows.get(f"{STORES[2]}: {_SPREAD}")
+    if one and two:
+        aims["PostgreSQL: 2 servers / 1, creates in flight"] = aim(
+            two[0] / one[0], ">= 1.6", two[0] / one[0] >= 1.6)
+    return aims
+
+
+def _one(root: Path, store: str, url: str, servers: int, n: int,
+         load: dict[str, str]) -> Rows:
     with ProcessCluster(root, data_servers=2, fast=False, meta_store=url,
                         meta_servers=servers) as cluster:
         for meta in cluster.meta_urls:
             wait_for_targets(meta, 2, timeout=60)
-        measured = asyncio.run(_ops(cluster.meta_urls, n))
+        pids = [cluster.meta_pid(i) for i in range(servers)]
+        measured, load[store] = asyncio.run(_ops(cluster.meta_urls, n, pids))
     return {f"{store}: {name}": value for name, value in measured.items()}
 
 
@@ -73,7 +117,7 @@ def _client(urls: list[str]) -> AsyncClient:
     return AsyncClient(urls, config=load_config(env={}))
 
 
-async def _ops(urls: list[str], n: int) -> Rows:
+async def _ops(urls: list[str], n: int, pids: list[int]) -> tuple[Rows, str]:
     out: Rows = {}
     # one client per server where there are two (each fails over to the other)
     first, second = _client(urls), _client(urls[1:] + urls[:1])
@@ -81,7 +125,9 @@ async def _ops(urls: list[str], n: int) -> Rows:
         c = first
         await c.mkdir("/seq")
         t = await many_timed(lambda i: c.pipe(f"/seq/f{i:06d}", b""), n, 1)
-        out["create+commit (0 B), 1 at a time"] = _rate(n, t, "files")
+        out["create (0 B), 1 at a time"] = _rate(n, t, "files")
+        t = await many_timed(lambda i: c.pipe(f"/small/f{i:06d}", b"x" * 1024), n, 1)
+        out["create+write+commit (1 KiB), 1 at a time"] = _rate(n, t, "files")
         t = await many_timed(lambda i: c.stat(f"/seq/f{i % n:06d}", cached=False), n, 1)
         out["stat, 1 at a time"] = _rate(n, t, "stats")
         t = await many_timed(lambda i: c.rename(f"/seq/f{i:06d}", f"/seq/r{i:06d}"), n, 1)
@@ -95,12 +141,17 @@ async def _ops(urls: list[str], n: int) -> Rows:
         lists = max(10, n // 10)
         t = await many_timed(lambda i: c.ls("/batch"), lists, 1)
         out[f"list a {LISTED:,}-entry directory"] = _rate(lists, t, "listings")
+        busy, cpu = machine_busy(), [cpu_seconds(p) for p in pids]
         t = await _spread([first, second], n)
+        busy = (machine_busy() - busy) / t
+        cpu = [(cpu_seconds(p) - c) / t for p, c in zip(pids, cpu, strict=True)]
         out[_SPREAD] = _rate(n, t, "files")
     finally:
         await first.close()
         await second.close()
-    return out
+    return out, (f"the machine's {os.cpu_count()} cores were {busy:.2f} cores busy, the "
+                 "metadata server" + ("s " if len(cpu) > 1 else " ")
+                 + " and ".join(f"{c:.2f}" for c in cpu) + " cores")
 
 
 async def _spread(clients: list[AsyncClient], n: int) -> float:
@@ -110,6 +161,37 @@ async def _spread(clients: list[AsyncClient], n: int) -> float:
         many_timed(lambda i, c=c, k=k: c.pipe(f"/par{k}/f{i:06d}", b""), n // len(clients),
                    PARALLEL) for k, c in enumerate(clients)))
     return time.perf_counter() - start
+
+
+def _interface(name: str, store: MetaStore, n: int) -> Rows:
+    """``name``'s rows: create (what the metadata server asks of its store: the check,
+    the upload begun, its commit), stat and rename, one at a time, in this process."""
+    async def ops() -> Rows:
+        await store.mkdir("/i", parents=False, exist_ok=False, now=1.0)
+
+        async def create(i: int) -> None:
+            u = upload(f"i{i:08d}", f"/i/f{i:06d}")
+            await store.check_creates([(u.path, True, True)])
+            await store.begin_upload(u)
+            await store.commit_upload(u.file_id, size=0, checksums=(), mtime=1.0, now=1.0)
+
+        out: Rows = {}
+        t = await many_timed(create, n, 1)
+        out["create (0 B), 1 at a time"] = _rate(n, t, "files")
+        t = await many_timed(lambda i: store.stat(f"/i/f{i:06d}"), n, 1)
+        out["stat, 1 at a time"] = _rate(n, t, "stats")
+        t = await many_timed(lambda i: store.rename(f"/i/f{i:06d}", f"/i/r{i:06d}",
+                                                    overwrite=False, now=2.0), n, 1)
+        out["rename, 1 at a time"] = _rate(n, t, "renames")
+        return out
+
+    async def measured() -> Rows:
+        try:
+            return await ops()
+        finally:
+            store.close()
+
+    return {f"{name}: {op}": value for op, value in asyncio.run(measured()).items()}
 
 
 def _rate(count: int, seconds: float, what: str) -> tuple[float, str]:

@@ -301,8 +301,9 @@ async def test_an_unknown_outcome_is_sent_again_with_the_same_key(
 
 async def test_whole_writes_through_a_cutting_server_make_one_file_each(
         cluster: ThreadCluster, ns: str) -> None:
-    """pipe, rename and write_many, each by a new client whose first mutating request
-    is cut after it took effect: every write lands once, nothing is left pending."""
+    """pipe, rename, pipe of an empty file (one request) and write_many, each by a new
+    client whose first mutating request is cut after it took effect: every write lands
+    once, nothing is left pending."""
     config = load_config(env={})
     async with CuttingProxy(cluster.meta_url, cuts=0) as proxy:
         before = pending_uploads(cluster)
@@ -316,6 +317,9 @@ async def test_whole_writes_through_a_cutting_server_make_one_file_each(
 
         info = await through_cut(lambda c: c.pipe(f"{ns}/p", b"x" * 1000))
         await through_cut(lambda c: c.rename(f"{ns}/p", f"{ns}/q"))
+        proxy.keys.clear()
+        empty = await through_cut(lambda c: c.pipe(f"{ns}/e", b""))     # one PUT, sent twice
+        assert len(proxy.keys) == 2 and len(set(proxy.keys)) == 1 and empty.size == 0
         many = await through_cut(lambda c: c.write_many(
             [(f"{ns}/m{i}", bytes([i]) * 100) for i in range(5)]))
         async with AsyncClient(cluster.meta_url, config=config) as c:
@@ -326,7 +330,8 @@ async def test_whole_writes_through_a_cutting_server_make_one_file_each(
             assert len(many) == 5
             for i in range(5):
                 assert await c.cat(f"{ns}/m{i}") == bytes([i]) * 100
-        assert len(proxy.answers) == 3
+            assert (await c.stat(f"{ns}/e", cached=False)).file_id == empty.file_id
+        assert len(proxy.answers) == 4
         assert pending_uploads(cluster) == before
 
 

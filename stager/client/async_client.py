@@ -404,6 +404,8 @@ class AsyncClient:
         retries = self.config.write_retries if overwrite else 0
         for attempt in range(retries + 1):
             try:
+                if not data and overwrite and layout is None:
+                    return await self._put_empty(path)
                 return await self.write_stream(path, one(), layout=layout, overwrite=overwrite)
             except NoTargets:
                 raise           # a layout no set of healthy targets can give
@@ -412,6 +414,15 @@ class AsyncClient:
                     raise       # settled: a commit asked again, which may have been done
                 await asyncio.sleep(min(0.25 * 2 ** attempt, 4.0))
         raise AssertionError("unreachable")
+
+    async def _put_empty(self, path: str) -> FileInfo:
+        """An empty file in one request: the gateway's PUT with no body, which creates and
+        commits it on the metadata server (there is no chunk to write)."""
+        path = paths.normalize(path)
+        info = FileInfo.from_json(await self.meta.request(
+            route("gateway_put"), settle=self.config.write_retries, path=path))
+        self.meta.forget(info.path)
+        return info
 
     async def put(self, src: str | os.PathLike[str], dst: str, *,
                   layout: LayoutSpec | None = None, overwrite: bool = True,
