@@ -12,7 +12,9 @@ create-batch and one commit-batch request), and creates from two clients with
 16 in flight each -- both on the one server, or one client per server -- whose
 rates give the two-server / one-server ratio.  While those creates run, the machine's
 busy cores and the metadata servers' CPU are read from ``/proc``: whether the one
-server was the bottleneck, or the machine was.
+server was the bottleneck, or the machine was.  A row of ``GET /v1/health`` through
+the same client gives the floor under every row: a request and its answer, with no
+store behind it.
 
 The rows named '..., store interface' time the same create, stat and rename at the
 store interface in this process (no HTTP, no metadata server): the position of
@@ -33,6 +35,7 @@ from stager.config import load_config
 from stager.meta.pg import PostgreSQLStore
 from stager.meta.sqlite import SQLiteStore
 from stager.meta.store import MetaStore
+from stager.protocol.routes import route
 from stager.testing import ProcessCluster
 from stager.testing.cluster import wait_for_targets
 from stager.testing.metastore import upload
@@ -124,6 +127,9 @@ async def _ops(urls: list[str], n: int, pids: list[int]) -> tuple[Rows, str]:
     try:
         c = first
         await c.mkdir("/seq")
+        health = route("health")
+        t = await many_timed(lambda i: c.meta.request(health), n, 1)
+        out["GET /v1/health, 1 at a time (the HTTP floor)"] = _rate(n, t, "requests")
         t = await many_timed(lambda i: c.pipe(f"/seq/f{i:06d}", b""), n, 1)
         out["create (0 B), 1 at a time"] = _rate(n, t, "files")
         t = await many_timed(lambda i: c.pipe(f"/small/f{i:06d}", b"x" * 1024), n, 1)
