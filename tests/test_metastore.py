@@ -10,7 +10,7 @@ import pytest
 from stager.meta.pg import PostgreSQLStore
 from stager.meta.sqlite import SQLiteStore
 from stager.meta.store import MetaStore
-from stager.testing.metastore import MetaStoreTests
+from stager.testing.metastore import MetaStoreTests, upload
 
 
 class TestMetaStore(MetaStoreTests):
@@ -21,3 +21,29 @@ class TestMetaStore(MetaStoreTests):
             return lambda: SQLiteStore(tmp_path / "meta.sqlite3")
         url = request.getfixturevalue("pg_url")
         return lambda: PostgreSQLStore(url)
+
+
+async def test_sqlite_flushes_every_commit_but_a_lone_upload_or_answer(tmp_path: Path) -> None:
+    """A pending upload or a recorded answer alone commits without an fsync
+    (synchronous=NORMAL); everything else, and those in a group, with one (FULL):
+    the setting is back to FULL after each, and the rows are there."""
+    store = SQLiteStore(tmp_path / "meta.sqlite3")
+    try:
+        def synchronous() -> int:
+            return int(store.database.db.execute("PRAGMA synchronous").fetchone()[0])
+
+        assert synchronous() == 2                               # FULL
+        u = upload("s1", "/s1")
+        await store.begin_upload(u)
+        assert await store.record_answer("k", 200, b"{}", now=1.0)
+        assert synchronous() == 2
+        assert await store.get_upload(u.file_id) == u
+        assert await store.recorded_answer("k") == (200, b"{}")
+        seen: list[int] = []
+        store.database.db.set_trace_callback(
+            lambda q: seen.append(1) if "synchronous=NORMAL" in q else None)
+        await store.commit_upload(u.file_id, size=0, checksums=(), mtime=1.0, now=1.0)
+        await store.mkdir("/d", parents=False, exist_ok=False, now=1.0)
+        assert seen == [] and synchronous() == 2
+    finally:
+        store.close()

@@ -11,9 +11,9 @@ thread is busy share one transaction (group commit); everything else runs alone.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import StagerError
 from ..protocol.authmsg import TokenInfo
@@ -40,6 +40,8 @@ from .store import (
 )
 from .storethread import MAX_GROUP, StoreThread
 
+R = TypeVar("R")
+
 
 class SQLiteStore(MetaStore):
     """The store in one SQLite file at ``path``; up to ``max_group`` queued upload
@@ -62,6 +64,11 @@ class SQLiteStore(MetaStore):
     def close(self) -> None:
         self.thread.close()
         self.database.close()
+
+    def _unflushed(self, fn: Callable[..., R], *args: Any) -> R:
+        """``fn(*args)`` on the store thread; committed without an fsync when alone."""
+        with self.database.unflushed():
+            return fn(*args)
 
     # -- namespace --------------------------------------------------------------
     async def stat(self, path: str, *, checksums: bool = True) -> NodeEntry:
@@ -103,7 +110,9 @@ class SQLiteStore(MetaStore):
 
     # -- writes: these may share one transaction with writes queued alongside ----
     async def begin_upload(self, upload: Upload) -> None:
-        await self.thread.write(self.namespace.begin_uploads, [upload])
+        # not flushed when alone: nothing of it is visible, and its commit flushes it
+        # (docs/metadata-stores.md: what a store may lose, and why that loses nothing)
+        await self.thread.write(self._unflushed, self.namespace.begin_uploads, [upload])
 
     async def get_upload(self, file_id: str) -> Upload:
         return await self.thread.run(self.namespace.get_upload, file_id)
@@ -222,7 +231,8 @@ class SQLiteStore(MetaStore):
         return await self.thread.run(self.answers.get, key)
 
     async def record_answer(self, key: str, status: int, body: bytes, *, now: float) -> bool:
-        return await self.thread.write(self.answers.put, key, status, body, now)
+        return await self.thread.write(self._unflushed, self.answers.put, key, status, body,
+                                       now)
 
     async def expire_answers(self, before: float) -> int:
         return await self.thread.run(self.answers.expire, before)

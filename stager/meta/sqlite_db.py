@@ -149,6 +149,22 @@ class Database:
         self.changed.add(dir_id)
 
     @contextmanager
+    def unflushed(self) -> Iterator[None]:
+        """Commits made inside do not wait for an fsync (``synchronous=NORMAL``): in WAL
+        mode the database stays consistent, and what they wrote is lost only with the
+        machine (a power cut, a kernel crash), never with this process; the next
+        commit outside flushes it with its own.  Inside a transaction (a group commit)
+        it changes nothing: that transaction's COMMIT comes later, flushed."""
+        if self.db.in_transaction:
+            yield
+            return
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        try:
+            yield
+        finally:
+            self.db.execute("PRAGMA synchronous=FULL")
+
+    @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """One transaction; inside another (a batch, a group commit) a savepoint, so
         that this operation fails alone and the enclosing transaction's one commit
