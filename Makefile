@@ -34,7 +34,7 @@ demo: $(VENV)/.installed
 	$(BIN)/python -m stager.demo
 
 test: $(VENV)/.installed-dev sysdeps
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=30
 
 test-fast: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q -m "not slow"
