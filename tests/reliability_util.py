@@ -7,10 +7,26 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 from stager.layout import chunk_targets
 from stager.protocol.models import FileInfo, chunk_id
 from stager.storage import chunkfile
+
+T = TypeVar("T")
+
+
+def wait_for(fn: Callable[[], T | None], timeout: float = 5.0, what: str = "") -> T:
+    """``fn()``'s first truthy value, asked every 0.05 s; AssertionError after
+    ``timeout`` seconds, naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what or fn}")
+        time.sleep(0.05)
 
 
 def target_roots(root: Path, n: int) -> dict[str, Path]:

@@ -12,10 +12,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from conftest import start_cluster
+from reliability_util import wait_for
 
 from stager.testing import ProcessCluster, ThreadCluster
 from stager.testing.browser import missing, open_browser, report_job
@@ -24,7 +25,6 @@ from stager.testing.cluster import FAST
 pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
 
 REFRESH = 2.0                       # seconds between the page's refreshes (stager/meta/ui)
-T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
@@ -54,16 +54,6 @@ def console_errors(browser: Any, expected: Callable[[dict[str, Any]], bool] = la
     return [e for e in browser.get_log("browser")
             if e["level"] == "SEVERE" and not expected(e)]
 
-
-def wait_for(fn: Callable[[], T | None], timeout: float, what: str) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        time.sleep(0.1)
 
 
 def rows(browser: Any) -> dict[str, str]:

@@ -14,9 +14,8 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 import pytest
@@ -24,6 +23,7 @@ from aiohttp import web
 from conftest import raw_http, start_cluster
 from loader_data import file_bytes, write_files
 from prometheus_client.parser import text_string_to_metric_families
+from reliability_util import wait_for
 
 from stager import Client, Loader
 from stager.config import load_config
@@ -35,7 +35,6 @@ from stager.web.server import start_sites, stop_sites
 
 N = 40
 DATA_BYTES = sum(len(file_bytes(i, 300)) for i in range(N))
-T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
@@ -71,15 +70,6 @@ def entry(url: str, job: str, rank: int = 0, worker: int | None = None) -> dict[
             return e
     return None
 
-
-def wait_for(fn: Callable[[], T | None], timeout: float = 5.0, what: str = "") -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what or fn}")
 
 
 def gauges(url: str, job: str) -> dict[str, dict[tuple[str, str], float]]:

@@ -4,20 +4,17 @@
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from conftest import raw_http
+from reliability_util import wait_for
 
 from stager import Client
 from stager.meta.targetstats import TargetRates
 from stager.protocol.models import LayoutSpec
 from stager.testing import ThreadCluster
-
-T = TypeVar("T")
 
 
 class Clock:
@@ -100,13 +97,3 @@ def test_a_running_scrub_shows_its_bytes_remaining(tmp_path: Path) -> None:
     finally:
         cluster.stop()
 
-
-def wait_for(fn: Callable[[], T | None], timeout: float, what: str) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        time.sleep(0.05)

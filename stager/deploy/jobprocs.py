@@ -134,7 +134,8 @@ def _signal_all(pids: list[int], sig: int) -> None:
             pass
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (one of another user's too); a zombie does not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -156,12 +157,12 @@ def kill_job_processes(job_id: str, node: str, uid: int | None = None,
     pids = job_processes(job_id, node, uid, candidates)
     _signal_all(pids, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    left = [p for p in pids if _alive(p)]
+    left = [p for p in pids if pid_alive(p)]
     _signal_all(left, signal.SIGKILL)
     deadline = time.monotonic() + 2.0
-    while any(_alive(p) for p in left) and time.monotonic() < deadline:
+    while any(pid_alive(p) for p in left) and time.monotonic() < deadline:
         time.sleep(0.02)
     return pids
 
@@ -176,20 +177,12 @@ def _remove_tree(path: Path, uid: int | None) -> bool:
     if uid is None or uid == os.geteuid() or os.geteuid() != 0:
         _unlink_tree(path)
         return True
-    pid = os.fork()
-    if pid == 0:                # the child: become the job's user, remove, report
-        code = 1
-        try:
-            os.setgroups([])
-            os.setgid(_gid_of(uid))
-            os.setuid(uid)
-            _unlink_tree(path)
-            code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise PermissionError(f"could not remove {path} as uid {uid}")
+    # rm, like _unlink_tree, removes a link itself and never what it points to
+    done = subprocess.run(["rm", "-rf", "--", str(path)], user=uid, group=_gid_of(uid),
+                          extra_groups=[], capture_output=True, text=True, check=False)
+    if done.returncode != 0 or path.exists() or path.is_symlink():
+        raise PermissionError(f"could not remove {path} as uid {uid}: "
+                              f"{done.stderr.strip()}")
     return True
 
 

@@ -43,12 +43,13 @@ WITH RECURSIVE walk AS (
 _WALK = _WALK_CTE + "SELECT * FROM walk ORDER BY depth"
 
 
-def _bump_up_from(seed: str) -> str:
+def _bump_up_from(seed: str, changes: str = "") -> str:
     """A statement bumping the gen of every manifest on the directories ``seed``
     selects or on their ancestors: the walk up the parent chain (a few rows each),
-    joined to the small manifests table."""
-    return ("WITH RECURSIVE up(id) AS (" + seed + " UNION SELECT e.parent FROM entries e "
-            "JOIN up ON e.id = up.id WHERE e.parent <> 0) "
+    joined to the small manifests table; after the ``changes`` (data-modifying CTEs,
+    each ending with a comma) it makes in the same statement."""
+    return ("WITH RECURSIVE " + changes + "up(id) AS (" + seed + " UNION SELECT e.parent "
+            "FROM entries e JOIN up ON e.id = up.id WHERE e.parent <> 0) "
             "UPDATE manifests SET gen = gen + 1 WHERE dir_id IN (SELECT id FROM up)")
 
 
@@ -209,11 +210,10 @@ async def set_layout(conn: asyncpg.Connection, path: str, layout: LayoutSpec) ->
 # A rename's changes in one statement: the entry moved, both parents touched, and the
 # manifests on or above them bumped (no row is updated twice: a directory is never
 # moved into itself, so the moved entry is neither parent).
-_MOVE = ("WITH RECURSIVE moved AS (UPDATE entries SET parent = $2, name = $3 WHERE id = $4), "
-         "touched AS (UPDATE entries SET mtime = $5 WHERE id = ANY($1::bigint[])), "
-         "up(id) AS (SELECT unnest($1::bigint[]) UNION SELECT e.parent FROM entries e "
-         "JOIN up ON e.id = up.id WHERE e.parent <> 0) "
-         "UPDATE manifests SET gen = gen + 1 WHERE dir_id IN (SELECT id FROM up)")
+_MOVE = _bump_up_from(
+    "SELECT unnest($1::bigint[])",
+    "moved AS (UPDATE entries SET parent = $2, name = $3 WHERE id = $4), "
+    "touched AS (UPDATE entries SET mtime = $5 WHERE id = ANY($1::bigint[])), ")
 
 
 async def rename(conn: asyncpg.Connection, src: str, dst: str, *, overwrite: bool,

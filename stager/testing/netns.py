@@ -46,6 +46,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from ..deploy.jobprocs import pid_alive
+
 log = logging.getLogger("stager.testing")
 
 LOCK_FILE = Path("/tmp/stager-netns.lock")
@@ -284,16 +286,6 @@ def _remove(links: list[str], namespaces: list[str]) -> bool:
     return True
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _bridge_filtered() -> bool:
     """Do bridged packets cross iptables (``br_netfilter`` loaded, as Docker does)?
     Then its FORWARD policy, DROP under Docker, applies between two nodes too."""
@@ -321,7 +313,7 @@ def _stale_forward_rules() -> None:
         if words[:1] == ["-A"] and "-i" in words:
             bridge = words[words.index("-i") + 1]
             if (m := LINK_RE.match(bridge)) and bridge.startswith("sb") \
-                    and not _alive(int(m.group(1), 16)):
+                    and not pid_alive(int(m.group(1), 16)):
                 _forward(bridge, "-D")
 
 
@@ -329,9 +321,9 @@ def sweep_stale() -> list[str]:
     """Remove namespaces and links left by stager processes that no longer run."""
     _stale_forward_rules()
     links = [link for link in list_links()
-             if (m := LINK_RE.match(link)) and not _alive(int(m.group(1), 16))]
+             if (m := LINK_RE.match(link)) and not pid_alive(int(m.group(1), 16))]
     spaces = [ns for ns in list_netns()
-              if (m := NS_RE.match(ns)) and not _alive(int(m.group(1)))]
+              if (m := NS_RE.match(ns)) and not pid_alive(int(m.group(1)))]
     _kill_inside(spaces)
     _remove(links, spaces)
     return links + spaces
