@@ -207,7 +207,7 @@ def lose_upload(cluster: ThreadCluster, file_id: str) -> None:
 async def test_an_upload_gone_at_its_first_commit_is_written_again(
         cluster: ThreadCluster, ns: str) -> None:
     """A commit asked once (no earlier try could have committed it) that finds its upload
-    gone says so (``first_try``), not that another writer replaced it; ``pipe``, which
+    gone says so (``never_committed``), not that another writer replaced it; ``pipe``, which
     holds the bytes, then writes them again as a new upload."""
     async with AsyncClient(cluster.meta_url) as c:
         file_id, writer = await c.create(f"{ns}/lost")
@@ -215,7 +215,7 @@ async def test_an_upload_gone_at_its_first_commit_is_written_again(
         lose_upload(cluster, file_id)
         with pytest.raises(UploadNotFound) as gone:
             await c.commit(file_id, writer)
-        assert gone.value.details.get("first_try") is True
+        assert gone.value.details.get("never_committed") is True
         assert "is gone" not in str(gone.value)
 
         lost: list[str] = []
@@ -233,6 +233,78 @@ async def test_an_upload_gone_at_its_first_commit_is_written_again(
         await asyncio.wait_for(loser, 5)
         assert lost and info.file_id not in lost         # written again, as a new upload
         assert await c.cat(f"{ns}/again") == body
+
+
+def vanish_upload(cluster: ThreadCluster, file_id: str) -> None:
+    """Take a pending upload away without a trace (no garbage), as a crash of the
+    database does with one whose reservation had not been flushed."""
+    assert cluster.meta is not None
+    store = cluster.meta.app[SERVICE].store
+    db = store.namespace.db
+    asyncio.run_coroutine_threadsafe(store.thread.run(
+        lambda: db.execute("DELETE FROM uploads WHERE file_id = ?", (file_id,))),
+        cluster.loop).result(10)
+
+
+def garbage_ids(cluster: ThreadCluster) -> set[str]:
+    assert cluster.meta is not None
+    store = cluster.meta.app[SERVICE].store
+    future = asyncio.run_coroutine_threadsafe(store.take_garbage(1 << 20), cluster.loop)
+    return {g.file_id for g in future.result(10)}
+
+
+async def test_a_retried_commit_tells_a_lost_upload_from_a_replaced_file(
+        cluster: ThreadCluster, ns: str) -> None:
+    """A commit asked again (its first answer lost) finds its upload gone and no file
+    with its id.  Either no try committed it (the upload was lost in a crash of the
+    database): the 404 says ``never_committed``, and the writer may send the bytes
+    again.  Or a try did and the file was since replaced: its id is retired, as
+    garbage and still once purged, and the 404 does not say so."""
+    meta = cluster.meta_url
+
+    async def begin(s: aiohttp.ClientSession, path: str) -> str:
+        made = await _post(s, route("create").url(meta), CreateItem(path, None, True).to_json(),
+                           uuid.uuid4().hex)
+        assert made[0] == 200
+        return str(made[1]["file_id"])
+
+    async def commit_again(s: aiohttp.ClientSession, file_id: str) -> tuple[int, Any]:
+        status, answer, _ = await _post(s, route("commit").url(meta),
+                                        CommitItem(file_id, 0, ()).to_json(),
+                                        uuid.uuid4().hex, attempt=2)
+        return status, answer
+
+    async with aiohttp.ClientSession() as s:
+        lost = await begin(s, f"{ns}/crashed")
+        vanish_upload(cluster, lost)
+        status, answer = await commit_again(s, lost)
+        assert status == 404 and answer["error"] == "upload_not_found"
+        assert answer["details"]["never_committed"] is True
+        lost_too = await begin(s, f"{ns}/crashed-in-a-batch")
+        vanish_upload(cluster, lost_too)
+        batch = await _post(s, route("commit_batch").url(meta),
+                            {"items": [CommitItem(lost_too, 0, ()).to_json()]},
+                            uuid.uuid4().hex, attempt=2)
+        [result] = batch[1]["results"]
+        assert result["error"] == "upload_not_found"
+        assert result["details"]["never_committed"] is True
+
+        first = await begin(s, f"{ns}/replaced")
+        done = await _post(s, route("commit").url(meta), CommitItem(first, 0, ()).to_json(),
+                           uuid.uuid4().hex)
+        assert done[0] == 200
+        async with AsyncClient(meta) as c:
+            await c.pipe(f"{ns}/replaced", b"later writer")
+        assert first in garbage_ids(cluster)
+        status, answer = await commit_again(s, first)
+        assert status == 404 and "never_committed" not in answer.get("details", {})
+        for _ in range(200):                    # the collector purges it (every 0.2 s)
+            if first not in garbage_ids(cluster):
+                break
+            await asyncio.sleep(0.05)
+        assert first not in garbage_ids(cluster)
+        status, answer = await commit_again(s, first)
+        assert status == 404 and "never_committed" not in answer.get("details", {})
 
 
 class CuttingProxy:

@@ -362,8 +362,8 @@ class AsyncClient:
             info = FileInfo.from_json(await self.meta.request(
                 route("commit"), body=body.to_json(), settle=self.config.write_retries))
         except UploadNotFound as exc:
-            if exc.details.get("first_try"):
-                raise       # asked once and never committed: the bytes may be sent again
+            if exc.details.get("never_committed"):
+                raise       # no try committed it: the bytes may be sent again
             raise upload_gone(file_id) from exc
 
         self.meta.forget(info.path)
@@ -393,11 +393,11 @@ class AsyncClient:
     async def pipe(self, path: str, data: bytes | bytearray | memoryview, *,
                    layout: LayoutSpec | None = None, overwrite: bool = True) -> FileInfo:
         """Write ``data`` at ``path``.  The bytes are in memory, so a write that failed
-        because a server was unreachable, or whose upload was gone before a commit of it
-        could have been done (collected, or lost in a crash of the metadata database
-        just after it began), is sent again, as a new upload whose layout the metadata
-        server picks from the targets up by then, with backoff (``write_retries`` times;
-        only with ``overwrite``, which makes it idempotent)."""
+        because a server was unreachable, or whose upload was gone before any commit of
+        it was done (``never_committed``: collected, or lost in a crash of the metadata
+        database just after it began), is sent again, as a new upload whose layout the
+        metadata server picks from the targets up by then, with backoff
+        (``write_retries`` times; only with ``overwrite``, which makes it idempotent)."""
         async def one() -> AsyncIterator[bytes]:
             yield data  # type: ignore[misc]
 

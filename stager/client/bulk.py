@@ -13,9 +13,10 @@ a batch of files (up to :data:`~stager.protocol.batch.MAX_BATCH_ITEMS`) costs:
    are collected.
 
 Each file becomes visible at step 3, whole, or not at all.  A file that failed
-because a server was unreachable is written again as a new upload (its layout
-picked from the targets up by then) with backoff, ``write_retries`` times, when
-it may be overwritten, as :meth:`AsyncClient.pipe` does.
+because a server was unreachable, or whose upload was lost before any commit of it
+(``never_committed``: a crash of the metadata database), is written again as a new
+upload (its layout picked from the targets up by then) with backoff,
+``write_retries`` times, when it may be overwritten, as :meth:`AsyncClient.pipe` does.
 """
 
 from __future__ import annotations
@@ -88,8 +89,9 @@ async def write_many(client: AsyncClient, items: Iterable[WriteItem | tuple[Any,
 async def _with_retries(client: AsyncClient, items: list[WriteItem],
                         layout: LayoutSpec | None, overwrite: bool) -> list[Result]:
     """Write the batch; again, with backoff, the items that failed because a server
-    was unreachable, and the whole batch if the metadata server was (a batch that
-    raised may have been committed in part: writing it again is an overwrite)."""
+    was unreachable or their upload was lost uncommitted, and the whole batch if the
+    metadata server was (a batch that raised may have been committed in part:
+    writing it again is an overwrite)."""
     retries = client.config.write_retries if overwrite else 0
     results: list[Result | None] = [None] * len(items)
     todo = list(range(len(items)))
@@ -106,13 +108,15 @@ async def _with_retries(client: AsyncClient, items: list[WriteItem],
             continue
         for i, r in zip(todo, got, strict=True):
             results[i] = r
-        todo = [i for i, r in zip(todo, got, strict=True) if _unreachable(r)]
+        todo = [i for i, r in zip(todo, got, strict=True) if _write_again(r)]
         if not todo:
             break
     return results  # type: ignore[return-value]    # every item answered
 
 
-def _unreachable(result: Result) -> bool:
+def _write_again(result: Result) -> bool:
+    if isinstance(result, UploadNotFound):
+        return bool(result.details.get("never_committed"))
     return isinstance(result, Unavailable) and not isinstance(result, NoTargets)
 
 
@@ -286,18 +290,19 @@ async def _commit(client: AsyncClient, items: Sequence[WriteItem], uploads: list
     answer = await client.meta.request(route("commit_batch"), body=body,
                                        settle=client.config.write_retries)
     for up, got in zip(uploads, read_results(answer, FileInfo.from_json), strict=True):
-        results[up.index] = upload_gone(up.file_id) if isinstance(got, UploadNotFound) else got
+        gone = isinstance(got, UploadNotFound) and not got.details.get("never_committed")
+        results[up.index] = upload_gone(up.file_id) if gone else got
 
 
 def upload_gone(file_id: str) -> UploadNotFound:
-    """A commit of our own upload found it gone.  Its first try's answer was lost and
-    the commit was asked again: it was done then, and the file since replaced or
-    removed by another writer (or the upload outlived ``upload_grace``, or the
-    metadata database crashed before either was flushed)."""
+    """A commit of our own upload found it gone, and its id retired (not
+    ``never_committed``).  Its first try's answer was lost and the commit was asked
+    again: it was done then, and the file since replaced or removed by another
+    writer (or the upload outlived ``upload_grace`` and was collected)."""
     return UploadNotFound(
         f"upload {file_id} is gone: committed by a try whose answer was lost, then "
-        "replaced or removed by another writer (or expired, or lost in a crash of the "
-        "metadata database); not written again", file_id=file_id, settled=True)
+        "replaced or removed by another writer (or expired); not written again",
+        file_id=file_id, settled=True)
 
 
 async def _abort(client: AsyncClient, file_ids: list[str]) -> None:

@@ -9,7 +9,13 @@ first did instead of acting again:
 - a create's file id is derived from the key and the path, so the retry looks for
   that upload and answers it (one upload, never two);
 - a commit whose upload is gone looks for the committed file with that id and
-  answers it (never a 404 for a file that was committed).
+  answers it (never a 404 for a file that was committed); when that file is not
+  there either, the store says whether the id was retired (a file removed or
+  replaced, or an upload abandoned, in the last ``KEY_TTL``).  An id never retired
+  was never committed: its upload was lost in a crash of the metadata database
+  before any try committed it (a pending upload's commit does not wait for the
+  flush), and the 404 says so (``never_committed``), so that the writer, which may
+  hold the bytes, sends them again.
 
 Only retries pay the look-up.  The key is bound by the middleware, in the task
 that runs the handler (a :class:`~contextvars.ContextVar`).
@@ -76,3 +82,11 @@ async def earlier_commit(store: MetaStore, file_id: str) -> NodeEntry | None:
     except NotFound:
         return None
     return entry if entry.file_id == file_id else None
+
+
+async def never_committed(store: MetaStore, file_id: str) -> bool:
+    """The upload ``file_id`` is gone and no file has that id (:func:`earlier_commit`
+    found none): whether no try of this request committed it.  Always on a first try;
+    on a retry when the id was never retired (a commit followed by a remove or a
+    replace would have retired it)."""
+    return not retried() or not await store.retired(file_id)

@@ -210,8 +210,12 @@ class PostgreSQLStore(MetaStore):
     async def take_garbage(self, limit: int) -> list[Garbage]:
         return list(await self._read(lambda c: up.take_garbage(c, limit)))
 
-    async def drop_garbage(self, file_ids: list[str]) -> None:
-        await self._write(lambda c: up.drop_garbage(c, file_ids))
+    async def drop_garbage(self, file_ids: list[str], *, now: float, forget_before: float
+                           ) -> None:
+        await self._write(lambda c: up.drop_garbage(c, file_ids, now, forget_before))
+
+    async def retired(self, file_id: str) -> bool:
+        return bool(await self._read(lambda c: up.retired(c, file_id)))
 
     # -- reliability ------------------------------------------------------------------
     async def file_by_id(self, file_id: str) -> StoredFile | None:

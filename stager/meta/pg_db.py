@@ -40,7 +40,7 @@ Op = Callable[[asyncpg.Connection], Awaitable[R]]
 CONFLICT_RETRIES = 50        # serialization failures and deadlocks, per transaction
 RECONNECTS = 3               # connections found dead before the transaction began
 ROOT_ID = 1
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 # Each migration takes the schema from version N-1 to N; applied in order, each in
 # the transaction that records its number.  Names sort bytewise (COLLATE "C"), as in
@@ -122,7 +122,13 @@ CREATE INDEX answers_created ON answers (created);
 """, 4: """
 ALTER TABLE manifests ADD COLUMN IF NOT EXISTS gen BIGINT NOT NULL DEFAULT 0;
 """,
-    5: COMMIT_FUNCTION, 6: LAZY_FUNCTIONS}
+    5: COMMIT_FUNCTION, 6: LAZY_FUNCTIONS, 7: """
+CREATE TABLE purged (
+    file_id TEXT PRIMARY KEY,
+    at      DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX purged_at ON purged (at);
+"""}
 
 # Errors after which the connection is gone or the server cannot serve: the
 # database is unavailable (the pool reconnects once it is back).

@@ -152,8 +152,19 @@ async def take_garbage(conn: asyncpg.Connection, limit: int) -> list[Garbage]:
     return [Garbage(r[0], layout_of(r[1]), r[2], r[3]) for r in rows]
 
 
-async def drop_garbage(conn: asyncpg.Connection, file_ids: list[str]) -> None:
-    await conn.execute("DELETE FROM garbage WHERE file_id = ANY($1::text[])", file_ids)
+async def drop_garbage(conn: asyncpg.Connection, file_ids: list[str], now: float,
+                       forget_before: float) -> None:
+    await conn.execute("DELETE FROM purged WHERE at < $1", forget_before)
+    await conn.execute(
+        "WITH gone AS (DELETE FROM garbage WHERE file_id = ANY($1::text[]) RETURNING file_id) "
+        "INSERT INTO purged SELECT file_id, $2 FROM gone "
+        "ON CONFLICT (file_id) DO UPDATE SET at = EXCLUDED.at", file_ids, now)
+
+
+async def retired(conn: asyncpg.Connection, file_id: str) -> bool:
+    return bool(await conn.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM garbage WHERE file_id = $1) "
+        "OR EXISTS (SELECT 1 FROM purged WHERE file_id = $1)", file_id))
 
 
 # -- batches ------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from ..protocol.cluster import Status
 from ..protocol.manifest import Manifest
 from ..protocol.messages import RerouteRequest
 from ..protocol.models import MAX_LIST_LIMIT, FileInfo, Layout, LayoutSpec, TargetInfo
+from ..web.idempotency import KEY_TTL
 from . import batch, opkey, reroute, snapshots
 from .batch import Created, check_commit
 from .snapshots import Snapshot, SnapshotCache
@@ -229,8 +230,8 @@ class MetaService:
             done = await opkey.earlier_commit(self.store, file_id)
             if done is not None:
                 return self.info(done)      # a retry: the first try committed it
-            if not opkey.retried():         # no earlier try: nothing of it was committed
-                raise UploadNotFound(exc.message, **exc.details, first_try=True) from None
+            if await opkey.never_committed(self.store, file_id):
+                raise UploadNotFound(exc.message, **exc.details, never_committed=True) from None
             raise
         return self.info(entry)
 
@@ -423,7 +424,8 @@ class MetaService:
                 failed.update(file_ids)
         done = [g.file_id for g in garbage if g.file_id not in failed]
         if done:
-            await self.store.drop_garbage(done)
+            now = self.clock()      # purged ids stay retired as long as answers are kept
+            await self.store.drop_garbage(done, now=now, forget_before=now - KEY_TTL)
         return len(done)
 
 

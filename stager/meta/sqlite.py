@@ -153,8 +153,12 @@ class SQLiteStore(MetaStore):
     async def take_garbage(self, limit: int) -> list[Garbage]:
         return await self.thread.run(self.namespace.take_garbage, limit)
 
-    async def drop_garbage(self, file_ids: list[str]) -> None:
-        await self.thread.run(self.namespace.drop_garbage, file_ids)
+    async def drop_garbage(self, file_ids: list[str], *, now: float, forget_before: float
+                           ) -> None:
+        await self.thread.run(self.namespace.drop_garbage, file_ids, now, forget_before)
+
+    async def retired(self, file_id: str) -> bool:
+        return await self.thread.run(self.namespace.retired, file_id)
 
     # -- reliability ------------------------------------------------------------------
     async def file_by_id(self, file_id: str) -> StoredFile | None:

@@ -47,6 +47,11 @@ CREATE TABLE IF NOT EXISTS garbage (
     size      INTEGER NOT NULL,
     since     REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS purged (
+    file_id   TEXT PRIMARY KEY,
+    at        REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS purged_at ON purged (at);
 CREATE TABLE IF NOT EXISTS manifests (
     dir_id    INTEGER PRIMARY KEY REFERENCES entries (id) ON DELETE CASCADE,
     body      BLOB NOT NULL,

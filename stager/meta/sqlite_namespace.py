@@ -361,10 +361,20 @@ class NamespaceSQL:
                                (limit,)).fetchall()
         return [Garbage(r[0], layout_of(r[1]), r[2], r[3]) for r in rows]
 
-    def drop_garbage(self, file_ids: list[str]) -> None:
+    def drop_garbage(self, file_ids: list[str], now: float, forget_before: float) -> None:
         with self.tx():
+            self.db.execute("DELETE FROM purged WHERE at < ?", (forget_before,))
+            self.db.executemany("INSERT OR REPLACE INTO purged "
+                                "SELECT file_id, ? FROM garbage WHERE file_id = ?",
+                                [(now, f) for f in file_ids])
             self.db.executemany("DELETE FROM garbage WHERE file_id = ?",
                                 [(f,) for f in file_ids])
+
+    def retired(self, file_id: str) -> bool:
+        return bool(self.db.execute(
+            "SELECT EXISTS (SELECT 1 FROM garbage WHERE file_id = ?) "
+            "OR EXISTS (SELECT 1 FROM purged WHERE file_id = ?)", (file_id, file_id)
+        ).fetchone()[0])
 
     # -- targets ----------------------------------------------------------------
     def upsert_target(self, target: TargetInfo) -> None:

@@ -249,8 +249,18 @@ class MetaStore(ABC):
         until :meth:`drop_garbage`)."""
 
     @abstractmethod
-    async def drop_garbage(self, file_ids: list[str]) -> None:
-        """Forget garbage whose chunks are purged."""
+    async def drop_garbage(self, file_ids: list[str], *, now: float, forget_before: float
+                           ) -> None:
+        """Forget garbage whose chunks are purged at ``now``: each id stays
+        :meth:`retired` (a purged id), and the purged ids older than ``forget_before``
+        go."""
+
+    @abstractmethod
+    async def retired(self, file_id: str) -> bool:
+        """Whether ``file_id`` was a file removed or replaced, or an upload abandoned:
+        garbage, or purged and not yet forgotten (:meth:`drop_garbage`).  A retried commit
+        whose upload is gone and whose file is not in the namespace asks this: when
+        the id was never retired, no try committed it (stager/meta/opkey.py)."""
 
     # -- reliability (rebuild, repair, fsck) -------------------------------------
     @abstractmethod

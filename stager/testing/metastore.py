@@ -66,10 +66,14 @@ class MetaStoreTests:
 
     async def test_a_replaced_file_goes_to_garbage(self, store: MetaStore) -> None:
         first = await self.put(store, "b1", "/f")
-        await self.put(store, "b2", "/f")
+        second = await self.put(store, "b2", "/f")
         assert [g.file_id for g in await store.take_garbage(10)] == [first]
-        await store.drop_garbage([first])
+        assert await store.retired(first) and not await store.retired(second)
+        await store.drop_garbage([first], now=10.0, forget_before=0.0)
         assert await store.take_garbage(10) == []
+        assert await store.retired(first)               # purged, still known retired
+        await store.drop_garbage([], now=20.0, forget_before=11.0)
+        assert not await store.retired(first)           # forgotten
         refused = upload("b3", "/f", overwrite=False)
         await store.begin_upload(refused)
         with pytest.raises(AlreadyExists):
