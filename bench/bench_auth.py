@@ -120,8 +120,8 @@ def files_per_second(mode: Mode, files: int, epoch: int) -> float:
 
 def run(quick: bool) -> dict[str, Any]:
     big = 32 * MiB if quick else 256 * MiB
-    samples = 4096 if quick else 16384
-    files = 1024 if quick else 8192
+    samples = 2048 if quick else 16384
+    files = 512 if quick else 8192
     rounds = 1 if quick else 7
     with scratch("auth") as tmp:
         modes = [Mode("auth off", tmp / "off", auth=False),

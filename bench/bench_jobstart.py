@@ -139,7 +139,7 @@ def one_setup(root: Path, kind: str, metas: int, n: int, rounds: int, clients: t
 
 
 def run(quick: bool) -> dict[str, Any]:
-    n = 2_000 if quick else 100_000
+    n = 1_000 if quick else 100_000
     rounds = 1 if quick else 3
     clients = QUICK_CLIENTS if quick else CLIENTS
     rows: list[list[Any]] = []

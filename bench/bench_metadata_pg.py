@@ -54,7 +54,7 @@ Rows = dict[str, tuple[float, str]]      # {operation: (per second, detail)}
 def store_rows(root: Path, quick: bool) -> tuple[Rows, list[str]]:
     """Rows for each store, named ``"<store>: <operation>"``, and notes (one saying why
     PostgreSQL is missing where it could not start)."""
-    n = 100 if quick else 1000
+    n = 40 if quick else 1000
     rows: Rows = {}
     notes: list[str] = []
     load: dict[str, str] = {}

@@ -34,7 +34,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from .netns import NetnsFabric, netns_unavailable
 
@@ -393,6 +396,26 @@ class SlurmCluster:
                 raise SlurmError(f"job {job_id} still {record.get('JobState')} after "
                                  f"{timeout:.0f} s: {record}\n{self.log_tails()}")
             time.sleep(0.3)
+
+
+@contextmanager
+def slurm_for_tests(nodes: int = 3, **options: Any) -> Iterator[SlurmCluster]:
+    """A :class:`SlurmCluster` (``options`` as its own) up for the block, for a test
+    module's fixture: skips, saying why, where Slurm cannot run here; fails the test
+    where it does not start; afterwards down, and nothing of it left behind."""
+    import pytest
+
+    reason = slurm_unavailable()
+    if reason:
+        pytest.skip(reason)
+    cluster = SlurmCluster(nodes, **options)
+    try:
+        cluster.up()
+    except SlurmError as exc:
+        pytest.fail(f"Slurm did not start: {exc}")
+    yield cluster
+    cluster.down()
+    assert cluster.leftovers() == []
 
 
 def descendants(pid: int) -> set[int]:

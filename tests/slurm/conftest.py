@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from stager.testing import ThreadCluster
-from stager.testing.slurm import SlurmCluster, SlurmError, slurm_unavailable
+from stager.testing.slurm import SlurmCluster, slurm_for_tests
 
 REPO = Path(__file__).resolve().parents[2]
 LUA = REPO / "deploy" / "slurm" / "burst_buffer.lua"
@@ -45,18 +45,10 @@ def bb_settings() -> Iterator[Path]:
 def slurm(bb_settings: Path) -> Iterator[SlurmCluster]:
     """Slurm with 3 nodes n0..n2, each in its own network namespace, and stager's
     burst-buffer hooks; skips, saying why, where Slurm cannot run here."""
-    reason = slurm_unavailable()
-    if reason:
-        pytest.skip(reason)
     bb_conf = BB_CONF.read_text().replace("86400", "120")
-    cluster = SlurmCluster(3, bb_lua=render_lua(stager_command(), bb_settings), bb_conf=bb_conf)
-    try:
-        cluster.up()
-    except SlurmError as exc:
-        pytest.fail(f"Slurm did not start: {exc}")
-    yield cluster
-    cluster.down()
-    assert cluster.leftovers() == []
+    with slurm_for_tests(3, bb_lua=render_lua(stager_command(), bb_settings),
+                         bb_conf=bb_conf) as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from stager.testing.slurm import SlurmCluster, SlurmError, slurm_unavailable
+from stager.testing.slurm import SlurmCluster, slurm_for_tests
 
 from .conftest import REPO
 
@@ -43,23 +43,14 @@ with open(f"{sys.argv[1]}-{rank}.json", "w") as f:
 @pytest.fixture(scope="module")
 def slurm() -> Iterator[SlurmCluster]:
     """Slurm with 3 nodes whose epilog is deploy/slurm/epilog.sh, run with this checkout."""
-    reason = slurm_unavailable()
-    if reason:
-        pytest.skip(reason)
     with tempfile.TemporaryDirectory(prefix="stager-epilog-") as tmp:
         wrapper = Path(tmp) / "epilog.sh"
         wrapper.write_text(f"#!/bin/sh\nexport STAGER='env PYTHONPATH={REPO} "
                            f"{sys.executable} -m stager'\nexec sh {EPILOG}\n")
         wrapper.chmod(0o755)
         Path(tmp).chmod(0o755)
-        cluster = SlurmCluster(3, extra_conf=(f"Epilog={wrapper}",))
-        try:
-            cluster.up()
-        except SlurmError as exc:
-            pytest.fail(f"Slurm did not start: {exc}")
-        yield cluster
-        cluster.down()
-        assert cluster.leftovers() == []
+        with slurm_for_tests(3, extra_conf=(f"Epilog={wrapper}",)) as cluster:
+            yield cluster
 
 
 @pytest.fixture(scope="module")
