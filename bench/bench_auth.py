@@ -119,7 +119,7 @@ def files_per_second(mode: Mode, files: int, epoch: int) -> float:
 
 
 def run(quick: bool) -> dict[str, Any]:
-    big = 32 * MiB if quick else 256 * MiB
+    big = 16 * MiB if quick else 256 * MiB
     samples = 2048 if quick else 16384
     files = 512 if quick else 8192
     rounds = 1 if quick else 7

@@ -109,8 +109,8 @@ def _sockets(size: int, out: memoryview) -> tuple[float, float]:
 
 
 def run(quick: bool) -> dict[str, Any]:
-    size = 128 * MiB if quick else 1 * GiB
-    rounds = 2 if quick else 5
+    size = 64 * MiB if quick else 1 * GiB
+    rounds = 1 if quick else 5
     with scratch("loopback") as tmp:
         local = write_local(tmp / "www" / "data.bin", size)
         buf = bytearray(size)
