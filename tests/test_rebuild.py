@@ -17,7 +17,11 @@ from reliability_util import aeventually, replicas_on_disk, target_roots
 
 from stager import AsyncClient
 from stager.config import load_config
-from stager.protocol.models import FileInfo, LayoutSpec
+from stager.meta.copier import ChunkCopier
+from stager.meta.rebuild import Rebuilder
+from stager.meta.service import MetaService
+from stager.meta.sqlite import SQLiteStore
+from stager.protocol.models import FileInfo, LayoutSpec, TargetInfo
 
 SMALL = 64 * 1024
 SIZES = [0, 1, SMALL, SMALL * 5 + 3, SMALL * 9]
@@ -232,3 +236,39 @@ async def test_removing_an_unknown_target_is_a_clear_404(cluster, bad: str) -> N
     async with AsyncClient(cluster.meta_url, config=load_config(env={})) as c:
         with pytest.raises(FileNotFoundError):
             await c.remove_target(bad)
+
+
+async def test_a_stalled_server_loses_only_the_targets_still_silent_after_it(
+        tmp_path: Path) -> None:
+    """The metadata server itself stood still for longer than ``target_timeout`` (a
+    paused process, an overloaded machine): every target looks silent at once and is
+    marked down.  Lost is counted from then, not from the last heartbeat, so the live
+    targets, whose heartbeats come in once it runs again, are up again and never lost;
+    the one that stays silent is lost ``target_lost_after`` later.  A clock the test
+    moves, over a real SQLite store."""
+    now = [1000.0]
+    config = load_config({"target_timeout": 10.0, "target_lost_after": 5.0}, env={})
+    svc = MetaService(SQLiteStore(tmp_path / "meta.sqlite3"), config, clock=lambda: now[0])
+    await svc.start()
+    for i in range(3):
+        await svc.register_target(TargetInfo(f"t{i}", f"node{i}", f"http://127.0.0.1:{i + 1}",
+                                             capacity=1 << 30))
+    copier = ChunkCopier(lambda: None, svc.targets.get, rate=1, concurrency=1)  # type: ignore
+    rebuilder = Rebuilder(svc, copier, config)
+
+    async def round_after(seconds: float, *alive: str) -> dict[str, str]:
+        now[0] += seconds
+        for t in alive:
+            await svc.heartbeat(t, capacity=1 << 30, used=0, chunks=0)
+        svc.refresh_health()
+        await rebuilder.check_timeouts()
+        return {t.id: t.state for t in svc.list_targets()}
+
+    try:
+        assert await round_after(30.0) == {"t0": "down", "t1": "down", "t2": "down"}
+        assert await round_after(1.0, "t0", "t1") == {"t0": "up", "t1": "up", "t2": "down"}
+        assert await round_after(3.0, "t0", "t1") == {"t0": "up", "t1": "up", "t2": "down"}
+        assert await round_after(2.0, "t0", "t1") == {"t0": "up", "t1": "up", "t2": "lost"}
+        assert svc.retiring == {"t2"}
+    finally:
+        svc.close()

@@ -90,6 +90,7 @@ class Rebuilder:
         self.pending: dict[str, Layout] = {}     # file id → layout being copied towards
         self._copied: dict[str, int] = {}        # file id → bytes copied in this pass
         self._wake = asyncio.Event()
+        self._down_since: dict[str, float] = {}  # target id → when first seen down
 
     # -- declaring targets lost ------------------------------------------------------
     async def declare_lost(self, target_id: str, reason: str, *,
@@ -107,11 +108,18 @@ class Rebuilder:
         return target
 
     async def check_timeouts(self) -> None:
-        """Declare lost every target down for longer than ``target_lost_after``."""
+        """Declare lost every target down for longer than ``target_lost_after``, counted
+        from when this loop first saw it down, not from its last heartbeat: a metadata
+        server that was itself stalled (a paused process, an overloaded machine) finds
+        every target silent at once and marks them down, and their heartbeats, queued
+        meanwhile, bring them up again within a tick, before they could be lost."""
         now = self.service.clock()
-        for t in list(self.service.targets.values()):
-            if t.state == "down" and now - t.last_heartbeat > self.config.target_lost_after:
-                await self.declare_lost(t.id, f"down for {now - t.last_heartbeat:.0f}s")
+        down = [t for t in self.service.targets.values() if t.state == "down"]
+        self._down_since = {t.id: self._down_since.get(t.id, now) for t in down}
+        for t in down:
+            since = self._down_since[t.id]
+            if now - since > self.config.target_lost_after:
+                await self.declare_lost(t.id, f"down for {now - since:.0f}s")
 
     # -- the loop ----------------------------------------------------------------------
     async def run(self, tick: float) -> None:
@@ -120,6 +128,7 @@ class Rebuilder:
         while True:
             await wait_for_wake(self._wake, delay)
             if not self.service.duties_held:     # another metadata server rebuilds
+                self._down_since.clear()
                 delay = tick
                 continue
             try:
