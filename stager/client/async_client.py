@@ -362,9 +362,10 @@ class AsyncClient:
             info = FileInfo.from_json(await self.meta.request(
                 route("commit"), body=body.to_json(), settle=self.config.write_retries))
         except UploadNotFound as exc:
-            if exc.details.get("never_committed"):
+            gone = upload_gone(file_id, exc)
+            if gone is exc:
                 raise       # no try committed it: the bytes may be sent again
-            raise upload_gone(file_id) from exc
+            raise gone from exc
 
         self.meta.forget(info.path)
         return info

@@ -290,15 +290,18 @@ async def _commit(client: AsyncClient, items: Sequence[WriteItem], uploads: list
     answer = await client.meta.request(route("commit_batch"), body=body,
                                        settle=client.config.write_retries)
     for up, got in zip(uploads, read_results(answer, FileInfo.from_json), strict=True):
-        gone = isinstance(got, UploadNotFound) and not got.details.get("never_committed")
-        results[up.index] = upload_gone(up.file_id) if gone else got
+        results[up.index] = upload_gone(up.file_id, got) \
+            if isinstance(got, UploadNotFound) else got
 
 
-def upload_gone(file_id: str) -> UploadNotFound:
-    """A commit of our own upload found it gone, and its id retired (not
-    ``never_committed``).  Its first try's answer was lost and the commit was asked
-    again: it was done then, and the file since replaced or removed by another
-    writer (or the upload outlived ``upload_grace`` and was collected)."""
+def upload_gone(file_id: str, got: UploadNotFound) -> UploadNotFound:
+    """A commit of our own upload found it gone: ``got`` as the server said it where
+    ``never_committed`` (the bytes may be sent again), else settled.  Then its first
+    try's answer was lost and the commit was asked again: it was done then, and the
+    file since replaced or removed by another writer (or the upload outlived
+    ``upload_grace`` and was collected)."""
+    if got.details.get("never_committed"):
+        return got
     return UploadNotFound(
         f"upload {file_id} is gone: committed by a try whose answer was lost, then "
         "replaced or removed by another writer (or expired); not written again",

@@ -102,11 +102,9 @@ async def commit_many(service: MetaService, items: Sequence[CommitItem]
     for i, (item, upload) in enumerate(zip(items, uploads, strict=True)):
         try:
             if isinstance(upload, UploadNotFound):
-                if done := await opkey.earlier_commit(service.store, item.file_id):
-                    results[i] = service.info(done)     # a retry: the first try committed it
-                    continue
-                if await opkey.never_committed(service.store, item.file_id):
-                    raise UploadNotFound(upload.message, **upload.details, never_committed=True)
+                done = await opkey.after_gone(service.store, item.file_id, upload)
+                results[i] = service.info(done)     # a retry: the first try committed it
+                continue
             if isinstance(upload, StagerError):
                 raise upload
             check_commit(upload.layout.chunk_size, item.size, item.checksums)

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-from ..errors import NotFound
+from ..errors import NotFound, UploadNotFound
 from .store import MetaStore, NodeEntry, Upload
 
 
@@ -84,9 +84,14 @@ async def earlier_commit(store: MetaStore, file_id: str) -> NodeEntry | None:
     return entry if entry.file_id == file_id else None
 
 
-async def never_committed(store: MetaStore, file_id: str) -> bool:
-    """The upload ``file_id`` is gone and no file has that id (:func:`earlier_commit`
-    found none): whether no try of this request committed it.  Always on a first try;
-    on a retry when the id was never retired (a commit followed by a remove or a
-    replace would have retired it)."""
-    return not retried() or not await store.retired(file_id)
+async def after_gone(store: MetaStore, file_id: str, gone: UploadNotFound) -> NodeEntry:
+    """A commit found its upload ``file_id`` gone: the file an earlier try committed
+    (:func:`earlier_commit`), or ``gone`` raised, marked ``never_committed`` where no
+    try committed it -- always on a first try; on a retry when the id was never
+    retired (a commit followed by a remove or a replace would have retired it)."""
+    done = await earlier_commit(store, file_id)
+    if done is not None:
+        return done
+    if not retried() or not await store.retired(file_id):
+        raise UploadNotFound(gone.message, **gone.details, never_committed=True) from None
+    raise gone

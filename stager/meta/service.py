@@ -227,12 +227,7 @@ class MetaService:
             entry = await self.store.commit_upload(file_id, size=size, checksums=checksums,
                                                    mtime=mtime or now, now=now)
         except UploadNotFound as exc:
-            done = await opkey.earlier_commit(self.store, file_id)
-            if done is not None:
-                return self.info(done)      # a retry: the first try committed it
-            if await opkey.never_committed(self.store, file_id):
-                raise UploadNotFound(exc.message, **exc.details, never_committed=True) from None
-            raise
+            entry = await opkey.after_gone(self.store, file_id, exc)
         return self.info(entry)
 
     async def abort(self, file_id: str) -> None:
