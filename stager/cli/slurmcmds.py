@@ -9,14 +9,17 @@ reason of a held one.  The work is :mod:`stager.stage.slurm`'s.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Callable
 
 from ..errors import StagerError
 from ..stage import slurm as hooks
 
-# hook -> (its arguments as Slurm passes them, what it does with the settings and them)
+# hook -> (its arguments as Slurm passes them, "?": not every Slurm does, what it does
+# with the settings and them)
 HOOKS: dict[str, tuple[tuple[str, ...], Callable[..., str]]] = {
-    "job_process": (("script",), lambda s, a: hooks.job_process(s, a.script)),
+    "job_process": (("script", "uid?", "gid?"),
+                    lambda s, a: hooks.job_process(s, a.script, a.uid, a.gid)),
     "setup": (("job_id", "uid", "gid", "pool", "size", "script"),
               lambda s, a: hooks.setup(s, a.job_id, a.uid, a.gid, a.script)),
     "data_in": (("job_id", "script"), lambda s, a: hooks.data_in(s, a.job_id, a.script)),
@@ -34,8 +37,7 @@ def cmd_hook(args: argparse.Namespace) -> int:
     try:
         settings = hooks.SlurmSettings.load(args.config)
         if args.directive:
-            settings = hooks.SlurmSettings(**{**settings.__dict__,
-                                              "directive": args.directive})
+            settings = dataclasses.replace(settings, directive=args.directive)
         message = HOOKS[args.hook][1](settings, args)
     except (StagerError, OSError, ValueError) as exc:
         print(getattr(exc, "message", None) or str(exc) or type(exc).__name__)
@@ -56,7 +58,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         h.add_argument("--directive", help="the directive word (burst_buffer.conf's "
                                            "Directive=; default: the settings', STAGER)")
         for param in params:
-            h.add_argument(param)
+            if param.endswith("?"):
+                h.add_argument(param[:-1], nargs="?")
+            else:
+                h.add_argument(param)
         if name == "status":
             h.add_argument("words", nargs="*", help="scontrol show bbstat's arguments")
         h.set_defaults(func=cmd_hook)

@@ -6,6 +6,7 @@
     #SBATCH --nodes=3
     #STAGER stage_in  https://host/imagenet  /jobs/$SLURM_JOB_ID/in  --include '*.tar'
     #STAGER stage_out /jobs/$SLURM_JOB_ID/out file:///project/results
+    #STAGER stage_in  s3://bucket/vocab  /datasets/team-a/tmp-$SLURM_JOB_ID  --scratch
 
 Read the way Slurm's ``burst_buffer/lua`` plugin reads them, so that both agree
 on which lines are directives: only the script's leading comment block counts
@@ -16,7 +17,9 @@ directive word is configurable (``Directive=`` of ``burst_buffer.conf``).
 A stager path may be relative: it is then below the job's directory
 (``/jobs/<id>``).  ``$SLURM_JOB_ID`` (or ``${SLURM_JOB_ID}``) is the only
 variable; anything else with a ``$`` is an error, so that a typo never stages
-into a path the user did not mean.
+into a path the user did not mean.  ``--scratch`` marks a ``stage_in`` copy outside
+the job's directory as the job's own: teardown removes it (the job's directory goes
+anyway).  Where a job may reach at all is :mod:`stager.stage.grants`' question.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ class Directive:
     line: int                   # where it starts in the script (1-based)
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
+    scratch: bool = False       # stage_in: teardown removes the copy
 
     @property
     def stager_path(self) -> str:
@@ -65,6 +69,7 @@ def _arguments() -> _Parser:
     p.add_argument("dst")
     p.add_argument("--include", action="append", default=[])
     p.add_argument("--exclude", action="append", default=[])
+    p.add_argument("--scratch", action="store_true")
     return p
 
 
@@ -126,19 +131,20 @@ def _one(text: str, number: int, job: str, job_dir: str) -> Directive:
         raise DirectiveError(str(exc)) from None
     if extra:
         raise DirectiveError(f"unexpected {' '.join(extra)!r}: {kind} SRC DST "
-                             "[--include GLOB] [--exclude GLOB]")
+                             "[--include GLOB] [--exclude GLOB] [--scratch]")
     if kind == "stage_in":
         src, dst = args.src, _stager_path(args.dst, job_dir)
     else:
-        if args.include or args.exclude:
-            raise DirectiveError("stage_out takes no --include/--exclude")
+        if args.include or args.exclude or args.scratch:
+            raise DirectiveError("stage_out takes no --include/--exclude/--scratch")
         src, dst = _stager_path(args.src, job_dir), args.dst
         if _is_stager(dst):
             raise DirectiveError(f"stage_out's destination {dst!r} must be a URL outside "
                                  "stager (file://, s3://, …)")
     if kind == "stage_in" and _is_stager(src):
         raise DirectiveError(f"stage_in's source {src!r} must be a URL outside stager")
-    return Directive(kind, src, dst, number, tuple(args.include), tuple(args.exclude))
+    return Directive(kind, src, dst, number, tuple(args.include), tuple(args.exclude),
+                     args.scratch)
 
 
 def _expand(word: str, job: str) -> str:

@@ -9,17 +9,26 @@ the job is pending or finishing, so no node is allocated while data moves:
 
 =============  ===========================================================
 job_process    at sbatch time, quick: parse the directives, check every URL's
-               protocol can be opened; a bad line rejects the job
-setup          record the job's owner (uid, gid) under ``state_dir``; with auth,
-               mint the job its own token (read and write on its directory
-               and on its directives' stager paths only)
-data_in        ``stage_in`` each source into the cluster, as the job's owner
+               protocol can be opened and every stager path is the job's or
+               granted to its owner; a bad line rejects the job
+setup          check the grants again, record the job's owner (uid, gid) under
+               ``state_dir``; with auth, mint the job its own token (read and
+               write on its directory and its read-write paths only)
+data_in        ``stage_in`` each source into the cluster, as the job's owner,
+               with a token on exactly its destinations
 paths          ``STAGER_META_URL``, ``STAGER_JOB_DIR`` (and the job's
                ``STAGER_TOKEN``) into the job's environment
-data_out       ``stage_out`` each result, as the job's owner
-teardown       remove ``/jobs/<id>`` and the record, revoke the job's token
-               (also for a cancelled job)
+data_out       ``stage_out`` each result, as the job's owner, with a read token
+               on exactly its sources
+teardown       remove ``/jobs/<id>`` and the job's ``--scratch`` copies, revoke
+               every token minted for it, drop the record (also for a
+               cancelled job)
 =============  ===========================================================
+
+Where a job may reach is :mod:`stager.stage.grants`' policy: its directory, and the
+prefixes ``slurm.toml``'s ``[grants]`` give its Unix user or groups.  The admin
+token of the settings only mints and revokes; each hook's stager requests carry a
+token minted for that hook and job on exactly the paths it touches.
 
 The hooks run as root (inside ``slurmctld``); anything that reads a source or
 writes a destination runs as the job's owner, so a job cannot stage in a file
@@ -29,27 +38,31 @@ its user could not read, nor write one out where its user could not.
 from __future__ import annotations
 
 import asyncio
+import grp
 import json
 import os
 import pwd
 import tomllib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..config import DEFAULT_META_URL, Config, load_config
-from ..errors import BadRequest, NotFound, SourceError, StagerError
+from ..errors import AlreadyExists, BadRequest, NotFound, SourceError, StagerError
 from ..protocol import paths
 from . import StageOptions, stage
 from .directives import Directive, DirectiveError, parse_directives
+from .grants import Access, Grants, Owner, confine, prefixes
 from .source import filesystem_class
 
 if TYPE_CHECKING:
     from ..client import AsyncClient
+    from ..protocol.authmsg import TokenCreated
 
 T = TypeVar("T")
 DEFAULT_SETTINGS = "/etc/stager/slurm.toml"
+PENDING_JOB = "0"       # the job id directives are read with before the job has one
 
 
 @dataclass(frozen=True)
@@ -62,8 +75,9 @@ class SlurmSettings:
     jobs_dir: str = "/jobs"             # each job's directory: JOBS_DIR/<job id>
     state_dir: str = "/var/lib/stager/slurm"   # each job's owner, between hooks
     directive: str = "STAGER"           # the word of burst_buffer.conf's Directive=
-    job_token_ttl: int = 7 * 86400      # with auth: the life of a job's own token, at
-                                        # most (teardown revokes it when the job ends)
+    job_token_ttl: int = 7 * 86400      # with auth: the life of a job's tokens, at
+                                        # most (teardown revokes them when the job ends)
+    grants: Grants = field(default_factory=Grants)   # [grants]: who may reach where
 
     @classmethod
     def load(cls, path: str | os.PathLike[str] | None) -> SlurmSettings:
@@ -72,17 +86,20 @@ class SlurmSettings:
             return cls()
         with open(path or DEFAULT_SETTINGS, "rb") as fh:
             data = tomllib.load(fh)
+        where = path or DEFAULT_SETTINGS
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise BadRequest(f"{path or DEFAULT_SETTINGS}: unknown setting(s) "
+            raise BadRequest(f"{where}: unknown setting(s) "
                              f"{', '.join(unknown)}; known: {', '.join(sorted(known))}")
         kinds = {f.name: f.type for f in fields(cls)}
+        raw_grants = data.pop("grants", {})
         try:
-            return cls(**{k: int(v) if kinds[k] in (int, "int") else str(v)
-                          for k, v in data.items()})
+            settings = cls(**{k: int(v) if kinds[k] in (int, "int") else str(v)
+                              for k, v in data.items()})
+            return replace(settings, grants=Grants.parse(raw_grants, settings.jobs_dir))
         except ValueError as exc:
-            raise BadRequest(f"{path or DEFAULT_SETTINGS}: {exc}") from None
+            raise BadRequest(f"{where}: {getattr(exc, 'message', exc)}") from None
 
     def job_dir(self, job_id: str) -> str:
         return paths.normalize(f"{self.jobs_dir}/{job_id}")
@@ -101,10 +118,15 @@ def read_directives(script: str | os.PathLike[str], settings: SlurmSettings,
 
 
 # -- the hooks --------------------------------------------------------------------------
-def job_process(settings: SlurmSettings, script: str) -> str:
-    """Reject a job whose directives are malformed or name a URL no installed fsspec
-    backend can open.  Quick and offline: slurmctld waits for it.  Whether the source
-    exists is data_in's question: a dependency may make it before the job starts."""
+def job_process(settings: SlurmSettings, script: str, uid: str | None = None,
+                gid: str | None = None) -> str:
+    """Reject a job whose directives are malformed, name a URL no installed fsspec
+    backend can open, or reach a stager path its owner holds no grant for.  Quick and
+    offline: slurmctld waits for it.  Slurm before 23.02 does not say whose job it is
+    (``uid`` None): then only paths no one is granted are refused here, the rest by
+    :func:`setup` -- or here too, through ``deploy/slurm/job_submit.lua``.  Whether
+    a source exists is data_in's question: a dependency may make it before the job
+    starts."""
     directives = read_directives(script, settings)
     for d in directives:
         url = d.src if d.kind == "stage_in" else d.dst
@@ -112,40 +134,64 @@ def job_process(settings: SlurmSettings, script: str) -> str:
             filesystem_class(url)
         except BadRequest as exc:
             raise DirectiveError(f"line {d.line}: {d.kind} {url}: {exc.message}") from None
+    owner = Owner(None) if uid is None else owner_of(int(uid), int(gid or 0))
+    accesses(settings, directives, settings.job_dir(PENDING_JOB), owner)
     return f"{len(directives)} stager directive(s)"
 
 
 def setup(settings: SlurmSettings, job_id: str, uid: str, gid: str,
           script: str | None = None) -> str:
-    """Remember whose job it is (the later hooks get only its id).  With auth (a
-    ``token_file`` in the settings, an admin token), mint the job a token of its own:
-    read and write on its directory and its directives' stager paths, nothing else;
-    :func:`paths_file` hands it to the job, :func:`teardown` revokes it."""
+    """Check the job's directives against its owner's grants (they may have changed
+    since sbatch) and remember whose job it is (the later hooks get only its id).
+    With auth (a ``token_file`` in the settings, an admin token), mint the job its own
+    token: read and write on its directory and its read-write paths, nothing else
+    (and a read token for its read-only ones); :func:`paths_file` hands them to the
+    job, :func:`teardown` revokes them."""
+    owner = owner_of(int(uid), int(gid))
+    directives = read_directives(script, settings, job_id) if script is not None else []
+    reach = accesses(settings, directives, settings.job_dir(job_id), owner)
     state = Path(settings.state_dir)
     state.mkdir(parents=True, exist_ok=True, mode=0o700)
-    record: dict[str, object] = {"uid": int(uid), "gid": int(gid)}
-    said = f"job {job_id} of uid {uid}"
+    _write_private(state / f"{job_id}.json", json.dumps({"uid": int(uid), "gid": int(gid)}))
+    said = f"job {job_id} of {owner}"
     if settings.token_file:
-        prefixes = job_prefixes(settings, job_id, script)
-        created = _with_client(settings.client_config(), lambda c: c.create_token(
-            ["read", "write"], prefixes, settings.job_token_ttl, f"slurm-job-{job_id}"))
-        _write_private(state / f"{job_id}.token", created.token + "\n")
-        record["token_id"] = created.info.id
-        said += f"; token {created.info.id} on {' '.join(prefixes)}"
-    _write_private(state / f"{job_id}.json", json.dumps(record))
+        for kind, scopes, writable in (("", ("read", "write"), True), ("read", ("read",), False)):
+            reach_mode = prefixes(reach, writable=writable)
+            if reach_mode:
+                token = _mint(settings, job_id, kind, scopes, reach_mode)
+                _write_private(state / f"{job_id}.{kind or 'job'}-token", token.token + "\n")
+                said += f"; {kind or 'job'} token {token.info.id} on {' '.join(reach_mode)}"
     return said
 
 
-def job_prefixes(settings: SlurmSettings, job_id: str, script: str | None) -> list[str]:
-    """Where a job's token reaches: its directory, and every stager path of its
-    directives outside it."""
-    found = [settings.job_dir(job_id)]
-    if script is not None:
-        for d in read_directives(script, settings, job_id):
-            path = d.dst if d.kind == "stage_in" else d.src
-            if not any(paths.is_within(path, p) for p in found):
-                found.append(path)
-    return found
+def accesses(settings: SlurmSettings, directives: list[Directive], job_dir: str,
+             owner: Owner) -> list[Access]:
+    """:func:`~stager.stage.grants.confine` with the settings' grants of ``owner``."""
+    return confine(directives, job_dir, settings.grants.of(owner), owner)
+
+
+def owner_of(uid: int, gid: int) -> Owner:
+    """The user of ``uid`` and the names of its groups (``gid`` and its supplementary
+    ones); a uid without a name matches no user grant."""
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return Owner(f"#{uid}", frozenset(_group_names([gid])))
+    try:
+        gids = os.getgrouplist(name, gid)
+    except OSError:
+        gids = [gid]
+    return Owner(name, frozenset(_group_names(gids)))
+
+
+def _group_names(gids: list[int]) -> list[str]:
+    names = []
+    for g in gids:
+        try:
+            names.append(grp.getgrgid(g).gr_name)
+        except KeyError:
+            pass
+    return names
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -158,14 +204,29 @@ def _write_private(path: Path, text: str) -> None:
 
 
 def data_in(settings: SlurmSettings, job_id: str, script: str) -> str:
-    directives = [d for d in read_directives(script, settings, job_id) if d.kind == "stage_in"]
-    config = settings.client_config()
-    become_owner(settings, job_id)
+    """Stage each ``stage_in`` in, as the job's owner, with a token on exactly its
+    destinations and the job's directory.  A ``--scratch`` destination must be new:
+    this hook makes it (and records it for teardown) before anything is staged."""
+    record = _record(settings, job_id)
+    directives = _checked(settings, job_id, script, record)
+    ins = [d for d in directives if d.kind == "stage_in"]
+    job_dir = settings.job_dir(job_id)
+    config = _scoped(settings, job_id, "stage-in", ("read", "write"),
+                     prefixes([Access(job_dir, True), *(Access(d.dst, True) for d in ins)]))
+    scratch = [d.dst for d in ins if d.scratch and not paths.is_within(d.dst, job_dir)]
 
     async def work(client: AsyncClient) -> str:
-        await client.mkdir(settings.job_dir(job_id))
+        await client.mkdir(job_dir)
+        for path in scratch:
+            try:
+                await client.mkdir(path, exist_ok=False)
+            except AlreadyExists:
+                raise AlreadyExists(f"--scratch {path} exists already: a scratch copy "
+                                    "must be new (teardown removes it)", path=path) from None
+            _remember(settings, job_id, "scratch", path)
+        become_owner(record)
         done = []
-        for d in directives:
+        for d in ins:
             options = StageOptions(include=d.include, exclude=d.exclude, progress=False)
             report = await _step(d, stage(client, d.src, d.dst, options))
             done.append(f"{d.src} -> {d.dst}: {report.summary()}")
@@ -175,63 +236,81 @@ def data_in(settings: SlurmSettings, job_id: str, script: str) -> str:
 
 
 def paths_file(settings: SlurmSettings, job_id: str, path_file: str) -> str:
-    """The job's environment: where its cluster and its directory are."""
+    """The job's environment: where its cluster and its directory are, and its tokens."""
     lines = [f"STAGER_META_URL={settings.meta_url}",
              f"STAGER_JOB_DIR={settings.job_dir(job_id)}"]
     said = list(lines)
-    token = Path(settings.state_dir, f"{job_id}.token")
-    if token.exists():
-        lines.append(f"STAGER_TOKEN={token.read_text().strip()}")
-        said.append("STAGER_TOKEN=(the job's own)")
+    for kind, variable in (("job", "STAGER_TOKEN"), ("read", "STAGER_READ_TOKEN")):
+        token = Path(settings.state_dir, f"{job_id}.{kind}-token")
+        if token.exists():
+            lines.append(f"{variable}={token.read_text().strip()}")
+            said.append(f"{variable}=(the job's own)")
     with open(path_file, "a") as fh:
         fh.write("\n".join(lines) + "\n")
     return ", ".join(said)
 
 
 def data_out(settings: SlurmSettings, job_id: str, script: str) -> str:
-    directives = [d for d in read_directives(script, settings, job_id) if d.kind == "stage_out"]
-    config = settings.client_config()
-    become_owner(settings, job_id)
+    """Stage each ``stage_out`` out, as the job's owner, with a read token on exactly
+    its sources."""
+    record = _record(settings, job_id)
+    outs = [d for d in _checked(settings, job_id, script, record) if d.kind == "stage_out"]
+    if not outs:
+        return "nothing to stage out"
+    config = _scoped(settings, job_id, "stage-out", ("read",),
+                     prefixes([Access(d.src, False) for d in outs]))
 
     async def work(client: AsyncClient) -> str:
+        become_owner(record)
         done = []
-        for d in directives:
+        for d in outs:
             options = StageOptions(progress=False, manifest=False)
             report = await _step(d, stage(client, f"stager://{d.src}", d.dst, options))
             done.append(f"{d.src} -> {d.dst}: {report.summary()}")
-        return "; ".join(done) or "nothing to stage out"
+        return "; ".join(done)
 
     return _with_client(config, work)
 
 
 def teardown(settings: SlurmSettings, job_id: str) -> str:
-    """Remove the job's directory, revoke its token, drop its record; nothing there is
-    not an error."""
+    """Remove the job's directory and its ``--scratch`` copies (nothing else: a
+    granted directory stays), with a token on exactly those; then revoke every token
+    minted for the job and drop its record.  Nothing there is not an error (a job
+    cancelled before setup)."""
     job_dir = settings.job_dir(job_id)
-    record = Path(settings.state_dir, f"{job_id}.json")
     try:
-        token_id = json.loads(record.read_text()).get("token_id")
-    except FileNotFoundError:
-        token_id = None
+        record = _record(settings, job_id)
+    except NotFound:
+        record = {}
+    scratch = [str(p) for p in record.get("scratch", [])]
+    config = _scoped(settings, job_id, "teardown", ("read", "write"), [job_dir, *scratch])
 
     async def work(client: AsyncClient) -> str:
-        try:
-            removed = await client.rm(job_dir, recursive=True)
-        except NotFound:
-            removed = 0
-        said = f"removed {job_dir} ({removed} entries)"
-        if token_id:
+        said = []
+        for path in (job_dir, *scratch):
             try:
-                await client.revoke_token(token_id)
+                removed = await client.rm(path, recursive=True)
             except NotFound:
-                pass
-            said += f"; token {token_id} revoked"
-        return said
+                removed = 0
+            said.append(f"removed {path} ({removed} entries)")
+        return "; ".join(said)
 
-    message = _with_client(settings.client_config(), work)
-    Path(settings.state_dir, f"{job_id}.token").unlink(missing_ok=True)
-    record.unlink(missing_ok=True)
+    message = _with_client(config, work)
+    tokens = _record(settings, job_id).get("tokens", []) if settings.token_file else []
+    if tokens:
+        _with_client(settings.client_config(), lambda c: _revoke(c, tokens))
+        message += f"; {len(tokens)} token(s) revoked"
+    for name in (f"{job_id}.job-token", f"{job_id}.read-token", f"{job_id}.json"):
+        Path(settings.state_dir, name).unlink(missing_ok=True)
     return message
+
+
+async def _revoke(client: AsyncClient, token_ids: list[str]) -> None:
+    for token_id in token_ids:
+        try:
+            await client.revoke_token(token_id)
+        except NotFound:
+            pass
 
 
 def status(settings: SlurmSettings) -> str:
@@ -251,18 +330,12 @@ def status(settings: SlurmSettings) -> str:
 
 
 # -- helpers ----------------------------------------------------------------------------
-def become_owner(settings: SlurmSettings, job_id: str) -> None:
+def become_owner(record: dict[str, Any]) -> None:
     """Drop root for the job's owner (recorded by :func:`setup`) before touching any
     source or destination.  Not root: nothing to drop."""
     if os.geteuid() != 0:
         return
-    record = Path(settings.state_dir, f"{job_id}.json")
-    try:
-        owner = json.loads(record.read_text())
-    except FileNotFoundError:
-        raise NotFound(f"no owner recorded for job {job_id} ({record}): slurm_bb_setup "
-                       "did not run for it") from None
-    uid, gid = int(owner["uid"]), int(owner["gid"])
+    uid, gid = int(record["uid"]), int(record["gid"])
     if uid == 0:
         raise BadRequest("a root job may not stage (Slurm forbids root burst buffers)")
     try:
@@ -274,6 +347,59 @@ def become_owner(settings: SlurmSettings, job_id: str) -> None:
     os.setgid(gid)
     os.setuid(uid)
     os.environ["HOME"] = _home(uid)
+
+
+def _record(settings: SlurmSettings, job_id: str) -> dict[str, Any]:
+    """What :func:`setup` and the later hooks recorded of the job (root's, 0600)."""
+    path = Path(settings.state_dir, f"{job_id}.json")
+    try:
+        return dict(json.loads(path.read_text()))
+    except FileNotFoundError:
+        raise NotFound(f"no owner recorded for job {job_id} ({path}): slurm_bb_setup "
+                       "did not run for it") from None
+
+
+def _remember(settings: SlurmSettings, job_id: str, key: str, value: str) -> None:
+    """Add ``value`` to the record's list ``key`` (a token to revoke, a scratch copy to
+    remove), at once: a hook killed later leaves nothing teardown cannot find."""
+    path = Path(settings.state_dir, f"{job_id}.json")
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        Path(settings.state_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
+        record = {}
+    record.setdefault(key, []).append(value)
+    _write_private(path, json.dumps(record))
+
+
+def _checked(settings: SlurmSettings, job_id: str, script: str,
+             record: dict[str, Any]) -> list[Directive]:
+    """The job's directives, confined again (grants may have changed since setup)."""
+    directives = read_directives(script, settings, job_id)
+    accesses(settings, directives, settings.job_dir(job_id),
+             owner_of(int(record["uid"]), int(record["gid"])))
+    return directives
+
+
+def _mint(settings: SlurmSettings, job_id: str, purpose: str, scopes: tuple[str, ...],
+          reach: list[str]) -> TokenCreated:
+    """A token for the job (``purpose`` in its name), minted with the admin token and
+    recorded for teardown's revocation the moment it exists."""
+    name = f"slurm-job-{job_id}" + (f"-{purpose}" if purpose else "")
+    created = _with_client(settings.client_config(), lambda c: c.create_token(
+        scopes, reach, settings.job_token_ttl, name))
+    _remember(settings, job_id, "tokens", created.info.id)
+    return created
+
+
+def _scoped(settings: SlurmSettings, job_id: str, purpose: str, scopes: tuple[str, ...],
+            reach: list[str]) -> Config:
+    """The clients' configuration for one hook's work: with auth, a token of its own on
+    exactly ``reach``, never the admin's; without, the settings' as they are."""
+    config = settings.client_config()
+    if not settings.token_file:
+        return config
+    return config.replace(token=_mint(settings, job_id, purpose, scopes, reach).token)
 
 
 def _home(uid: int) -> str:
