@@ -28,6 +28,7 @@ from stager.auth import (
     MemoryRevocations,
     Revocations,
     Token,
+    acts_for,
     allows,
     capability_allows,
     expires_at,
@@ -359,16 +360,41 @@ def test_a_capability_allows_its_own_file_and_operation_only() -> None:
         require_capability(read, FILE_A, "write")
 
 
-def test_the_cluster_capability_covers_every_file_and_maintenance() -> None:
-    cluster = Capability.new("*", "cluster", HOLDER, NOW)
+def test_a_server_capability_covers_every_file_on_its_one_target_only() -> None:
+    cluster = Capability.new("*", "cluster", HOLDER, NOW, target="t0")
     assert verify(PUBLIC, sign(KEY, cluster), NOW) == cluster
     for op in ("read", "write", "cluster"):
-        assert capability_allows(cluster, FILE_A, op)
-    assert capability_allows(cluster, None, "cluster")
+        assert capability_allows(cluster, FILE_A, op, "t0")
+        assert not capability_allows(cluster, FILE_A, op, "t1")     # another target
+    assert capability_allows(cluster, None, "cluster", "t0")
+    assert not capability_allows(cluster, None, "cluster", "t-rogue")
+    with pytest.raises(Forbidden, match="another target"):
+        require_capability(cluster, None, "cluster", "t1")
+    read = Capability.new("*", "read", HOLDER, NOW, target="t0")
+    assert capability_allows(read, FILE_A, "read", "t0")
+    assert not capability_allows(read, None, "cluster", "t0")       # its operation only
     with pytest.raises(BadRequest):
-        Capability.new(FILE_A, "cluster", HOLDER, NOW)       # cluster is for file "*" only
-    with pytest.raises(BadRequest):
-        Capability.new("*", "read", HOLDER, NOW)
+        Capability.new(FILE_A, "cluster", HOLDER, NOW, target="t0")  # file "*" only
+    for bad in (("*", "read", None), ("*", "cluster", None), (FILE_A, "read", "t0"),
+                ("*", "read", "../t0")):
+        with pytest.raises(BadRequest):                 # "*" needs a target, a file none
+            Capability.new(bad[0], bad[1], HOLDER, NOW, target=bad[2])
+
+
+def test_a_target_credential_names_one_target_and_has_no_other_scope() -> None:
+    cred = Token.new("target:t0", {"target"}, ["/"], 60, NOW, target="t0")
+    assert verify(PUBLIC, sign(KEY, cred), NOW) == cred
+    assert acts_for(cred, "t0") and not acts_for(cred, "t1")
+    for scope in ("read", "write", "join", "admin"):
+        assert not allows(cred, scope, "/")
+    for scopes, target in (({"target"}, None), ({"join"}, "t0"),
+                           ({"target", "read"}, "t0")):
+        with pytest.raises(BadRequest):
+            Token.new("x", scopes, ["/"], 60, NOW, target=target)
+    admin = Token.new("a", {"admin"}, ["/"], 60, NOW)
+    assert acts_for(admin, "t0")
+    assert not acts_for(Token.new("a", {"admin"}, ["/x"], 60, NOW), "t0")
+    assert not acts_for(Token.new("j", {"join"}, ["/"], 60, NOW), "t0")
 
 
 # -- the verified-capability cache ---------------------------------------------------------

@@ -44,7 +44,7 @@ from .keys import (
     load_public_key,
     public_key_text,
 )
-from .policy import allows, capability_allows, require, require_capability, visible
+from .policy import acts_for, allows, capability_allows, require, require_capability, visible
 from .revocation import MemoryRevocations, Revocations
 from .tokens import (
     CAPABILITY_TTL,
@@ -64,7 +64,7 @@ from .tokens import (
 __all__ = [
     "CAPABILITY_TTL", "CLOCK_SKEW", "KEY_FILE", "OPS", "SCOPES",
     "Capability", "CapabilityCache", "Claims", "MemoryRevocations", "Revocations", "Token",
-    "allows", "capability_allows", "expires_at", "generate_key", "load_key",
+    "acts_for", "allows", "capability_allows", "expires_at", "generate_key", "load_key",
     "load_or_create_key", "load_public_key", "public_key_text", "require",
     "require_capability", "sign", "verify", "verify_capability", "verify_token", "visible",
 ]

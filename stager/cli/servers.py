@@ -49,6 +49,7 @@ def _ready_file(args: argparse.Namespace, config: Config) -> Path:
 
 def run_meta(args: argparse.Namespace) -> int:
     from ..meta.app import make_meta_app
+    from ..meta.presence import announcer
 
     config = server_config(args, 7070, chunk_size=args.chunk_size,
                            stripe_count=args.stripe_count, replicas=args.replicas,
@@ -56,7 +57,9 @@ def run_meta(args: argparse.Namespace) -> int:
                            meta_store=args.store)
 
     async def main() -> None:
-        await serve(make_meta_app(config), config, ready_file=_ready_file(args, config))
+        app = make_meta_app(config)
+        await serve(app, config, after_bind=announcer(app),
+                    ready_file=_ready_file(args, config))
 
     run(main(), "uvloop" if config.event_loop == "auto" else config.event_loop)
     return 0
@@ -86,7 +89,7 @@ def run_data(args: argparse.Namespace) -> int:
             except asyncio.CancelledError:
                 # Stopping (SIGTERM: a pod's preStop, `docker stop`), still serving:
                 # the metadata server marks the target down now, not after a timeout.
-                await leave(config, app[SERVICE].identity.target_id)
+                await leave(app[SERVICE], config)
                 raise
 
         await serve(app, config, after_bind=announce, ready_file=_ready_file(args, config))

@@ -68,7 +68,8 @@ class CapabilityBook:
                 for key in list(self._caps)[:MAX_KEPT // 4]:
                     del self._caps[key]
 
-    async def header(self, op: str, file_ids: Collection[str]) -> str | None:
+    async def header(self, op: str, file_ids: Collection[str],
+                     target: str | None = None) -> str | None:
         if self.off or op == "cluster" or not file_ids:
             return None
         texts, missing = self._lookup(op, file_ids)

@@ -27,7 +27,8 @@ NDJSON = "application/x-ndjson"
 
 def install(app: web.Application, service: DataService, config: Config) -> Scrubber:
     """Give ``app`` a scrubber (background passes when ``scrub_interval`` > 0)."""
-    scrubber = Scrubber(service.store, service.identity.target_id, config)
+    scrubber = Scrubber(service.store, service.identity.target_id, config,
+                        service.credential.headers)
     app[SCRUBBER] = scrubber
     service.scrubber = scrubber     # its progress rides on the heartbeats
     app.middlewares.append(suspect_middleware)

@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from ..auth import load_public_key
 from ..auth.tls import client_ssl
 from ..config import Config
-from ..errors import TRANSPORT_FAILURES, StagerError, error_from_wire
+from ..errors import TRANSPORT_FAILURES, StagerError, Unauthenticated, error_from_wire
 from ..protocol.authmsg import PublicKey
 from ..protocol.messages import Heartbeat
 from ..protocol.metaurls import meta_urls
@@ -34,10 +34,12 @@ async def register_and_heartbeat(service: DataService, config: Config, url: str,
     metadata server that is down is retried with backoff; one that does not know
     the target (answers 404 to a heartbeat) gets a fresh registration.  With auth on
     (``gate``), the metadata server's public key comes first, unless the gate was
-    given it (``public_key_file``), and every request carries the join token.
+    given it (``public_key_file``); the first registration shows the join token and
+    keeps the target credential it is answered (stager/data/credential.py), which
+    every later request shows instead.
     """
     timeout = aiohttp.ClientTimeout(total=max(config.heartbeat_interval * 2, 5.0))
-    ident = service.identity
+    ident, credential = service.identity, service.credential
     urls, current = meta_urls(config.meta_url), 0
     connector = aiohttp.TCPConnector(ssl=client_ssl(config.ca_file))
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
@@ -54,17 +56,30 @@ async def register_and_heartbeat(service: DataService, config: Config, url: str,
                     body = TargetInfo(id=ident.target_id, node=ident.node, url=url,
                                       capacity=usage.capacity, used=usage.used,
                                       chunks=usage.chunks).to_json()
-                    await _post(session, route("register_target").url(meta), body, config)
+                    _, answer = await _post(session, route("register_target").url(meta), body,
+                                            credential.headers())
+                    if isinstance(answer, dict) and isinstance(answer.get("credential"), str):
+                        credential.keep(answer["credential"])
                     log.info("registered target %s at %s", ident.target_id, meta)
                     registered = True
                 else:
-                    status = await _post(
+                    status, _ = await _post(
                         session, route("heartbeat").url(meta, target_id=ident.target_id),
-                        _heartbeat(service, usage).to_json(), config)
+                        _heartbeat(service, usage).to_json(), credential.headers())
                     if status == 404:
                         registered = False
                         continue
                 delay = config.heartbeat_interval
+            except Unauthenticated as exc:
+                # The credential kept was revoked (rotation) or forged: drop it and join
+                # again; a join token refused is the operator's to fix, said each round.
+                log.warning("metadata server %s refused this target: %s", meta, exc)
+                registered = False
+                if credential.held:
+                    credential.drop()
+                    delay = 0.0
+                else:
+                    delay = config.heartbeat_interval
             except (*TRANSPORT_FAILURES, StagerError) as exc:
                 log.warning("metadata server %s unreachable: %s", meta, exc)
                 current = (current + 1) % len(urls)
@@ -75,17 +90,18 @@ async def register_and_heartbeat(service: DataService, config: Config, url: str,
             await asyncio.sleep(delay)
 
 
-async def leave(config: Config, target_id: str, *, within: float = 2.0) -> bool:
-    """Tell the metadata server that ``target_id`` is leaving (its data server is
+async def leave(service: DataService, config: Config, *, within: float = 2.0) -> bool:
+    """Tell the metadata server that this server's target is leaving (it is
     stopping), so that it is marked down now rather than after missed heartbeats.
     Best effort, within ``within`` seconds: whether a metadata server took it."""
+    target_id = service.identity.target_id
     connector = aiohttp.TCPConnector(ssl=client_ssl(config.ca_file))
     async with aiohttp.ClientSession(connector=connector) as session:
         for meta in meta_urls(config.meta_url):
             try:
                 async with asyncio.timeout(within):
-                    status = await _post(session, route("leave_target").url(
-                        meta, target_id=target_id), {}, config)
+                    status, _ = await _post(session, route("leave_target").url(
+                        meta, target_id=target_id), {}, service.credential.headers())
             except (*TRANSPORT_FAILURES, StagerError, TimeoutError) as exc:
                 log.warning("could not tell %s that target %s is leaving: %s",
                             meta, target_id, exc)
@@ -110,12 +126,12 @@ async def _public_key(session: aiohttp.ClientSession, meta: str) -> Ed25519Publi
 
 
 async def _post(session: aiohttp.ClientSession, url: str, body: object,
-                config: Config) -> int:
+                auth: dict[str, str]) -> tuple[int, object]:
+    """POST ``body`` as JSON: the status and the JSON answer (404: ``None``)."""
     async with session.post(url, data=json.dumps(body),
-                            headers={"Content-Type": "application/json",
-                                     **config.auth_headers()}) as resp:
+                            headers={"Content-Type": "application/json", **auth}) as resp:
         if resp.status == 404:
-            return 404
+            return 404, None
         if resp.status >= 400:
             raise error_from_wire(resp.status, await resp.read())
-        return resp.status
+        return resp.status, await resp.json()

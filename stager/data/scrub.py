@@ -70,10 +70,12 @@ def _check(store: ChunkStore, name: str) -> tuple[bool, int]:
 class Scrubber:
     """Verifies the chunks of one target; one pass at a time."""
 
-    def __init__(self, store: ChunkStore, target_id: str, config: Config) -> None:
+    def __init__(self, store: ChunkStore, target_id: str, config: Config,
+                 auth_headers: Callable[[], dict[str, str]] | None = None) -> None:
         self.store = store
         self.target_id = target_id
         self.config = config
+        self.auth_headers = auth_headers or config.auth_headers     # the target's credential
         self.passes = 0
         self.corrupt_found = 0
         self.last_pass: ScrubResult | None = None
@@ -171,7 +173,7 @@ class Scrubber:
                 try:
                     async with session.post(route("scrub_report").url(meta), data=body,
                                             headers={"Content-Type": "application/json",
-                                                     **self.config.auth_headers()}) as resp:
+                                                     **self.auth_headers()}) as resp:
                         if resp.status >= 400:
                             raise error_from_wire(resp.status, await resp.read())
                     break

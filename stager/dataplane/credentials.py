@@ -3,8 +3,10 @@
 The data plane asks its :class:`Credentials` for the header of every request to
 a data server, naming the operation and the files it touches.  Two kinds:
 
-- the metadata server's own (:class:`ClusterCredential`): one ``cluster``
-  capability for everything (rebuild copies, purges, scrubs, the gateway);
+- the metadata server's own (:class:`ServerCredential`): for every file, but
+  each for one operation on the one target it is sent to (rebuild copies, purges,
+  scrubs, listings, the gateway), so a target that receives one cannot use it
+  against another;
 - a client's: :class:`stager.client.capabilities.CapabilityBook`, which keeps
   the capabilities the metadata server handed out per file and fetches the
   missing ones before they are needed.
@@ -19,18 +21,20 @@ from typing import Protocol
 
 
 class Credentials(Protocol):
-    async def header(self, op: str, file_ids: Collection[str]) -> str | None:
+    async def header(self, op: str, file_ids: Collection[str],
+                     target: str | None = None) -> str | None:
         """The ``X-Stager-Capability`` value for ``op`` ("read", "write" or "cluster")
-        on chunks of ``file_ids``; ``None`` for no header."""
+        on chunks of ``file_ids`` on ``target``; ``None`` for no header."""
         ...
 
 
-class ClusterCredential:
-    """The metadata server's capability, from ``mint`` (which reuses one while it is
-    fresh): it covers every file and the maintenance routes."""
+class ServerCredential:
+    """The metadata server's capabilities, from ``mint(op, target)`` (which reuses
+    one while it is fresh): every file, one operation, one target."""
 
-    def __init__(self, mint: Callable[[], str]) -> None:
+    def __init__(self, mint: Callable[[str, str], str]) -> None:
         self.mint = mint
 
-    async def header(self, op: str, file_ids: Collection[str]) -> str | None:
-        return self.mint()
+    async def header(self, op: str, file_ids: Collection[str],
+                     target: str | None = None) -> str | None:
+        return None if target is None else self.mint(op, target)

@@ -9,8 +9,12 @@ With ``--auth`` the metadata server holds the cluster's Ed25519 key (under
   every :data:`REVOKED_REFRESH` seconds where other metadata servers share the
   store);
 - **capabilities**, one per file id and operation, handed out with layouts and
-  by the ``capabilities`` route, and its own **cluster capability** for what it
-  asks of data servers (rebuild copies, purges, scrubs, listings).
+  by the ``capabilities`` route, and its own **server capabilities** for what it
+  asks of data servers (rebuild copies, purges, scrubs, listings, the gateway's
+  reads): every file, one operation, one target;
+- **target credentials**: one per storage target, minted at its first registration
+  (:meth:`MetaAuth.mint_target_credential`), pinned to the target in the store
+  (stager/meta/targetauth.py).
 
 Verifying a bearer token costs an Ed25519 check (~0.13 ms); a client sends the
 same text with every request, so verified texts are remembered
@@ -40,7 +44,7 @@ from ..auth import (
 )
 from ..auth.cache import VerifiedCache
 from ..auth.keys import write_secret
-from ..auth.tokens import ANY_FILE, CLUSTER
+from ..auth.tokens import ANY_FILE
 from ..protocol.authmsg import TokenInfo, TokenRequest
 from .store import MetaStore
 
@@ -48,7 +52,8 @@ AUTH_DIR = "auth"
 ADMIN_TOKEN_FILE = "admin.token"
 ADMIN_TTL = 10 * 365 * 86400        # the bootstrap admin token: revoke it to end it
 MINTED_CACHE = 65536                # capabilities remembered for reuse
-SELF_ID = "0" * 32                  # the holder of the cluster capability: this server
+SELF_ID = "0" * 32                  # the holder of the server capabilities: this server
+TARGET_CREDENTIAL_TTL = 10 * 365 * 86400    # revoked, not expired: `stager token revoke`
 REVOKED_REFRESH = 0.5               # seconds between reads of the revoked ids (shared store)
 
 
@@ -66,7 +71,8 @@ class MetaAuth:
         self.clock = clock
         self.revoked: set[str] = set()
         self.tokens = VerifiedCache(lambda text, now: verify_token(self.public, text, now, self))
-        self._minted: OrderedDict[tuple[str, str, str], tuple[str, int]] = OrderedDict()
+        self._minted: OrderedDict[tuple[str, str, str, str | None], tuple[str, int]] = \
+            OrderedDict()
 
     @classmethod
     def under(cls, directory: Path | str, store: MetaStore,
@@ -106,6 +112,17 @@ class MetaAuth:
         await self.store.put_token(info)
         return sign(self.key, token), info
 
+    async def mint_target_credential(self, target_id: str) -> tuple[str, TokenInfo]:
+        """A new credential for ``target_id`` alone (scope ``target``), recorded like
+        any token (``stager token list`` shows it as ``target:ID``; revocable)."""
+        now = self.clock()
+        token = Token.new(f"target:{target_id}", {"target"}, ["/"], TARGET_CREDENTIAL_TTL,
+                          now, target=target_id)
+        info = TokenInfo(token.id, token.name, ("target",), token.prefixes, int(now),
+                         token.expires)
+        await self.store.put_token(info)
+        return sign(self.key, token), info
+
     async def revoke(self, token_id: str) -> TokenInfo:
         info = await self.store.revoke_token(token_id, now=int(self.clock()))
         self.revoked.add(token_id)
@@ -115,15 +132,17 @@ class MetaAuth:
         return await self.store.list_tokens()
 
     # -- capabilities -------------------------------------------------------------------
-    def capability(self, file_id: str, op: str, holder: str) -> str:
-        """A capability for ``op`` on ``file_id``, for the token ``holder``; one minted
-        earlier is reused while more than half its life is left."""
+    def capability(self, file_id: str, op: str, holder: str,
+                   target: str | None = None) -> str:
+        """A capability for ``op`` on ``file_id``, for the token ``holder`` (on
+        ``target`` alone, for this server's own); one minted earlier is reused while
+        more than half its life is left."""
         now = self.clock()
-        key = (file_id, op, holder)
+        key = (file_id, op, holder, target)
         hit = self._minted.get(key)
         if hit is not None and hit[1] - now > self.capability_ttl / 2:
             return hit[0]
-        cap = Capability(file_id, op, int(now + self.capability_ttl), holder)
+        cap = Capability(file_id, op, int(now + self.capability_ttl), holder, target)
         text = sign(self.key, cap)
         self._minted[key] = (text, cap.expires)
         self._minted.move_to_end(key)
@@ -131,9 +150,10 @@ class MetaAuth:
             self._minted.popitem(last=False)
         return text
 
-    def cluster_capability(self) -> str:
-        """This server's own capability to data servers: every file, every route."""
-        return self.capability(ANY_FILE, CLUSTER, SELF_ID)
+    def server_capability(self, op: str, target: str) -> str:
+        """This server's own capability for ``op`` ("read", "write" or "cluster": the
+        maintenance routes) on every file of ``target``, and on no other target."""
+        return self.capability(ANY_FILE, op, SELF_ID, target)
 
     async def write_admin_token(self, path: Path | str) -> Path | None:
         """Mint an admin token into ``path`` (0600) unless a file is there."""

@@ -241,6 +241,21 @@ class PostgreSQLStore(MetaStore):
     async def list_tokens(self) -> list[TokenInfo]:
         return list(await self._read(files.list_tokens))
 
+    async def take_token_use(self, token_id: str) -> bool:
+        return bool(await self._write(lambda c: files.take_token_use(c, token_id)))
+
+    async def target_credential(self, target_id: str) -> str | None:
+        found: str | None = await self._read(lambda c: files.target_credential(c, target_id))
+        return found
+
+    async def pin_target_credential(self, target_id: str, token_id: str, *,
+                                    replaces: str | None) -> bool:
+        return bool(await self._write(lambda c: files.pin_target_credential(
+            c, target_id, token_id, replaces)))
+
+    async def forget_target(self, target_id: str) -> None:
+        await self._write(lambda c: files.forget_target(c, target_id))
+
     async def revoke_token(self, token_id: str, *, now: int) -> TokenInfo:
         info: TokenInfo = await self._write(lambda c: files.revoke_token(c, token_id, now))
         return info

@@ -40,7 +40,7 @@ Op = Callable[[asyncpg.Connection], Awaitable[R]]
 CONFLICT_RETRIES = 50        # serialization failures and deadlocks, per transaction
 RECONNECTS = 3               # connections found dead before the transaction began
 ROOT_ID = 1
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 # Each migration takes the schema from version N-1 to N; applied in order, each in
 # the transaction that records its number.  Names sort bytewise (COLLATE "C"), as in
@@ -128,6 +128,12 @@ CREATE TABLE purged (
     at      DOUBLE PRECISION NOT NULL
 );
 CREATE INDEX purged_at ON purged (at);
+""", 8: """
+ALTER TABLE tokens ADD COLUMN IF NOT EXISTS uses BIGINT;
+CREATE TABLE target_credentials (
+    target_id TEXT PRIMARY KEY,
+    token_id  TEXT NOT NULL
+);
 """}
 
 # Errors after which the connection is gone or the server cannot serve: the

@@ -20,7 +20,7 @@ from .sqlite_db import layout_of, layout_text, unpack
 from .store import StoredFile
 
 _FILE_COLS = "id, file_id, size, layout, checksums"
-_TOKEN_COLS = "id, name, scopes, prefixes, created, expires, revoked"
+_TOKEN_COLS = "id, name, scopes, prefixes, created, expires, revoked, uses"
 _TARGET_COLS = "id, node, url, capacity, used, chunks, last_heartbeat, state"
 
 
@@ -79,13 +79,15 @@ async def replace_layout(conn: asyncpg.Connection, file_id: str, old: Layout,
 def _token(row: asyncpg.Record) -> TokenInfo:
     return TokenInfo(row["id"], row["name"], tuple(row["scopes"]), tuple(row["prefixes"]),
                      int(row["created"]), int(row["expires"]),
-                     None if row["revoked"] is None else int(row["revoked"]))
+                     None if row["revoked"] is None else int(row["revoked"]),
+                     None if row["uses"] is None else int(row["uses"]))
 
 
 async def put_token(conn: asyncpg.Connection, info: TokenInfo) -> None:
-    await conn.execute(f"INSERT INTO tokens ({_TOKEN_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-                       info.id, info.name, list(info.scopes), list(info.prefixes),
-                       info.created, info.expires, info.revoked)
+    await conn.execute(
+        f"INSERT INTO tokens ({_TOKEN_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        info.id, info.name, list(info.scopes), list(info.prefixes), info.created,
+        info.expires, info.revoked, info.uses)
 
 
 async def list_tokens(conn: asyncpg.Connection) -> list[TokenInfo]:
@@ -100,6 +102,39 @@ async def revoke_token(conn: asyncpg.Connection, token_id: str, now: int) -> Tok
     if row is None:
         raise NotFound(f"no token {token_id}", token=token_id)
     return _token(row)
+
+
+async def take_token_use(conn: asyncpg.Connection, token_id: str) -> bool:
+    uses = await conn.fetchrow("UPDATE tokens SET uses = uses - 1 WHERE id = $1 AND uses > 0 "
+                               "RETURNING uses", token_id)
+    if uses is not None:
+        return True
+    row = await conn.fetchrow("SELECT uses FROM tokens WHERE id = $1", token_id)
+    return row is not None and row["uses"] is None
+
+
+# -- target credentials --------------------------------------------------------------------
+async def target_credential(conn: asyncpg.Connection, target_id: str) -> str | None:
+    return await conn.fetchval(
+        "SELECT token_id FROM target_credentials WHERE target_id = $1", target_id)
+
+
+async def pin_target_credential(conn: asyncpg.Connection, target_id: str, token_id: str,
+                                replaces: str | None) -> bool:
+    if replaces is None:
+        status = await conn.execute(
+            "INSERT INTO target_credentials VALUES ($1, $2) ON CONFLICT DO NOTHING",
+            target_id, token_id)
+    else:
+        status = await conn.execute(
+            "UPDATE target_credentials SET token_id = $2 WHERE target_id = $1 "
+            "AND token_id = $3", target_id, token_id, replaces)
+    return bool(status.endswith(" 1"))
+
+
+async def forget_target(conn: asyncpg.Connection, target_id: str) -> None:
+    await conn.execute("DELETE FROM target_credentials WHERE target_id = $1", target_id)
+    await conn.execute("DELETE FROM targets WHERE id = $1", target_id)
 
 
 # -- targets -----------------------------------------------------------------------------

@@ -185,6 +185,19 @@ class SQLiteStore(MetaStore):
     async def revoke_token(self, token_id: str, *, now: int) -> TokenInfo:
         return await self.thread.run(self.tokens.revoke, token_id, now)
 
+    async def take_token_use(self, token_id: str) -> bool:
+        return await self.thread.run(self.tokens.take_use, token_id)
+
+    async def target_credential(self, target_id: str) -> str | None:
+        return await self.thread.run(self.tokens.pinned, target_id)
+
+    async def pin_target_credential(self, target_id: str, token_id: str, *,
+                                    replaces: str | None) -> bool:
+        return await self.thread.run(self.tokens.pin, target_id, token_id, replaces)
+
+    async def forget_target(self, target_id: str) -> None:
+        await self.thread.run(self.tokens.forget_target, target_id)
+
     # -- copying a whole store --------------------------------------------------------
     async def dump_entries(self, *, after: int, limit: int) -> list[EntryRecord]:
         return await self.thread.run(self.copies.dump_entries, after=after, limit=limit)

@@ -47,6 +47,10 @@ CREATE TABLE IF NOT EXISTS garbage (
     size      INTEGER NOT NULL,
     since     REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS target_credentials (
+    target_id TEXT PRIMARY KEY,
+    token_id  TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS purged (
     file_id   TEXT PRIMARY KEY,
     at        REAL NOT NULL
@@ -135,6 +139,9 @@ class Database:
         columns = {r[1] for r in self.db.execute("PRAGMA table_info(manifests)")}
         if "gen" not in columns:        # a database made before manifests had versions
             self.db.execute("ALTER TABLE manifests ADD COLUMN gen INTEGER NOT NULL DEFAULT 0")
+        columns = {r[1] for r in self.db.execute("PRAGMA table_info(tokens)")}
+        if "uses" not in columns:       # a database made before join tokens had limits
+            self.db.execute("ALTER TABLE tokens ADD COLUMN uses INTEGER")
         # Directories whose manifests (theirs and their ancestors') the transaction
         # under way changes: bumped in one statement just before its COMMIT.
         self.changed: set[int] = set()

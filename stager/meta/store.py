@@ -297,6 +297,26 @@ class MetaStore(ABC):
         """Mark a token revoked (at ``now``; kept if already revoked); its record, or
         :class:`~stager.errors.NotFound`."""
 
+    @abstractmethod
+    async def take_token_use(self, token_id: str) -> bool:
+        """Spend one of a token's limited uses, atomically: False when none is left
+        (or no such token); True, spending nothing, for a token without a limit."""
+
+    # -- target credentials (stager/meta/targetauth.py) --------------------------------
+    @abstractmethod
+    async def target_credential(self, target_id: str) -> str | None:
+        """The id of the credential pinned to ``target_id``, if one is."""
+
+    @abstractmethod
+    async def pin_target_credential(self, target_id: str, token_id: str, *,
+                                    replaces: str | None) -> bool:
+        """Compare-and-swap: pin ``token_id`` to ``target_id`` if the pin is still
+        ``replaces`` (``None``: no pin yet); False, changing nothing, when it is not."""
+
+    @abstractmethod
+    async def forget_target(self, target_id: str) -> None:
+        """Drop a target's record and its credential's pin (``stager target forget``)."""
+
     # -- copying a whole store (stager/meta/migrate.py) -----------------------------
     @abstractmethod
     async def dump_entries(self, *, after: int, limit: int) -> list[EntryRecord]:

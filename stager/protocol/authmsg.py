@@ -25,10 +25,11 @@ class TokenRequest:
     prefixes: tuple[str, ...] = ("/",)
     ttl: int = 86400
     name: str = ""
+    uses: int | None = None         # a join token: how many new targets it may register
 
     def to_json(self) -> dict[str, Any]:
         return {"scopes": list(self.scopes), "prefixes": list(self.prefixes),
-                "ttl": self.ttl, "name": self.name}
+                "ttl": self.ttl, "name": self.name, "uses": self.uses}
 
     @classmethod
     def from_json(cls, obj: Any) -> TokenRequest:
@@ -39,7 +40,14 @@ class TokenRequest:
         ttl = count_of(obj, "ttl", 86400)
         if not 1 <= ttl <= MAX_TTL:
             raise BadRequest(f"ttl is 1 to {MAX_TTL} seconds", ttl=ttl)
-        return cls(tuple(scopes), tuple(prefixes), ttl, field_of(obj, "name", str, ""))
+        if "target" in scopes:
+            raise BadRequest("target credentials are minted by the metadata server when a "
+                             "target first registers, not by `token create`")
+        uses = field_of(obj, "uses", int, None)
+        if uses is not None and (uses < 1 or scopes != ["join"]):
+            raise BadRequest("uses (1 or more) limits a token of the join scope alone",
+                             uses=uses)
+        return cls(tuple(scopes), tuple(prefixes), ttl, field_of(obj, "name", str, ""), uses)
 
 
 @dataclass(frozen=True)
@@ -53,18 +61,19 @@ class TokenInfo:
     created: int
     expires: int
     revoked: int | None = None      # unix seconds it was revoked, if it was
+    uses: int | None = None         # registrations a join token has left (None: no limit)
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "scopes": list(self.scopes),
                 "prefixes": list(self.prefixes), "created": self.created,
-                "expires": self.expires, "revoked": self.revoked}
+                "expires": self.expires, "revoked": self.revoked, "uses": self.uses}
 
     @classmethod
     def from_json(cls, obj: Any) -> TokenInfo:
         return cls(field_of(obj, "id", str), field_of(obj, "name", str),
                    tuple(field_of(obj, "scopes", list)), tuple(field_of(obj, "prefixes", list)),
                    count_of(obj, "created"), count_of(obj, "expires"),
-                   field_of(obj, "revoked", int, None))
+                   field_of(obj, "revoked", int, None), field_of(obj, "uses", int, None))
 
 
 @dataclass(frozen=True)
