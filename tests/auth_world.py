@@ -45,6 +45,7 @@ TOKENS = {                      # name: (scopes, prefixes), minted by the admin
     "read_m": (["read"], ("/m",)), "write_m": (["write"], ("/m",)),
     "read_o": (["read"], ("/other",)), "write_o": (["write"], ("/other",)),
     "admin_o": (["admin"], ("/other",)), "join_o": (["join"], ("/other",)),
+    "loader_m": (["read", "telemetry"], ("/m",)),       # a Loader's: it reads and reports
 }
 FILE_A, FILE_B = b"A" * 5000, b"B" * 3000
 
@@ -237,10 +238,11 @@ CASES: dict[str, Case] = {
     "scrub_report": Case(lambda w: post("scrub_report", {"target": w.targets[0]["id"],
                                                          "chunks": []}), **JOIN),
     "fsck": Case(lambda w: post("fsck", {"repair": False}), **ADMIN),
-    "report_rank": Case(lambda w: Sent("PUT", route("report_rank").target(job="j", rank=0),
-                                       as_json({"interval": 1, "world_size": 1,
-                                                "samples": 0})), "read_m", scope="write"),
-    "list_jobs": Case(lambda w: get("list_jobs"), "read", scope="write", prefix="read_m"),
+    "report_rank": Case(lambda w: Sent("PUT", route("report_rank").target(
+        job=f"j-{next(w.fresh)}", rank=0), as_json({"interval": 1, "world_size": 1,
+                                                     "samples": 0, "dataset": "/m"})),
+        "loader_m", scope="read_m", prefix="write_o"),
+    "list_jobs": Case(lambda w: get("list_jobs"), "read_m", scope="write"),
     # metadata server: namespace
     "stat": Case(lambda w: get("stat", path="/m/a"), **READ_M),
     "list": Case(lambda w: get("list", path="/m"), **READ_M),

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from auth_world import CASES, FILE_A, Sent, World, get, post
+from auth_world import CASES, FILE_A, Sent, World, as_json, get, post
 from conftest import Reply, start_cluster
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -314,3 +314,77 @@ def test_a_batch_carries_as_many_capabilities_as_the_gate_takes(world: World) ->
     reply = world.send("data", sent, most)
     assert (reply.status, reply.body) == (200, b"AAAA")
     refused(world.send("data", sent, most + " " + caps[0]), 401, route("batch_read"))
+
+
+# -- loader telemetry: who reports a job, who sees it (issue 26) ----------------------------
+def report_to(world: World, job: str, rank: int, cred: str, **fields: object) -> Reply:
+    body = {"interval": 30, "world_size": 4, "samples": 1, **fields}
+    return world.send("meta", Sent("PUT", route("report_rank").target(job=job, rank=rank),
+                                   as_json(body), {"Content-Type": "application/json"}), cred)
+
+
+def listed(world: World, cred: str) -> dict[str, list[tuple[int, int]]]:
+    """{job: [(rank, samples)]} as ``cred`` sees the jobs."""
+    reply = world.send("meta", get("list_jobs"), cred)
+    assert reply.status == 200, reply.body[:200]
+    return {j["job"]: [(e["rank"], e["samples"]) for e in j["ranks"]]
+            for j in reply.json()["jobs"]}
+
+
+def test_a_reader_cannot_report_telemetry(world: World) -> None:
+    """A read token on another team's path once added a fake rank to that team's job,
+    and a fake job beside it: both showed in ``stager jobs`` and the dashboard."""
+    job, fake = f"team-m-{next(world.fresh)}", f"fake-{next(world.fresh)}"
+    assert report_to(world, job, 0, "loader_m", dataset="/m/a", samples=7).status == 200
+    for cred, name, dataset in (("read_o", job, "/m/a"), ("read_o", fake, "/other"),
+                                ("read_m", job, "/m/a"), ("read", fake, "/m")):
+        reply = report_to(world, name, 1, cred, dataset=dataset, samples=999)
+        refused(reply, 403, route("report_rank"))
+        assert "'telemetry' scope" in reply.json()["message"]
+    shown = listed(world, "admin")
+    assert shown[job] == [(0, 7)] and fake not in shown
+
+
+def test_a_job_takes_reports_from_the_token_that_reported_it_first(world: World) -> None:
+    job = f"owned-{next(world.fresh)}"
+    assert report_to(world, job, 0, "loader_m", dataset="/m", samples=5).status == 200
+    for cred in ("write_m", "admin"):     # each may report on /m, but this job is not theirs
+        reply = report_to(world, job, 1, cred, dataset="/m", samples=999)
+        refused(reply, 403, route("report_rank"))
+        assert reply.json()["message"] == f"job {job} belongs to another token"
+        refused(report_to(world, job, 0, cred, dataset="/m", samples=999), 403,
+                route("report_rank"))
+    assert report_to(world, job, 1, "loader_m", dataset="/m/b", samples=6).status == 200
+    assert listed(world, "admin")[job] == [(0, 5), (1, 6)]
+
+
+def test_a_report_needs_the_telemetry_scope_on_its_dataset(world: World) -> None:
+    job = f"paths-{next(world.fresh)}"
+    refused(report_to(world, job, 0, "loader_m", dataset="/other/x"), 403, route("report_rank"))
+    refused(report_to(world, job, 0, "loader_m"), 403, route("report_rank"))    # no dataset: /
+    bad = report_to(world, job, 0, "loader_m", dataset="/m/../other")
+    assert (bad.status, bad.json()["error"]) == (400, "invalid_path"), bad.body[:200]
+    assert report_to(world, job, 0, "write_m", dataset="/m/").status == 200   # write implies it
+    jobs = {j["job"]: j for j in world.send("meta", get("list_jobs"), "read_m").json()["jobs"]}
+    assert [e["dataset"] for e in jobs[job]["ranks"]] == ["/m"]       # as checked: normalized
+
+
+def test_a_listing_shows_a_token_the_jobs_it_may_read(world: World) -> None:
+    m_job, o_job = f"on-m-{next(world.fresh)}", f"on-o-{next(world.fresh)}"
+    assert report_to(world, m_job, 0, "loader_m", dataset="/m/a").status == 200
+    assert report_to(world, o_job, 0, "admin_o", dataset="/other/x").status == 200
+    seen = {cred: listed(world, cred) for cred in ("read_m", "read_o", "read", "admin")}
+    assert m_job in seen["read_m"] and o_job not in seen["read_m"]
+    assert o_job in seen["read_o"] and m_job not in seen["read_o"]
+    assert {m_job, o_job} <= set(seen["read"]) & set(seen["admin"])
+
+
+# -- capabilities: a refusal names the file id, never its path (issue 26) ------------------
+def test_a_refused_capability_names_the_file_not_where_it_is(world: World) -> None:
+    for op, file_id, cred, path in (("read", world.a, "read_o", "/m/a"),
+                                    ("write", world.v["file_id"], "write_o", "/m/v")):
+        reply = world.send("meta", post("capabilities", {"op": op, "file_ids": [file_id]}),
+                           cred)
+        refused(reply, 403, route("capabilities"))
+        assert file_id in reply.json()["message"], reply.body
+        assert path not in reply.body.decode() and "/m" not in reply.body.decode(), reply.body

@@ -7,7 +7,9 @@ Decisions, and why:
   give both for the usual case).  ``admin`` implies every other scope — ``read``,
   ``write`` and ``join`` — since an admin can mint any token anyway, refusing it
   a scope would add no safety.  ``join`` grants nothing but itself: a data
-  server registering and sending heartbeats.
+  server registering and sending heartbeats.  ``telemetry`` lets a Loader report
+  its job for a dataset under the prefixes; ``write`` (and ``admin``) imply it, so
+  a Loader's usual token reports, and a read-only one needs it named.
 - **Prefixes.** A path is covered when it is a prefix or below one, at segment
   boundaries: ``/data/a`` covers ``/data/a`` and ``/data/a/x``, never
   ``/data/ab``; ``/`` covers everything.  Operations on no path (targets,
@@ -37,9 +39,10 @@ from .tokens import CLUSTER, Capability, Token
 
 IMPLIED: dict[str, frozenset[str]] = {
     "read": frozenset({"read"}),
-    "write": frozenset({"write"}),
+    "write": frozenset({"write", "telemetry"}),
     "join": frozenset({"join"}),
-    "admin": frozenset({"admin", "read", "write", "join"}),
+    "telemetry": frozenset({"telemetry"}),
+    "admin": frozenset({"admin", "read", "write", "join", "telemetry"}),
 }
 
 

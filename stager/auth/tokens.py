@@ -48,7 +48,8 @@ from . import b64
 from .revocation import Revocations
 
 VERSION = "stg1"
-SCOPES = frozenset({"read", "write", "admin", "join"})
+SCOPES = frozenset({"read", "write", "admin", "join",
+                    "telemetry"})   # a Loader reporting its job (stager/meta/jobtable.py)
 OPS = frozenset({"read", "write"})
 CLUSTER = "cluster"         # the metadata server's own capability: every file, and the
                             # data servers' maintenance routes (purge, scrub, listings)

@@ -10,6 +10,10 @@ Reporting never gets in the training loop's way: the reports are built and sent
 off the consumer's thread, and a metadata server that is down, slow or answers
 an error costs a count in ``stats()["reports_failed"]`` and one log line, never
 an exception.  A DataLoader worker reports as its own (rank, worker) entry.
+
+A refusal (403: the loader's token lacks the ``telemetry`` scope on the dataset,
+or another token reports the job already) will not change with retrying: the
+loader logs it once and reports no more.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..client import Client
+from ..errors import Forbidden
 from ..protocol.jobreport import MAX_INTERVAL, MAX_TARGETS, MIN_INTERVAL, check_job
 
 if TYPE_CHECKING:
@@ -105,6 +110,7 @@ class Reporter:
                          "pid": os.getpid(), "interval": interval,
                          "session": secrets.token_hex(6)}
         self.sent = self.failed = 0
+        self.refused = False        # a 403: no more reports from this loader
         self.last_error: str | None = None
         self._seq = 0
         self._prev: tuple[float, int, float] | None = None   # (time, samples, stall)
@@ -166,15 +172,18 @@ class Reporter:
         return body
 
     async def _send(self, final: bool) -> bool:
-        """One report; False once the loader is gone."""
+        """One report; False once the loader is gone or reports are refused."""
         loader = self._loader()
-        if loader is None:
+        if loader is None or self.refused:
             return False
         try:
             body = await asyncio.to_thread(self._body, loader, final)
             del loader          # the request below must not keep it alive
             await self._client.aio.report_job(self.job, self.rank, body, worker=self.worker,
                                               timeout=self.timeout)
+        except Forbidden as exc:
+            self._refused(exc)
+            return False
         except Exception as exc:  # noqa: BLE001 - a failed report is counted, not raised
             self._failed(exc)
         else:
@@ -184,6 +193,15 @@ class Reporter:
                          self.job)
                 self.last_error = None
         return True
+
+    def _refused(self, exc: Forbidden) -> None:
+        self.failed += 1
+        self.refused = True
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        log.warning("loader telemetry for job %s (rank %s) refused: %s; this loader reports "
+                    "no more (its token needs the telemetry scope on the dataset, e.g. "
+                    "`stager token create --scope read --scope telemetry`), and goes on",
+                    self.job, self.rank, exc)
 
     def _failed(self, exc: BaseException) -> None:
         self.failed += 1

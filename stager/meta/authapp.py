@@ -22,12 +22,13 @@ from pathlib import Path
 from aiohttp import web
 
 from ..aio import cancel_and_wait
-from ..auth.policy import allows
+from ..auth.policy import allows, granted
 from ..config import Config
-from ..errors import NotFound, StagerError
+from ..errors import Forbidden, NotFound, StagerError
 from ..protocol.authmsg import CapabilityRequest, PublicKey, TokenCreated, TokenList, TokenRequest
 from ..protocol.batch import results_json
 from ..protocol.models import FileInfo
+from ..protocol.paths import normalize
 from ..web.authmw import GATE, TokenGate, authorize, quiet_audit, token_of
 from ..web.middleware import json_response
 from ..web.requests import read_json
@@ -107,9 +108,10 @@ async def check_uploads(request: web.Request, service: MetaService,
     upload is left for the operation itself to refuse, item by item)."""
     if token_of(request) is None:
         return
-    for upload in await service.store.get_uploads(list(file_ids)):
+    for file_id, upload in zip(file_ids, await service.store.get_uploads(list(file_ids)),
+                               strict=True):
         if isinstance(upload, Upload):
-            authorize(request, "write", upload.path)
+            _authorize_file(request, "write", file_id, upload.path)
 
 
 # -- routes ----------------------------------------------------------------------------
@@ -145,15 +147,25 @@ async def capabilities(request: web.Request, service: MetaService,
         # Each file's path must be covered (a write, whoever asks: only a file being
         # written gets a write capability, never a committed one).
         found = await _paths(service, req)
-        for path in found:
+        for file_id, path in zip(req.file_ids, found, strict=True):
             if isinstance(path, str):
-                authorize(request, req.op, path)
+                _authorize_file(request, req.op, file_id, path)
         found = [f if isinstance(p, str) else p
                  for f, p in zip(req.file_ids, found, strict=True)]
     else:
         authorize(request, req.op, None)
     return json_response(results_json(
         found, lambda f: {"file_id": f, "capability": auth.capability(f, req.op, token.id)}))
+
+
+def _authorize_file(request: web.Request, op: str, file_id: str, path: str) -> None:
+    """:func:`authorize` for the file ``file_id`` at ``path``, whose refusal names the
+    file id only: where a file the token does not cover lives is none of its business."""
+    token = token_of(request)
+    if token is not None and op in granted(token) and not allows(token, op, normalize(path)):
+        raise Forbidden(f"token {token.name!r} does not cover file {file_id}",
+                        token=token.id, file_id=file_id)
+    authorize(request, op, path)
 
 
 async def _paths(service: MetaService, req: CapabilityRequest) -> list[str | StagerError]:

@@ -9,11 +9,23 @@ entry's stall fraction and samples/s as gauges.
 The table lives in memory, on purpose: it is live telemetry, rebuilt by the
 loaders' next reports within seconds of a restart, and an entry expires after
 :data:`~stager.protocol.jobreport.MISSED_REPORTS` report intervals without news
-(its loader ended, was killed, or cannot reach us).  With one metadata server
+(its loader ended, was killed, or cannot reach us).
+
+With auth on, a report needs the ``telemetry`` scope (``write`` and ``admin``
+imply it) on the dataset path it names (on ``/`` when it names none), and a job
+belongs to the token that reported it first, for as long as it has live
+entries: a report into it from any other token is a 403, so no one can add ranks
+to, or overwrite, another team's job.  A listing shows a token the entries it
+reported and those whose dataset it may read (:func:`may_see`).
+
+With one metadata server
 nothing here touches the metadata store.  Where several share one (PostgreSQL),
 each report is also written to it (an unlogged table: telemetry need not survive
 a database crash) and a listing reads every server's entries back from it, so a
-rank reporting to one server is listed by all.
+rank reporting to one server is listed by all.  A server learns who owns a job it
+has not seen from there too, before it records the first report for it; should
+two servers still have let two tokens claim one job at once, the earlier claim
+wins when the entries are read back.
 """
 
 from __future__ import annotations
@@ -27,7 +39,9 @@ from aiohttp import web
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from ..errors import Unavailable
+from ..auth import Token
+from ..auth.policy import allows
+from ..errors import Forbidden, InvalidPath, Unavailable
 from ..protocol.jobreport import (
     MAX_REPORT_BYTES,
     JobList,
@@ -38,6 +52,8 @@ from ..protocol.jobreport import (
     parse_report,
     ttl,
 )
+from ..protocol.paths import normalize
+from ..web.authmw import authorize, token_of
 from ..web.middleware import METRICS_KEY, json_response
 from ..web.requests import read_json
 from .store import MetaStore
@@ -57,6 +73,8 @@ class RankEntry:
     report: dict[str, Any]
     received: float
     expires: float
+    owner: str | None = None    # the id of the token that reports the job (None: auth off)
+    since: float = 0.0          # when that token first reported the job
 
     @property
     def state(self) -> str:
@@ -73,6 +91,29 @@ def _stale(old: dict[str, Any], new: dict[str, Any]) -> bool:
     arrives after the final one, say)."""
     return (old.get("session") is not None and old.get("session") == new.get("session")
             and new.get("seq", 0) <= old.get("seq", 0))
+
+
+@dataclass
+class Claim:
+    """Who reports a job, since when, and how many live entries it has: the claim
+    lasts as long as they do."""
+
+    owner: str | None
+    since: float
+    entries: int = 0
+
+
+def may_see(token: Token | None, entry: RankEntry) -> bool:
+    """Does a listing show ``entry`` to ``token`` (``None``: auth off)?  Its own
+    reports, and those of datasets it may read (a report naming none: a token that
+    reads everything)."""
+    if token is None or entry.owner == token.id:
+        return True
+    dataset = entry.report.get("dataset")
+    try:
+        return allows(token, "read", None if dataset is None else normalize(dataset))
+    except InvalidPath:
+        return False
 
 
 def summarize(entries: list[RankEntry], now: float) -> dict[str, Any]:
@@ -107,6 +148,7 @@ class JobTable:
         self.max_entries = max_entries
         self.store = store          # shared with other metadata servers, else None
         self._entries: dict[Key, RankEntry] = {}
+        self._claims: dict[str, Claim] = {}
 
     async def share(self, entry: RankEntry) -> None:
         """Write ``entry`` to the shared store, for the other metadata servers."""
@@ -116,7 +158,7 @@ class JobTable:
                 f"{entry.job}/{entry.rank}/{worker}",
                 {"job": entry.job, "rank": entry.rank, "worker": entry.worker,
                  "report": entry.report, "received": entry.received,
-                 "expires": entry.expires},
+                 "expires": entry.expires, "owner": entry.owner, "since": entry.since},
                 expires=entry.expires)
 
     async def load(self) -> None:
@@ -125,15 +167,33 @@ class JobTable:
             return
         stored = await self.store.live_reports(self.clock())
         entries = [RankEntry(b["job"], int(b["rank"]), b["worker"], b["report"],
-                             float(b["received"]), float(b["expires"]))
+                             float(b["received"]), float(b["expires"]), b.get("owner"),
+                             float(b.get("since", b["received"])))
                    for b in stored.values()]
-        self._entries = {(e.job, e.rank, e.worker): e for e in entries}
+        # the earliest claim of each job wins (two servers may each have let one in)
+        first: dict[str, RankEntry] = {}
+        for e in sorted(entries, key=lambda e: (e.since, e.owner or "")):
+            first.setdefault(e.job, e)
+        self._entries, self._claims = {}, {}
+        for e in entries:
+            if e.owner == first[e.job].owner:
+                self._entries[(e.job, e.rank, e.worker)] = e
+                self._claim(e.job, e.owner, e.since).entries += 1
 
-    def report(self, job: str, rank: int, worker: int | None,
-               report: dict[str, Any]) -> RankEntry:
-        """Record a checked report (see :func:`~stager.protocol.jobreport.parse_report`)."""
+    def knows(self, job: str) -> bool:
+        """Has ``job`` live entries here (so its owner is known without the store)?"""
+        return job in self._claims
+
+    def report(self, job: str, rank: int, worker: int | None, report: dict[str, Any],
+               owner: str | None = None) -> RankEntry:
+        """Record a checked report (see :func:`~stager.protocol.jobreport.parse_report`)
+        sent with the token ``owner`` (its id; ``None`` with auth off).  A job with live
+        entries takes reports from its owner only: :class:`Forbidden` for the rest."""
         now = self.clock()
         self._expire(now)
+        claim = self._claims.get(job)
+        if claim is not None and claim.owner != owner:
+            raise Forbidden(f"job {job} belongs to another token", job=job)
         key = (job, rank, worker)
         old = self._entries.get(key)
         if old is not None and _stale(old.report, report):
@@ -141,23 +201,38 @@ class JobTable:
         if old is None and len(self._entries) >= self.max_entries:
             raise Unavailable(f"{self.max_entries} loaders are reporting already; "
                               "this one is not recorded", limit=self.max_entries)
-        entry = RankEntry(job, rank, worker, report, now, now + ttl(report["interval"]))
+        claim = self._claim(job, owner, now)
+        entry = RankEntry(job, rank, worker, report, now, now + ttl(report["interval"]),
+                          owner, claim.since)
+        if old is None:
+            claim.entries += 1
         self._entries[key] = entry
         return entry
+
+    def _claim(self, job: str, owner: str | None, since: float) -> Claim:
+        claim = self._claims.get(job)
+        if claim is None:
+            claim = self._claims[job] = Claim(owner, since)
+        return claim
 
     def _expire(self, now: float) -> None:
         for key in [k for k, e in self._entries.items() if e.expires <= now]:
             del self._entries[key]
+            claim = self._claims[key[0]]
+            claim.entries -= 1
+            if claim.entries == 0:
+                del self._claims[key[0]]
 
     def live(self) -> list[RankEntry]:
         self._expire(self.clock())
         return list(self._entries.values())
 
-    def jobs(self) -> JobList:
-        """Every job with its entries (by rank, worker) and summary; worst stall first."""
+    def jobs(self, shown: Callable[[RankEntry], bool] = lambda e: True) -> JobList:
+        """Every job with its entries (by rank, worker) and summary, worst stall first;
+        only the entries ``shown`` keeps."""
         now = self.clock()
         by_job: dict[str, list[RankEntry]] = {}
-        for entry in self.live():
+        for entry in filter(shown, self.live()):
             by_job.setdefault(entry.job, []).append(entry)
         out = []
         for job, entries in by_job.items():
@@ -209,14 +284,22 @@ async def report_rank(request: web.Request) -> web.Response:
     job = check_job(request.match_info["job"])
     rank, worker = check_entry(request.match_info["rank"], request.query.get("worker"))
     report = parse_report(await read_json(request, MAX_REPORT_BYTES), rank)
-    entry = request.app[JOBS].report(job, rank, worker, report)
-    await request.app[JOBS].share(entry)
+    token, table = token_of(request), request.app[JOBS]
+    if token is not None:
+        if report.get("dataset") is not None:
+            report["dataset"] = normalize(report["dataset"])
+        authorize(request, "telemetry", report.get("dataset"))
+        if table.store is not None and not table.knows(job):
+            await table.load()      # another metadata server may know its owner
+    entry = table.report(job, rank, worker, report, None if token is None else token.id)
+    await table.share(entry)
     return json_response(RankRecorded(job, rank, worker, entry.expires).to_json())
 
 
 async def list_jobs(request: web.Request) -> web.Response:
+    token = token_of(request)
     await request.app[JOBS].load()
-    return json_response(request.app[JOBS].jobs().to_json())
+    return json_response(request.app[JOBS].jobs(lambda e: may_see(token, e)).to_json())
 
 
 HANDLERS = {"report_rank": report_rank, "list_jobs": list_jobs}

@@ -3,7 +3,9 @@
 A loader (one rank of a training job, or one DataLoader worker of a rank) sends
 ``PUT /v1/jobs/{job}/ranks/{rank}[?worker=W]`` every few seconds with a
 compact summary of its ``stats()``; ``GET /v1/jobs`` lists every job with its
-live entries.  The URL names the entry; the body carries the numbers.
+live entries (with auth on, those the token may see).  The URL names the entry;
+the body carries the numbers, and its ``dataset`` is the path a report needs the
+``telemetry`` scope on (:mod:`stager.meta.jobtable` says who may report what).
 :func:`parse_report` is the report's model: the fields are tables (below), a
 report is the checked dict of them, and unknown fields are dropped so a newer
 loader can talk to an older server; the loader builds the same fields

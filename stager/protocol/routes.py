@@ -40,7 +40,7 @@ class Param:
         return {"type": self.type, **dict(self.bounds)}
 
 
-SCOPES_NEEDED = ("public", "any", "read", "write", "admin", "join", "cluster")
+SCOPES_NEEDED = ("public", "any", "read", "write", "admin", "join", "cluster", "telemetry")
 WHERE = ("none", "cluster", "path", "visible", "body", "chunk")
 
 
@@ -312,7 +312,7 @@ ACCESS: dict[str, Access] = {
     "status": ANY, "list_targets": ANY, "register_target": JOIN, "heartbeat": JOIN,
     "leave_target": JOIN, "remove_target": ADMIN, "scrub": ADMIN, "scrub_report": JOIN,
     "fsck": ADMIN,
-    "report_rank": Access("read", "none"), "list_jobs": Access("read", "cluster"),
+    "report_rank": Access("telemetry", "body"), "list_jobs": Access("read", "none"),
     # namespace
     "stat": Access("read", "visible"), "list": Access("read", "visible"),
     "mkdir": WRITE_BODY, "set_layout": WRITE_BODY, "create": WRITE_BODY, "commit": WRITE_BODY,
