@@ -94,8 +94,54 @@ def test_every_target_listed_and_a_killed_one_shown_down(
     assert "degraded" in browser.find_element("id", "health").text
     row = browser.find_element("css selector", f'tr[data-target="{victim}"]')
     assert "down" in row.get_attribute("class")
+    # when it will be declared lost, and its rebuild start (issue 26: "nothing to copy")
+    assert "lost in 9" in row.find_element("css selector", ".lost-at").text or \
+        "lost in 10 min" in row.find_element("css selector", ".lost-at").text
+    waiting = browser.find_element("css selector", f'#rebuild p[data-lost="{victim}"]').text
+    assert waiting.startswith(f"{victim} is down: lost in "), waiting
+    assert "waiting for a down target" in browser.find_element("id", "rebuild").text
     shot(browser, tmp_path / "target-down.png")
     assert console_errors(browser) == []
+
+
+def metas(browser: Any) -> dict[str, tuple[str, str]]:
+    """metadata server URL → (state, duties), as the page shows them now."""
+    return {url: (state, duties) for url, state, duties in browser.execute_script(
+        "return Array.from(document.querySelectorAll('#metas tbody tr'))"
+        ".map(r => [r.dataset.meta, r.querySelector('.state').textContent,"
+        " r.cells[2].textContent])")}
+
+
+def test_the_metadata_server_is_listed(browser: Any, cluster: ProcessCluster) -> None:
+    browser.get(cluster.meta_url + "/ui/")
+    wait_for(lambda: metas(browser) == {cluster.meta_url: ("up", "holds the duties")}, 10,
+             "the one metadata server listed")
+    assert console_errors(browser) == []
+
+
+def test_two_metadata_servers_one_killed_shown_down(
+        browser: Any, tmp_path: Path, pg_url: str) -> None:
+    """Issue 26: with one of two metadata servers dead the page looked healthy."""
+    with ProcessCluster(tmp_path / "c", data_servers=1, meta_store=pg_url,
+                        meta_servers=2) as two:
+        first, second = two.meta_urls
+        browser.get(second + "/ui/")
+        wait_for(lambda: set(metas(browser)) == {first, second}
+                 and {s for s, _ in metas(browser).values()} == {"up"}
+                 and [d for _, d in metas(browser).values()].count("holds the duties") == 1,
+                 10, "both metadata servers listed, up, one with the duties")
+        assert "metadata servers up" in browser.find_element("id", "health").text
+        shot(browser, tmp_path / "two-metas.png")
+        two.kill_meta(0)                # kill -9 the first; the page is the second's
+        wait_for(lambda: metas(browser).get(first) == ("down", "–")
+                 and metas(browser).get(second) == ("up", "holds the duties"),
+                 15, "the killed one shown down, the other holding the duties")
+        health = browser.find_element("id", "health").text
+        assert health.startswith("degraded") and f"metadata server down: {first}" in health
+        row = browser.find_element("css selector", f'tr[data-meta="{first}"]')
+        assert "down" in row.get_attribute("class")
+        shot(browser, tmp_path / "meta-down.png")
+        assert console_errors(browser) == []
 
 
 def test_a_reporting_job_appears_with_its_stall_worst_first(

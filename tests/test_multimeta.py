@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -207,3 +210,47 @@ def test_restart_brings_back_each_metadata_server(tmp_path: Path, pg_url: str) -
         assert cluster.info["meta"] == cluster.info["metas"][0]
         with Client(second) as b:
             assert b.cat("/r/f") == b"before"
+
+
+def test_status_lists_the_metadata_servers_and_a_killed_one_down(
+        two_metas: ProcessCluster) -> None:
+    """Issue 26: with one of two metadata servers dead, everything looked healthy.
+    ``status`` (and ``stager status``) lists both, which holds the duties; after a
+    kill -9 of the holder the other shows it down and holds the duties itself."""
+    cluster = two_metas
+    urls = cluster.meta_urls
+    admin = cluster.admin_token
+    clients = [Client(url, token=admin) for url in urls]
+    try:
+        def metas(i: int) -> dict[str, dict[str, Any]]:
+            return {m["url"]: m for m in clients[i].status()["metas"]}
+
+        def settled(i: int) -> bool:
+            seen = metas(i)
+            return set(seen) == set(urls) and {m["state"] for m in seen.values()} == {"up"} \
+                and sum(m["duties"] for m in seen.values()) == 1
+        wait_for(lambda: settled(0) and settled(1), 10)
+        seen = metas(1)
+        assert all(m["store"].startswith("postgresql://") and "@127.0.0.1:" in m["store"]
+                   for m in seen.values())
+        holder = next(i for i, url in enumerate(urls) if seen[url]["duties"])
+        other = 1 - holder
+        cluster.kill_meta(holder)
+        killed = time.monotonic()
+
+        def moved() -> bool:
+            seen = metas(other)
+            return seen[urls[holder]]["state"] == "down" and not seen[urls[holder]]["duties"] \
+                and seen[urls[other]]["state"] == "up" and seen[urls[other]]["duties"]
+        wait_for(moved, 15)
+        print(f"the killed metadata server shown down {time.monotonic() - killed:.1f}s later")
+        env = {**os.environ, "STAGER_TOKEN": admin}
+        out = subprocess.run([sys.executable, "-m", "stager", "--meta", urls[other], "status"],
+                             capture_output=True, text=True, env=env, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert f"1/2 metadata servers up; DOWN: {urls[holder]}" in out.stdout, out.stdout
+        line = next(ln for ln in out.stdout.splitlines() if urls[other] in ln)
+        assert " up " in line and "duties" in line, out.stdout
+    finally:
+        for c in clients:
+            c.close()

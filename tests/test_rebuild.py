@@ -272,3 +272,76 @@ async def test_a_stalled_server_loses_only_the_targets_still_silent_after_it(
         assert svc.retiring == {"t2"}
     finally:
         svc.close()
+
+
+def chunks_on_disk(roots: dict[str, Path]) -> dict[str, int]:
+    """Chunk files each target holds."""
+    return {t: sum(1 for p in (root / "chunks").rglob("*") if p.is_file() and "." in p.name
+                   and not p.name.startswith("."))
+            for t, root in roots.items()}
+
+
+async def test_rebuild_spreads_the_copies_over_the_targets_by_free_space(
+        tmp_path: Path, slow_callbacks) -> None:
+    """Issue 26: every re-copied chunk went to the one target with the most free space
+    as last heard (14 → 29 chunks on one node).  Five targets, files striped over two
+    of them, one removed: its chunks are copied to the four left, none of which gets
+    much more than its fair share."""
+    cluster = start_cluster(tmp_path, 5, replicas=2, fsck_interval=0,
+                            heartbeat_interval=2.0, target_timeout=20.0)
+    try:
+        async with AsyncClient(cluster.meta_url, config=load_config(env={})) as c:
+            for i in range(30):
+                await c.pipe(f"/spread/f{i}.bin", os.urandom(SMALL * 4),
+                             layout=LayoutSpec(chunk_size=SMALL, replicas=2, stripe_count=2))
+            roots = target_roots(tmp_path, 5)
+            before = chunks_on_disk(roots)
+            victim = cluster.target_id(3)
+            await c.remove_target(victim)
+            status = await wait_rebuilt(c)
+            copied = status["rebuild"]["chunks_copied"]
+            after = chunks_on_disk(roots)
+            gained = {t: after[t] - before[t] for t in roots if t != victim}
+            print(f"{copied} chunks copied: {sorted(gained.values())}")
+            assert copied >= 20 and sum(gained.values()) == copied
+            fair = copied / len(gained)
+            assert max(gained.values()) <= fair * 1.5 + 4, gained
+            assert min(gained.values()) > 0, gained
+            for info in await infos(c, [f"/spread/f{i}.bin" for i in range(30)]):
+                assert info.layout is not None and victim not in info.layout.targets
+                assert replicas_on_disk(roots, info) == [], info.path
+    finally:
+        cluster.stop()
+
+
+async def test_status_says_when_a_down_target_will_be_lost(tmp_path: Path,
+                                                          slow_callbacks) -> None:
+    """Issue 26: for the ``target_lost_after`` a down target waits, the rebuild said
+    only "idle".  ``status`` now gives its ``lost_at`` (when this server first saw it
+    down, plus ``target_lost_after``), and ``stager status`` says it."""
+    cluster = start_cluster(tmp_path, 3, replicas=2, fsck_interval=0, target_lost_after=600)
+    try:
+        async with AsyncClient(cluster.meta_url, config=load_config(env={})) as c:
+            assert (await c.status())["lost_at"] == {}
+            victim = cluster.target_id(1)
+            stopped = time.time()
+            await asyncio.to_thread(cluster.stop_data, 1)   # leaves: down at once
+
+            async def waiting() -> bool:
+                return victim in (await c.status())["lost_at"]
+            await aeventually(waiting, 10, "the down target's lost_at")
+            status = await c.status()
+            assert list(status["lost_at"]) == [victim]
+            at = status["lost_at"][victim]
+            assert stopped + 600 <= at <= time.time() + 600, at - stopped
+            assert status["rebuild"]["state"] == "idle"
+        out = await asyncio.to_thread(stager, cluster.meta_url, "status")
+        assert out.returncode == 0, out.stderr
+        line = next(ln for ln in out.stdout.splitlines() if ln.startswith(f"target {victim}"))
+        assert "declared lost in 59" in line or "declared lost in 600s" in line, line
+        row = next(ln for ln in out.stdout.splitlines() if ln.startswith(victim))
+        assert "down" in row and "lost in" in row, row
+        assert "1/1 metadata servers up" in out.stdout, out.stdout
+        assert f"{cluster.meta_url:<30} up    duties  sqlite:" in out.stdout, out.stdout
+    finally:
+        cluster.stop()

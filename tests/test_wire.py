@@ -142,7 +142,9 @@ def _answers() -> dict[str, object]:
     target = TargetInfo("t0", "n0", "http://h:1", capacity=10, used=2, state="up")
     return {
         "Status": c.Status((target,), 1, 1, 10, 2, 3, 1, 7,
-                           {"targets_lost": 0, "fsck": None, "repair": {"pending": 0}}),
+                           {"targets_lost": 0, "fsck": None, "repair": {"pending": 0}},
+                           (c.MetaServer("http://m:1", "sqlite:/r/meta.sqlite3", "up", True,
+                                         5.0),), {"t1": 600.5}),
         "ScrubQueued": c.ScrubQueued(2),
         "ScrubResult": c.ScrubResult({"t0": {"checked": 1, "bytes": 5, "corrupt": [],
                                              "seconds": 0.1}}, 1, 5, 0, 0, 0, 0, 0, ("t1",),
@@ -223,6 +225,10 @@ def test_status_keeps_the_sections_of_the_background_services_on_the_top_level()
     assert wire["targets_lost"] == 0 and wire["repair"] == {"pending": 0}
     assert c.Status.from_json(wire).sections == {"targets_lost": 0, "fsck": None,
                                                  "repair": {"pending": 0}}
+    assert wire["metas"][0]["duties"] is True and wire["lost_at"] == {"t1": 600.5}
+    assert c.Status.from_json(wire) == _answers()["Status"]
+    with pytest.raises(BadRequest):
+        c.Status.from_json({**wire, "lost_at": {"t1": "soon"}})
 
 
 # -- the OpenAPI document describes the models ----------------------------------------------

@@ -1,4 +1,4 @@
-"""Operator commands: ``stager target remove``, ``stager scrub``, ``stager fsck``."""
+"""Operator commands: ``stager target remove|forget``, ``stager scrub``, ``stager fsck``."""
 
 from __future__ import annotations
 
@@ -15,6 +15,13 @@ def cmd_target_remove(args: argparse.Namespace) -> int:
     target = with_client(args, lambda c: c.remove_target(args.target_id))
     print(f"target {target.id} on {target.node} is {target.state}: its chunks are being "
           "re-replicated; `stager status` shows the rebuild")
+    return 0
+
+
+def cmd_target_forget(args: argparse.Namespace) -> int:
+    target = with_client(args, lambda c: c.forget_target(args.target_id))
+    print(f"target {target.id} on {target.node} forgotten: it leaves the listing and its "
+          "credential is revoked")
     return 0
 
 
@@ -56,8 +63,27 @@ def cmd_fsck(args: argparse.Namespace) -> int:
     return 0 if result["clean"] else 1
 
 
+def print_metas(status: dict[str, Any]) -> None:
+    """The metadata servers of ``stager status``: one a line, and a warning when
+    one is down (with two of them, one dead, the rest looks healthy)."""
+    metas = status.get("metas", [])
+    down = [m for m in metas if m["state"] != "up"]
+    print(f"{len(metas) - len(down)}/{len(metas)} metadata servers up"
+          + (f"; DOWN: {', '.join(m['url'] for m in down)}" if down else ""))
+    now = time.time()
+    for m in metas:
+        duties = "duties" if m["duties"] else "-"
+        print(f"  {m['url']:<30} {m['state']:<5} {duties:<7} {m['store']}  "
+              f"(seen {max(0.0, now - m['last_seen']):.0f}s ago)")
+
+
 def print_reliability(status: dict[str, Any]) -> None:
     """The rebuild, repair and fsck lines of ``stager status``."""
+    now = time.time()
+    for target, at in sorted(status.get("lost_at", {}).items(), key=lambda kv: kv[1]):
+        print(f"target {target} is down: declared lost in {max(0.0, at - now):.0f}s "
+              f"(at {time.strftime('%H:%M:%S', time.localtime(at))}), then its chunks "
+              "are re-replicated")
     rb = status.get("rebuild")
     if rb and (rb["state"] != "idle" or rb["passes"]):
         print(f"rebuild: {rb['state']}; lost {', '.join(rb['lost']) or '-'}; "
@@ -82,6 +108,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     r = tsub.add_parser("remove", help="declare a target lost: re-replicate its chunks")
     r.add_argument("target_id")
     r.set_defaults(func=cmd_target_remove)
+    f = tsub.add_parser("forget", help="drop a lost or removed target once its chunks are "
+                        "copied elsewhere: it leaves the listing, its capacity stops counting")
+    f.add_argument("target_id")
+    f.set_defaults(func=cmd_target_forget)
 
     p = sub.add_parser("scrub", help="verify every chunk's checksums now; repair bad copies")
     p.add_argument("--rate", help="bytes/s per target, at least 64KiB "

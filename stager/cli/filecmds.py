@@ -190,12 +190,17 @@ def print_status(status: dict[str, Any]) -> None:
     print(f"{'target':<16} {'node':<10} {'state':<7} {'used':>10} {'capacity':>10} "
           f"{'chunks':>8}  url")
     now = time.time()
+    lost_at = status.get("lost_at", {})
     for t in targets:
         age = now - t["last_heartbeat"]
+        lost = (f"; lost in {max(0.0, lost_at[t['id']] - now):.0f}s"
+                if t["id"] in lost_at else "")
         print(f"{t['id']:<16} {t['node']:<10} {t['state']:<7} {human(t['used']):>10} "
-              f"{human(t['capacity']):>10} {t['chunks']:>8}  {t['url']}  (seen {age:.0f}s ago)")
-    from .admin import print_reliability
+              f"{human(t['capacity']):>10} {t['chunks']:>8}  {t['url']}  "
+              f"(seen {age:.0f}s ago{lost})")
+    from .admin import print_metas, print_reliability
 
+    print_metas(status)
     print_reliability(status)
 
 

@@ -26,7 +26,17 @@ from ..web.metrics import ServerMetrics
 from ..web.middleware import METRICS_KEY, error_response, json_response
 from ..web.requests import path_arg, query_bool, query_int, read_json
 from ..web.server import add_routes, base_app
-from . import authapp, gauges, jobtable, opkey, reliability, shared, targetstats, ui
+from . import (
+    authapp,
+    gauges,
+    jobtable,
+    opkey,
+    presence,
+    reliability,
+    shared,
+    targetstats,
+    ui,
+)
 from .authapp import check_uploads, read_capability, write_capability
 from .gateway import Gateway
 from .service import MetaService
@@ -58,6 +68,7 @@ def make_meta_app(config: Config) -> web.Application:
                         self_answering=opkey.SELF_ANSWERING)
     app.cleanup_ctx.append(_data_plane)
     shared.install(app, service, config)     # a store other metadata servers share
+    presence.install(app, service, config)   # the SQLite lock; or this server's record
     app.cleanup_ctx.append(_background)
     # rebuild, repair, scrub, fsck: after _data_plane, whose plane they use
     reliability.install(app, service, config, lambda: app[GATEWAY].plane)

@@ -7,7 +7,9 @@ metadata server carries on.  A rebuild pass then visits every
 committed file whose layout names a lost target:
 
 1. pick a replacement for each lost slot (:mod:`.replan`, policy
-   ``fewest_copies``) among the up targets;
+   ``spread_by_free_space``) among the up targets, weighing each target's free
+   space against what the pass has already placed there, so that the copies
+   spread over the targets;
 2. copy every chunk the new layout needs and the surviving copies lack, from a
    replica whose bytes match the committed CRC32C (:mod:`.copier`, rate-limited);
 3. only when every copy is durable, swap the layout in one store transaction,
@@ -40,7 +42,7 @@ from ..config import Config
 from ..errors import NotFound
 from ..protocol.models import Layout, TargetInfo, chunk_id
 from .copier import ChunkCopier, Outcome
-from .replan import REPLACEMENTS, Copy, copies_needed, replica_floor
+from .replan import NOTHING_PLACED, REPLACEMENTS, Copy, copies_needed, replica_floor
 from .service import GONE_STATES, MetaService
 from .store import StoredFile, all_files
 
@@ -80,7 +82,7 @@ class Progress:
 
 class Rebuilder:
     def __init__(self, service: MetaService, copier: ChunkCopier, config: Config,
-                 policy: str = "fewest_copies") -> None:
+                 policy: str = "spread_by_free_space") -> None:
         self.service = service
         self.store = service.store
         self.copier = copier
@@ -89,8 +91,10 @@ class Rebuilder:
         self.progress = Progress()
         self.pending: dict[str, Layout] = {}     # file id → layout being copied towards
         self._copied: dict[str, int] = {}        # file id → bytes copied in this pass
+        self._placed: dict[str, int] = {}        # target id → bytes this pass sent there
         self._wake = asyncio.Event()
         self._down_since: dict[str, float] = {}  # target id → when first seen down
+        service.lost_at = self.lost_at
 
     # -- declaring targets lost ------------------------------------------------------
     async def declare_lost(self, target_id: str, reason: str, *,
@@ -115,11 +119,25 @@ class Rebuilder:
         meanwhile, bring them up again within a tick, before they could be lost."""
         now = self.service.clock()
         down = [t for t in self.service.targets.values() if t.state == "down"]
+        before = set(self._down_since)
         self._down_since = {t.id: self._down_since.get(t.id, now) for t in down}
+        if set(self._down_since) != before:      # what the other servers show
+            await self.service.share_status("lost_at", self.lost_at())
         for t in down:
             since = self._down_since[t.id]
             if now - since > self.config.target_lost_after:
                 await self.declare_lost(t.id, f"down for {now - since:.0f}s")
+
+    def lost_at(self) -> dict[str, float]:
+        """When each down target is to be declared lost (its rebuild then starts):
+        ``target_lost_after`` after the duty holder first saw it down.  Another
+        metadata server shows what the holder last stored."""
+        down = [t.id for t in self.service.targets.values() if t.state == "down"]
+        if not self.service.duties_held:
+            shared = self.service.shared_status.get("lost_at", {})
+            return {t: float(shared[t]) for t in down if t in shared}
+        now = self.service.clock()
+        return {t: self._down_since.get(t, now) + self.config.target_lost_after for t in down}
 
     # -- the loop ----------------------------------------------------------------------
     async def run(self, tick: float) -> None:
@@ -151,6 +169,7 @@ class Rebuilder:
                          if t.state in GONE_STATES)
         retiring = set(self.service.retiring)
         files = [f async for f in all_files(self.store, page=PAGE, targets=gone)]
+        self._placed = {}
         p = self.progress = Progress(state="running", lost=sorted(gone),
                                      passes=self.progress.passes + 1,
                                      files_total=len(files), started=time.time())
@@ -189,7 +208,7 @@ class Rebuilder:
 
     def _estimate(self, f: StoredFile, gone: frozenset[str],
                   candidates: list[TargetInfo]) -> int:
-        new = self.replace(f.layout, f.size, gone, candidates)
+        new = self.replace(f.layout, f.size, gone, candidates, NOTHING_PLACED)
         if new is None:
             return 0
         return sum(c.length for c in copies_needed(f.layout, new, f.size, gone))
@@ -201,11 +220,13 @@ class Rebuilder:
         f = await self.store.file_by_id(file_id)
         if f is None or not gone & set(f.layout.targets):
             return "skipped"             # deleted, replaced or already rebuilt
-        new = self.replace(f.layout, f.size, gone, self._candidates())
+        new = self.replace(f.layout, f.size, gone, self._candidates(), self._placed)
         if new is None:
             p.files_deferred += 1        # no up target to copy to
             return "deferred"
         copies = copies_needed(f.layout, new, f.size, gone)
+        for c in copies:                 # before the copies: the next file weighs them
+            self._placed[c.dest] = self._placed.get(c.dest, 0) + c.length
         self.pending[file_id] = new
         try:
             outcomes = await asyncio.gather(*(self._copy(f, c) for c in copies))

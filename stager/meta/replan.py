@@ -12,19 +12,29 @@ surviving copies are under the old one, and copies exactly the difference
 The replacement may be a target the layout already uses (the same target then
 fills two slots): with three nodes and one lost, that is the only way back to
 two replicas on distinct nodes.
+
+A rebuild places the copies of many files in one round, on targets whose free
+space it knows only from their last heartbeat: a policy is also told what the
+round has already ``placed`` on each target (bytes), so that the copies spread
+over the targets instead of all going to the one with the most free space at
+the start (:func:`spread_by_free_space`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 from ..layout import chunk_length, chunk_slots, chunk_targets
 from ..policies import Registry
 from ..protocol.models import Layout, TargetInfo
 
-Replacement = Callable[[Layout, int, Collection[str], Sequence[TargetInfo]], Layout | None]
+# (layout, size, gone, candidates, placed) → the new layout, or None: no candidate left
+Replacement = Callable[[Layout, int, Collection[str], Sequence[TargetInfo], Mapping[str, int]],
+                       Layout | None]
 REPLACEMENTS: Registry[Replacement] = Registry("replacement")
+NOTHING_PLACED: Mapping[str, int] = MappingProxyType({})
 
 
 replacement = REPLACEMENTS.register
@@ -86,25 +96,75 @@ def copies_needed(old: Layout, new: Layout, size: int, gone: Collection[str]) ->
     return out
 
 
-@replacement("fewest_copies")
-def fewest_copies(layout: Layout, size: int, gone: Collection[str],
-                  candidates: Sequence[TargetInfo]) -> Layout | None:
-    """Each slot of a gone target gets the candidate that keeps the most replicas,
-    then needs the fewest copies, then has the most free space.  ``None`` when
-    no candidate is left."""
+def copies_to(old: Layout, new: Layout, size: int, gone: Collection[str], dest: str) -> int:
+    """How many chunk copies moving from ``old`` to ``new`` puts on ``dest``."""
+    total = 0
+    for r, count in _residues(old, size):
+        have = set(chunk_targets(old, r)) - set(gone)
+        if dest not in have and dest in chunk_targets(new, r):
+            total += count
+    return total
+
+
+Score = Callable[[Layout, Layout, TargetInfo, dict[str, int]], float]
+
+
+def _fill_slots(layout: Layout, size: int, gone: Collection[str],
+                candidates: Sequence[TargetInfo], placed: Mapping[str, int],
+                score: Score) -> Layout | None:
+    """Each slot of a gone target, in order, gets the candidate that keeps the most
+    replicas, then needs the fewest copies, then scores highest (``score(old, trial,
+    candidate, placed)``, ``placed`` counting the slots filled before), then has the
+    greatest id.  ``None`` when no candidate is left."""
     pool = [c for c in candidates if c.id not in gone]
     current = layout
+    so_far = dict(placed)
     for slot, target in enumerate(layout.targets):
         if target not in gone:
             continue
-        best: tuple[tuple[int, int, int, str], Layout] | None = None
+        best: tuple[tuple[int, int, float, str], Layout, TargetInfo] | None = None
         for c in pool:
             trial = with_slot(current, slot, c)
             key = (min(replica_floor(trial, size), layout.replicas),
-                   -copy_count(layout, trial, size, gone), c.capacity - c.used, c.id)
+                   -copy_count(layout, trial, size, gone), score(layout, trial, c, so_far),
+                   c.id)
             if best is None or key > best[0]:
-                best = (key, trial)
+                best = (key, trial, c)
         if best is None:
             return None
-        current = best[1]
+        _, trial, chosen = best
+        so_far[chosen.id] = so_far.get(chosen.id, 0) + \
+            copies_to(layout, trial, size, gone, chosen.id) * layout.chunk_size
+        current = trial
     return current
+
+
+def _free(t: TargetInfo) -> int:
+    return max(t.capacity - t.used, 0)
+
+
+@replacement("fewest_copies")
+def fewest_copies(layout: Layout, size: int, gone: Collection[str],
+                  candidates: Sequence[TargetInfo],
+                  placed: Mapping[str, int] = NOTHING_PLACED) -> Layout | None:
+    """Each slot of a gone target gets the candidate that keeps the most replicas,
+    then needs the fewest copies, then has the most free space (as last heard: one
+    file at a time, ``placed`` is not looked at).  ``None`` when no candidate is left."""
+    return _fill_slots(layout, size, gone, candidates, placed,
+                       lambda old, trial, c, so_far: _free(c))
+
+
+@replacement("spread_by_free_space")
+def spread_by_free_space(layout: Layout, size: int, gone: Collection[str],
+                         candidates: Sequence[TargetInfo],
+                         placed: Mapping[str, int] = NOTHING_PLACED) -> Layout | None:
+    """As :func:`fewest_copies` (the most replicas, then the fewest copies), then the
+    candidate this slot's copies would fill the least, counting what the round has
+    already ``placed`` there: ``(placed + new bytes) / free space``.  Over a round,
+    each target takes copies in proportion to its free space, never all of them
+    the one that had the most when the round began."""
+    def share(old: Layout, trial: Layout, c: TargetInfo, so_far: dict[str, int]) -> float:
+        adds = copies_to(old, trial, size, gone, c.id) * old.chunk_size
+        return -(so_far.get(c.id, 0) + adds) / max(_free(c), 1)
+
+    return _fill_slots(layout, size, gone, candidates, placed, share)

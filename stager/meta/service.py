@@ -35,7 +35,7 @@ from ..errors import (
 from ..layout import choose_layout
 from ..protocol import paths
 from ..protocol.batch import CommitItem, CreateItem
-from ..protocol.cluster import Status
+from ..protocol.cluster import MetaServer, Status
 from ..protocol.manifest import Manifest
 from ..protocol.messages import RerouteRequest
 from ..protocol.models import MAX_LIST_LIMIT, FileInfo, Layout, LayoutSpec, TargetInfo
@@ -73,6 +73,10 @@ class MetaService:
         self.suspects: dict[str, float] = {}
         # More sections of `status` (rebuild, scrub, fsck: stager/meta/reliability.py).
         self.status_extras: list[Callable[[], dict[str, Any]]] = []
+        # The metadata servers of the store (stager/meta/presence.py), and when each
+        # down target is to be declared lost (stager/meta/rebuild.py), for `status`.
+        self.meta_servers: Callable[[], list[MetaServer]] = list
+        self.lost_at: Callable[[], dict[str, float]] = dict
         # Whether this server runs the background duties (GC, rebuild, fsck): always
         # with a store of its own; on a shared one, set by stager/meta/shared.py.
         self.duties_held = not store.shared
@@ -389,6 +393,8 @@ class MetaService:
             directories=dirs,
             bytes=size,
             sections={k: v for extra in self.status_extras for k, v in extra().items()},
+            metas=tuple(self.meta_servers()),
+            lost_at=self.lost_at(),
         )
 
     # -- garbage collection -----------------------------------------------------------

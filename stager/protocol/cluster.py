@@ -29,8 +29,33 @@ def _objects(obj: Any, key: str) -> tuple[dict[str, Any], ...]:
 
 
 @dataclass(frozen=True)
+class MetaServer:
+    """One metadata server of the store, as the one answering last heard of it:
+    ``state`` is ``up``, or ``down`` once not seen for a few intervals (or stopped);
+    ``duties`` says whether it runs the background duties (GC, rebuild, fsck)."""
+
+    url: str
+    store: str
+    state: str
+    duties: bool
+    last_seen: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"url": self.url, "store": self.store, "state": self.state,
+                "duties": self.duties, "last_seen": self.last_seen}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> MetaServer:
+        return cls(url=field_of(obj, "url", str), store=field_of(obj, "store", str),
+                   state=field_of(obj, "state", str), duties=field_of(obj, "duties", bool),
+                   last_seen=field_of(obj, "last_seen", _NUMBER))
+
+
+@dataclass(frozen=True)
 class Status:
-    """The cluster at a glance.  ``sections`` are the parts the background services
+    """The cluster at a glance.  ``metas`` are the metadata servers of the store;
+    ``lost_at`` says, for each down target, when it will be declared lost (its
+    rebuild then starts).  ``sections`` are the parts the background services
     add (rebuild, repair, fsck, lost targets), keyed by their name on the wire."""
 
     targets: tuple[TargetInfo, ...]
@@ -42,19 +67,30 @@ class Status:
     directories: int
     bytes: int
     sections: dict[str, Any] = field(default_factory=dict)
+    metas: tuple[MetaServer, ...] = ()
+    lost_at: dict[str, float] = field(default_factory=dict)
 
     _CORE = ("nodes", "targets_up", "capacity", "used", "files", "directories", "bytes")
+    _TYPED = ("targets", "metas", "lost_at")
 
     def to_json(self) -> dict[str, Any]:
         return {"targets": [t.to_json() for t in self.targets],
-                **{k: getattr(self, k) for k in self._CORE}, **self.sections}
+                **{k: getattr(self, k) for k in self._CORE},
+                "metas": [m.to_json() for m in self.metas], "lost_at": dict(self.lost_at),
+                **self.sections}
 
     @classmethod
     def from_json(cls, obj: Any) -> Status:
         targets = tuple(TargetInfo.from_json(t) for t in field_of(obj, "targets", list))
         core = {k: field_of(obj, k, int) for k in cls._CORE}
-        sections = {k: v for k, v in obj.items() if k != "targets" and k not in core}
-        return cls(targets=targets, sections=sections, **core)
+        metas = tuple(MetaServer.from_json(m) for m in field_of(obj, "metas", list, ()))
+        lost_at = field_of(obj, "lost_at", dict, {})
+        if not all(isinstance(v, _NUMBER) and not isinstance(v, bool)
+                   for v in lost_at.values()):
+            raise BadRequest("field 'lost_at' must map target ids to times")
+        sections = {k: v for k, v in obj.items() if k not in cls._TYPED and k not in core}
+        return cls(targets=targets, sections=sections, metas=metas, lost_at=dict(lost_at),
+                   **core)
 
 
 @dataclass(frozen=True)

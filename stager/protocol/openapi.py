@@ -80,11 +80,17 @@ SCHEMAS: dict[str, Any] = {
                            "started": _NUM, "finished": _NUM}),
     "Status": {**_obj({"targets": {"type": "array", "items": _ref("Target")}, "nodes": _INT,
                        "targets_up": _INT, "capacity": _INT, "used": _INT, "files": _INT,
-                       "directories": _INT, "bytes": _INT},
+                       "directories": _INT, "bytes": _INT,
+                       "metas": {"type": "array", "items": _ref("MetaServer")},
+                       # target id → when that down target is declared lost
+                       "lost_at": {"type": "object", "additionalProperties": _NUM}},
                       ("targets", "nodes", "targets_up", "capacity", "used", "files",
                        "directories", "bytes")),
                # the background services' sections: rebuild, repair, fsck, targets_lost
                "additionalProperties": True},
+    "MetaServer": _obj({"url": _URL, "store": _STR, "state": {"enum": ["up", "down"]},
+                        "duties": _BOOL, "last_seen": _NUM},
+                       ("url", "store", "state", "duties", "last_seen")),
     "MkdirRequest": _obj({"path": _STR, "parents": _BOOL, "exist_ok": _BOOL,
                           "layout": _ref("LayoutSpec")}, ("path",)),
     "SetLayoutRequest": _obj({"path": _STR, "layout": _ref("LayoutSpec")}, ("path", "layout")),

@@ -134,9 +134,10 @@ class ThreadCluster:
 
     def start_meta(self, port: int = 0) -> None:
         from ..meta.app import make_meta_app
+        from ..meta.presence import announcer
 
         self.meta = self._serve(make_meta_app, self.config.replace(
-            root=str(self.root / "meta"), port=port))
+            root=str(self.root / "meta"), port=port), after_bind=announcer)
         if self.config.auth and not self.join_token:
             self.admin_token = (self.root / "meta" / "admin.token").read_text().strip()
             self.join_token = mint_token(self.meta_url, self.admin_token, ["join"],

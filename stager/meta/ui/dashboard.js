@@ -89,19 +89,35 @@ async function api(path) {
 }
 
 // -- drawing ----------------------------------------------------------------------------
+// "in 4 min" until a clock time (seconds), for a down target's "lost at"
+function until(at) {
+  const s = Math.max(0, at - Date.now() / 1000);
+  return s < 90 ? `in ${s.toFixed(0)} s` : `in ${(s / 60).toFixed(0)} min`;
+}
+
 function drawHealth(status) {
   const targets = status.targets || [];
   const down = targets.filter((t) => t.state !== "up");
+  const metas = status.metas || [];
+  const metasDown = metas.filter((m) => m.state !== "up");
   const rebuild = status.rebuild || {};
   let cls = "ok", word = "healthy";
-  if (down.length) { cls = status.targets_up ? "warn" : "bad"; word = "degraded"; }
+  if (down.length || metasDown.length) {
+    cls = status.targets_up ? "warn" : "bad"; word = "degraded";
+  }
   if (!status.targets_up) word = "no targets up";
   const parts = [
     `${word}: ${status.targets_up} of ${targets.length} targets up on ${status.nodes} nodes`,
     `${bytes(status.used)} of ${bytes(status.capacity)} used`,
     `${status.files} files, ${bytes(status.bytes)}`,
   ];
+  if (metas.length > 1 || metasDown.length) {
+    parts.push(`${metas.length - metasDown.length} of ${metas.length} metadata servers up`);
+  }
   if (down.length) parts.push("down: " + down.map((t) => `${t.id} (${t.state})`).join(", "));
+  if (metasDown.length) {
+    parts.push("metadata server down: " + metasDown.map((m) => m.url).join(", "));
+  }
   if (rebuild.state && rebuild.state !== "idle") parts.push(`rebuild ${rebuild.state}`);
   $("health").className = "health " + cls;
   $("health").textContent = parts.join(" · ");
@@ -110,6 +126,7 @@ function drawHealth(status) {
 function drawTargets(status) {
   const now = Date.now() / 1000;
   const speeds = status.throughput || {};
+  const lostAt = status.lost_at || {};
   const rows = (status.targets || []).map((t) => {
     const used = t.capacity ? t.used / t.capacity : 0;
     const speed = speeds[t.id] || {};
@@ -121,23 +138,46 @@ function drawTargets(status) {
       el("td", {}, bar(used, `${bytes(t.used)} / ${bytes(t.capacity)}`,
                        used > 0.9 ? "bad" : used > 0.75 ? "warn" : "")),
       el("td", { class: "num" }, t.chunks.toLocaleString()),
-      el("td", { class: "num" }, ago(now - t.last_heartbeat)),
+      el("td", { class: "num" }, ago(now - t.last_heartbeat),
+        lostAt[t.id] ? el("div", { class: "lost-at muted" }, `lost ${until(lostAt[t.id])}`)
+                     : null),
       el("td", { class: "num" }, up ? rate(speed.read_bytes_per_second) : "–"),
       el("td", { class: "num" }, up ? rate(speed.write_bytes_per_second) : "–"));
   });
   $("targets").tBodies[0].replaceChildren(...rows);
 }
 
+function drawMetas(status) {
+  const now = Date.now() / 1000;
+  const rows = (status.metas || []).map((m) => el("tr", {
+    "data-meta": m.url, class: m.state === "up" ? "" : "down" },
+    el("td", { class: "mono" }, m.url),
+    el("td", {}, el("span", { class: "state " + m.state }, m.state)),
+    el("td", {}, m.duties ? "holds the duties" : "–"),
+    el("td", { class: "mono" }, m.store),
+    el("td", { class: "num" }, ago(now - m.last_seen))));
+  $("metas").tBodies[0].replaceChildren(...rows);
+}
+
 function drawRebuild(status) {
   const r = status.rebuild || {};
   const box = $("rebuild");
-  if (!r.state) { box.replaceChildren(el("p", { class: "muted" }, "not reported")); return; }
+  // a down target is lost (and its rebuild starts) target_lost_after after it went down
+  const waiting = Object.entries(status.lost_at || {}).sort((a, b) => a[1] - b[1]).map(
+    ([id, at]) => el("p", { class: "lost-at", "data-lost": id },
+      `${id} is down: lost ${until(at)} (${new Date(at * 1000).toLocaleTimeString()}), ` +
+      "then its chunks are copied"));
+  if (!r.state) {
+    box.replaceChildren(el("p", { class: "muted" }, "not reported"), ...waiting);
+    return;
+  }
   const done = r.bytes_total ? 1 - r.bytes_remaining / r.bytes_total : (r.state === "idle" ? 1 : 0);
   const items = [
+    ...waiting,
     el("p", {}, el("span", { class: "state " + (r.state === "idle" ? "up" : "suspect") }, r.state),
       r.lost && r.lost.length ? ` lost: ${r.lost.join(", ")}` : ""),
     bar(done, r.bytes_total ? `${bytes(r.bytes_remaining)} remaining of ${bytes(r.bytes_total)}`
-                            : "nothing to copy"),
+                            : waiting.length ? "waiting for a down target" : "nothing to copy"),
     el("p", {}, `files ${r.files_done} of ${r.files_total} · deferred ${r.files_deferred}` +
                 ` · copied ${bytes(r.bytes_copied)} at ${rate(r.rate)}`),
   ];
@@ -248,6 +288,7 @@ async function refresh() {
     $("error").hidden = true;
     drawHealth(status);
     drawTargets(status);
+    drawMetas(status);
     drawRebuild(status);
     drawScrub(status);
     drawJobs(jobs);
