@@ -3,6 +3,7 @@ moved from SQLite to PostgreSQL keeps serving every file from the same data serv
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -19,7 +20,7 @@ from conftest import start_cluster
 from stager import Client
 from stager.config import load_config
 from stager.errors import AlreadyExists
-from stager.meta.migrate import migrate
+from stager.meta.migrate import migrate, refuse_served
 from stager.meta.pg import PostgreSQLStore
 from stager.meta.sqlite import SQLiteStore
 from stager.meta.store import MetaStore
@@ -140,6 +141,10 @@ def test_a_cluster_moves_from_sqlite_to_postgresql(sqlite_cluster: ThreadCluster
 
     port = urlsplit(c.meta_url).port
     assert port is not None
+    # refused while its metadata server runs (it holds ROOT/meta.lock): nothing copied
+    served = stager("meta", "migrate", "--from", f"sqlite:{c.root / 'meta'}", "--to", pg_url)
+    assert served.returncode == 1, served.stdout
+    assert f"a metadata server (pid {os.getpid()}) is serving" in served.stderr, served.stderr
     c.stop_meta()
     moved = stager("meta", "migrate", "--from", f"sqlite:{c.root / 'meta'}", "--to", pg_url,
                    "--json")
@@ -171,3 +176,44 @@ def test_a_cluster_moves_from_sqlite_to_postgresql(sqlite_cluster: ThreadCluster
     # the migration refuses to copy into the store now in use
     again = stager("meta", "migrate", "--from", f"sqlite:{c.root / 'meta'}", "--to", pg_url)
     assert again.returncode == 1 and "not empty" in again.stderr
+
+
+def test_a_postgresql_store_being_served_is_not_migrated(tmp_path: Path, pg_url: str,
+                                                          slow_callbacks) -> None:  # type: ignore[no-untyped-def]
+    """Issue 26: the docs said to stop the source's metadata server; nothing checked.
+    A metadata server on the PostgreSQL source records itself and holds the duty
+    lock: the migration is refused, and runs once the server has stopped."""
+    c = start_cluster(tmp_path / "cluster", 1, meta_store=pg_url)
+    try:
+        with Client(c.meta_url, config=load_config(env={})) as client:
+            client.pipe("/kept.bin", b"kept")
+        to = f"sqlite:{tmp_path / 'copy.sqlite3'}"
+        served = stager("meta", "migrate", "--from", pg_url, "--to", to)
+        assert served.returncode == 1, served.stdout
+        assert f"metadata servers are serving the source store: {c.meta_url}" in served.stderr
+        c.stop_meta()                   # (the copy below needs `to` empty: nothing copied)
+        moved = stager("meta", "migrate", "--from", pg_url, "--to", to, "--json")
+        assert moved.returncode == 0, moved.stderr
+        assert json.loads(moved.stdout)["files"] == 1
+    finally:
+        c.stop()
+
+
+async def test_the_duty_lock_alone_refuses_too(pg_url: str) -> None:
+    """A server that holds the duties but has not recorded itself (yet) counts."""
+    server, source = PostgreSQLStore(pg_url), PostgreSQLStore(pg_url)
+    try:
+        assert await server.hold_duties()
+        with pytest.raises(FileExistsError, match="duty lock"):
+            await refuse_served(source)
+        server.close()
+        for _ in range(100):            # PostgreSQL frees the lock once it sees the close
+            try:
+                await refuse_served(source)
+                break
+            except FileExistsError:
+                await asyncio.sleep(0.05)
+        await refuse_served(source)
+    finally:
+        server.close()
+        source.close()

@@ -1,9 +1,9 @@
 """``stager meta migrate --from STORE --to STORE``: copy a namespace between stores.
 
 ``STORE`` is ``sqlite:PATH`` (a ``meta.sqlite3``, or a metadata server's ROOT) or
-``postgresql://USER@HOST:PORT/DB``.  Stop the metadata server of ``--from`` first;
-``--to`` must be empty.  What is copied, and what is not (uploads in progress),
-is said in :mod:`stager.meta.migrate`.
+``postgresql://USER@HOST:PORT/DB``.  A ``--from`` a metadata server is serving is
+refused (stop it first); ``--to`` must be empty.  What is copied, and what is not
+(uploads in progress), is said in :mod:`stager.meta.migrate`.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def register(meta: argparse.ArgumentParser) -> None:
     """``migrate`` under ``stager meta`` (which, without it, runs a metadata server)."""
     sub = meta.add_subparsers(dest="meta_command", metavar="migrate")
     p = sub.add_parser("migrate", help="copy a whole namespace from one metadata store "
-                                       "to another (stop its metadata server first)")
+                                       "to another (refused while a metadata server "
+                                       "serves it)")
     p.add_argument("--from", dest="source", required=True, metavar="STORE",
                    help="sqlite:PATH (meta.sqlite3 or a metadata server's ROOT) or "
                         "postgresql://USER@HOST:PORT/DB")

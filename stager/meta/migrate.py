@@ -14,19 +14,25 @@ stopped cannot commit on the new store.  Their chunks are not lost track of
 either: each becomes garbage in the new store, which the new server purges.
 
 The copy is made page by page, each page one transaction of the target store;
-the source is only read.  Stop the metadata server that uses the source first:
-a server still writing to it while the copy runs would leave the two apart (the
-counts checked at the end would then differ, and the copy is refused as failed).
+the source is only read.  A source a metadata server is serving is refused
+(:func:`refuse_served`): a server still writing to it while the copy runs would
+leave the two apart.  A SQLite store's server holds ``ROOT/meta.lock``; a
+PostgreSQL store's servers hold the duty lock and record themselves as they run
+(:mod:`.presence`).  The counts are checked at the end all the same.
 The target store must be empty, so a copy never merges two namespaces.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from ..config import Config
 from ..errors import AlreadyExists, InternalError, NotFound
+from . import presence
+from .sqlite import SQLiteStore
 from .store import Garbage, MetaStore
 
 PAGE = 1000
@@ -71,14 +77,42 @@ async def emptiness(store: MetaStore) -> list[str]:
     return held
 
 
+async def refuse_served(source: MetaStore, *, silent: float | None = None) -> None:
+    """:class:`~stager.errors.AlreadyExists` when a metadata server is serving
+    ``source``: one holds the lock of a SQLite store; on a shared store, one holds
+    the duty lock, or one recorded itself less than ``silent`` seconds ago (default:
+    what ``status`` counts as down with the default configuration)."""
+    if isinstance(source, SQLiteStore):
+        lock = presence.lock_path(source.path)
+        pid = presence.lock_holder(lock)
+        if pid is not None:
+            raise AlreadyExists(f"a metadata server (pid {pid}) is serving {source.path} "
+                                f"(it holds {lock}): stop it before migrating", pid=pid)
+        return
+    if not source.shared:
+        return
+    silent = presence.down_after(Config()) if silent is None else silent
+    live = [m.url for m in await presence.live_servers(source, silent, time.time())]
+    if live:
+        raise AlreadyExists(f"metadata servers are serving the source store: "
+                            f"{', '.join(live)}: stop them before migrating (one killed "
+                            f"counts as stopped {silent:.0f}s after it was last seen)",
+                            servers=live)
+    if not await source.hold_duties():
+        raise AlreadyExists("a metadata server holds the source store's duty lock: stop "
+                            "every metadata server of the source before migrating")
+
+
 async def migrate(source: MetaStore, target: MetaStore, *, page: int = PAGE,
                   progress: Callable[[str], None] | None = None) -> MigrationReport:
     """Copy everything in ``source`` into the empty ``target``; what was copied.
 
-    Raises :class:`~stager.errors.AlreadyExists` (and copies nothing) when ``target``
-    is not empty, and :class:`~stager.errors.InternalError` when the copy's counts
-    differ from the source's at the end (the source changed meanwhile)."""
+    Raises :class:`~stager.errors.AlreadyExists` (and copies nothing) when a metadata
+    server is serving ``source`` (:func:`refuse_served`) or ``target`` is not empty,
+    and :class:`~stager.errors.InternalError` when the copy's counts differ from the
+    source's at the end (the source changed meanwhile)."""
     say = progress or (lambda _: None)
+    await refuse_served(source)
     held = await emptiness(target)
     if held:
         raise AlreadyExists("the target metadata store is not empty (it has "
