@@ -216,7 +216,8 @@ def test_status_lists_the_metadata_servers_and_a_killed_one_down(
         two_metas: ProcessCluster) -> None:
     """Issue 26: with one of two metadata servers dead, everything looked healthy.
     ``status`` (and ``stager status``) lists both, which holds the duties; after a
-    kill -9 of the holder the other shows it down and holds the duties itself."""
+    kill -9 of the holder the other shows it down and holds the duties itself.  And
+    ``stager up`` prints the ``--meta A,B`` list a client needs."""
     cluster = two_metas
     urls = cluster.meta_urls
     admin = cluster.admin_token
@@ -244,8 +245,13 @@ def test_status_lists_the_metadata_servers_and_a_killed_one_down(
                 and seen[urls[other]]["state"] == "up" and seen[urls[other]]["duties"]
         wait_for(moved, 15)
         print(f"the killed metadata server shown down {time.monotonic() - killed:.1f}s later")
+        # `stager up` printed the list a client needs; with it, the client fails over
+        printed = [ln.split("--meta ", 1)[1].split()[0]
+                   for ln in (cluster.root / "up.log").read_text().splitlines()
+                   if ln.strip().startswith("clients: --meta ")]
+        assert printed == [",".join(urls)], printed
         env = {**os.environ, "STAGER_TOKEN": admin}
-        out = subprocess.run([sys.executable, "-m", "stager", "--meta", urls[other], "status"],
+        out = subprocess.run([sys.executable, "-m", "stager", "--meta", printed[0], "status"],
                              capture_output=True, text=True, env=env, timeout=60)
         assert out.returncode == 0, out.stderr
         assert f"1/2 metadata servers up; DOWN: {urls[holder]}" in out.stdout, out.stdout

@@ -70,6 +70,12 @@ def _target_id(root: Path) -> str:
         return ""
 
 
+def meta_list(metas: list[Server]) -> str:
+    """What a client is given to find the cluster: every metadata server, comma-separated
+    (it fails over from one to the next)."""
+    return ",".join(m.url for m in metas)
+
+
 def _die_with_parent() -> None:
     """Children get SIGTERM if `stager up` itself dies (even by SIGKILL)."""
     try:
@@ -153,7 +159,7 @@ def start_cluster(args: argparse.Namespace, started: list[Server]
     data = []
     for i in range(args.data_servers):
         droot = root / f"data{i}"
-        urls = ",".join(m.url for m in metas)
+        urls = meta_list(metas)
         argv = [*join, *ca, "--meta", urls, "data", "--root", str(droot), "--host",
                 args.host, "--port", "0", "--node", f"node{i}", *exposure, *tls]
         server = _spawn("data", droot, argv, droot / "server.log")
@@ -246,6 +252,8 @@ def run_up(args: argparse.Namespace) -> int:
         print(f"  dashboard {meta.url}/ui/", flush=True)
         for other in metas[1:]:
             print(f"  metadata server {other.url}", flush=True)
+        print(f"  clients: --meta {meta_list(metas)}  (or STAGER_META_URL={meta_list(metas)})",
+              flush=True)
         for d in data:
             print(f"  data server {d.url}  node {d.node}  target {_target_id(d.root)}",
                   flush=True)
