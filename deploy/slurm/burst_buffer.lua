@@ -6,12 +6,16 @@ script then asks for staging in its leading comment block:
 
     #STAGER stage_in  https://host/imagenet  /jobs/$SLURM_JOB_ID/in  [--include GLOB]
     #STAGER stage_out /jobs/$SLURM_JOB_ID/out  file:///project/results
+    #STAGER stage_in  s3://bucket/vocab  /datasets/team-a/tmp-$SLURM_JOB_ID  --scratch
 
 (the word is burst_buffer.conf's Directive=). Each hook runs `stager slurm HOOK ARGS`,
 where the work is done (stager/stage/slurm.py); its exit status becomes slurm.SUCCESS
 or slurm.ERROR and its output the message Slurm shows: sbatch's error when a job is
-rejected, the reason of a held job. The cluster and the jobs' directory are in the
-settings file below (meta_url, token_file, ca_file, jobs_dir, state_dir).
+rejected, the reason of a held job. The cluster, the jobs' directory and who may reach
+which stager paths ([grants]) are in the settings file below (meta_url, token_file,
+ca_file, jobs_dir, state_dir, grants). Slurm 22.05 does not tell slurm_bb_job_process
+whose job it is: install job_submit.lua beside this file too, so that a path the user
+holds no grant for rejects the job at sbatch (without it, setup holds the job).
 
 Written for the Lua 5.1 that Slurm 22.05 links: a pipe's close() gives no exit
 status, so the command's status is echoed after its output.
@@ -42,6 +46,7 @@ local function directive()
 	conf:close()
 	return word
 end
+stager_directive = directive        -- for job_submit.lua
 
 -- Run `stager slurm HOOK ARGS…`: slurm.SUCCESS or slurm.ERROR, and its output.
 local function stager(hook, ...)
@@ -71,9 +76,16 @@ local function stager(hook, ...)
 	return slurm.ERROR, out
 end
 
--- At sbatch time, in slurmctld: parse and check the directives (quick, offline).
-function slurm_bb_job_process(job_script)
-	local rc, out = stager("job_process", job_script)
+-- At sbatch time, in slurmctld: parse and check the directives (quick, offline). Slurm
+-- 23.02 and later say whose job it is, and its grants are checked here; 22.05 does not
+-- (job_submit.lua calls this with the submitting user instead).
+function slurm_bb_job_process(job_script, uid, gid)
+	local rc, out
+	if uid ~= nil and gid ~= nil then
+		rc, out = stager("job_process", job_script, uid, gid)
+	else
+		rc, out = stager("job_process", job_script)
+	end
 	if rc == slurm.SUCCESS then
 		return rc
 	end
@@ -116,7 +128,7 @@ function slurm_bb_data_out(job_id, job_script)
 	return stager("data_out", job_id, job_script)
 end
 
--- After the job, or when it is cancelled: remove its directory.
+-- After the job, or when it is cancelled: remove its directory and --scratch copies.
 function slurm_bb_job_teardown(job_id, job_script, hurry)
 	return stager("teardown", job_id, job_script, hurry)
 end

@@ -23,6 +23,7 @@ says why not.
 
 from __future__ import annotations
 
+import grp
 import os
 import pwd
 import shlex
@@ -68,13 +69,27 @@ def slurm_unavailable() -> str | None:
 
 
 def ensure_user(name: str = TEST_USER) -> pwd.struct_passwd:
-    """The unprivileged user that submits test jobs, made when missing."""
+    """An unprivileged user that submits test jobs, made when missing."""
     try:
         return pwd.getpwnam(name)
     except KeyError:
         subprocess.run(["useradd", "--system", "--user-group", "--no-create-home",
                         "--shell", "/bin/sh", name], check=True, capture_output=True)
         return pwd.getpwnam(name)
+
+
+def ensure_group(name: str, members: tuple[str, ...] = ()) -> grp.struct_group:
+    """A Unix group with (at least) ``members`` as supplementary members, made when
+    missing; members are users (:func:`ensure_user`)."""
+    try:
+        grp.getgrnam(name)
+    except KeyError:
+        subprocess.run(["groupadd", "--system", name], check=True, capture_output=True)
+    for member in members:
+        if member not in grp.getgrnam(name).gr_mem:
+            subprocess.run(["usermod", "--append", "--groups", name, member], check=True,
+                           capture_output=True)
+    return grp.getgrnam(name)
 
 
 ACL_XATTR = "system.posix_acl_access"
@@ -145,13 +160,16 @@ class SlurmCluster:
     (a Lua script's text) and ``bb_conf`` (``burst_buffer.conf``'s text)."""
 
     def __init__(self, nodes: int = 3, *, bb_lua: str | None = None, bb_conf: str | None = None,
+                 job_submit_lua: str | None = None,
                  user: str = TEST_USER, start_timeout: float = 60.0,
                  keep: bool = bool(os.environ.get("STAGER_KEEP_SLURM")),
                  extra_conf: tuple[str, ...] = ()) -> None:
-        """``keep``: leave the cluster's directory (logs, state) behind at :meth:`down`;
-        ``extra_conf``: more ``slurm.conf`` lines (``Epilog=…``)."""
+        """``job_submit_lua``: a ``job_submit.lua`` (``JobSubmitPlugins=lua``), beside
+        the burst-buffer script; ``keep``: leave the cluster's directory (logs, state)
+        behind at :meth:`down`; ``extra_conf``: more ``slurm.conf`` lines (``Epilog=…``)."""
         self.n = nodes
         self.bb_lua, self.bb_conf = bb_lua, bb_conf
+        self.job_submit_lua = job_submit_lua
         self.user = user
         self.start_timeout = start_timeout
         self.keep = keep
@@ -319,6 +337,9 @@ class SlurmCluster:
             lines.append("BurstBufferType=burst_buffer/lua")
             (etc / "burst_buffer.lua").write_text(self.bb_lua)
             (etc / "burst_buffer.conf").write_text(self.bb_conf or "Directive=STAGER\n")
+        if self.job_submit_lua is not None:
+            lines.insert(0, "JobSubmitPlugins=lua")
+            (etc / "job_submit.lua").write_text(self.job_submit_lua)
         self.conf.write_text("\n".join(lines) + "\n")
 
     def _start_ctld(self) -> None:
@@ -361,20 +382,24 @@ class SlurmCluster:
     def env(self) -> dict[str, str]:
         return {**os.environ, "SLURM_CONF": str(self.conf)}
 
-    def command(self, argv: list[str], *, as_user: bool = False, timeout: float = 30,
+    def command(self, argv: list[str], *, as_user: bool | str = False, timeout: float = 30,
                 ) -> subprocess.CompletedProcess[str]:
-        """Run a Slurm command against this cluster (as the test user with ``as_user``)."""
+        """Run a Slurm command against this cluster (as the test user with ``as_user``
+        ``True``, as the user it names when a name)."""
         if as_user:
-            argv = ["runuser", "-u", self.user, "--", "env", f"SLURM_CONF={self.conf}", *argv]
+            user = self.user if as_user is True else as_user
+            argv = ["runuser", "-u", user, "--", "env", f"SLURM_CONF={self.conf}", *argv]
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
                               env=self.env(), cwd=self.work if as_user else None)
 
     def scontrol(self, *args: str) -> subprocess.CompletedProcess[str]:
         return self.command(["scontrol", *args])
 
-    def sbatch(self, script: Path, *args: str) -> int:
-        """Submit ``script`` as the test user; the job id (raises with sbatch's message)."""
-        proc = self.command(["sbatch", "--parsable", *args, str(script)], as_user=True)
+    def sbatch(self, script: Path, *args: str, user: str | None = None) -> int:
+        """Submit ``script`` as the test user (or ``user``); the job id (raises with
+        sbatch's message)."""
+        proc = self.command(["sbatch", "--parsable", *args, str(script)],
+                            as_user=user or True)
         if proc.returncode != 0:
             raise SlurmError(proc.stderr.strip() or f"sbatch exited {proc.returncode}")
         return int(proc.stdout.strip().split(";")[0])

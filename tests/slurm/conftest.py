@@ -1,8 +1,14 @@
 """A real Slurm per test module (``stager.testing.slurm``), with stager's burst-buffer
-hooks, and a persistent stager cluster its nodes reach over the bridge."""
+hooks (and job_submit.lua, which tells them the submitting user on Slurm 22.05), and a
+persistent stager cluster with auth its nodes reach over the bridge.
+
+Two Unix users submit: :data:`TEAM_A_USER` (the cluster's test user), a member of the
+group :data:`TEAM_A`, whose grants are ``/datasets/team-a`` (read-write) and
+``/datasets/reference`` (read-only); :data:`OTHER_USER`, in no such group."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -12,12 +18,25 @@ from pathlib import Path
 
 import pytest
 
+from stager import Client
 from stager.testing import ThreadCluster
-from stager.testing.slurm import SlurmCluster, slurm_for_tests
+from stager.testing.slurm import (
+    TEST_USER,
+    SlurmCluster,
+    ensure_group,
+    ensure_user,
+    slurm_for_tests,
+    slurm_unavailable,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 LUA = REPO / "deploy" / "slurm" / "burst_buffer.lua"
+JOB_SUBMIT_LUA = REPO / "deploy" / "slurm" / "job_submit.lua"
 BB_CONF = REPO / "deploy" / "slurm" / "burst_buffer.conf"
+TEAM_A = "stagerteama"          # a Unix group
+TEAM_A_USER = TEST_USER         # in it
+OTHER_USER = "stagerbb2"        # not in it
+GRANTS = {f"@{TEAM_A}": ["/datasets/team-a", "ro:/datasets/reference"]}
 
 
 def stager_command() -> str:
@@ -45,23 +64,40 @@ def bb_settings() -> Iterator[Path]:
 def slurm(bb_settings: Path) -> Iterator[SlurmCluster]:
     """Slurm with 3 nodes n0..n2, each in its own network namespace, and stager's
     burst-buffer hooks; skips, saying why, where Slurm cannot run here."""
+    if not slurm_unavailable():
+        ensure_user(TEAM_A_USER)
+        ensure_user(OTHER_USER)
+        ensure_group(TEAM_A, (TEAM_A_USER,))
     bb_conf = BB_CONF.read_text().replace("86400", "120")
     with slurm_for_tests(3, bb_lua=render_lua(stager_command(), bb_settings),
-                         bb_conf=bb_conf) as cluster:
+                         bb_conf=bb_conf, job_submit_lua=JOB_SUBMIT_LUA.read_text()
+                         ) as cluster:
         yield cluster
 
 
 @pytest.fixture(scope="module")
 def persistent(slurm: SlurmCluster, bb_settings: Path,
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadCluster]:
-    """A stager cluster on the bridge address, reachable from every node; the hooks'
-    settings point at it."""
-    cluster = ThreadCluster(tmp_path_factory.mktemp("persistent"), 3,
-                            host=slurm.bridge_address, insecure=True)
+    """A stager cluster with auth on the bridge address, reachable from every node; the
+    hooks' settings point at it, with its admin token (root's, 0600) and :data:`GRANTS`."""
+    cluster = ThreadCluster(tmp_path_factory.mktemp("persistent"), 3, auth=True,
+                            host=slurm.bridge_address)
     cluster.start()
     state = bb_settings.parent / "state"
+    admin = bb_settings.parent / "slurm.token"
+    admin.write_text(cluster.admin_token + "\n")
+    admin.chmod(0o600)
+    grants = "".join(f"{json.dumps(k)} = {json.dumps(v)}\n" for k, v in GRANTS.items())
     bb_settings.write_text(f'meta_url = "{cluster.meta_url}"\njobs_dir = "/jobs"\n'
-                           f'state_dir = "{state}"\n')
+                           f'state_dir = "{state}"\ntoken_file = "{admin}"\n'
+                           f'job_token_ttl = 3600\n[grants]\n{grants}')
     bb_settings.parent.chmod(0o755)
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def admin(persistent: ThreadCluster) -> Iterator[Client]:
+    """A client of the persistent cluster with its admin token."""
+    with Client(persistent.meta_url, token=persistent.admin_token) as client:
+        yield client
