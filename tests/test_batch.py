@@ -239,7 +239,9 @@ def test_a_chunk_batch_stores_every_chunk(cluster: ThreadCluster, http, payload)
     chunks = [(f"{fid}.{i}", payload(1000 * i + 1)) for i in range(4)] + [(f"{fid}.9", b"")]
     reply = http(url, "POST", "/v1/write", body=chunk_batch(chunks))
     assert reply.status == 201, reply.body
-    assert reply.json() == {"chunks": 5, "bytes": sum(len(d) for _, d in chunks)}
+    assert reply.json() == {"chunks": 5, "bytes": sum(len(d) for _, d in chunks),
+                            "stored": [{"chunk": c, "size": len(d), "crc32c": to_hex(crc32c(d))}
+                                       for c, d in chunks]}
     for name, data in chunks:
         got = http(url, "GET", f"/v1/chunks/{name}")
         assert got.status == 200 and got.body == data

@@ -7,7 +7,9 @@ a batch of files (up to :data:`~stager.protocol.batch.MAX_BATCH_ITEMS`) costs:
 1. one batched create (route ``create_batch``): file ids, layouts and locations
    of them all;
 2. their chunks grouped by target into chunk batches (route ``batch_write``, at
-   most :data:`CHUNK_BATCH_BYTES` each), sent to every target at once;
+   most :data:`CHUNK_BATCH_BYTES` each), sent to every target at once; a batch
+   counts once its answer proves every chunk stored (:mod:`stager.dataplane.ack`),
+   else its target is routed around;
 3. one batched commit (``commit_batch``) for the files whose chunks are all stored;
 4. one batched abort (``abort_batch``) for the files that failed, so their chunks
    are collected.

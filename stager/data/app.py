@@ -60,7 +60,7 @@ def make_data_app(config: Config) -> web.Application:
         quiet_audit()
         app[GATE] = CapabilityGate(
             load_public_key(Path(config.public_key_file).read_text())
-            if config.public_key_file else None)
+            if config.public_key_file else None, target=service.identity.target_id)
     return app
 
 
@@ -99,10 +99,12 @@ async def put_chunk(request: web.Request) -> web.Response:
         raise PayloadTooLarge(f"chunk over the limit of {limit} bytes", limit=limit)
     buffers = request.app[BODY_BUFFERS]
     data = await read_body(request, limit, buffers)
-    await _svc(request).put(chunk, data, crc)
+    stored = await _svc(request).put(chunk, data, crc)
     _count(request, received=len(data))
     buffers.give(data)      # only once stored: a failed or cancelled put may still hold it
-    return json_response(ChunkStored(chunk, len(data), crc).to_json(), status=201)
+    # The ack is what the chunk file holds (its trailer, read back), not the request's
+    # header: the writer counts this copy only if it matches its own (dataplane/ack.py).
+    return json_response(ChunkStored(chunk, stored.data_len, stored.crc).to_json(), status=201)
 
 
 async def batch_write(request: web.Request) -> web.Response:
@@ -114,11 +116,14 @@ async def batch_write(request: web.Request) -> web.Response:
     pieces = split_chunk_batch(body)
     # (each chunk id was checked when parsed: its file id is what precedes the dot)
     require_files(request, "write", (item.chunk.partition(".")[0] for item, _ in pieces))
-    await _svc(request).put_many([(item.chunk, data, item.crc) for item, data in pieces])
+    stored = await _svc(request).put_many([(item.chunk, data, item.crc)
+                                           for item, data in pieces])
     received = sum(len(data) for _, data in pieces)
     buffers.give(body)      # only once stored, as in put_chunk
     _count(request, received=received)
-    return json_response(ChunkBatchStored(len(pieces), received).to_json(), status=201)
+    acks = tuple(ChunkStored(item.chunk, meta.data_len, meta.crc)
+                 for (item, _), meta in zip(pieces, stored, strict=True))
+    return json_response(ChunkBatchStored(len(pieces), received, acks).to_json(), status=201)
 
 
 def _chunk_headers(request: web.Request, size: int, crc: int) -> dict[str, str]:

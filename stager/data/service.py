@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING
 from ..config import Config
 from ..errors import BadRequest
 from ..protocol.models import TARGET_ID_RE, ReadItem, check_file_id
-from ..storage import ChunkStore, OpenChunk, Usage
+from ..storage import ChunkMeta, ChunkStore, OpenChunk, Usage
 from .batchread import BatchRead
+from .credential import TargetCredential
 
 if TYPE_CHECKING:
     from .scrub import Scrubber
@@ -51,6 +52,7 @@ class DataService:
         root = Path(config.root)
         self.config = config
         self.identity = load_identity(root, config)
+        self.credential = TargetCredential(root, config)    # what it speaks to the meta with
         self.store = ChunkStore(root, capacity=config.capacity)
         # Chunk bytes served and stored since start: heartbeats carry them, and the
         # metadata server shows their rates (stager/meta/targetstats.py).
@@ -58,12 +60,14 @@ class DataService:
         self.bytes_written = 0
         self.scrubber: Scrubber | None = None      # set by stager/data/maintenance.py
 
-    async def put(self, chunk: str, data: bytes | bytearray | memoryview, crc: int) -> None:
-        await asyncio.to_thread(self.store.put, chunk, data, crc)
+    async def put(self, chunk: str, data: bytes | bytearray | memoryview, crc: int
+                  ) -> ChunkMeta:
+        return (await self.put_many([(chunk, memoryview(data), crc)]))[0]
 
-    async def put_many(self, items: Sequence[tuple[str, memoryview, int]]) -> None:
-        """Many chunks, each durable before this returns (see ChunkStore.put_many)."""
-        await asyncio.to_thread(self.store.put_many, items)
+    async def put_many(self, items: Sequence[tuple[str, memoryview, int]]) -> list[ChunkMeta]:
+        """Many chunks, each durable before this returns; per chunk, its size and
+        CRC32C read back from the file written (see ChunkStore.put_many)."""
+        return await asyncio.to_thread(self.store.put_many, items)
 
     async def open(self, chunk: str) -> OpenChunk:
         return await asyncio.to_thread(self.store.open, chunk)

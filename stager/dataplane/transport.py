@@ -34,10 +34,10 @@ from ..errors import (
 )
 from ..protocol import headers
 from ..protocol.batch import ChunkItem, chunk_batch_head
-from ..protocol.messages import PurgeRequest, ReadRequest, RemoveResult
+from ..protocol.messages import ChunkStored, PurgeRequest, ReadRequest, RemoveResult
 from ..protocol.models import ReadItem, parse_chunk_id
 from ..protocol.routes import Route, route
-from . import rawhttp
+from . import ack, rawhttp
 from .credentials import Credentials
 
 READ_BUFSIZE = 1 << 20
@@ -245,26 +245,32 @@ class DataPlane:
 
     async def put_chunk(self, target: str, url: str, chunk: str, data: bytes | memoryview,
                         crc: int) -> None:
-        """Store one chunk on one target (see :meth:`_write`)."""
-        await self._write(target, url, _PUT_CHUNK, data, {headers.CRC32C: to_hex(crc)},
-                          len(data), chunk=chunk)
+        """Store one chunk on one target (see :meth:`_write`); returns once its
+        answer proves it stored (:func:`.ack.prove_put`)."""
+        answer = await self._write(target, url, _PUT_CHUNK, data,
+                                   {headers.CRC32C: to_hex(crc)}, len(data), chunk=chunk)
+        ack.prove_put(target, answer, ChunkStored(chunk, memoryview(data).nbytes, crc))
 
     async def put_chunks(self, target: str, url: str,
                          items: Sequence[tuple[str, bytes | memoryview, int]]) -> None:
         """Store many ``(chunk, data, crc)`` on one target in one request
-        (a chunk batch, see :mod:`stager.protocol.batch`; see :meth:`_write`)."""
-        head = chunk_batch_head([ChunkItem(c, memoryview(d).nbytes, crc) for c, d, crc in items])
+        (a chunk batch, see :mod:`stager.protocol.batch`; see :meth:`_write`);
+        returns once its answer proves every one stored (:func:`.ack.prove_batch`)."""
+        sent = [ChunkStored(c, memoryview(d).nbytes, crc) for c, d, crc in items]
+        head = chunk_batch_head([ChunkItem(s.chunk, s.size, s.crc) for s in sent])
         body = b"".join([head, *(d for _, d, _ in items)])
-        await self._write(target, url, _BATCH_WRITE, body,
-                          {"Content-Type": "application/octet-stream"}, len(body) - len(head),
-                          files={parse_chunk_id(c)[0] for c, _, _ in items})
+        answer = await self._write(target, url, _BATCH_WRITE, body,
+                                   {"Content-Type": "application/octet-stream"},
+                                   len(body) - len(head),
+                                   files={parse_chunk_id(c)[0] for c, _, _ in items})
+        ack.prove_batch(target, answer, sent)
 
     async def _write(self, target: str, url: str, op: Route, body: bytes | memoryview,
-                     hdrs: dict[str, str], payload_bytes: int, **params: Any) -> None:
-        """One chunk write: given up after ``write_timeout`` (plus the time its bytes
-        take at :data:`WRITE_FLOOR_RATE`), so a hung target fails it instead of
-        stalling it; a quick transport failure is retried (PUT is idempotent), a
-        slow one is not: the writer routes around the target instead."""
+                     hdrs: dict[str, str], payload_bytes: int, **params: Any) -> bytes:
+        """One chunk write, its answer's body returned: given up after ``write_timeout``
+        (plus the time its bytes take at :data:`WRITE_FLOOR_RATE`), so a hung target
+        fails it instead of stalling it; a quick transport failure is retried (PUT is
+        idempotent), a slow one is not: the writer routes around the target instead."""
         limit = self.options.write_timeout + len(body) / WRITE_FLOOR_RATE
         timeout = aiohttp.ClientTimeout(total=limit, sock_connect=min(
             self.options.connect_timeout, self.options.write_timeout))
@@ -272,13 +278,15 @@ class DataPlane:
             start = time.monotonic()
             try:
                 async with self.request(target, url, op, data=ChunkBody(body), headers=hdrs,
-                                        timeout=timeout, **params):
+                                        timeout=timeout, **params) as resp:
+                    answer = await resp.read()
                     self.counter(target).bytes_written += payload_bytes
-                    return
+                    return answer
             except TargetUnavailable:
                 if attempt == self.options.retries or time.monotonic() - start > QUICK_FAILURE:
                     raise
                 await asyncio.sleep(0.05 * 2 ** attempt)
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def read_timeout(self, patient: bool) -> float:
         """Silence (connect included) after which a read is given up: short when

@@ -1,6 +1,7 @@
 """Striped writes: cut a stream into chunks and store each on all its replicas in parallel.
 
-A chunk write that fails on a target (refused, reset, timed out, 5xx, 507) does
+A chunk write that fails on a target (refused, reset, timed out, 5xx, 507, or
+answered without proving the chunk stored: :mod:`stager.dataplane.ack`) does
 not fail the file when the writer has a ``reroute`` (the client's and the
 gateway's have): the writer reports the target, the metadata server marks it
 suspect and answers with a layout that has another target in its slot
@@ -63,8 +64,10 @@ class StripedWriter:
     At most ``max_in_flight`` chunks are being sent at once; ``write`` waits
     when the window is full, so memory stays near ``max_in_flight × chunk_size``.
     A chunk counts as written only when every replica the layout names for it
-    answered 2xx (durable).  ``reroute``: see the module doc; without it, a failed
-    chunk write fails the writer.
+    answered that it stored it durably, with the size and CRC32C this writer sent
+    (checked by :meth:`DataPlane.put_chunk`, see :mod:`stager.dataplane.ack`).
+    ``reroute``: see the module doc; without it, a failed chunk write fails the
+    writer.
     """
 
     MAX_REROUTES = 16        # reports per file before a failure is let stand

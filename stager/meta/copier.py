@@ -2,7 +2,8 @@
 
 The bytes go through the metadata server's data plane (GET from a source,
 CRC32C checked against the checksum committed with the file, PUT to the
-destination, durable there before the PUT answers), paced by one token bucket
+destination, durable there before the PUT answers, and counted only when the
+answer proves it: :mod:`stager.dataplane.ack`), paced by one token bucket
 (``rebuild_rate`` bytes/s) and at most ``rebuild_concurrency`` copies at once.
 """
 
@@ -15,7 +16,8 @@ from collections.abc import Callable, Sequence
 
 from ..checksum import crc32c
 from ..dataplane import DataPlane
-from ..errors import ChunkNotFound, CorruptChunk, StagerError
+from ..dataplane.writer import routes_around
+from ..errors import ChunkNotFound, CorruptChunk, InsufficientStorage, StagerError
 from ..protocol.models import TargetInfo
 from ..ratelimit import TokenBucket
 from .service import GONE_STATES
@@ -32,15 +34,20 @@ class Outcome(enum.Enum):
 class ChunkCopier:
     """``draining(target)`` says whether a removed or lost target still answers, so
     that its copies may serve as a last source (``stager target remove`` of a
-    running server drains it; a dead one is skipped, not waited for)."""
+    running server drains it; a dead one is skipped, not waited for).
+    ``suspect(target, reason)`` is told of a destination whose write failed as a
+    writer routes around (unreachable, 5xx, an ack that proves nothing), as a
+    writer's report would: the next pass places the copy elsewhere."""
 
     def __init__(self, plane: Callable[[], DataPlane],
                  target: Callable[[str], TargetInfo | None], *, rate: int,
-                 concurrency: int, draining: Callable[[TargetInfo], bool] = lambda t: False
+                 concurrency: int, draining: Callable[[TargetInfo], bool] = lambda t: False,
+                 suspect: Callable[[str, str], None] = lambda target, reason: None
                  ) -> None:
         self._plane = plane
         self._target = target
         self._draining = draining
+        self._suspect = suspect
         self.bucket = TokenBucket(rate)
         self.limit = asyncio.Semaphore(max(1, concurrency))
         self.copied_bytes = 0
@@ -62,6 +69,8 @@ class ChunkCopier:
                 await self._plane().put_chunk(dest, target.url, chunk, buf, expected)
             except (StagerError, OSError) as exc:
                 log.info("copy of %s to %s deferred: %s", chunk, dest, exc)
+                if routes_around(exc) and not isinstance(exc, InsufficientStorage):
+                    self._suspect(dest, str(exc))
                 return Outcome.DEFERRED
             self.copied_bytes += length
             self.copied_chunks += 1

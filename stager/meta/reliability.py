@@ -40,7 +40,7 @@ class Reliability:
         self.config = config
         self.copier = ChunkCopier(plane, service.targets.get, rate=config.rebuild_rate,
                                   concurrency=config.rebuild_concurrency,
-                                  draining=self._answers)
+                                  draining=self._answers, suspect=service.suspect)
         self.rebuilder = Rebuilder(service, self.copier, config)
         self.repairer = Repairer(service, self.copier, plane)
         self.fsck = Fsck(service, self.rebuilder, self.repairer, plane)

@@ -406,7 +406,8 @@ class ReadRequest:
 
 @dataclass(frozen=True)
 class ChunkStored:
-    """The answer to storing one chunk."""
+    """The answer to storing one chunk: its size and CRC32C as read back from what the
+    target stored, which the writer checks against its own (stager.dataplane.ack)."""
 
     chunk: str
     size: int
@@ -417,8 +418,9 @@ class ChunkStored:
 
     @classmethod
     def from_json(cls, obj: Any) -> ChunkStored:
+        text = field_of(obj, "crc32c", str)
         try:
-            crc = from_hex(field_of(obj, "crc32c", str))
+            crc = from_hex(text)
         except ValueError:
             raise BadRequest("crc32c must be 8 hex digits") from None
         return cls(field_of(obj, "chunk", str), field_of(obj, "size", int), crc)
@@ -426,17 +428,21 @@ class ChunkStored:
 
 @dataclass(frozen=True)
 class ChunkBatchStored:
-    """The answer to storing a chunk batch: how many chunks and bytes."""
+    """The answer to storing a chunk batch: how many chunks and bytes, and each chunk
+    as :class:`ChunkStored` answers it."""
 
     chunks: int
     bytes: int
+    stored: tuple[ChunkStored, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"chunks": self.chunks, "bytes": self.bytes}
+        return {"chunks": self.chunks, "bytes": self.bytes,
+                "stored": [c.to_json() for c in self.stored]}
 
     @classmethod
     def from_json(cls, obj: Any) -> ChunkBatchStored:
-        return cls(field_of(obj, "chunks", int), field_of(obj, "bytes", int))
+        return cls(field_of(obj, "chunks", int), field_of(obj, "bytes", int),
+                   tuple(ChunkStored.from_json(c) for c in field_of(obj, "stored", list)))
 
 
 @dataclass(frozen=True)

@@ -122,11 +122,13 @@ SCHEMAS: dict[str, Any] = {
     "AbortBatchRequest": _obj({"file_ids": {"type": "array", "items": _STR}}, ("file_ids",)),
     "AbortBatchResult": _obj({"results": {"type": "array", "items": {
         "oneOf": [{"type": "null"}, _ref("ItemError")]}}}, ("results",)),
-    "ChunkBatchInfo": _obj({"chunks": _INT, "bytes": _INT}),
+    "ChunkBatchInfo": _obj({"chunks": _INT, "bytes": _INT, "stored": {
+        "type": "array", "items": _ref("ChunkInfo")}}, ("chunks", "bytes", "stored")),
     "RenameRequest": _obj({"src": _STR, "dst": _STR, "overwrite": _BOOL}, ("src", "dst")),
     "RemoveRequest": _obj({"path": _STR, "recursive": _BOOL}, ("path",)),
     "RemoveResult": _obj({"removed": _INT}),
-    "ChunkInfo": _obj({"chunk": _STR, "size": _INT, "crc32c": _STR}),
+    "ChunkInfo": _obj({"chunk": _STR, "size": _INT, "crc32c": _STR},
+                      ("chunk", "size", "crc32c")),
     "ReadRequest": _obj({"items": {"type": "array", "items": {
         "type": "array", "prefixItems": [_CHUNK_ID, _COUNT, _COUNT], "minItems": 3,
         "maxItems": 3}}},

@@ -251,7 +251,8 @@ ROUTES: tuple[Route, ...] = (
           responses={200: "RemoveResult", **ERR}),
     # data server
     Route("PUT", "/v1/chunks/{chunk}", "put_chunk",
-          "store a chunk durably (X-Stager-Crc32c verified)", "data",
+          "store a chunk durably (X-Stager-Crc32c verified); answers the size and CRC32C "
+          "read back from what was stored", "data",
           params=(P_CHUNK, Param("X-Stager-Crc32c", "header", required=True)), body="binary",
           responses={201: "ChunkInfo", 400: "Error", 413: "Error", 507: "Error"}),
     Route("GET", "/v1/chunks/{chunk}", "get_chunk", "read a chunk (Range honoured)", "data",
@@ -263,7 +264,8 @@ ROUTES: tuple[Route, ...] = (
           params=(P_CHUNK,), responses={200: "ChunkDeleted"}),
     Route("POST", "/v1/write", "batch_write",
           "store many chunks durably in one request: a JSON line [[chunk, size, crc32c], ...] "
-          "then their bytes; every checksum is checked before any is written", "data",
+          "then their bytes; every checksum is checked before any is written; answers each "
+          "chunk's size and CRC32C read back from what was stored", "data",
           body="binary", responses={201: "ChunkBatchInfo", 400: "Error", 413: "Error",
                                     507: "Error"}),
     Route("POST", "/v1/read", "batch_read",

@@ -127,13 +127,16 @@ class ChunkStore:
         self._used, self._count = used, count
 
     # -- write ---------------------------------------------------------------
-    def put(self, chunk: str, data: bytes | memoryview, crc: int) -> None:
-        """Store ``data`` as ``chunk`` durably; idempotent for the same bytes."""
-        self.put_many([(chunk, data, crc)])
+    def put(self, chunk: str, data: bytes | memoryview, crc: int) -> ChunkMeta:
+        """Store ``data`` as ``chunk`` durably; idempotent for the same bytes.  Returns
+        what was stored, as :meth:`put_many` does."""
+        return self.put_many([(chunk, data, crc)])[0]
 
-    def put_many(self, items: Sequence[tuple[str, bytes | memoryview, int]]) -> None:
+    def put_many(self, items: Sequence[tuple[str, bytes | memoryview, int]]
+                 ) -> list[ChunkMeta]:
         """Store many chunks durably, each as :meth:`put` does, waiting on the disk
-        for all of them at once.
+        for all of them at once; returns, per chunk in order, the size and CRC32C
+        read back from the trailer of the file written (what a writer's ack proves).
 
         Every checksum is checked before anything is written.  Each chunk then
         goes to its temporary file and is fsynced (``SYNC_THREADS`` at a time: the
@@ -145,7 +148,7 @@ class ChunkStore:
         batch = [_Pending(chunk, memoryview(data), self.path_of(chunk), crc)
                  for chunk, data, crc in items]
         if not batch:
-            return
+            return []
         if len({p.chunk for p in batch}) != len(batch):
             raise BadRequest("a chunk appears twice in one batch")
         for p in batch:
@@ -181,6 +184,7 @@ class ChunkStore:
                     _unlink_quietly(p.tmp)
             self._account([p for p in batch if p.installed])
         self._undo_if_purged([p.chunk for p in batch])
+        return [p.stored for p in batch if p.stored is not None]     # (each one is here)
 
     def _account(self, installed: list[_Pending]) -> None:
         with self._lock:
@@ -313,6 +317,7 @@ class _Pending:
     def __init__(self, chunk: str, data: memoryview, path: Path, crc: int) -> None:
         self.chunk, self.data, self.path, self.crc = chunk, data, path, crc
         self.trailer = b""
+        self.stored: ChunkMeta | None = None     # read back from the file written
         self.old: int | None = None
         self.tmp: Path | None = None
         self.installed = False
@@ -327,12 +332,12 @@ class _Pending:
             raise ChecksumMismatch(
                 f"chunk {self.chunk}: body CRC32C {actual:08x} != declared {self.crc:08x}",
                 chunk=self.chunk, expected=f"{self.crc:08x}", actual=f"{actual:08x}")
-        self.trailer = chunkfile.build_trailer(self.data, self.crc)
+        self.trailer = chunkfile.build_trailer(self.data, actual)
 
     def write_temp(self) -> None:
         tmp = self.path.with_name(f".{self.chunk}.{uuid.uuid4().hex[:8]}{TMP_SUFFIX}")
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         except OSError as exc:
             raise _storage_error(exc, self.chunk) from exc
         self.tmp = tmp
@@ -340,6 +345,9 @@ class _Pending:
             _write_all(fd, self.data)
             _write_all(fd, self.trailer)
             os.fsync(fd)
+            # The ack names what the file holds, not what was asked: its trailer,
+            # read back and checked (length and the trailer's own CRC).
+            self.stored = chunkfile.read_meta(fd, os.fstat(fd).st_size, self.chunk)
         except OSError as exc:
             raise _storage_error(exc, self.chunk) from exc
         finally:
