@@ -311,3 +311,42 @@ def test_job_process_checks_the_user_it_is_told_and_any_user_when_not(tmp_path: 
     script.write_text("#!/bin/sh\n#STAGER stage_out /nobodys file:///tmp/x\n")
     done = run_hook(settings, "job_process", str(script))
     assert done.returncode == 1 and "give any user nothing there" in done.stdout
+
+
+def test_a_scratch_copy_must_be_new_and_teardown_removes_only_that(cluster: ThreadCluster,
+                                                                   tmp_path: Path) -> None:
+    """data_in makes each --scratch destination itself (and records it) before staging;
+    one that exists already (another job's, a team's) fails the job and is never
+    removed; teardown removes the scratch copies this job made, not the rest of the
+    grant."""
+    settings = tmp_path / "slurm.toml"
+    settings.write_text(f'meta_url = "{cluster.meta_url}"\njobs_dir = "/sj"\n'
+                        f'state_dir = "{tmp_path / "state"}"\n[grants]\n"{ME}" = ["/team"]\n')
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.bin").write_bytes(b"a")
+    script = tmp_path / "job.sh"
+    owner = (str(os.getuid()), str(os.getgid()))
+    with Client(cluster.meta_url) as client:
+        client.pipe("/team/taken/theirs", b"someone's")
+        client.pipe("/team/kept", b"the team's")
+        script.write_text(f"#!/bin/sh\n#STAGER stage_in file://{src} /team/taken --scratch\n")
+        assert run_hook(settings, "setup", "3", *owner, "stager", "0", str(script)
+                        ).returncode == 0
+        done = run_hook(settings, "data_in", "3", str(script))
+        assert done.returncode == 1
+        assert "--scratch /team/taken exists already" in done.stdout, done.stdout
+        assert run_hook(settings, "teardown", "3", str(script), "false").returncode == 0
+        assert client.cat("/team/taken/theirs") == b"someone's"
+
+        script.write_text(f"#!/bin/sh\n#STAGER stage_in file://{src} /team/tmp-$SLURM_JOB_ID "
+                          "--scratch\n")
+        assert run_hook(settings, "setup", "4", *owner, "stager", "0", str(script)
+                        ).returncode == 0
+        run_hook(settings, "data_in", "4", str(script))    # as root: refused after mkdir
+        assert client.exists("/team/tmp-4")
+        done = run_hook(settings, "teardown", "4", str(script), "false")
+        assert done.returncode == 0 and "removed /team/tmp-4" in done.stdout, done.stdout
+        assert not client.exists("/team/tmp-4")
+        assert client.cat("/team/kept") == b"the team's"
+        assert client.cat("/team/taken/theirs") == b"someone's"

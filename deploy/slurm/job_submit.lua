@@ -9,8 +9,8 @@ for that user, so a job naming a path its user or groups hold no grant for is
 rejected at sbatch with the directive's line and the reason. Slurm 23.02 and later
 pass the user to slurm_bb_job_process themselves: there this file is not needed.
 
-A site with a job_submit.lua of its own calls stager_job_submit(job_desc) from its
-slurm_job_submit instead of installing this one.
+A site with a job_submit.lua of its own dofile()s this one at its top (its own
+slurm_job_submit, defined after, wins) and calls stager_job_submit(job_desc) from it.
 --]]
 
 local here = string.match(debug.getinfo(1, "S").source, "^@(.*)/[^/]*$") or "."
