@@ -41,26 +41,19 @@ def human(n: float) -> str:
     return f"{n} B"
 
 
-def _remote_target(client: AsyncClient, src: str, dst: str) -> Awaitable[str]:
-    """``put a.bin /dir/`` and ``put a.bin /existing-dir`` mean ``/dir/a.bin``."""
-    async def resolve() -> str:
-        name = Path(src).name
-        if dst.endswith("/"):
-            return dst + name
-        try:
-            if (await client.stat(dst, cached=False)).is_dir:
-                return dst.rstrip("/") + "/" + name
-        except FileNotFoundError:
-            pass
-        return dst
-    return resolve()
-
-
 def cmd_put(args: argparse.Namespace) -> int:
     async def run(c: AsyncClient) -> list[FileInfo]:
-        dst = args.dst if Path(args.src).is_dir() else await _remote_target(c, args.src,
-                                                                              args.dst)
-        return await c.put(args.src, dst, layout=layout_spec(args))
+        src, layout = Path(args.src), layout_spec(args)
+        if src.is_dir():
+            return await c.put(src, args.dst, layout=layout)
+        # `put a.bin /dir/` and `put a.bin /existing-dir` mean /dir/a.bin.  Found by
+        # trying, not by a stat first: a write-only token may create, not look.
+        if args.dst.endswith("/"):
+            return await c.put(src, args.dst + src.name, layout=layout)
+        try:
+            return await c.put(src, args.dst, layout=layout)
+        except IsADirectoryError:
+            return await c.put(src, args.dst + "/" + src.name, layout=layout)
 
     start = time.perf_counter()
     infos = with_client(args, run)
