@@ -96,20 +96,39 @@ class World:
         manifest = Manifest("/m", (ManifestFile("a", len(FILE_A), 0.0, self.a),))
         self.admin("PUT", route("put_manifest").target(path="/m"), as_json(manifest.to_json()))
         self.targets = self.admin("GET", route("list_targets").target()).json()["targets"]
+        here = next(t["id"] for t in self.targets if t["url"] == self.urls["data"])
+        other = next(t["id"] for t in self.targets if t["id"] != here)
+        self.here, self.other = here, other     # the data server the cases talk to; another
         self.creds |= {     # capabilities, for the data server
             "read_a": self.stat("/m/a", "read_m")["capability"],
             "read_b": self.stat("/m/b", "read_m")["capability"],
             "write_u": self.u["capability"], "write_v": self.v["capability"],
             "read_u": self.cap(self.u["file_id"], "read"),
-            "cluster": self.cap(ANY_FILE, CLUSTER, holder=SELF_ID),
+            "cluster": self.cap(ANY_FILE, CLUSTER, holder=SELF_ID, target=here),
+            # the metadata server's own, for another target: what a rogue target got
+            "cluster_other": self.cap(ANY_FILE, CLUSTER, holder=SELF_ID, target=other),
         }
+        # target credentials, each kept by its data server (ROOT/target.credential)
+        self.credentials = {t["id"]: self.target_credential(t["id"]) for t in self.targets}
+        self.creds |= {"target": self.credentials[self.targets[0]["id"]],
+                       "target_other": self.credentials[self.targets[1]["id"]]}
 
     # -- credentials ---------------------------------------------------------------------
     def cap(self, file_id: str, op: str, *, holder: str = "1" * 32, ttl: float = 600,
-            key: Ed25519PrivateKey | None = None, now: float | None = None) -> str:
+            key: Ed25519PrivateKey | None = None, now: float | None = None,
+            target: str | None = None) -> str:
         """A capability signed with the cluster's key (or ``key``)."""
-        claims = Capability.new(file_id, op, holder, time.time() if now is None else now, ttl)
+        claims = Capability.new(file_id, op, holder, time.time() if now is None else now, ttl,
+                                target)
         return sign(key or self.key, claims)
+
+    def target_credential(self, target_id: str) -> str:
+        """The credential the data server of ``target_id`` keeps under its root."""
+        for server in self.cluster.data:
+            assert server is not None
+            if json.loads((server.root / "target.json").read_text())["target_id"] == target_id:
+                return (server.root / "target.credential").read_text().strip()
+        raise KeyError(target_id)
 
     def token(self, scopes: list[str], *, key: Ed25519PrivateKey | None = None,
               ttl: float = 3600, now: float | None = None) -> str:
@@ -155,17 +174,27 @@ class World:
         return dict(self.admin("GET", route("stat").target(path=path), cred=cred).json())
 
     def fake_target(self) -> str:
-        """A registered target no server serves; removed again by :meth:`tidy`."""
+        """A registered target no server serves (its credential in :attr:`creds` as
+        ``fake``); removed again by :meth:`tidy`."""
+        sent = self.new_target()
+        reply = self.admin(sent.method, sent.target, sent.body, cred="join")
+        target_id = json.loads(sent.body or b"{}")["id"]
+        self.creds["fake"] = reply.json()["credential"]     # the newest fake's own
+        return target_id
+
+    def new_target(self) -> Sent:
+        """A registration of a target id never seen (removed by :meth:`tidy` once sent)."""
         n = next(self.fresh)
-        target = {"id": f"fake-{n}", "node": f"fake-{n}", "url": f"http://127.0.0.1:9/{n}"}
-        self.admin("POST", route("register_target").target(), as_json(target), cred="join")
-        self.fakes.append(target["id"])
-        return target["id"]
+        self.fakes.append(f"fake-{n}")
+        return post("register_target", {"id": f"fake-{n}", "node": f"fake-{n}",
+                                        "url": f"http://127.0.0.1:9/{n}"})
 
     def tidy(self) -> None:
-        """Remove the fake targets, so no layout names them."""
+        """Remove the fake targets (those registered), so no layout names them."""
         while self.fakes:
-            self.admin("POST", route("remove_target").target(target_id=self.fakes.pop()))
+            target_id = self.fakes.pop()
+            reply = self.send("meta", post("remove_target", {}, target_id=target_id), "admin")
+            assert reply.status in (200, 404), reply.body[:300]
 
 
 @dataclass(frozen=True)
@@ -212,11 +241,20 @@ def _heartbeat(w: World) -> Sent:
                               "chunks": t["chunks"]}, target_id=t["id"])
 
 
+def _forget(w: World) -> Sent:
+    """A removed fake target (no chunks: its rebuild has nothing to copy)."""
+    target_id = w.fake_target()
+    w.admin("POST", route("remove_target").target(target_id=target_id))
+    return post("forget_target", {}, target_id=target_id)
+
+
 READ_M = {"right": "read_m", "scope": "write_m", "prefix": "read_o"}
 WRITE_M = {"right": "write_m", "scope": "read_m", "prefix": "write_o"}
 ADMIN = {"right": "admin", "scope": "write", "prefix": "admin_o"}
 JOIN = {"right": "join", "scope": "write", "prefix": "join_o"}
-CLUSTER_CAP = {"right": "cluster", "scope": "write_u"}
+# a target's own credential; a join token is the wrong scope, another target's the wrong one
+TARGET = {"right": "target", "scope": "join", "prefix": "target_other"}
+CLUSTER_CAP = {"right": "cluster", "scope": "write_u", "prefix": "cluster_other"}
 
 CASES: dict[str, Case] = {
     # every server: public
@@ -228,15 +266,17 @@ CASES: dict[str, Case] = {
     # metadata server: cluster
     "status": Case(lambda w: get("status"), "read_m"),
     "list_targets": Case(lambda w: get("list_targets"), "read_m"),
-    "register_target": Case(lambda w: post("register_target", w.targets[0]), **JOIN),
-    "heartbeat": Case(_heartbeat, **JOIN),
+    "register_target": Case(lambda w: w.new_target(), **JOIN),
+    "heartbeat": Case(_heartbeat, **TARGET),
     "leave_target": Case(lambda w: post("leave_target", {}, target_id=w.fake_target()),
-                         **JOIN),
+                         "fake", scope="join", prefix="target_other"),
     "remove_target": Case(lambda w: post("remove_target", {}, target_id=w.fake_target()),
                           **ADMIN),
+    # a removed target's rebuild may still be running: then 409, said so
+    "forget_target": Case(_forget, ok=(200, 409), **ADMIN),
     "scrub": Case(lambda w: post("scrub", {}), **ADMIN),
     "scrub_report": Case(lambda w: post("scrub_report", {"target": w.targets[0]["id"],
-                                                         "chunks": []}), **JOIN),
+                                                         "chunks": []}), **TARGET),
     "fsck": Case(lambda w: post("fsck", {"repair": False}), **ADMIN),
     "report_rank": Case(lambda w: Sent("PUT", route("report_rank").target(
         job=f"j-{next(w.fresh)}", rank=0), as_json({"interval": 1, "world_size": 1,

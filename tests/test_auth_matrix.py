@@ -53,8 +53,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             "meta:expired": w.token(["admin"], ttl=60, now=past),
             "meta:revoked": revoked, "meta:garbage": "not-a-token",
             "meta:capability": w.creds["cluster"],
-            "data:forged": w.cap("*", CLUSTER, key=other),
-            "data:expired": w.cap("*", CLUSTER, ttl=60, now=past),
+            "data:forged": w.cap("*", CLUSTER, key=other, target=w.targets[0]["id"]),
+            "data:expired": w.cap("*", CLUSTER, ttl=60, now=past, target=w.targets[0]["id"]),
             "data:garbage": "stg1.e30.AAAA", "data:token": w.creds["admin"],
         }
         yield w
@@ -184,6 +184,57 @@ def test_the_wrong_prefix_or_file_is_403(world: World, audit: pytest.LogCaptureF
     reply = world.send(role, CASES[rule.op].build(world), CASES[rule.op].prefix)
     refused(reply, 403, rule)
     audited(audit, rule.op, 403)
+
+
+# -- between servers: a join token and a target credential do their purpose, nothing else --
+SERVER_CREDS = {"join": {"register_target"},
+                "target": {"register_target", "heartbeat", "leave_target", "scrub_report"}}
+ELSEWHERE = [pytest.param(r, cred, id=f"{r.op}-{cred}") for cred, purpose in SERVER_CREDS.items()
+             for r in routes_for("meta")
+             if r.op not in purpose and r.access.scope != "public"]  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("rule", "cred"), ELSEWHERE)
+def test_a_servers_credential_is_refused_outside_its_purpose(world: World, rule: Route,
+                                                             cred: str) -> None:
+    """A stolen storage node's join token or target credential: 403 on every route of
+    the metadata server that is not its job, the ones any user token may use
+    (status, the target listing, capability requests) included."""
+    refused(world.send("meta", CASES[rule.op].build(world), cred), 403, rule)
+
+
+def test_a_join_token_cannot_move_or_take_over_a_registered_target(world: World) -> None:
+    """Finding 1: the same join token re-registered an existing target id with a new
+    URL, and it stuck while the real server kept heartbeating."""
+    real = world.targets[0]
+    hijack = {**real, "url": "http://127.0.0.1:7199"}
+    reply = world.send("meta", post("register_target", hijack), "join")
+    refused(reply, 403, route("register_target"))
+    same_url = world.send("meta", post("register_target", real), "join")
+    refused(same_url, 403, route("register_target"))        # its credential is pinned
+    urls = {t["id"]: t["url"] for t in world.admin(
+        "GET", route("list_targets").target()).json()["targets"]}
+    assert urls[real["id"]] == real["url"]
+    # its own credential moves nothing but itself; another target's moves nothing
+    other = world.send("meta", post("register_target", hijack), "target_other")
+    refused(other, 403, route("register_target"))
+    again = world.send("meta", post("register_target", real), "target")
+    assert again.status == 200 and again.json()["credential"] is None, again.body[:300]
+
+
+def test_a_capability_for_one_target_is_refused_by_every_other(world: World) -> None:
+    """Finding 1: a rogue target was sent the metadata server's ``file: "*"``
+    capability, and with it read another team's chunks from a real data server and
+    listed every chunk.  Now each names the one target it was sent to."""
+    for cred in ("cluster_other", world.cap("*", "read", holder="0" * 32,
+                                            target=world.other)):
+        for sent in (get("list_chunks"), get("get_chunk", chunk=f"{world.a}.0"),
+                     post("batch_read", {"items": [[f"{world.a}.0", 0, 10]]}),
+                     post("purge", {"file_ids": [world.a]})):
+            reply = world.send("data", sent, cred)
+            assert reply.status == 403, (sent.target, reply.status, reply.body[:200])
+    # ... and the one for this target still reads here (file A: 3 replicas on 3 targets)
+    assert world.send("data", get("get_chunk", chunk=f"{world.a}.0"), "cluster").body == FILE_A
 
 
 # -- data servers: a capability is for one file and one operation ------------------------

@@ -16,13 +16,17 @@ purge chunks and delete files, and the servers must keep answering properly.
 
 With auth on (a second cluster), the same requests twice more: carrying a valid
 credential (the admin token to the metadata server, the metadata server's own
-cluster capability to data servers), so they reach the handlers, and no answer is
-a server error; and carrying none, or one that is garbage, so every route that is
-not public answers 401 and nothing is ever admitted, mutating or not.
+cluster capability for that data server's target), so they reach the handlers, and
+no answer is a server error; and carrying none, or one that is garbage, so every
+route that is not public answers 401 and nothing is ever admitted, mutating or not.
+And with a data server's own credentials (a join token, a target credential): every
+route of the metadata server outside their purpose answers 403, whatever else the
+request gets wrong.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -80,9 +84,16 @@ def credentials(auth_cluster: ThreadCluster) -> dict[str, dict[str, str]]:
     """The header that lets each role's server in: the admin token; the cluster
     capability, signed with the metadata server's key as it signs its own."""
     key = load_key(Path(auth_cluster.root) / "meta" / "auth" / KEY_FILE)
-    cap = sign(key, Capability.new(ANY_FILE, CLUSTER, "0" * 32, time.time(), 3600))
+    data = auth_cluster.data[0]
+    assert data is not None
+    target = json.loads((data.root / "target.json").read_text())["target_id"]
+    cap = sign(key, Capability.new(ANY_FILE, CLUSTER, "0" * 32, time.time(), 3600,
+                                   target=target))
+    credential = (data.root / "target.credential").read_text().strip()
     return {"meta": {H.AUTHORIZATION: f"Bearer {auth_cluster.admin_token}"},
-            "data": {H.CAPABILITY: cap}}
+            "data": {H.CAPABILITY: cap},
+            "join": {H.AUTHORIZATION: f"Bearer {auth_cluster.join_token}"},
+            "target": {H.AUTHORIZATION: f"Bearer {credential}"}}
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +149,41 @@ def test_with_auth_on_nothing_is_admitted_without_a_valid_credential(
         assert route.access is not None
         if route.access.scope != "public" and not no_route(reply):
             assert reply.status_code == 401, f"{reply.status_code} from {case.as_curl_command()}"
+
+    fuzz(schema, url, route, REFUSED_EXAMPLES, call, check)
+
+
+SERVER_PURPOSE = {"join": {"register_target"},
+                  "target": {"register_target", "heartbeat", "leave_target", "scrub_report"}}
+ELSEWHERE = [pytest.param(cred, r, id=f"{cred}-{r.method}-{r.path}")
+             for cred, purpose in SERVER_PURPOSE.items() for r in routes_for("meta")
+             if r.op not in purpose and r.access is not None and r.access.scope != "public"]
+
+
+@pytest.mark.parametrize("cred, route", ELSEWHERE)
+def test_with_auth_on_a_data_servers_credential_does_nothing_else(
+        auth_documents: dict[str, tuple[Any, str]], credentials: dict[str, dict[str, str]],
+        session: Any, cred: str, route: Route) -> None:
+    """A stolen storage node's join token or target credential, on every route that is
+    not its job: 403 before anything else is looked at."""
+    from schemathesis.core.transport import Response
+
+    schema, url = auth_documents["meta"]
+
+    def call(case: Any) -> Any:
+        # Sent here, not by case.call: a case that tests a missing Authorization
+        # header would have schemathesis take the credential out again.
+        kwargs = case.as_transport_kwargs(base_url=url)
+        headers = {k: v for k, v in (kwargs.pop("headers", None) or {}).items()
+                   if k.lower() not in CREDENTIAL_HEADERS}
+        reply = session.request(**kwargs, headers={**headers, **credentials[cred]},
+                                timeout=TIMEOUT, allow_redirects=False)
+        return Response.from_requests(reply, verify=True)
+
+    def check(reply: Any, case: Any) -> None:
+        check_reply(reply, route, case.as_curl_command())
+        if not no_route(reply):
+            assert reply.status_code == 403, f"{reply.status_code} from {case.as_curl_command()}"
 
     fuzz(schema, url, route, REFUSED_EXAMPLES, call, check)
 

@@ -26,6 +26,7 @@ from stager.protocol import messages as m
 from stager.protocol.authmsg import (
     CapabilityRequest,
     PublicKey,
+    TargetRegistered,
     TokenCreated,
     TokenInfo,
     TokenList,
@@ -260,7 +261,9 @@ def _examples() -> dict[str, object]:
         "ManifestStored": m.ManifestStored("/d", 1),
         "Aborted": m.Aborted(),
         "Health": m.Health("data", "1.0", "t0", "n0"),
-        "TokenRequest": TokenRequest(("read",), ("/d",), 60, "team"),
+        "TargetRegistered": TargetRegistered(TargetInfo("t0", "n0", "http://h:1"),
+                                             "stg1.x.y"),
+        "TokenRequest": TokenRequest(("read",), ("/d",), 60, "team", None),
         "TokenInfo": TokenInfo("a" * 32, "team", ("read",), ("/d",), 1, 2, 3),
         "TokenCreated": TokenCreated("stg1.x.y", TokenInfo("a" * 32, "t", ("read",), ("/",),
                                                            1, 2)),

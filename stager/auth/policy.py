@@ -7,7 +7,10 @@ Decisions, and why:
   give both for the usual case).  ``admin`` implies every other scope — ``read``,
   ``write`` and ``join`` — since an admin can mint any token anyway, refusing it
   a scope would add no safety.  ``join`` grants nothing but itself: a data
-  server registering and sending heartbeats.  ``telemetry`` lets a Loader report
+  server registering a new target.  ``target`` is a target credential's only
+  scope: the metadata server mints one per target at its first registration, and it
+  heartbeats, leaves, reports scrub findings and registers again for that one
+  target (:func:`acts_for`), nothing else.  ``telemetry`` lets a Loader report
   its job for a dataset under the prefixes; ``write`` (and ``admin``) imply it, so
   a Loader's usual token reports, and a read-only one needs it named.
 - **Prefixes.** A path is covered when it is a prefix or below one, at segment
@@ -23,9 +26,11 @@ Decisions, and why:
   one reads, a ``write`` one writes and reads back (a writer that routes around a
   dead target copies the chunks it already stored from a surviving replica; the
   file id is fresh for every write, so it holds nothing but what this writer
-  wrote).  A read capability never writes.  The metadata server's own ``cluster``
-  capability covers every file and the maintenance routes (purge, scrub,
-  listings, deletes); nothing else does.
+  wrote).  A read capability never writes.  The metadata server's own
+  capabilities name every file but one target: a data server takes them only when
+  that target is its own (so one sent to a rogue target is worth nothing anywhere
+  else), and only the ``cluster`` one opens the maintenance routes (purge, scrub,
+  listings, deletes).
 
 :func:`allows` and :func:`capability_allows` answer yes or no; :func:`require`
 and :func:`require_capability` raise :class:`~stager.errors.Forbidden`, for handlers.
@@ -42,7 +47,8 @@ IMPLIED: dict[str, frozenset[str]] = {
     "write": frozenset({"write", "telemetry"}),
     "join": frozenset({"join"}),
     "telemetry": frozenset({"telemetry"}),
-    "admin": frozenset({"admin", "read", "write", "join", "telemetry"}),
+    "target": frozenset({"target"}),
+    "admin": frozenset({"admin", "read", "write", "join", "target", "telemetry"}),
 }
 
 
@@ -90,17 +96,41 @@ CAP_GRANTS: dict[str, frozenset[str]] = {
 }
 
 
-def capability_allows(cap: Capability, file_id: str | None, op: str) -> bool:
+SERVER_SCOPES = frozenset({"join", "target"})
+
+
+def is_server_credential(token: Token) -> bool:
+    """A data server's join token or target credential: it does its one job (joining,
+    speaking for its target) and nothing a user token does, not even read the status."""
+    return granted(token) <= SERVER_SCOPES
+
+
+def acts_for(token: Token, target_id: str) -> bool:
+    """May ``token`` speak for the target ``target_id`` (heartbeat, leave, report)?
+    Its own target credential, or an admin token."""
+    if "admin" in token.scopes:
+        return covers(token, None)
+    return token.target == target_id
+
+
+def capability_allows(cap: Capability, file_id: str | None, op: str,
+                      here: str | None = None) -> bool:
     """Does ``cap`` let its holder do ``op`` ("read", "write" or "cluster") on chunks
-    of ``file_id`` (``None``: a maintenance route, no one file)?"""
+    of ``file_id`` (``None``: a maintenance route, no one file) on the target
+    ``here``?"""
     if op not in CAP_GRANTS[cap.op]:
         return False
-    return cap.op == CLUSTER or cap.file_id == file_id
+    if cap.target is not None:                  # a server capability: its target only
+        return cap.target == here
+    return cap.file_id == file_id
 
 
-def require_capability(cap: Capability, file_id: str | None, op: str) -> None:
+def require_capability(cap: Capability, file_id: str | None, op: str,
+                       here: str | None = None) -> None:
     """:func:`capability_allows`, or :class:`~stager.errors.Forbidden`."""
     if op not in CAP_GRANTS[cap.op]:
         raise Forbidden(f"a {cap.op} capability does not allow {op}", file=file_id, op=op)
-    if cap.op != CLUSTER and cap.file_id != file_id:
+    if cap.target is not None and cap.target != here:
+        raise Forbidden("the capability is for another target", target=here)
+    if cap.target is None and cap.file_id != file_id:
         raise Forbidden("the capability is for another file", file=file_id)

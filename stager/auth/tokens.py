@@ -43,17 +43,18 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 
 from ..errors import BadRequest, Unauthenticated
+from ..protocol.models import TARGET_ID_RE
 from ..protocol.paths import normalize
 from . import b64
 from .revocation import Revocations
 
 VERSION = "stg1"
-SCOPES = frozenset({"read", "write", "admin", "join",
+SCOPES = frozenset({"read", "write", "admin", "join", "target",
                     "telemetry"})   # a Loader reporting its job (stager/meta/jobtable.py)
 OPS = frozenset({"read", "write"})
-CLUSTER = "cluster"         # the metadata server's own capability: every file, and the
-                            # data servers' maintenance routes (purge, scrub, listings)
-ANY_FILE = "*"
+CLUSTER = "cluster"         # the metadata server's own capability for one target's
+                            # maintenance routes (purge, scrub, listings, deletes)
+ANY_FILE = "*"              # a server capability's file: every file, on its one target
 CLOCK_SKEW = 30             # seconds a token stays good past its expiry: clocks differ
 CAPABILITY_TTL = 600        # seconds; clients fetch a fresh one before it runs out
 MAX_TEXT = 8192             # characters; a longer "token" is refused unread
@@ -72,6 +73,7 @@ class Token:
     scopes: frozenset[str]
     prefixes: tuple[str, ...]
     expires: int                # unix seconds
+    target: str | None = None   # a target credential's one target (scope "target")
 
     def __post_init__(self) -> None:
         _check_id(self.id, "token id")
@@ -86,22 +88,33 @@ class Token:
         if not 1 <= len(prefixes) <= MAX_PREFIXES:
             raise BadRequest(f"a token has 1 to {MAX_PREFIXES} prefixes ('/' for all)")
         _check_time(self.expires)
+        if (self.target is not None) != ("target" in scopes):
+            raise BadRequest("a target credential has the scope 'target' and names its "
+                             "target; no other token does")
+        if self.target is not None:
+            _check_target(self.target)
+            if scopes != {"target"}:
+                raise BadRequest("a target credential has no other scope")
         object.__setattr__(self, "scopes", scopes)
         object.__setattr__(self, "prefixes", prefixes)
 
     @classmethod
-    def new(cls, name: str, scopes: Any, prefixes: Any, ttl: float, now: float) -> Token:
+    def new(cls, name: str, scopes: Any, prefixes: Any, ttl: float, now: float,
+            target: str | None = None) -> Token:
         """A token with a fresh random id, valid ``ttl`` seconds from ``now``.
 
         ``scopes`` and ``prefixes`` are collections of strings; a bare string is
         refused (``"/a"`` must not become the prefixes ``"/"`` and ``"/a"``)."""
         return cls(secrets.token_hex(16), name, frozenset(_strings(scopes, "scopes")),
-                   tuple(_strings(prefixes, "prefixes")), int(now + ttl))
+                   tuple(_strings(prefixes, "prefixes")), int(now + ttl), target)
 
     def to_json(self) -> dict[str, Any]:
-        return {"typ": "token", "id": self.id, "name": self.name,
-                "scopes": sorted(self.scopes), "prefixes": list(self.prefixes),
-                "exp": self.expires}
+        out = {"typ": "token", "id": self.id, "name": self.name,
+               "scopes": sorted(self.scopes), "prefixes": list(self.prefixes),
+               "exp": self.expires}
+        if self.target is not None:
+            out["target"] = self.target
+        return out
 
 
 @dataclass(frozen=True)
@@ -109,32 +122,44 @@ class Capability:
     """Permission for one operation on one file, for a data server to check alone.
 
     ``holder`` is the id of the token it was issued to, for the data server's
-    audit log."""
+    audit log.  A client's capability names one file and no target.  The metadata
+    server's own (rebuild copies, purges, scrubs, listings, the gateway) names every
+    file (:data:`ANY_FILE`) but exactly one ``target``: the data server it is sent
+    to, which is the only one that takes it, so a target can never replay what it
+    receives against another."""
 
     file_id: str
-    op: str                     # "read" | "write"
+    op: str                     # "read" | "write" | "cluster"
     expires: int                # unix seconds
     holder: str
+    target: str | None = None   # a server capability's one target
 
     def __post_init__(self) -> None:
-        if self.op == CLUSTER:
-            if self.file_id != ANY_FILE:
-                raise BadRequest(f"a cluster capability is for file {ANY_FILE!r}")
+        if self.op not in OPS | {CLUSTER}:
+            raise BadRequest(f"a capability's op is one of {sorted(OPS | {CLUSTER})}")
+        if self.file_id == ANY_FILE or self.op == CLUSTER:
+            if self.file_id != ANY_FILE or self.target is None:
+                raise BadRequest(f"a server capability is for file {ANY_FILE!r} on one "
+                                 "target")
+            _check_target(self.target)
         else:
             _check_id(self.file_id, "file id")
-            if self.op not in OPS:
-                raise BadRequest(f"a capability's op is one of {sorted(OPS | {CLUSTER})}")
+            if self.target is not None:
+                raise BadRequest("a client capability names no target")
         _check_time(self.expires)
         _check_id(self.holder, "holder token id")
 
     @classmethod
     def new(cls, file_id: str, op: str, holder: str, now: float,
-            ttl: float = CAPABILITY_TTL) -> Capability:
-        return cls(file_id, op, int(now + ttl), holder)
+            ttl: float = CAPABILITY_TTL, target: str | None = None) -> Capability:
+        return cls(file_id, op, int(now + ttl), holder, target)
 
     def to_json(self) -> dict[str, Any]:
-        return {"typ": "cap", "file": self.file_id, "op": self.op, "exp": self.expires,
-                "holder": self.holder}
+        out = {"typ": "cap", "file": self.file_id, "op": self.op, "exp": self.expires,
+               "holder": self.holder}
+        if self.target is not None:
+            out["target"] = self.target
+        return out
 
 
 Claims = Token | Capability
@@ -232,20 +257,24 @@ def _claims(payload: bytes) -> Claims:
 
 _FIELDS = {"token": {"typ", "id", "name", "scopes", "prefixes", "exp"},
            "cap": {"typ", "file", "op", "exp", "holder"}}
+_OPTIONAL = {"token": {"target"}, "cap": {"target"}}
 
 
 def _from_json(obj: dict[str, Any]) -> Claims:
     typ = obj.get("typ")
     if not isinstance(typ, str) or typ not in _FIELDS:
         raise BadRequest("unknown typ")
-    if set(obj) != _FIELDS[typ]:
+    if not _FIELDS[typ] <= set(obj) <= _FIELDS[typ] | _OPTIONAL[typ]:
         raise BadRequest(f"unknown or missing fields in a {typ}")
+    target = obj.get("target")
+    if "target" in obj and not isinstance(target, str):
+        raise BadRequest("a target is a string")
     if typ == "token":
         if not isinstance(obj["scopes"], list) or not isinstance(obj["prefixes"], list):
             raise BadRequest("scopes and prefixes are lists")
         return Token(obj["id"], obj["name"], frozenset(_strings(obj["scopes"], "scopes")),
-                     tuple(obj["prefixes"]), obj["exp"])
-    return Capability(obj["file"], obj["op"], obj["exp"], obj["holder"])
+                     tuple(obj["prefixes"]), obj["exp"], target)
+    return Capability(obj["file"], obj["op"], obj["exp"], obj["holder"], target)
 
 
 def _strings(values: Any, what: str) -> list[str]:
@@ -258,6 +287,11 @@ def _strings(values: Any, what: str) -> list[str]:
 def _check_id(value: Any, what: str) -> None:
     if not isinstance(value, str) or not _ID.fullmatch(value):
         raise BadRequest(f"a {what} is 32 lowercase hex digits")
+
+
+def _check_target(value: Any) -> None:
+    if not isinstance(value, str) or not TARGET_ID_RE.match(value):
+        raise BadRequest("a target id is 1 to 64 letters, digits, '-', '_' or '.'")
 
 
 def _check_time(value: Any) -> None:

@@ -220,6 +220,12 @@ class AsyncClient:
         return TargetInfo.from_json(await self.meta.request(
             route("remove_target"), target_id=target_id, body={}))
 
+    async def forget_target(self, target_id: str) -> TargetInfo:
+        """Drop a lost or removed target whose chunks are all copied elsewhere (its
+        credential is revoked); refused (409) while it is up, down or rebuilding."""
+        return TargetInfo.from_json(await self.meta.request(
+            route("forget_target"), target_id=target_id, body={}))
+
     async def scrub(self, *, rate: int | None = None) -> dict[str, Any]:
         """Every up target verifies all its chunks now; corrupt copies are repaired."""
         return ScrubResult.from_json(await self.meta.request(
@@ -235,9 +241,11 @@ class AsyncClient:
 
     # -- tokens (stager/meta/authapp.py; an admin token) -----------------------------------
     async def create_token(self, scopes: Sequence[str], prefixes: Sequence[str] = ("/",),
-                           ttl: int = 86400, name: str = "") -> TokenCreated:
-        """Mint a token: its text (shown this once) and what the server keeps of it."""
-        body = TokenRequest(tuple(scopes), tuple(prefixes), int(ttl), name).to_json()
+                           ttl: int = 86400, name: str = "",
+                           uses: int | None = None) -> TokenCreated:
+        """Mint a token: its text (shown this once) and what the server keeps of it.
+        ``uses``: how many new targets a join token may register (``None``: no limit)."""
+        body = TokenRequest(tuple(scopes), tuple(prefixes), int(ttl), name, uses).to_json()
         return TokenCreated.from_json(await self.meta.request(route("create_token"), body=body))
 
     async def list_tokens(self) -> list[TokenInfo]:

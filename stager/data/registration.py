@@ -13,7 +13,7 @@ from ..auth import load_public_key
 from ..auth.tls import client_ssl
 from ..config import Config
 from ..errors import TRANSPORT_FAILURES, StagerError, Unauthenticated, error_from_wire
-from ..protocol.authmsg import PublicKey
+from ..protocol.authmsg import PublicKey, TargetRegistered
 from ..protocol.messages import Heartbeat
 from ..protocol.metaurls import meta_urls
 from ..protocol.models import TargetInfo
@@ -58,8 +58,9 @@ async def register_and_heartbeat(service: DataService, config: Config, url: str,
                                       chunks=usage.chunks).to_json()
                     _, answer = await _post(session, route("register_target").url(meta), body,
                                             credential.headers())
-                    if isinstance(answer, dict) and isinstance(answer.get("credential"), str):
-                        credential.keep(answer["credential"])
+                    minted = TargetRegistered.from_json(answer).credential
+                    if minted is not None:
+                        credential.keep(minted)
                     log.info("registered target %s at %s", ident.target_id, meta)
                     registered = True
                 else:

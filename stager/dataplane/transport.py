@@ -196,7 +196,8 @@ class DataPlane:
         (``data``, ``headers``, ``timeout``); ``json_body`` is sent as JSON."""
         params = {k: kwargs.pop(k) for k in op.path_params}
         where = op.url(url, query=kwargs.pop("query", None), **params)
-        credential = await self.credential(op, params.get("chunk"), kwargs.pop("files", ()))
+        credential = await self.credential(op, params.get("chunk"), kwargs.pop("files", ()),
+                                           target)
         if credential:
             kwargs["headers"] = {**kwargs.get("headers", {}), **credential}
         if json_body is not None:
@@ -219,15 +220,16 @@ class DataPlane:
             counter.seconds += time.perf_counter() - start
 
     async def credential(self, op: Route, chunk: str | None = None,
-                         files: Collection[str] = ()) -> dict[str, str]:
+                         files: Collection[str] = (), target: str | None = None
+                         ) -> dict[str, str]:
         """The capability header ``op`` needs (on ``chunk``, or on the chunks of
-        ``files``); empty with auth off."""
+        ``files``, on ``target``); empty with auth off."""
         access = op.access
         if self.credentials is None or access is None or access.scope == "public":
             return {}
         if chunk is not None:
             files = (parse_chunk_id(chunk)[0],)
-        text = await self.credentials.header(access.scope, files)
+        text = await self.credentials.header(access.scope, files, target)
         return {headers.CAPABILITY: text} if text else {}
 
     async def warm(self, op: str, file_ids: Collection[str]) -> None:
@@ -307,7 +309,7 @@ class DataPlane:
         left to try, so wait ``request_timeout`` (see :meth:`read_timeout`).
         """
         hdrs = {} if whole else {"Range": f"bytes={offset}-{offset + len(out) - 1}"}
-        hdrs.update(await self.credential(_GET_CHUNK, chunk))
+        hdrs.update(await self.credential(_GET_CHUNK, chunk, target=target))
         timeout = self.read_timeout(patient)
         pool = self._raw_pool()
         if pool is not None:
@@ -332,7 +334,7 @@ class DataPlane:
         body = json.dumps(ReadRequest(tuple(items)).to_json()).encode()
         timeout = self.read_timeout(patient)
         hdrs = {"Content-Type": "application/json",
-                **await self.credential(_BATCH_READ, None, _files_of(items))}
+                **await self.credential(_BATCH_READ, None, _files_of(items), target)}
         pool = self._raw_pool()
         if pool is not None:
             try:

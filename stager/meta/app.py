@@ -13,15 +13,16 @@ from aiohttp import web
 from ..auth.policy import visible
 from ..config import Config
 from ..dataplane import DataPlane, PlaneOptions, make_session
-from ..dataplane.credentials import ClusterCredential
+from ..dataplane.credentials import ServerCredential
 from ..errors import PayloadTooLarge, RangeNotSatisfiable, Unavailable
 from ..protocol import messages as m
+from ..protocol.authmsg import TargetRegistered
 from ..protocol.batch import CommitItem, CreateItem, parse_items, results_json
 from ..protocol.headers import accepts_gzip, etag_matches
 from ..protocol.models import FileInfo, LayoutSpec, TargetInfo, check_file_id
 from ..protocol.ranges import content_range, parse_range, unsatisfied_range
 from ..web import idempotency
-from ..web.authmw import authorize, token_of
+from ..web.authmw import authorize, speak_for, token_of
 from ..web.metrics import ServerMetrics
 from ..web.middleware import METRICS_KEY, error_response, json_response
 from ..web.requests import path_arg, query_bool, query_int, read_json
@@ -34,6 +35,7 @@ from . import (
     presence,
     reliability,
     shared,
+    targetauth,
     targetstats,
     ui,
 )
@@ -83,7 +85,7 @@ async def _data_plane(app: web.Application) -> AsyncIterator[None]:
     options = PlaneOptions.of(config)
     session = make_session(options)
     auth = app.get(authapp.AUTH)
-    credentials = ClusterCredential(auth.cluster_capability) if auth is not None else None
+    credentials = ServerCredential(auth.server_capability) if auth is not None else None
     app[GATEWAY] = Gateway(app[SERVICE], DataPlane(session, options, credentials=credentials),
                            config)
     yield
@@ -139,10 +141,14 @@ async def list_targets(request: web.Request) -> web.Response:
 
 async def register_target(request: web.Request) -> web.Response:
     target = TargetInfo.from_json(await _body(request))
-    return json_response((await _svc(request).register_target(target)).to_json())
+    stored, credential = await targetauth.register(
+        authapp.auth_of(request), _svc(request), request.app[CONFIG], token_of(request),
+        target)
+    return json_response(TargetRegistered(stored, credential).to_json())
 
 
 async def heartbeat(request: web.Request) -> web.Response:
+    speak_for(request, request.match_info["target_id"])
     beat = m.Heartbeat.from_json(await _body(request))
     target = await _svc(request).heartbeat(request.match_info["target_id"],
                                            capacity=beat.capacity, used=beat.used,
@@ -152,7 +158,14 @@ async def heartbeat(request: web.Request) -> web.Response:
 
 
 async def leave_target(request: web.Request) -> web.Response:
+    speak_for(request, request.match_info["target_id"])
     target = await _svc(request).leave(request.match_info["target_id"])
+    return json_response(target.to_json())
+
+
+async def forget_target(request: web.Request) -> web.Response:
+    target = await targetauth.forget(authapp.auth_of(request), _svc(request),
+                                     request.match_info["target_id"])
     return json_response(target.to_json())
 
 
@@ -380,7 +393,8 @@ async def gateway_delete(request: web.Request) -> web.Response:
 
 HANDLERS = {
     "status": status, "list_targets": list_targets, "register_target": register_target,
-    "heartbeat": heartbeat, "leave_target": leave_target, "stat": stat, "list": list_dir,
+    "heartbeat": heartbeat, "leave_target": leave_target, "forget_target": forget_target,
+    "stat": stat, "list": list_dir,
     "mkdir": mkdir,
     "set_layout": set_layout, "create": create, "commit": commit, "abort": abort,
     "create_batch": create_batch, "commit_batch": commit_batch, "abort_batch": abort_batch,

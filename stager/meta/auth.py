@@ -108,7 +108,7 @@ class MetaAuth:
         token = Token.new(request.name, set(request.scopes), list(request.prefixes),
                           request.ttl, now)
         info = TokenInfo(token.id, token.name, tuple(sorted(token.scopes)), token.prefixes,
-                         int(now), token.expires)
+                         int(now), token.expires, uses=request.uses)
         await self.store.put_token(info)
         return sign(self.key, token), info
 

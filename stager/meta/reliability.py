@@ -22,6 +22,7 @@ from ..dataplane import DataPlane
 from ..protocol.cluster import ScrubQueued
 from ..protocol.messages import FsckRequest, ScrubReport, ScrubRequest
 from ..protocol.models import TargetInfo
+from ..web.authmw import speak_for
 from ..web.middleware import json_response
 from ..web.requests import read_json
 from .copier import ChunkCopier
@@ -126,6 +127,7 @@ async def scrub(request: web.Request) -> web.Response:
 
 async def scrub_report(request: web.Request) -> web.Response:
     report = ScrubReport.from_json(await _body(request))
+    speak_for(request, report.target)
     queued = _get(request).repairer.report(report.target, list(report.chunks))
     return json_response(ScrubQueued(queued).to_json())
 

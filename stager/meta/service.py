@@ -299,6 +299,26 @@ class MetaService:
         log.info("target %s (node %s) is leaving: marked down", target_id, target.node)
         return target
 
+    async def forget_target(self, target_id: str) -> TargetInfo:
+        """Drop a lost or removed target whose chunks are all copied elsewhere: it
+        leaves the listing, its capacity stops counting, and nothing names it again.
+        A target that is up, down (it may come back with the only copies) or still
+        being rebuilt is refused."""
+        target = self.targets.get(target_id)
+        if target is None:
+            raise NotFound(f"target {target_id} is not registered", target=target_id)
+        if target.state not in GONE_STATES or target_id in self.retiring:
+            doing = "being rebuilt" if target.state in GONE_STATES else target.state
+            raise AlreadyExists(f"target {target_id} is {doing}: only a lost or removed "
+                                "target whose chunks are all copied elsewhere is forgotten "
+                                "(`stager target remove` it and wait for the rebuild)",
+                                target=target_id, state=target.state)
+        await self.store.forget_target(target_id)
+        self.targets.pop(target_id, None)
+        self.suspects.pop(target_id, None)
+        log.info("target %s (node %s) forgotten", target_id, target.node)
+        return target
+
     async def set_target_state(self, target_id: str, state: str) -> TargetInfo:
         """Store and apply a target's new state (``lost`` or ``removed``: rebuild)."""
         target = _with(self.targets[target_id], state=state)

@@ -49,6 +49,8 @@ async def sync(service: MetaService) -> None:
         if until > now:
             service.suspects[target_id] = max(until, service.suspects.get(target_id, 0.0))
     service.retiring = {key.split("/", 1)[1] for key in retiring}
+    for forgotten in set(service.targets) - {t.id for t in stored}:
+        del service.targets[forgotten]          # `stager target forget`, on another server
     for t in stored:
         old = service.targets.get(t.id)
         last = max(t.last_heartbeat, old.last_heartbeat if old is not None else 0.0)

@@ -102,9 +102,9 @@ async def _decide(auth: MetaAuth, service: MetaService, token: Token,
         return Registration(mint=False)
     if allows(token, "admin", None):
         return Registration(mint=True, replaces=pinned)
-    if not allows(token, "join", None):
+    if not allows(token, "join", None):         # a join token on a prefix: covers no "/"
         raise Forbidden(f"token {token.name!r} may not register targets (it needs the "
-                        "join scope)", token=token.id, scope="join")
+                        "join scope on /)", token=token.id, scope="join")
     if live is not None:
         raise Forbidden(f"target {target.id} is registered and holds its own credential: "
                         "it registers with that (ROOT/target.credential), or an admin "

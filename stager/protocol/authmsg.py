@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import BadRequest
 from .batch import parse_items
-from .models import check_file_id, count_of, field_of
+from .models import TargetInfo, check_file_id, count_of, field_of
 
 MAX_TTL = 10 * 365 * 86400      # seconds: a token lives at most ten years
 
@@ -130,3 +130,20 @@ class PublicKey:
     @classmethod
     def from_json(cls, obj: Any) -> PublicKey:
         return cls(field_of(obj, "public_key", str))
+
+
+@dataclass(frozen=True)
+class TargetRegistered:
+    """A registration's answer: the target as stored, and the target's own credential,
+    minted at its first registration and shown this once (``None`` when it showed its
+    own credential, or auth is off) — stager/meta/targetauth.py."""
+
+    target: TargetInfo
+    credential: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.target.to_json(), "credential": self.credential}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> TargetRegistered:
+        return cls(TargetInfo.from_json(obj), field_of(obj, "credential", str, None))

@@ -40,7 +40,8 @@ class Param:
         return {"type": self.type, **dict(self.bounds)}
 
 
-SCOPES_NEEDED = ("public", "any", "read", "write", "admin", "join", "cluster", "telemetry")
+SCOPES_NEEDED = ("public", "any", "read", "write", "admin", "join", "target", "server",
+                 "cluster", "telemetry")
 WHERE = ("none", "cluster", "path", "visible", "body", "chunk")
 
 
@@ -48,9 +49,11 @@ WHERE = ("none", "cluster", "path", "visible", "body", "chunk")
 class Access:
     """What a request needs when auth is on (stager/web/authmw.py checks it).
 
-    ``scope``: ``public`` (no token), ``any`` (any valid token), or the scope the
-    token (metadata server) or capability (data server: ``read``, ``write`` or
-    ``cluster``, the metadata server's own) must grant.  ``on``: what it must cover:
+    ``scope``: ``public`` (no token), ``any`` (any valid user token: not a data
+    server's join token or target credential, which do their one job only),
+    ``server`` (a join token or a target credential: a data server registering), or
+    the scope the token (metadata server) or capability (data server: ``read``,
+    ``write`` or ``cluster``, the metadata server's own) must grant.  ``on``: what it must cover:
     ``cluster`` (the whole namespace, ``/``), ``path`` (the URL's path), ``visible``
     (the URL's path, or an ancestor of a covered prefix: walking down to it),
     ``chunk`` (the URL's chunk's file), ``body`` (the handler checks every path
@@ -69,7 +72,7 @@ PUBLIC = Access("public", "none")
 ANY = Access("any", "none")
 READ_PATH, WRITE_PATH, WRITE_BODY = Access("read", "path"), Access("write", "path"), \
     Access("write", "body")
-ADMIN, JOIN = Access("admin"), Access("join")
+ADMIN, TARGET = Access("admin"), Access("target")
 
 
 @dataclass(frozen=True)
@@ -148,8 +151,11 @@ ROUTES: tuple[Route, ...] = (
           "meta", responses={200: "Status"}),
     Route("GET", "/v1/targets", "list_targets", "registered storage targets", "meta",
           responses={200: "TargetList"}),
-    Route("POST", "/v1/targets", "register_target", "a data server registers a target", "meta",
-          body="Target", responses={200: "Target", 400: "Error"}),
+    Route("POST", "/v1/targets", "register_target",
+          "a data server registers a target: a new one with a join (or admin) token, which "
+          "answers the target's own credential once; a known one with that credential",
+          "meta", body="Target", responses={200: "TargetRegistered", 400: "Error",
+                                            403: "Error", 409: "Error"}),
     Route("POST", "/v1/targets/{target_id}/heartbeat", "heartbeat",
           "a data server reports it is alive", "meta", params=(P_TARGET,), body="Heartbeat",
           responses={200: "Target", 404: "Error"}),
@@ -160,6 +166,10 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/targets/{target_id}/remove", "remove_target",
           "declare a target lost: its chunks are re-replicated onto other targets", "meta",
           params=(P_TARGET,), responses={200: "Target", 404: "Error"}),
+    Route("POST", "/v1/targets/{target_id}/forget", "forget_target",
+          "drop a lost or removed target whose chunks are copied elsewhere: it leaves the "
+          "listing and its credential is revoked", "meta", params=(P_TARGET,),
+          responses={200: "Target", 404: "Error", 409: "Error"}),
     # metadata server: reliability (stager/meta/reliability.py)
     Route("POST", "/v1/scrub", "scrub",
           "verify every chunk on every up target now; repair corrupt copies from replicas",
@@ -311,9 +321,10 @@ ACCESS: dict[str, Access] = {
     "health": PUBLIC, "openapi": PUBLIC, "metrics": PUBLIC,
     "dashboard": PUBLIC,    # static files: the data comes from the API, with a token
     # cluster
-    "status": ANY, "list_targets": ANY, "register_target": JOIN, "heartbeat": JOIN,
-    "leave_target": JOIN, "remove_target": ADMIN, "scrub": ADMIN, "scrub_report": JOIN,
-    "fsck": ADMIN,
+    # a target's own credential (scope "target"; the handler checks it is that target's)
+    "status": ANY, "list_targets": ANY, "register_target": Access("server", "body"),
+    "heartbeat": TARGET, "leave_target": TARGET, "remove_target": ADMIN,
+    "forget_target": ADMIN, "scrub": ADMIN, "scrub_report": TARGET, "fsck": ADMIN,
     "report_rank": Access("telemetry", "body"), "list_jobs": Access("read", "none"),
     # namespace
     "stat": Access("read", "visible"), "list": Access("read", "visible"),

@@ -241,6 +241,35 @@ class MetaStoreTests:
         finally:
             again.close()
 
+    async def test_a_join_tokens_uses_are_spent_one_at_a_time(
+            self, store: MetaStore) -> None:
+        limited = TokenInfo("a" * 32, "nodes", ("join",), ("/",), 10, 100, uses=2)
+        unlimited = TokenInfo("b" * 32, "ops", ("join",), ("/",), 10, 100)
+        await store.put_token(limited)
+        await store.put_token(unlimited)
+        spent = await asyncio.gather(*(store.take_token_use(limited.id) for _ in range(5)))
+        assert sorted(spent) == [False, False, False, True, True]   # exactly two, at once
+        assert [t.uses for t in await store.list_tokens()] == [0, None]
+        assert await store.take_token_use(unlimited.id)
+        assert not await store.take_token_use("c" * 32)              # no such token
+
+    async def test_a_target_credential_is_pinned_by_compare_and_swap(
+            self, store: MetaStore) -> None:
+        t = TargetInfo("t0", "n0", "http://127.0.0.1:1", capacity=10)
+        await store.upsert_target(t)
+        assert await store.target_credential("t0") is None
+        assert await store.pin_target_credential("t0", "a" * 32, replaces=None)
+        assert not await store.pin_target_credential("t0", "b" * 32, replaces=None)
+        assert not await store.pin_target_credential("t0", "b" * 32, replaces="c" * 32)
+        assert await store.target_credential("t0") == "a" * 32
+        assert await store.pin_target_credential("t0", "b" * 32, replaces="a" * 32)
+        await store.upsert_target(replace(t, used=3))       # a heartbeat keeps the pin
+        assert await store.target_credential("t0") == "b" * 32
+        await store.forget_target("t0")
+        assert await store.target_credential("t0") is None
+        assert await store.list_targets() == []
+        await store.forget_target("t0")                     # twice: nothing to do
+
     async def test_a_whole_store_dumps_and_loads_with_its_row_ids(
             self, store: MetaStore) -> None:
         """What ``stager meta migrate`` copies with: rows keep their ids (a child may

@@ -34,7 +34,17 @@ from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ..auth import Capability, CapabilityCache, Token
-from ..auth.policy import CAP_GRANTS, allows, capability_allows, granted, require, visible
+from ..auth.policy import (
+    CAP_GRANTS,
+    SERVER_SCOPES,
+    acts_for,
+    allows,
+    capability_allows,
+    granted,
+    is_server_credential,
+    require,
+    visible,
+)
 from ..errors import Forbidden, StagerError, Unauthenticated, Unavailable
 from ..protocol import headers as H
 from ..protocol.models import parse_chunk_id
@@ -54,6 +64,7 @@ VERIFY_ON_LOOP = 32            # new capabilities verified on the loop; more go 
 TOKEN = web.RequestKey("token", Token)              # the verified bearer token
 CAPS = web.RequestKey("caps", list[Capability])     # the verified capabilities
 CHECKED = web.RequestKey("checked", list[str])      # paths authorized, for the audit line
+HERE = web.RequestKey("here", str)                  # a data server's own target id
 
 
 class Gate(Protocol):
@@ -91,7 +102,17 @@ class TokenGate:
                                   reason="malformed")
         token = self.authenticate(text.strip())
         request[TOKEN] = token
+        if is_server_credential(token) and access.scope not in granted(token) | {"server"}:
+            # before anything of the request is parsed: a stolen storage node's
+            # credential learns nothing from a route that is not its job
+            raise Forbidden(f"token {token.name!r} is a data server's credential: it "
+                            "registers and speaks for targets, nothing else", token=token.id)
         if access.scope == "any":
+            return
+        if access.scope == "server":
+            if not granted(token) & SERVER_SCOPES:
+                raise Forbidden(f"token {token.name!r} lacks the 'join' scope",
+                                token=token.id, scope="join")
             return
         if access.on == "cluster":
             require(token, access.scope, None)
@@ -109,11 +130,14 @@ class TokenGate:
 
 class CapabilityGate:
     """A data server's gate: capabilities, verified with the metadata server's public
-    key (set once it is known: until then every guarded request is a 503)."""
+    key (set once it is known: until then every guarded request is a 503).  ``target``
+    is this server's target id: the metadata server's capabilities name the one
+    target they are for, and are refused anywhere else."""
 
     role = "data"
 
-    def __init__(self, public: Ed25519PublicKey | None = None) -> None:
+    def __init__(self, public: Ed25519PublicKey | None = None, *, target: str) -> None:
+        self.target = target
         self.cache: CapabilityCache | None = None
         if public is not None:
             self.trust(public)
@@ -146,11 +170,14 @@ class CapabilityGate:
         else:
             caps = [cache.verify(t, now) for t in texts]
         request[CAPS] = caps
+        request[HERE] = self.target
         if access.on == "cluster":
-            _require_caps(caps, None, "cluster")
+            _require_caps(caps, None, "cluster", self.target)
         elif access.on == "chunk":
-            _require_caps(caps, parse_chunk_id(request.match_info["chunk"])[0], access.scope)
-        elif not any(access.scope in CAP_GRANTS[c.op] for c in caps):
+            _require_caps(caps, parse_chunk_id(request.match_info["chunk"])[0], access.scope,
+                          self.target)
+        elif not any(access.scope in CAP_GRANTS[c.op]
+                     and (c.target is None or c.target == self.target) for c in caps):
             # "body": the handler checks each file the body names; the scope here, so
             # that a batch naming no file is no way around it (a read capability once
             # had an empty chunk batch written, 201).
@@ -176,6 +203,15 @@ def authorize(request: web.Request, scope: str, path: str | None) -> None:
     _checked(request).append(where or "/")
 
 
+def speak_for(request: web.Request, target_id: str) -> None:
+    """For a handler of a data server's report: only the target's own credential (or
+    an admin token) speaks for ``target_id``.  Nothing to check with auth off."""
+    token: Token | None = request.get(TOKEN)
+    if token is not None and not acts_for(token, target_id):
+        raise Forbidden(f"token {token.name!r} does not speak for target {target_id}",
+                        token=token.id, target=target_id)
+
+
 def token_of(request: web.Request) -> Token | None:
     """The verified token of ``request``; ``None`` with auth off (or a public route)."""
     return request.get(TOKEN)
@@ -188,11 +224,12 @@ def require_files(request: web.Request, op: str, file_ids: Iterable[str]) -> Non
     if caps is None:
         return
     for file_id in set(file_ids):
-        _require_caps(caps, file_id, op)
+        _require_caps(caps, file_id, op, request.get(HERE))
 
 
-def _require_caps(caps: list[Capability], file_id: str | None, op: str) -> None:
-    if any(capability_allows(c, file_id, op) for c in caps):
+def _require_caps(caps: list[Capability], file_id: str | None, op: str,
+                  here: str | None) -> None:
+    if any(capability_allows(c, file_id, op, here) for c in caps):
         return
     what = "maintenance" if file_id is None else f"{op} of file {file_id}"
     raise Forbidden(f"no capability in this request allows {what}", file=file_id, op=op)
