@@ -134,7 +134,7 @@ def job_process(settings: SlurmSettings, script: str, uid: str | None = None,
             filesystem_class(url)
         except BadRequest as exc:
             raise DirectiveError(f"line {d.line}: {d.kind} {url}: {exc.message}") from None
-    owner = Owner(None) if uid is None else owner_of(int(uid), int(gid or 0))
+    owner = Owner(None) if uid is None else owner_of(int(uid), None if gid is None else int(gid))
     accesses(settings, directives, settings.job_dir(PENDING_JOB), owner)
     return f"{len(directives)} stager directive(s)"
 
@@ -152,7 +152,12 @@ def setup(settings: SlurmSettings, job_id: str, uid: str, gid: str,
     reach = accesses(settings, directives, settings.job_dir(job_id), owner)
     state = Path(settings.state_dir)
     state.mkdir(parents=True, exist_ok=True, mode=0o700)
-    _write_private(state / f"{job_id}.json", json.dumps({"uid": int(uid), "gid": int(gid)}))
+    try:
+        record = _record(settings, job_id)      # setup again: keep the tokens to revoke
+    except NotFound:
+        record = {}
+    _write_private(state / f"{job_id}.json",
+                   json.dumps({**record, "uid": int(uid), "gid": int(gid)}))
     said = f"job {job_id} of {owner}"
     if settings.token_file:
         for kind, scopes, writable in (("", ("read", "write"), True), ("read", ("read",), False)):
@@ -170,13 +175,14 @@ def accesses(settings: SlurmSettings, directives: list[Directive], job_dir: str,
     return confine(directives, job_dir, settings.grants.of(owner), owner)
 
 
-def owner_of(uid: int, gid: int) -> Owner:
-    """The user of ``uid`` and the names of its groups (``gid`` and its supplementary
-    ones); a uid without a name matches no user grant."""
+def owner_of(uid: int, gid: int | None) -> Owner:
+    """The user of ``uid`` and the names of its groups (``gid``, else its primary group,
+    and its supplementary ones); a uid without a name matches no user grant."""
     try:
-        name = pwd.getpwuid(uid).pw_name
+        user = pwd.getpwuid(uid)
     except KeyError:
-        return Owner(f"#{uid}", frozenset(_group_names([gid])))
+        return Owner(f"#{uid}", frozenset(_group_names([] if gid is None else [gid])))
+    name, gid = user.pw_name, user.pw_gid if gid is None else gid
     try:
         gids = os.getgrouplist(name, gid)
     except OSError:
