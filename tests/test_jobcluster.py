@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,6 +20,7 @@ import pytest
 
 from stager import Client
 from stager.config import load_config
+from stager.deploy.jobcluster import default_root
 from stager.deploy.slurmenv import expand_hostlist, job_from_env
 from stager.errors import BadRequest
 from stager.stage import StageOptions
@@ -49,9 +53,9 @@ def test_bad_hostlist_range_is_refused() -> None:
 def test_the_job_from_slurm_variables(tmp_path: Path) -> None:
     env = {"SLURM_JOB_ID": "77", "SLURM_NODEID": "2", "SLURM_JOB_NODELIST": "c[10-12]",
            "SLURMD_NODENAME": "c12", "SLURM_SUBMIT_DIR": str(tmp_path)}
-    job = job_from_env(env)
-    assert (job.job_id, job.node_id, job.nodes, job.node, job.first) == \
-        ("77", 2, ("c10", "c11", "c12"), "c12", False)
+    job = job_from_env({**env, "SLURM_STEP_ID": "3"})
+    assert (job.job_id, job.node_id, job.nodes, job.node, job.first, job.step) == \
+        ("77", 2, ("c10", "c11", "c12"), "c12", False, "3")
     assert job.job_dir == tmp_path / ".stager-job-77"
     assert job_from_env({**env, "STAGER_JOB_DIR": "/shared/j"}).job_dir == Path("/shared/j")
     # no SLURM_NODEID (a plain `ssh node stager job up`): the position in the node list
@@ -59,6 +63,20 @@ def test_the_job_from_slurm_variables(tmp_path: Path) -> None:
     assert job_from_env({**env, "SLURMD_NODENAME": "c10"}).first
     with pytest.raises(BadRequest, match="SLURM_JOB_ID"):
         job_from_env({})
+
+
+def test_the_default_root_carries_the_job_and_the_node(tmp_path: Path) -> None:
+    """``/tmp`` may be shared by the nodes (and is by a node's jobs): each job and node
+    gets a root of its own."""
+    env = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "c[10-11]",
+           "SLURM_SUBMIT_DIR": str(tmp_path)}
+    roots = {default_root(job_from_env({**env, "SLURM_JOB_ID": j, "SLURMD_NODENAME": n}),
+                          {"TMPDIR": "/scratch/t"})
+             for j in ("77", "78") for n in ("c10", "c11")}
+    assert roots == {Path(f"/scratch/t/stager-job-{j}.{n}") for j in ("77", "78")
+                     for n in ("c10", "c11")}
+    job = job_from_env({**env, "SLURMD_NODENAME": "c11"})
+    assert default_root(job, {}) == Path("/tmp/stager-job-77.c11")
 
 
 def test_stage_shares_must_be_in_range() -> None:
@@ -81,7 +99,8 @@ def _dataset(root: Path, files: int = 30) -> dict[str, bytes]:
 
 def _client(job: EmulatedJob) -> Client:
     cluster = job.cluster()
-    config = load_config(env={"STAGER_TOKEN_FILE": cluster["token_file"]})
+    token = {"STAGER_TOKEN_FILE": cluster["token_file"]} if cluster["auth"] else {}
+    config = load_config(env=token)
     return Client(cluster["meta"]["url"], config=config)
 
 
@@ -174,18 +193,145 @@ def test_a_foreground_job_up_stops_its_node_on_sigterm(tmp_path: Path) -> None:
         assert job.leftovers() == ([], [])
 
 
-def test_a_node_that_fails_stops_the_others(tmp_path: Path) -> None:
-    """A stage-in from a missing source: every node fails, none leaves a server."""
+@pytest.mark.parametrize("cleanup", ["job down", "epilog"])
+def test_a_node_that_fails_stops_the_others_and_its_logs_stay(
+        tmp_path: Path, cleanup: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stage-in from a missing source: every node fails, none leaves a server; the
+    job's end (``job down`` on node 0, or the epilog) removes the tokens but keeps
+    ``failed`` and the servers' logs, the user's only account of why."""
+    epilog_log = tmp_path / "epilog.log"
+    monkeypatch.setenv("STAGER_EPILOG_LOG", str(epilog_log))
     with EmulatedJob(tmp_path / "job", nodes=2, mode="loopback", job_id="46") as job:
         with pytest.raises(RuntimeError) as failed:
             job.step(["job", "up", "--stage-in", str(tmp_path / "missing"), "/ds",
                       "--timeout", "60"])
         assert "missing" in str(failed.value)
+        assert f"the servers' logs: {job.job_dir / 'logs'}/" in str(failed.value)
         assert job.processes() == []
         assert not any(job.node_root(i).exists() for i in range(2))
-        assert (job.job_dir / "failed").exists()     # kept, with the logs, for the user
-        job.run(0, ["job", "down"])
+        if cleanup == "job down":
+            down = job.run(0, ["job", "down"])
+            assert down.returncode == 0 and "kept " in down.stderr, down.stderr
+            assert job.run(1, ["job", "down"]).returncode == 0
+        else:
+            for i in (1, 0):
+                assert job.epilog(i, EPILOG).returncode == 0
+            said = epilog_log.read_text()
+            assert "stager-epilog: job 46 on node0: " in said and "kept " in said, said
+        # the tokens are gone; the failure and both nodes' server logs are there
+        assert sorted(p.name for p in job.job_dir.iterdir()) == ["failed", "logs"]
+        assert "missing" in (job.job_dir / "failed").read_text()
+        assert {"node0-meta.log", "node0-data.log", "node1-data.log"} <= \
+            {p.name for p in (job.job_dir / "logs").iterdir()}
+        shutil.rmtree(job.job_dir)      # the user, having read them
         assert job.leftovers() == ([], [])
+
+
+def test_the_epilog_logs_a_failed_job_down(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The epilog's output goes nowhere and ``logger`` drops its line where no syslog
+    listens: a failure also goes to ``$STAGER_EPILOG_LOG``, and the epilog exits 0."""
+    epilog_log = tmp_path / "epilog.log"
+    monkeypatch.setenv("STAGER_EPILOG_LOG", str(epilog_log))
+    with EmulatedJob(tmp_path / "job", nodes=1, mode="loopback", job_id="47") as job:
+        (job.run_dir / "stager-job-47.node0.json").write_text("{not json")
+        done = job.epilog(0, EPILOG)
+        assert done.returncode == 0, done.stderr
+        said = epilog_log.read_text()
+        assert "stager-epilog: job 47 on node0: job down failed: stager: error: " in said
+        (job.run_dir / "stager-job-47.node0.json").unlink()
+
+
+def _loopback_up(job: EmulatedJob, i: int, *args: str, step: int = 0
+                 ) -> subprocess.Popen[str]:
+    """``job up`` on node ``i`` as step ``step``'s ``srun`` starts it, with only ``args``
+    (no --root)."""
+    return subprocess.Popen([sys.executable, "-m", "stager", "job", "up", "--host",
+                             "127.0.0.1", "--insecure", "--quiet", *args],
+                            env={**job.env(i), "SLURM_STEP_ID": str(step)}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _succeeds(proc: subprocess.Popen[str]) -> None:
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 0, err
+
+
+def test_nodes_sharing_a_tmp_get_roots_of_their_own(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default root carries the job and the node: two nodes with one ``$TMPDIR``
+    (before: one root, one target id, ``targets … not up in time``)."""
+    tmp = tmp_path / "shared-tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    with EmulatedJob(tmp_path / "job", nodes=2, mode="loopback", job_id="48") as job:
+        ups = [_loopback_up(job, i, "--timeout", "40") for i in range(2)]
+        outs = [p.communicate(timeout=90) for p in ups]
+        assert [p.returncode for p in ups] == [0, 0], outs
+        assert sorted(p.name for p in tmp.iterdir()) == ["stager-job-48.node0",
+                                                         "stager-job-48.node1"]
+        with _client(job) as client:
+            assert sorted(t.node for t in client.targets() if t.up) == ["node0", "node1"]
+        job.step(["job", "down"])
+        assert list(tmp.iterdir()) == [] and job.leftovers() == ([], [])
+
+
+def test_a_root_live_servers_hold_is_refused_at_once(tmp_path: Path) -> None:
+    """``ROOT/.lock`` is held by the servers ``job up`` started: another job up on that
+    root, of another job or of the same, is refused before it touches anything; once
+    the servers are gone the root is free again."""
+    shared = tmp_path / "one-root"
+    with EmulatedJob(tmp_path / "a", nodes=1, mode="loopback", job_id="60") as first, \
+            EmulatedJob(tmp_path / "b", nodes=1, mode="loopback", job_id="61") as second:
+        up = _loopback_up(first, 0, "--root", str(shared))
+        _succeeds(up)
+        before = sorted(str(p) for p in shared.rglob("*"))
+        for job in (second, first):
+            started = time.monotonic()
+            again = _loopback_up(job, 0, "--root", str(shared), "--timeout", "60", step=1)
+            _, err = again.communicate(timeout=90)
+            assert again.returncode == 1 and time.monotonic() - started < 30, err
+            assert f"{shared} is in use by live stager servers (job 60 node node0" in err
+        # the first job's cluster is untouched: its servers, its files, its targets
+        assert len(first.processes()) == 2 and second.processes() == []
+        assert sorted(str(p) for p in shared.rglob("*")) == before
+        with _client(first) as client:
+            assert [t.node for t in client.targets() if t.up] == ["node0"]
+        first.run(0, ["job", "down"])
+        assert not shared.exists()
+        # a root whose servers were killed (-9, no job down) is free again
+        up = _loopback_up(second, 0, "--root", str(shared), step=2)
+        _succeeds(up)
+        for pid in second.processes():
+            os.kill(pid, signal.SIGKILL)
+        _gone(second)
+        up = _loopback_up(second, 0, "--root", str(shared), "--job-dir",
+                          str(tmp_path / "b" / "retry"), step=3)
+        _succeeds(up)
+
+
+def test_a_root_shared_by_the_nodes_fails_the_job_at_once(tmp_path: Path) -> None:
+    """deploy/README.md's old ``--root "${TMPDIR:-/tmp}/stager"`` on nodes sharing one
+    ``/tmp``: one node gets the root, the others are refused, and the whole step fails
+    in seconds (before: after --timeout, ``targets … not up in time``)."""
+    shared = tmp_path / "tmp" / "stager"
+    with EmulatedJob(tmp_path / "job", nodes=3, mode="loopback", job_id="62") as job:
+        started = time.monotonic()
+        ups = [_loopback_up(job, i, "--root", str(shared), "--timeout", "90")
+               for i in range(3)]
+        errs = [p.communicate(timeout=150)[1] for p in ups]
+        assert [p.returncode for p in ups] == [1, 1, 1], errs
+        assert time.monotonic() - started < 45, errs
+        # each node was refused, or got the root and stopped for a refused one's sake
+        # (the root is free again once it stopped: a late node may get it after it)
+        refused = [e.startswith(f"stager job up: node node{i}: {shared} is in use by live "
+                                "stager servers (job 62 node node")
+                   for i, e in enumerate(errs)]
+        assert any(refused), errs
+        for e, was_refused in zip(errs, refused, strict=True):
+            assert was_refused or "another node failed: step 0: node node" in e, errs
+            assert f"{shared} is in use" in e, errs
+        assert job.processes() == []
 
 
 def _gone(job: EmulatedJob, timeout: float = 10.0) -> None:

@@ -13,13 +13,17 @@ import sys
 import threading
 from pathlib import Path
 
-from ..deploy.jobcluster import JobClusterError, JobOptions, NodeUp, env_lines, read_cluster
+from ..deploy.jobcluster import (
+    JobClusterError,
+    JobFiles,
+    JobOptions,
+    NodeUp,
+    default_root,
+    env_lines,
+    read_cluster,
+)
 from ..deploy.jobprocs import run_dir, stop_node
 from ..deploy.slurmenv import job_from_env, node_address
-
-
-def _default_root(job_id: str) -> Path:
-    return Path(os.environ.get("TMPDIR") or "/tmp") / f"stager-job-{job_id}"
 
 
 def _exit_on(signum: int, frame: object) -> None:
@@ -29,7 +33,7 @@ def _exit_on(signum: int, frame: object) -> None:
 def cmd_up(args: argparse.Namespace) -> int:
     job = job_from_env(job_dir=args.job_dir, job_id=args.job_id)
     opts = JobOptions(
-        root=Path(args.root) if args.root else _default_root(job.job_id),
+        root=Path(args.root) if args.root else default_root(job),
         host=node_address(job.node, args.host), run_dir=run_dir(args.run_dir),
         auth=not args.insecure, meta_port=args.meta_port, data_port=args.data_port,
         replicas=args.replicas, chunk_size=args.chunk_size,
@@ -46,6 +50,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         cluster = NodeUp(job, opts, say).run()
     except JobClusterError as exc:
         print(f"stager job up: node {job.node}: {exc}", file=sys.stderr)
+        logs = JobFiles(job.job_dir).logs
+        if logs.is_dir():
+            print(f"stager job up: the servers' logs: {logs}/ (kept after the job ends)",
+                  file=sys.stderr)
         return 1
     if job.first:
         print(env_lines(cluster), end="", flush=True)
@@ -71,6 +79,9 @@ def cmd_down(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"stager job down: node {node}: stopped {len(report.killed)} process(es), "
               f"removed {', '.join(report.removed) or 'nothing'}", file=sys.stderr)
+    if report.kept:         # also with --quiet: the only place the user learns of it
+        print(f"stager job down: kept {', '.join(report.kept)}: `job up` failed; remove "
+              "them once read", file=sys.stderr)
     return 0
 
 
@@ -96,8 +107,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     p = cmds.add_parser("up", help="start this node's part (run once per node with srun)")
     _common(p)
-    p.add_argument("--root", help="node-local directory for the servers' data "
-                                  "(default: $TMPDIR/stager-job-ID, else /tmp/…)")
+    p.add_argument("--root", help="node-local directory for the servers' data, one per job "
+                                  "and node (default: $TMPDIR/stager-job-ID.NODE, else "
+                                  "/tmp/…); refused while live servers hold it")
     p.add_argument("--host", help="this node's address, bound and advertised (default: "
                                   "$SLURMD_NODENAME's address, else the first global one)")
     p.add_argument("--meta-port", type=int, default=0, help="metadata server port (node 0; "

@@ -18,17 +18,26 @@ directory, a directory on the shared file system (``$SLURM_SUBMIT_DIR/
    ``srun`` step ends when the cluster is ready and the data staged.
 
 Any node that fails writes ``failed`` (the others stop waiting), stops what it
-started and removes its root; the job directory stays with the servers' logs
-under ``logs/`` until ``job down`` on node 0 (or the epilog) removes it.
+started and removes its root.  The job directory keeps ``failed`` and the
+servers' logs under ``logs/``, also after ``job down`` on node 0 and the epilog
+(which remove the rest: tokens, ``meta.json``), for the user to read.
+
+Each node's root is its own: by default ``$TMPDIR/stager-job-ID.NODE``, so
+neither two nodes sharing a ``/tmp`` nor two jobs on one node meet on one root.
+``ROOT/.lock`` is held (``flock``) by ``job up`` and, inherited, by the servers
+it starts, so a second ``job up`` on a root whose servers live is refused at
+once; the lock dies with the last of them, so a killed cluster leaves none.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
+import os
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,10 +47,11 @@ from ..config import load_config
 from ..errors import StagerError
 from ..protocol.authmsg import MAX_TTL
 from ..stage import StageOptions, stage
-from .jobprocs import NodeRecord, record_path, spawn, stop_node
+from .jobprocs import FAILED_FILE, LOGS_DIR, NodeRecord, record_path, spawn, stop_node
 from .slurmenv import SlurmJob
 
 POLL = 0.05
+LOCK_FILE = ".lock"
 
 
 class JobClusterError(RuntimeError):
@@ -64,18 +74,85 @@ class JobOptions:
 
 
 class JobFiles:
-    """The files of the job directory, where the nodes meet."""
+    """The files of the job directory, where the nodes meet; ``step`` is the ``srun``
+    step of this try (``SLURM_STEP_ID``), which tells a node's failure in it from one
+    of an earlier try in the same job."""
 
-    def __init__(self, job_dir: Path) -> None:
+    def __init__(self, job_dir: Path, step: str | None = None) -> None:
         self.dir = job_dir
+        self.step = step
         self.meta = job_dir / "meta.json"
         self.admin_token = job_dir / "admin.token"
         self.join_token = job_dir / "join.token"
         self.cluster = job_dir / "cluster.json"
         self.env = job_dir / "env"
-        self.failed = job_dir / "failed"
+        self.failed = job_dir / FAILED_FILE
         self.staged = job_dir / "stage-in"
-        self.logs = job_dir / "logs"
+        self.logs = job_dir / LOGS_DIR
+
+    def fail(self, node: str, why: object) -> None:
+        """Write ``failed``: every node of this try stops waiting."""
+        tag = f"step {self.step}: " if self.step is not None else ""
+        try:      # a node may fail before node 0 made the directory: it waits for this
+            self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self.failed.write_text(f"{tag}node {node}: {why}\n")
+        except OSError:
+            pass
+
+    def failure(self) -> str | None:
+        """What a node of this try wrote to ``failed``, else None (also for the
+        ``failed`` of an earlier try, until node 0 clears it)."""
+        try:
+            text = self.failed.read_text().strip()
+        except OSError:
+            return None
+        if self.step is not None and text.startswith("step ") and \
+                not text.startswith(f"step {self.step}: "):
+            return None
+        return text
+
+    def clear_earlier_failure(self) -> None:
+        """Node 0, starting: remove an earlier try's ``failed``; one of this try's (a
+        node refused before node 0 got here) stays, so node 0 fails at once too."""
+        why = self.failure()
+        if why is None or self.step is None or not why.startswith(f"step {self.step}: "):
+            self.failed.unlink(missing_ok=True)
+
+    def another_failed(self) -> None:
+        if (why := self.failure()) is not None:
+            raise JobClusterError(f"another node failed: {why}")
+
+
+def default_root(job: SlurmJob, env: Mapping[str, str] | None = None) -> Path:
+    """``$TMPDIR/stager-job-ID.NODE`` (else under ``/tmp``): the job and the node in
+    the name, since ``/tmp`` may be shared by nodes and is by a node's jobs."""
+    env = os.environ if env is None else env
+    return Path(env.get("TMPDIR") or "/tmp") / f"stager-job-{job.job_id}.{job.node}"
+
+
+def hold_root(root: Path, job: SlurmJob) -> int:
+    """Create ``root`` and lock ``root/.lock`` for this node's part of ``job``; returns
+    the locked descriptor, which the servers inherit (see the module docstring).
+
+    Raises :class:`JobClusterError` at once when a live ``job up`` or server holds it."""
+    lock = root / LOCK_FILE
+    try:
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise JobClusterError(f"cannot use {root} as this node's root: {exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise JobClusterError(
+            f"{root} is in use by live stager servers ({holder}; they hold {lock}): "
+            "give each job and node a root of its own (the default, "
+            "$TMPDIR/stager-job-ID.NODE, is)") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"job {job.job_id} node {job.node} pid {os.getpid()}\n".encode(), 0)
+    return fd
 
 
 def _write_json(path: Path, body: object) -> None:
@@ -88,8 +165,7 @@ def _write_json(path: Path, body: object) -> None:
 def _wait_file(path: Path, files: JobFiles, deadline: float, what: str) -> dict[str, Any]:
     """The JSON in ``path`` once it appears; fails early when another node failed."""
     while time.monotonic() < deadline:
-        if files.failed.exists():
-            raise JobClusterError(f"another node failed: {files.failed.read_text().strip()}")
+        files.another_failed()
         try:
             return dict(json.loads(path.read_text()))
         except (OSError, ValueError):
@@ -124,25 +200,29 @@ class NodeUp:
     def __init__(self, job: SlurmJob, opts: JobOptions,
                  say: Callable[[str], None] = lambda line: None) -> None:
         self.job, self.opts, self.say = job, opts, say
-        self.files = JobFiles(job.job_dir)
+        self.files = JobFiles(job.job_dir, job.step)
         self.record = NodeRecord(job.job_id, job.node, str(opts.root), str(job.job_dir),
                                  job.first)
         self.record_file = record_path(opts.run_dir, job.job_id, job.node)
         self.started = time.monotonic()
         self.deadline = self.started + opts.timeout
         self.token: str | None = None
+        self.lock_fd = -1
 
     def run(self) -> dict[str, Any]:
         """Bring this node's part up; returns ``cluster.json``. On failure nothing of
-        this node is left running and its root is gone."""
+        this node is left running and its root is gone; a root another live server
+        holds is refused before anything there is touched."""
+        try:
+            self.lock_fd = hold_root(self.opts.root, self.job)
+        except JobClusterError as exc:
+            self.files.fail(self.job.node, exc)
+            raise
         try:
             return self._run()
         except BaseException as exc:
             if not isinstance(exc, JobClusterError) or "another node failed" not in str(exc):
-                try:
-                    self.files.failed.write_text(f"node {self.job.node}: {exc}\n")
-                except OSError:
-                    pass
+                self.files.fail(self.job.node, exc)
             stop_node(self.job.job_id, self.job.node, self.opts.run_dir, keep_job_dir=True,
                       grace=2.0)
             if self.job.first:      # job down (or the epilog) still removes the job dir
@@ -152,7 +232,6 @@ class NodeUp:
 
     def _run(self) -> dict[str, Any]:
         job, files = self.job, self.files
-        self.opts.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.opts.run_dir.mkdir(parents=True, exist_ok=True)
         self.record.save(self.record_file)
         if job.first:
@@ -189,8 +268,9 @@ class NodeUp:
         if files.cluster.exists():
             raise JobClusterError(f"{files.cluster} exists: this job's cluster is up "
                                   "already (`stager job down` first)")
-        for stale in (files.meta, files.failed, files.admin_token, files.join_token):
+        for stale in (files.meta, files.admin_token, files.join_token):
             stale.unlink(missing_ok=True)
+        files.clear_earlier_failure()
 
     def _spawn_server(self, role: str, argv: list[str]) -> str:
         root = self.opts.root / role
@@ -200,7 +280,7 @@ class NodeUp:
         log = self.files.logs / f"{self.job.node}-{role}.log"
         proc = spawn([*argv, "--root", str(root), "--host", self.opts.host,
                       "--ready-file", str(ready)], log, self.job.job_id, self.job.node,
-                     foreground=self.opts.foreground)
+                     foreground=self.opts.foreground, hold=self.lock_fd)
         self.record.pids.append(proc.pid)
         self.record.save(self.record_file)
         return _wait_ready(proc, ready, log, self.deadline)
@@ -247,9 +327,7 @@ class NodeUp:
         seen: set[str] = set()
         async with _client(meta_url, self.token) as client:
             while time.monotonic() < self.deadline:
-                if self.files.failed.exists():
-                    raise JobClusterError("another node failed: "
-                                          + self.files.failed.read_text().strip())
+                self.files.another_failed()
                 try:
                     seen = {t.node for t in await client.targets() if t.up}
                 except (StagerError, OSError):

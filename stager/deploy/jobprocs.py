@@ -34,6 +34,8 @@ from ..errors import BadRequest
 
 STOP_GRACE = 10.0       # seconds servers get to exit on SIGTERM before SIGKILL
 JOB_VAR, NODE_VAR = "STAGER_JOB_ID", "STAGER_JOB_NODE"
+# In the job directory: a failed `job up` leaves these for the user, also past job down
+FAILED_FILE, LOGS_DIR = "failed", "logs"
 
 
 def run_dir(given: str | None = None, env: Mapping[str, str] | None = None) -> Path:
@@ -76,8 +78,9 @@ def _die_with_parent() -> None:
 
 
 def spawn(argv: list[str], log: Path, job_id: str, node: str, *,
-          foreground: bool) -> subprocess.Popen[bytes]:
-    """``python -m stager ARGV`` in a session of its own, logging to ``log``.
+          foreground: bool, hold: int = -1) -> subprocess.Popen[bytes]:
+    """``python -m stager ARGV`` in a session of its own, logging to ``log``; it
+    inherits the descriptor ``hold`` (the root's lock), which it holds while it lives.
 
     Daemonized (the default) it outlives the ``srun`` step: a new session leaves the
     step's process group (``proctrack/pgid``) and, once ``job up`` exits, its
@@ -89,6 +92,7 @@ def spawn(argv: list[str], log: Path, job_id: str, node: str, *,
         return subprocess.Popen([sys.executable, "-m", "stager", *argv], env=env,
                                 stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True,
+                                pass_fds=(hold,) if hold >= 0 else (),
                                 preexec_fn=_die_with_parent if foreground else None)
 
 
@@ -207,6 +211,23 @@ def _gid_of(uid: int) -> int:
 class StopReport:
     killed: list[int] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)      # a failed job up's logs
+
+
+def _empty_job_dir(job_dir: Path, uid: int | None, report: StopReport) -> None:
+    """Remove the job directory, or, where ``job up`` failed, all of it but
+    ``failed`` and ``logs/``: the user's only account of why, read after the job."""
+    if not (job_dir / FAILED_FILE).is_file() or job_dir.is_symlink():
+        if _remove_tree(job_dir, uid):
+            report.removed.append(str(job_dir))
+        return
+    if uid is not None and _owner(job_dir) != uid:
+        raise PermissionError(f"{job_dir} does not belong to uid {uid}: left in place")
+    for entry in sorted(job_dir.iterdir()):
+        if entry.name in (FAILED_FILE, LOGS_DIR):
+            report.kept.append(str(entry))
+        elif _remove_tree(entry, uid):
+            report.removed.append(str(entry))
 
 
 def stop_node(job_id: str, node: str, where: Path, *, uid: int | None = None,
@@ -215,7 +236,8 @@ def stop_node(job_id: str, node: str, where: Path, *, uid: int | None = None,
     """Stop this node's part of the job and remove its files (see the module docstring).
 
     ``root`` is removed when no record names one (``job up`` killed before it wrote
-    its record); node 0's record also names the job directory, removed with it."""
+    its record); node 0's record also names the job directory, removed with it
+    (but for a failed ``job up``'s ``failed`` and ``logs/``)."""
     path = record_path(where, job_id, node)
     record = None
     if path.exists():
@@ -226,10 +248,10 @@ def stop_node(job_id: str, node: str, where: Path, *, uid: int | None = None,
     report.killed = kill_job_processes(job_id, node, uid, record.pids if record else None,
                                        grace)
     roots = [Path(record.root)] if record else [Path(root)] if root else []
-    if record and record.first and not keep_job_dir:
-        roots.append(Path(record.job_dir))
     for tree in roots:
         if _remove_tree(tree, uid):
             report.removed.append(str(tree))
+    if record and record.first and not keep_job_dir:
+        _empty_job_dir(Path(record.job_dir), uid, report)
     path.unlink(missing_ok=True)
     return report

@@ -2,7 +2,8 @@
 
 ``srun`` sets ``SLURM_JOB_ID``, ``SLURM_NODEID`` (this node's index in the
 allocation), ``SLURM_JOB_NODELIST`` (``gpu[01-03,07],login1``) and
-``SLURMD_NODENAME``; ``sbatch`` adds ``SLURM_SUBMIT_DIR``.  The node list is
+``SLURMD_NODENAME``, and ``SLURM_STEP_ID`` (the same on every node of one step);
+``sbatch`` adds ``SLURM_SUBMIT_DIR``.  The node list is
 expanded with ``scontrol show hostnames`` where that works and by
 :func:`expand_hostlist` otherwise (a login node without a Slurm configuration,
 the tests), which handles the same bracket syntax.
@@ -92,6 +93,7 @@ class SlurmJob:
     nodes: tuple[str, ...]  # every node's name, in allocation order
     node: str               # this node's name
     job_dir: Path           # a directory every node sees (shared file system)
+    step: str | None = None  # the srun step (SLURM_STEP_ID): one try of `job up`
 
     @property
     def nnodes(self) -> int:
@@ -121,7 +123,7 @@ def job_from_env(env: Mapping[str, str] | None = None, *, job_dir: str | None = 
     where = job_dir or env.get("STAGER_JOB_DIR")
     if not where:
         where = str(Path(env.get("SLURM_SUBMIT_DIR") or os.getcwd()) / f".stager-job-{job_id}")
-    return SlurmJob(job_id, node_id, nodes, node, Path(where))
+    return SlurmJob(job_id, node_id, nodes, node, Path(where), env.get("SLURM_STEP_ID"))
 
 
 def node_address(node: str, given: str | None = None) -> str:
