@@ -124,3 +124,79 @@ def test_a_data_server_with_auth_needs_a_join_token(tmp_path: Path) -> None:
     out = stager("data", "--root", str(tmp_path), "--port", "0", "--auth",
                  meta="http://127.0.0.1:9", check=False)
     assert_clean_error(out, "join", "--token-file")
+
+
+def test_a_failing_token_create_prints_nothing_and_leaves_the_file(up: ProcessCluster,
+                                                                    tmp_path: Path) -> None:
+    """`… token create … > FILE` once left an empty token file: a failure now prints
+    one line on stderr, nothing on stdout, exits non-zero, and ``--out`` keeps what the
+    file held (a failed rotation leaves the working token)."""
+    kept = tmp_path / "hooks.token"
+    kept.write_text("the token in use\n")
+    rw = admin(up, "token", "create", "--scope", "read", "--ttl", "60").stdout.decode()
+    create = ("token", "create", "--scope", "admin", "--ttl", "1h", "--name", "hooks")
+    for out_args in ((), ("--out", str(kept))):
+        tries = {
+            "unreachable": stager("--token-file", str(up.root / "admin.token"), *create,
+                                  *out_args, meta="http://127.0.0.1:9", check=False),
+            "no token": stager(*create, *out_args, meta=up.meta_url, check=False),
+            "missing token file": stager("--token-file", str(tmp_path / "none"), *create,
+                                         *out_args, meta=up.meta_url, check=False),
+            "not an admin": as_token(up, rw.splitlines()[-1], *create, *out_args,
+                                     check=False),
+            "bad ttl": admin(up, *create, "--ttl", "soon", *out_args, check=False),
+        }
+        for why, out in tries.items():
+            assert out.stdout == b"", (why, out.stdout)
+            assert_clean_error(out)
+            assert kept.read_text() == "the token in use\n", why
+    assert [p.name for p in tmp_path.iterdir()] == ["hooks.token"]     # no temporary left
+
+
+def test_token_create_out_writes_a_private_file_and_rotates_it(up: ProcessCluster,
+                                                               tmp_path: Path) -> None:
+    path = tmp_path / "etc" / "hooks.token"
+    tokens = []
+    for _ in range(2):                                  # mint, then rotate over it
+        out = admin(up, "token", "create", "--scope", "admin", "--ttl", "1h", "--name",
+                    "hooks", "--out", str(path)).stdout.decode()
+        assert out.count("\n") == 1 and out.strip().endswith(f"written to {path}"), out
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        tokens.append(path.read_text().strip())
+        assert tokens[-1].startswith("stg1.") and tokens[-1] not in out
+        assert stager("--token-file", str(path), "token", "list", meta=up.meta_url)
+    assert tokens[0] != tokens[1]
+    assert sorted(p.name for p in path.parent.iterdir()) == ["hooks.token"]
+
+
+def test_the_slurm_hooks_token_recipe_of_deploy_readme(up: ProcessCluster,
+                                                       tmp_path: Path) -> None:
+    """deploy/README.md's line, pasted with the cluster's URL and paths: it mints the
+    hooks' admin token into the file; with a wrong --meta it fails and writes nothing."""
+    from test_deploy_readme import recipe_line
+
+    line = recipe_line("token create", "--name slurm-hooks", "--meta")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "stager").write_text(f"#!/bin/sh\nexec {sys.executable} -m stager \"$@\"\n")
+    (bin_dir / "stager").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STAGER_")}
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    token_file = tmp_path / "etc-stager" / "slurm.token"
+
+    def paste(meta: str) -> subprocess.CompletedProcess[str]:
+        pasted = (line.replace("http://stager-meta.example:7070", meta)
+                  .replace("/var/lib/stager/meta/admin.token", str(up.root / "admin.token"))
+                  .replace("/etc/stager/slurm.token", str(token_file)))
+        return subprocess.run(["sh", "-c", pasted], env=env, capture_output=True, text=True,
+                              timeout=60)
+
+    bad = paste("http://127.0.0.1:9")
+    assert bad.returncode != 0 and bad.stdout == "", bad
+    assert bad.stderr.startswith("stager: error: ") and not token_file.exists()
+    good = paste(up.meta_url)
+    assert good.returncode == 0, good.stderr
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    listed = stager("--token-file", str(token_file), "token", "list", meta=up.meta_url)
+    row = [r for r in listed.stdout.decode().splitlines() if r.endswith("slurm-hooks")]
+    assert len(row) == 1 and "admin" in row[0] and "valid" in row[0], row
