@@ -31,13 +31,15 @@ def missing() -> str | None:
     return None
 
 
-def open_browser(width: int = 1280, height: int = 900) -> Any:
-    """A headless Chromium driven by Selenium (``quit()`` it when done)."""
+def open_browser(width: int = 1280, height: int = 900, *, extra_args: tuple[str, ...] = ()
+                 ) -> Any:
+    """A headless Chromium driven by Selenium (``quit()`` it when done); ``extra_args``
+    are more Chromium flags."""
     from selenium import webdriver
 
     options = webdriver.ChromeOptions()
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--hide-scrollbars", f"--window-size={width},{height}"):
+                "--hide-scrollbars", f"--window-size={width},{height}", *extra_args):
         options.add_argument(arg)
     options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
