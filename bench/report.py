@@ -2,8 +2,8 @@
 
 Everything between the BEGIN and END markers is rewritten on each run; text
 outside them (hand-written analysis, the before/after of an optimisation) is
-kept as it is.  Benchmarks are listed in :data:`ORDER`, then any others by name,
-so results written by other benchmarks appear too.
+kept as it is.  Benchmarks are listed in the order of :data:`bench.BENCHMARKS`,
+then any others by name, so results written by other benchmarks appear too.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import math
 from pathlib import Path
 from typing import Any
 
+from . import BENCHMARKS
+
 BEGIN = "<!-- BEGIN GENERATED RESULTS: rewritten by `python -m bench`; edit outside -->"
 END = "<!-- END GENERATED RESULTS -->"
 HEADER = "# stager benchmark results\n\n"
 HAND_WRITTEN = "\n\n## Notes (written by hand; kept when the results are re-rendered)\n\n"
-ORDER = ("striping", "loopback", "small_samples", "metadata", "writes", "write_failover",
-         "memory")
 
 
 def load_results(out: Path) -> list[dict[str, Any]]:
@@ -31,8 +31,8 @@ def load_results(out: Path) -> list[dict[str, Any]]:
         if isinstance(body, dict) and "rows" in body:
             body.setdefault("name", path.stem)
             results.append(body)
-    rank = {name: i for i, name in enumerate(ORDER)}
-    return sorted(results, key=lambda r: (rank.get(r["name"], len(ORDER)), r["name"]))
+    rank = {name: i for i, name in enumerate(BENCHMARKS)}
+    return sorted(results, key=lambda r: (rank.get(r["name"], len(BENCHMARKS)), r["name"]))
 
 
 def render(out: Path) -> Path:

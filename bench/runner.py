@@ -9,7 +9,6 @@ import importlib.metadata
 import json
 import os
 import platform
-import re
 import shutil
 import subprocess
 import sys
@@ -18,17 +17,16 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from . import BENCHMARKS
+
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
-NAME_RE = re.compile(r"^bench_([a-z0-9_]+)\.py$")
+# Where ``--quick`` writes without ``--out`` (under the working directory): smoke-test
+# figures never overwrite the committed ones in bench/results/.
+QUICK_OUT = Path(".stager") / "bench-quick"
 PACKAGES = ("stager", "aiohttp", "uvloop", "fsspec", "numpy", "crc32c", "pyarrow", "zarr",
             "matplotlib", "torch")
 REQUIRED = ("title", "columns", "rows")
-
-
-def discover() -> list[str]:
-    """Every ``bench/bench_<name>.py``, by name."""
-    return sorted(m.group(1) for p in BENCH_DIR.iterdir() if (m := NAME_RE.match(p.name)))
 
 
 def machine_facts() -> dict[str, Any]:
@@ -138,27 +136,29 @@ def write_result(out: Path, result: dict[str, Any]) -> Path:
 def main(argv: list[str] | None = None) -> int:
     from .report import render
 
-    names = discover()
+    names = list(BENCHMARKS)
     parser = argparse.ArgumentParser(
         prog="python -m bench", description="Run stager's benchmarks and render the results.")
     parser.add_argument("names", nargs="*", metavar="NAME",
                         help=f"benchmarks to run (default: all): {', '.join(names)}")
     parser.add_argument("--quick", action="store_true",
                         help="small sizes: a smoke test that finishes in a few minutes")
-    parser.add_argument("--out", type=Path, default=BENCH_DIR,
-                        help="where results/, RESULTS.md and plots/ go (default: bench/)")
+    parser.add_argument("--out", type=Path,
+                        help="where results/, RESULTS.md and plots/ go (default: bench/, "
+                             f"with --quick {QUICK_OUT}/)")
     parser.add_argument("--render-only", action="store_true",
                         help="only re-render RESULTS.md and the plots from results/")
     parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     args = parser.parse_args(argv)
+    out = args.out or (QUICK_OUT if args.quick else BENCH_DIR)
     if args.list:
         print("\n".join(names))
         return 0
     unknown = [n for n in args.names if n not in names]
     if unknown:
         parser.error(f"unknown benchmark(s) {unknown}; known: {names}")
-    failed = [] if args.render_only else _run_all(args.names or names, args.quick, args.out)
-    md = render(args.out)
+    failed = [] if args.render_only else _run_all(args.names or names, args.quick, out)
+    md = render(out)
     print(f"rendered {md}")
     if failed:
         print(f"FAILED: {', '.join(failed)}", file=sys.stderr)
