@@ -45,8 +45,6 @@ from .common import KiB, MiB, aim, r2, scratch
 from .training_loop import drive, sleep_late
 
 DATA_SERVERS = 3
-FAST_RUNS = 3                   # no-compute runs per loader: the maximum rate is their median
-PACED_RUNS = 3                  # paced runs per loader: the stall is their median
 STAGER_TAR = "stager Loader, tar shards"
 PLAIN = "stager Loader, tar shards, plain stall: epoch 0 max, epoch 1 paced"
 STAGER_FILES = "stager Loader, file per sample"
@@ -64,14 +62,17 @@ class Size:
     shards: int
     stager_files: int       # of them also stored as one stager file each (0: not measured)
     batches: int            # batches each loader is measured over (all in one epoch)
+    # no-compute runs per loader (the maximum rate is their median), and as many paced
+    # runs (the stall is their median)
+    runs: int
 
 
 def sizes(quick: bool) -> list[Size]:
     if quick:
-        return [Size("16 KiB", 16 * KiB, 256, 12288, 3, 0, 40),
-                Size("1 MiB", MiB, 16, 384, 3, 0, 20)]
-    return [Size("16 KiB", 16 * KiB, 256, 65536, 8, 16384, 200),
-            Size("1 MiB", MiB, 16, 1536, 8, 768, 80)]
+        return [Size("16 KiB", 16 * KiB, 256, 4096, 2, 0, 12, 1),
+                Size("1 MiB", MiB, 16, 192, 2, 0, 8, 1)]
+    return [Size("16 KiB", 16 * KiB, 256, 65536, 8, 16384, 200, 3),
+            Size("1 MiB", MiB, 16, 1536, 8, 768, 80, 3)]
 
 
 # -- data ------------------------------------------------------------------------------
@@ -185,13 +186,13 @@ def measure_all(cases: dict[str, tuple[Callable[[], Iterable[Any]], int]],
                 size: Size) -> dict[str, dict[str, Any]]:
     """Each loader's figures; ``cases`` maps its name to (factory, batches to read).
 
-    The maximum rate is the median of :data:`FAST_RUNS` no-compute runs taken in
+    The maximum rate is the median of ``size.runs`` no-compute runs taken in
     rounds, every loader once per round (each round starting one loader later),
     so the loaders compared in a ratio are measured in the same minutes and a
     pause of the shared machine spoils one run of one loader, not its figure."""
     fast: dict[str, list[dict[str, float]]] = {name: [] for name in cases}
     names = list(cases)
-    for r in range(FAST_RUNS):
+    for r in range(size.runs):
         for name in names[r % len(names):] + names[:r % len(names)]:
             make, batches = cases[name]
             fast[name].append(drive(make, len, 0.0, batches))
@@ -202,12 +203,12 @@ def measure_all(cases: dict[str, tuple[Callable[[], Iterable[Any]], int]],
 def paced(make: Callable[[], Iterable[Any]], size: Size, batches: int,
           fast: list[dict[str, float]]) -> dict[str, Any]:
     """The loader's figures from its no-compute runs (``fast``, the first one with
-    cold caches) and :data:`PACED_RUNS` runs at 80 % of their median rate."""
+    cold caches) and ``size.runs`` runs at 80 % of their median rate."""
     rate = statistics.median(f["rate"] for f in fast)
     step = size.batch / (0.8 * rate)
     # A paced run lasts about a second, where one pause of the shared machine
     # weighs a percent or more: the stall is the median of a few runs (all kept).
-    runs = [drive(make, len, step, batches) for _ in range(PACED_RUNS)]
+    runs = [drive(make, len, step, batches) for _ in range(size.runs)]
     stalls = [p["stall"] for p in runs]
     return {"rate": rate, "rates": [f["rate"] for f in fast],
             "cpu": statistics.median(f["cpu"] for f in fast),
@@ -313,9 +314,9 @@ def _result(results: dict[str, dict[str, dict[str, Any]]], quick: bool,
             "reader runs in this process or its DataLoader workers; all share the machine.",
             "Compute is time.sleep (GIL free, as during a GPU step). 'samples/s (no compute)' "
             "is the loader's maximum rate after the first batch: the median of "
-            f"{FAST_RUNS} runs with no compute ('samples/s each run', in order), taken in "
-            "rounds with every loader once per round, so the loaders compared in a ratio are "
-            "measured in the same minutes; 'MB/s' is of that median. 'machine CPU "
+            f"{sizes(quick)[0].runs} runs with no compute ('samples/s each run', in order), "
+            "taken in rounds with every loader once per round, so the loaders compared in a "
+            "ratio are measured in the same minutes; 'MB/s' is of that median. 'machine CPU "
             "µs/sample': the time all cores of the machine were busy (user, nice, system, "
             "irq, softirq from /proc/stat; not idle, iowait or steal) from the first batch to "
             "the end of a no-compute run, per sample, the median of those runs: it counts "
@@ -323,8 +324,8 @@ def _result(results: dict[str, dict[str, dict[str, Any]]], quick: bool,
             "depend on how long the machine keeps each of them waiting. The step is then sized to "
             "consume 80% of that rate and 'stall %' is the time the loop waited in next() "
             "after the first batch, over the time since the first batch: the median of "
-            f"{PACED_RUNS} such paced runs (each about a second, so one 10 ms pause of the "
-            "shared machine weighs 1 %), all listed under 'stall % each run'; 'samples/s at "
+            f"{sizes(quick)[0].runs} such paced runs (each about a second, so one 10 ms pause "
+            "of the shared machine weighs 1 %), all listed under 'stall % each run'; 'samples/s at "
             "80%' is their median rate. That rate is below 80% of the maximum by more than "
             "the stall: the loop's sleep itself returns late ('sleep late ms/batch', the "
             f"median of the paced runs; {1000 * idle_late:.2f} ms for a 5 ms sleep on the "

@@ -63,9 +63,9 @@ def run(quick: bool) -> dict[str, Any]:
     if why is not None:
         return {"title": "FUSE mount", "command": _command(quick), "columns": ["case"],
                 "rows": [], "ratios": {}, "aims": {}, "notes": [f"skipped: {why}"]}
-    size = 256 * MiB if quick else 1024 * MiB
-    files = 1_000 if quick else 10_000
-    rounds = 2 if quick else 5
+    size = 64 * MiB if quick else 1024 * MiB
+    files = 300 if quick else 10_000
+    rounds = 1 if quick else 5
     with scratch("mount") as tmp:
         local = write_local(tmp / "data.bin", size)
         with NodeCluster(tmp / "cluster", DATA_SERVERS, mode="loopback") as cluster:

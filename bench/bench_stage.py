@@ -47,8 +47,8 @@ NGINX_STAGE = "nginx source: stager stage http://"
 
 def _make_trees(root: Path, quick: bool) -> dict[str, tuple[Path, int, int]]:
     """``name → (dir, files, bytes)`` for the large and the small tree."""
-    large_files, large_size = (4, 16 * MiB) if quick else (4, 256 * MiB)
-    small_files = 500 if quick else 20_000
+    large_files, large_size = (4, 4 * MiB) if quick else (4, 256 * MiB)
+    small_files = 200 if quick else 20_000
     large = root / "large"
     for i in range(large_files):
         write_local(large / f"part-{i}.bin", large_size, seed=i)

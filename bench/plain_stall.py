@@ -34,7 +34,7 @@ LOADER = {"prefetch_bytes": 256 * MiB, "prefetch_batches": 16}   # as bench_load
 
 
 def samples(quick: bool) -> int:
-    return 12_288 if quick else 100_000
+    return 3_000 if quick else 100_000
 
 
 def runs(quick: bool) -> int:
