@@ -51,11 +51,43 @@ def place_spread(targets: Sequence[TargetInfo], stripe_count: int, replicas: int
     return order[:stripe_count]
 
 
+# The states a new layout may name: up, and suspect (avoided while enough are up).
+PLACEABLE = frozenset({"up", "suspect"})
+
+
 def choose_layout(targets: Sequence[TargetInfo], *, chunk_size: int, stripe_count: int,
                   replicas: int, max_stripe_count: int, start: int,
                   policy: str = "spread") -> Layout:
-    """The layout of a new file over the given healthy targets."""
-    up = [t for t in targets if t.up]
+    """The layout of a new file over ``targets``: over the up ones; where they cannot
+    give it ``stripe_count`` targets on ``replicas`` nodes, over them and as few suspect
+    ones as that takes, a node at a time (a suspect target still heartbeats: it is
+    avoided, never a reason for a write to fail).  Targets in other states, never."""
+    pool = [t for t in targets if t.up]
+    spare = _by_node([t for t in targets if t.state == "suspect"], start)
+    while True:
+        try:
+            return _place(pool, chunk_size=chunk_size, stripe_count=stripe_count,
+                          replicas=replicas, max_stripe_count=max_stripe_count,
+                          start=start, policy=policy)
+        except NoTargets:
+            if not spare:
+                raise
+            pool = pool + spare.pop(0)
+
+
+def _by_node(targets: Sequence[TargetInfo], start: int) -> list[list[TargetInfo]]:
+    """``targets`` grouped by node, the nodes in an order rotated by ``start`` (so
+    that files fall back on different ones)."""
+    groups: dict[str, list[TargetInfo]] = {}
+    for t in sorted(targets, key=lambda t: (t.node, t.id)):
+        groups.setdefault(t.node, []).append(t)
+    nodes = sorted(groups)
+    k = start % len(nodes) if nodes else 0
+    return [groups[n] for n in nodes[k:] + nodes[:k]]
+
+
+def _place(up: Sequence[TargetInfo], *, chunk_size: int, stripe_count: int, replicas: int,
+           max_stripe_count: int, start: int, policy: str) -> Layout:
     if not up:
         raise NoTargets("no healthy storage targets")
     want = stripe_count or min(len(up), max_stripe_count)

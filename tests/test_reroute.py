@@ -1,8 +1,10 @@
 """The metadata side of writes that route around a failed target (stager/meta/reroute.py).
 
 The service runs over a real SQLite store with a clock the test moves: a
-reported target turns suspect at once, leaves new layouts, and is up again
-after ``target_timeout`` if it kept heartbeating (down if it did not).
+reported target that does not answer the metadata server's probe (nothing
+listens at these URLs) turns suspect at once, leaves new layouts, and is up
+again after ``target_timeout`` if it kept heartbeating (down if it did not).
+tests/test_suspicion.py has the rest of the rules.
 """
 
 from __future__ import annotations
@@ -117,10 +119,11 @@ async def test_a_full_target_is_replaced_in_the_upload_but_not_suspect(
 
 async def test_reroute_fails_per_item_with_a_clear_reason(
         service: tuple[MetaService, Clock]) -> None:
-    svc, _ = service
+    svc, clock = service
     upload, _ = await svc.create("/f", layout=LayoutSpec(chunk_size=4096, replicas=2))
-    for t in ("t0", "t1"):
-        svc.suspect(t, "gone")
+    clock.now += 11                 # t0 and t1 silent: down (a suspect one would still do)
+    for t in ("t2", "t3"):
+        await svc.heartbeat(t, capacity=1 << 30, used=0, chunks=0)
     results = await svc.reroute(RerouteRequest("t2", "target_unavailable", "gone", (
         RerouteItem(upload.file_id, 1), RerouteItem("f" * 32, 1))))
     assert len(upload.layout.targets) == 4                     # striped over all four

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 
 import aiohttp
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -36,8 +37,11 @@ async def register_and_heartbeat(service: DataService, config: Config, url: str,
     (``gate``), the metadata server's public key comes first, unless the gate was
     given it (``public_key_file``); the first registration shows the join token and
     keeps the target credential it is answered (stager/data/credential.py), which
-    every later request shows instead.
+    every later request shows instead.  Each call is one incarnation of the server: it
+    registers with a boot id of its own, so a suspicion of the last one's target is
+    dropped at once (stager/meta/suspicion.py).
     """
+    boot = secrets.token_hex(8)
     timeout = aiohttp.ClientTimeout(total=max(config.heartbeat_interval * 2, 5.0))
     ident, credential = service.identity, service.credential
     urls, current = meta_urls(config.meta_url), 0
@@ -55,7 +59,7 @@ async def register_and_heartbeat(service: DataService, config: Config, url: str,
                 if not registered:
                     body = TargetInfo(id=ident.target_id, node=ident.node, url=url,
                                       capacity=usage.capacity, used=usage.used,
-                                      chunks=usage.chunks).to_json()
+                                      chunks=usage.chunks, boot=boot).to_json()
                     _, answer = await _post(session, route("register_target").url(meta), body,
                                             credential.headers())
                     minted = TargetRegistered.from_json(answer).credential

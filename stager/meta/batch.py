@@ -74,7 +74,7 @@ def _plan_uploads(service: MetaService, items: Sequence[CreateItem], todo: list[
                   inherited: list[LayoutSpec | StagerError],
                   results: list[Any]) -> list[tuple[int, Upload]]:
     """Choose each file's layout as :meth:`MetaService.create` does."""
-    healthy = service.healthy_targets()
+    healthy = service.placeable_targets()
     uploads = []
     for i, spec in zip(todo, inherited, strict=True):
         if isinstance(spec, StagerError):

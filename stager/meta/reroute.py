@@ -1,25 +1,32 @@
 """Writes that route around a failed target (route ``reroute``).
 
 A writer whose chunk write to a target failed (refused, reset, timed out, 5xx,
-507) reports it here with each affected upload.  The target becomes *suspect*
-at once: no new layout names it for ``target_timeout`` seconds, before any
-heartbeat timeout would have noticed (:meth:`MetaService.suspect`); a target
-that was only full (507) stays eligible, as space frees up.  Each upload then
-gets a replacement for the reported target and for every slot whose target is not up, chosen by
-the rebuild's own policy (:func:`.replan.fewest_copies`: the most replicas, then
-the fewest chunks to move), and the new layout is stored compare-and-swap on
-the one the writer holds, so a commit always records the layout that was
-written.  The writer then copies the chunks it has already stored to where the
-new layout wants them and goes on (:mod:`stager.dataplane.writer`).
+507) reports it here with each affected upload.  Each upload gets at once a
+replacement for the reported target and for every slot whose target is not up,
+chosen by the rebuild's own policy (:func:`.replan.fewest_copies`: the most
+replicas, then the fewest chunks to move), and the new layout is stored
+compare-and-swap on the one the writer holds, so a commit always records the
+layout that was written.  The writer then copies the chunks it has already
+stored to where the new layout wants them and goes on
+(:mod:`stager.dataplane.writer`).
+
+The report is one writer's view: the target turns *suspect* for everyone only
+when the metadata server's own probe of it fails too, and a target that was only
+full (507) is not probed at all (:mod:`.suspicion`).  A report with no upload in
+it changes nothing.
 
 No chunk may be acknowledged on fewer than ``replicas`` copies, so a new layout
-must give every stripe slot's chunks their full count on distinct nodes; when
-the healthy nodes cannot, the item fails with :class:`NoTargets` naming how many
+must give every stripe slot's chunks their full count on distinct nodes.  The up
+targets come first; where they cannot, suspect ones too, and where even that
+falls short, the reported target itself if it answered the probe.  When the
+nodes that answer cannot, the item fails with :class:`NoTargets` naming how many
 nodes are needed and up, and the writer aborts (nothing becomes visible).
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import InsufficientStorage, NoTargets, StagerError
@@ -35,25 +42,41 @@ if TYPE_CHECKING:
 
 async def reroute_many(service: MetaService, request: RerouteRequest
                        ) -> list[Created | StagerError]:
-    """Suspect ``request.target`` (unless it was only full); per item, the upload with
-    a layout that does not name it, or why not."""
+    """Per item, the upload with a layout that does not name ``request.target``, or
+    why not; meanwhile the target is probed (unless it was only full)."""
+    if not request.items:
+        return []
+    probe: asyncio.Future[bool] | None = None
     if request.code != InsufficientStorage.code:
-        service.suspect(request.target, request.reason or "a chunk write failed")
-        await service.share_suspect(request.target)
-    healthy = [t for t in service.healthy_targets() if t.id != request.target]
-    out: list[Created | StagerError] = []
-    for item in request.items:
-        try:
-            out.append(await _reroute(service, item, healthy))
-        except StagerError as exc:
-            out.append(exc)
+        probe = asyncio.ensure_future(service.check_report(request.target))
+    try:
+        placeable = service.placeable_targets()
+        up = [t for t in placeable if t.up and t.id != request.target]
+        spare = [t for t in placeable if not t.up and t.id != request.target]
+        out = [await _try(service, item, up, spare) for item in request.items]
+        if probe is not None and await probe:
+            # It answered: where nothing else keeps the replicas, it still may.
+            spare += [t for t in placeable if t.id == request.target]
+            out = [await _try(service, item, up, spare) if isinstance(got, NoTargets) else got
+                   for item, got in zip(request.items, out, strict=True)]
+    finally:
+        if probe is not None and not probe.done():
+            probe.cancel()          # the probe itself goes on (shared: .suspicion.Probes)
     return out
 
 
-async def _reroute(service: MetaService, item: RerouteItem,
-                   healthy: list[TargetInfo]) -> Created:
+async def _try(service: MetaService, item: RerouteItem, up: list[TargetInfo],
+               spare: list[TargetInfo]) -> Created | StagerError:
+    try:
+        return await _reroute(service, item, up, spare)
+    except StagerError as exc:
+        return exc
+
+
+async def _reroute(service: MetaService, item: RerouteItem, up: list[TargetInfo],
+                   spare: list[TargetInfo]) -> Created:
     upload = await service.store.get_upload(item.file_id)     # UploadNotFound when gone
-    new = replacement(upload.layout, item.chunks, healthy)
+    new = replacement(upload.layout, item.chunks, up, spare)
     if new != upload.layout and not await service.store.replace_upload_layout(
             upload.file_id, upload.layout, new):
         # Another report for this upload swapped it first: the writer takes that one
@@ -66,9 +89,21 @@ async def _reroute(service: MetaService, item: RerouteItem,
                                           upload.file_id, new))
 
 
-def replacement(layout: Layout, chunks: int, healthy: list[TargetInfo]) -> Layout:
-    """``layout`` with every slot of a target that is not healthy filled from
-    ``healthy``; the layout itself when all its targets are healthy."""
+def replacement(layout: Layout, chunks: int, healthy: Sequence[TargetInfo],
+                spare: Sequence[TargetInfo] = ()) -> Layout:
+    """``layout`` with every slot of a target that is not in ``healthy`` filled from
+    ``healthy``; where they cannot keep every chunk's replicas, from ``healthy`` and
+    ``spare`` (suspect targets: avoided, never a reason to fail).  The layout itself
+    when all its targets are healthy."""
+    try:
+        return _filled(layout, chunks, healthy)
+    except NoTargets:
+        if not spare:
+            raise
+        return _filled(layout, chunks, [*healthy, *spare])
+
+
+def _filled(layout: Layout, chunks: int, healthy: Sequence[TargetInfo]) -> Layout:
     up = {t.id for t in healthy}
     gone = {t for t in layout.targets if t not in up}
     if not gone:
@@ -82,4 +117,3 @@ def replacement(layout: Layout, chunks: int, healthy: list[TargetInfo]) -> Layou
         raise NoTargets(f"not enough healthy targets: need {need} node{'s' * (need != 1)}, "
                         f"{nodes} up", replicas=need, nodes=nodes)
     return new
-

@@ -4,8 +4,10 @@ Everything persistent goes through the store (:class:`~.store.MetaStore`), whose
 calls are coroutines; the service adds what is not stored: layout choice, the
 checks of a commit, and target liveness (soft state, kept in memory).
 
+Which targets new layouts avoid (suspect ones) follows :mod:`.suspicion`.
+
 On a store several metadata servers share (PostgreSQL) the soft state is stored
-too: heartbeats, suspects and the targets being retired are written through, and
+too: heartbeats, suspects, boot ids and the targets being retired are written through, and
 each server reads back what the others wrote every ``heartbeat_interval / 2``
 (:mod:`.shared`); the background duties run on the one server whose store says
 :meth:`~.store.MetaStore.hold_duties` (:attr:`MetaService.duties_held`).
@@ -32,7 +34,7 @@ from ..errors import (
     StagerError,
     UploadNotFound,
 )
-from ..layout import choose_layout
+from ..layout import PLACEABLE, choose_layout
 from ..protocol import paths
 from ..protocol.batch import CommitItem, CreateItem
 from ..protocol.cluster import MetaServer, Status
@@ -44,6 +46,7 @@ from . import batch, opkey, reroute, snapshots
 from .batch import Created, check_commit
 from .snapshots import Snapshot, SnapshotCache
 from .store import MetaStore, NodeEntry, Upload
+from .suspicion import Probes, Suspicion, asker, incarnation
 
 log = logging.getLogger("stager.meta")
 
@@ -68,9 +71,11 @@ class MetaService:
         # Lost targets whose chunks are still being re-replicated: they stay lost even
         # if they heartbeat again (stager/meta/rebuild.py removes them when done).
         self.retiring: set[str] = set()
-        # Targets a writer could not reach (stager/meta/reroute.py), until this clock
-        # time: no new layouts on them, even while they heartbeat.
-        self.suspects: dict[str, float] = {}
+        # Targets this server could not reach a moment ago, one incarnation each, until
+        # a clock time: new layouts avoid them even while they heartbeat (.suspicion).
+        self.suspects: dict[str, Suspicion] = {}
+        # The probes of targets writers report (stager/meta/reroute.py).
+        self.probes = Probes(asker(config.ca_file), self._probed)
         # More sections of `status` (rebuild, scrub, fsck: stager/meta/reliability.py).
         self.status_extras: list[Callable[[], dict[str, Any]]] = []
         # The metadata servers of the store (stager/meta/presence.py), and when each
@@ -194,7 +199,7 @@ class MetaService:
         spec = layout or LayoutSpec()
         spec.validate(self.config.max_chunk_size)
         upload = self.new_upload(path, spec.merged_over(inherited), overwrite=overwrite,
-                                 parents=parents, healthy=self.healthy_targets())
+                                 parents=parents, healthy=self.placeable_targets())
         earlier = await opkey.earlier_uploads(self.store, [upload.file_id])
         if upload.file_id in earlier:       # a retry: the first try began it
             upload = earlier[upload.file_id]
@@ -208,8 +213,9 @@ class MetaService:
 
     def new_upload(self, path: str, spec: LayoutSpec, *, overwrite: bool, parents: bool,
                    healthy: Sequence[TargetInfo]) -> Upload:
-        """A new file id at ``path`` and its layout among ``healthy`` targets: ``spec``
-        (the request's, over the nearest directory's), then the configured defaults."""
+        """A new file id at ``path`` and its layout among ``healthy`` targets (the up
+        ones, suspect ones where too few are up: :func:`choose_layout`): ``spec`` (the
+        request's, over the nearest directory's), then the configured defaults."""
         config = self.config
         spec = spec.merged_over(LayoutSpec(config.chunk_size, config.stripe_count,
                                            config.replicas))
@@ -257,14 +263,26 @@ class MetaService:
 
     # -- targets --------------------------------------------------------------------
     async def register_target(self, target: TargetInfo) -> TargetInfo:
+        """Take a data server's registration.  One from a new incarnation (another boot
+        id: the process restarted) drops the target's suspicion and its leave: it is
+        up again at once (unless removed, or lost and still being rebuilt)."""
         for other in self.targets.values():
             if other.url == target.url and other.id != target.id and other.up:
                 raise AlreadyExists(f"{target.url} is already registered as {other.id}",
                                     url=target.url, target=other.id)
-        target = _with(target, state=self._contact_state(target.id),
-                       last_heartbeat=self.clock())
+        now = self.clock()
+        old = self.targets.get(target.id)
+        boot = incarnation(target, now)
+        reborn = old is None or old.boot != boot
+        if reborn:
+            self.suspects.pop(target.id, None)
+        target = _with(target, boot=boot, last_heartbeat=now)
+        target = _with(target, state=self._contact_state(target))
         await self.store.upsert_target(target)
         self.targets[target.id] = target
+        if reborn and self.store.shared:    # the others drop their suspicions of the last
+            await self.store.put_state(f"boot/{target.id}", {"boot": boot})
+            await self.store.put_state(f"left/{target.id}", None)
         log.info("target %s (node %s) registered at %s", target.id, target.node, target.url)
         return target
 
@@ -274,7 +292,7 @@ class MetaService:
         if old is None:
             raise NotFound(f"target {target_id} is not registered", target=target_id)
         target = _with(old, capacity=capacity, used=used, chunks=chunks,
-                       state=self._contact_state(target_id), last_heartbeat=self.clock())
+                       state=self._contact_state(old), last_heartbeat=self.clock())
         self.targets[target_id] = target
         if target.state != old.state:
             log.info("target %s is %s again", target_id, target.state)
@@ -316,6 +334,8 @@ class MetaService:
         await self.store.forget_target(target_id)
         self.targets.pop(target_id, None)
         self.suspects.pop(target_id, None)
+        if self.store.shared:
+            await self.store.put_state(f"boot/{target_id}", None)
         log.info("target %s (node %s) forgotten", target_id, target.node)
         return target
 
@@ -326,36 +346,59 @@ class MetaService:
         self.targets[target_id] = target
         return target
 
-    def _contact_state(self, target_id: str) -> str:
-        """The state of a target that just registered or heartbeat: up, unless an
-        operator removed it, or it was lost and its chunks are still being copied
-        elsewhere (a lost target rejoins, empty, once that is done), or a writer
-        could not reach it a moment ago (suspect)."""
-        old = self.targets.get(target_id)
+    def _contact_state(self, target: TargetInfo) -> str:
+        """The state of a target that just registered or heartbeat (as ``target``):
+        up, unless an operator removed it, or it was lost and its chunks are still
+        being copied elsewhere (a lost target rejoins, empty, once that is done), or
+        this server could not reach this incarnation of it a moment ago (suspect)."""
+        old = self.targets.get(target.id)
         if old is not None and old.state == "removed":
             return "removed"
-        if target_id in self.retiring:
+        if target.id in self.retiring:
             return "lost"
-        return "suspect" if self.suspects.get(target_id, 0.0) > self.clock() else "up"
+        suspicion = self.suspects.get(target.id)
+        held = suspicion is not None and suspicion.holds(target, self.clock())
+        return "suspect" if held else "up"
 
-    def suspect(self, target_id: str, reason: str) -> None:
-        """A writer could not store chunks on ``target_id``: no new layout names it for
-        ``target_timeout`` seconds (it is marked down if it also stops heartbeating;
-        it is up again after that if it heartbeats)."""
+    def is_suspect(self, target_id: str) -> bool:
+        """Whether new layouts avoid ``target_id`` (see :mod:`.suspicion`)."""
         target = self.targets.get(target_id)
-        if target is None:
-            return
+        return target is not None and self._contact_state(target) == "suspect"
+
+    def suspect(self, target_id: str, reason: str, *, boot: str | None = None) -> None:
+        """This server could not reach ``target_id`` (incarnation ``boot``, by default
+        the one registered now): new layouts avoid it for ``target_timeout`` seconds
+        (it is marked down if it also stops heartbeating; it is up again after that if
+        it heartbeats, or at once when a new incarnation registers)."""
+        target = self.targets.get(target_id)
+        if target is None or (boot is not None and boot != target.boot):
+            return              # restarted since: the new process is not suspect
         if target.state == "up":
-            log.warning("target %s suspect: a writer could not store chunks there (%s)",
-                        target_id, reason)
+            log.warning("target %s suspect: %s", target_id, reason)
             self.targets[target_id] = _with(target, state="suspect")
-        self.suspects[target_id] = self.clock() + self.config.target_timeout
+        self.suspects[target_id] = Suspicion(self.clock() + self.config.target_timeout,
+                                             target.boot)
 
     async def share_suspect(self, target_id: str) -> None:
         """Store that ``target_id`` is suspect, for the other metadata servers."""
-        until = self.suspects.get(target_id)
-        if self.store.shared and until is not None:
-            await self.store.put_state(f"suspect/{target_id}", {"until": until})
+        suspicion = self.suspects.get(target_id)
+        if self.store.shared and suspicion is not None:
+            await self.store.put_state(f"suspect/{target_id}", suspicion.to_json())
+
+    async def check_report(self, target_id: str) -> bool:
+        """A writer could not store chunks on ``target_id``: whether it answers this
+        server's probe (one in flight per target; a target that does not answer turns
+        suspect, for every server).  ``False`` for a target not up or suspect."""
+        target = self.targets.get(target_id)
+        if target is None or target.state not in PLACEABLE:
+            return False
+        return await self.probes.answers(target)
+
+    async def _probed(self, target: TargetInfo, answered: bool) -> None:
+        if not answered:
+            self.suspect(target.id, "a writer could not store chunks there, and it does "
+                         "not answer its health probe", boot=target.boot)
+            await self.share_suspect(target.id)
 
     async def retire(self, target_id: str) -> None:
         """A lost target's chunks are to be copied elsewhere: it stays lost until
@@ -383,14 +426,14 @@ class MetaService:
         now = self.clock()
         for t in list(self.targets.values()):
             stale = now - t.last_heartbeat > self.config.target_timeout
-            if stale and t.state in ("up", "suspect"):
+            if stale and t.state in PLACEABLE:
                 log.warning("target %s missed heartbeats for %.1fs: marked down", t.id,
                             now - t.last_heartbeat)
                 self.targets[t.id] = _with(t, state="down")
-            elif t.state == "suspect" and self.suspects.get(t.id, 0.0) <= now:
+            elif t.state == "suspect" and not self.is_suspect(t.id):
                 self.targets[t.id] = _with(t, state="up")
-        for target_id, until in list(self.suspects.items()):
-            if until <= now:
+        for target_id in list(self.suspects):
+            if not self.is_suspect(target_id):
                 del self.suspects[target_id]
 
     def list_targets(self) -> list[TargetInfo]:
@@ -399,6 +442,11 @@ class MetaService:
 
     def healthy_targets(self) -> list[TargetInfo]:
         return [t for t in self.list_targets() if t.up]
+
+    def placeable_targets(self) -> list[TargetInfo]:
+        """The targets a new layout may name: up ones, and suspect ones that still
+        heartbeat (taken only where too few are up: :func:`choose_layout`)."""
+        return [t for t in self.list_targets() if t.state in PLACEABLE]
 
     async def status(self) -> Status:
         targets = self.list_targets()

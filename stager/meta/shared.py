@@ -5,7 +5,9 @@ With a store only one server uses (SQLite) nothing here runs.  On a shared store
 
 * reads the targets as stored (each heartbeat is written through, whichever
   server it reached, so every server judges liveness from the same
-  ``last_heartbeat``), the suspects and the targets being retired;
+  ``last_heartbeat``), their boot ids, the suspects and the targets being
+  retired; a suspicion counts only for the incarnation it was made of, the one
+  registered now (:mod:`.suspicion`), whichever server took the registration;
 * asks the store whether it holds the background duties (garbage collection,
   rebuild, fsck: :meth:`~.store.MetaStore.hold_duties`, an advisory lock of
   PostgreSQL's) and sets :attr:`MetaService.duties_held`;
@@ -28,6 +30,7 @@ from ..aio import cancel_and_wait
 from ..config import Config
 from ..errors import StagerError
 from .service import GONE_STATES, MetaService
+from .suspicion import Suspicion, merged
 
 log = logging.getLogger("stager.meta")
 
@@ -37,32 +40,41 @@ async def sync(service: MetaService) -> None:
     store = service.store
     service.duties_held = await store.hold_duties()
     stored = await store.list_targets()
-    suspects = await store.get_states("suspect/")
+    boots = {_id(key): str(body.get("boot", "")) for key, body in
+             (await store.get_states("boot/")).items()}
+    suspects = {_id(key): Suspicion.from_json(body)
+                for key, body in (await store.get_states("suspect/")).items()}
     retiring = await store.get_states("retiring/")
     statuses = await store.get_states("status/")
-    left = {key.split("/", 1)[1]: float(body.get("at", 0.0))
+    left = {_id(key): float(body.get("at", 0.0))
             for key, body in (await store.get_states("left/")).items()}
     now = service.clock()
-    for key, body in suspects.items():
-        target_id = key.split("/", 1)[1]
-        until = float(body.get("until", 0.0))
-        if until > now:
-            service.suspects[target_id] = max(until, service.suspects.get(target_id, 0.0))
-    service.retiring = {key.split("/", 1)[1] for key in retiring}
+    service.retiring = {_id(key) for key in retiring}
     for forgotten in set(service.targets) - {t.id for t in stored}:
         del service.targets[forgotten]          # `stager target forget`, on another server
     for t in stored:
         old = service.targets.get(t.id)
+        boot = boots.get(t.id) or (old.boot if old is not None else "")
+        suspicion = merged([service.suspects.get(t.id), suspects.get(t.id)], boot)
+        if suspicion is not None and suspicion.until > now:
+            service.suspects[t.id] = suspicion
+        else:
+            service.suspects.pop(t.id, None)
         last = max(t.last_heartbeat, old.last_heartbeat if old is not None else 0.0)
         state = t.state         # lost and removed are stored facts; the rest is judged
         if state not in GONE_STATES:
             if now - last > service.config.target_timeout or left.get(t.id, -1.0) >= last:
                 state = "down"          # silent, or it said it was leaving and is silent
             else:
-                state = "suspect" if service.suspects.get(t.id, 0.0) > now else "up"
-        service.targets[t.id] = replace(t, state=state, last_heartbeat=last)
+                state = "suspect" if suspicion is not None and suspicion.until > now else "up"
+        service.targets[t.id] = replace(t, state=state, last_heartbeat=last, boot=boot)
     service.refresh_health()
-    service.shared_status = {key.split("/", 1)[1]: body for key, body in statuses.items()}
+    service.shared_status = {_id(key): body for key, body in statuses.items()}
+
+
+def _id(key: str) -> str:
+    """The name after a state key's prefix: ``suspect/t1`` → ``t1``."""
+    return key.split("/", 1)[1]
 
 
 def install(app: web.Application, service: MetaService, config: Config) -> None:

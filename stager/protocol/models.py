@@ -248,6 +248,10 @@ class TargetInfo:
     state: str = "up"              # "up" or "down"
     last_heartbeat: float = 0.0    # unix time
     chunks: int = 0
+    # The data server process's incarnation: a random id made when it starts and sent
+    # with its registration; a suspicion of the target holds for one incarnation only
+    # (stager/meta/suspicion.py).  "" from a data server that sends none.
+    boot: str = ""
 
     @property
     def up(self) -> bool:
@@ -273,7 +277,18 @@ class TargetInfo:
             state=field_of(obj, "state", str, "up"),
             last_heartbeat=float(field_of(obj, "last_heartbeat", (int, float), 0.0)),
             chunks=count_of(obj, "chunks", 0),
+            boot=_boot_of(obj),
         )
+
+
+BOOT_RE = re.compile(r"^[A-Za-z0-9_.@:-]{0,64}$")
+
+
+def _boot_of(obj: Mapping[str, Any]) -> str:
+    boot = field_of(obj, "boot", str, "")
+    if not BOOT_RE.match(boot):
+        raise BadRequest(f"invalid boot id {boot[:80]!r}: up to 64 letters, digits, _.@:-")
+    return str(boot)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from .headers import CAPABILITY
 from .jobreport import SCHEMAS as JOB_SCHEMAS
 from .messages import MIN_SCRUB_RATE
 from .models import (
+    BOOT_RE,
     CHUNK_ID_RE,
     CHUNK_SIZE_BOUNDS,
     COUNT_BOUNDS,
@@ -30,6 +31,7 @@ _FILE_ID = {**_STR, "pattern": FILE_ID_RE.pattern}
 _CHUNK_ID = {**_STR, "pattern": CHUNK_ID_RE.pattern}
 _TARGET_ID = {**_STR, "pattern": TARGET_ID_RE.pattern}
 _URL = {**_STR, "pattern": "^https?://"}
+_BOOT = {**_STR, "pattern": BOOT_RE.pattern}
 
 
 def _obj(props: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -67,11 +69,12 @@ SCHEMAS: dict[str, Any] = {
     "Listing": _obj({"path": _STR, "entries": {"type": "array", "items": _ref("FileInfo")},
                      "next": {"type": ["string", "null"]}}, ("entries",)),
     "Target": _obj({"id": _TARGET_ID, "node": _STR, "url": _URL, "capacity": _COUNT,
-                    "used": _COUNT, "state": _STR, "last_heartbeat": _NUM, "chunks": _COUNT},
+                    "used": _COUNT, "state": _STR, "last_heartbeat": _NUM, "chunks": _COUNT,
+                    "boot": _BOOT},
                    ("id", "node", "url")),
     "TargetRegistered": _obj({"id": _TARGET_ID, "node": _STR, "url": _URL,
                               "capacity": _COUNT, "used": _COUNT, "state": _STR,
-                              "last_heartbeat": _NUM, "chunks": _COUNT,
+                              "last_heartbeat": _NUM, "chunks": _COUNT, "boot": _BOOT,
                               "credential": {"type": ["string", "null"]}},
                              ("id", "node", "url")),
     "TargetList": _obj({"targets": {"type": "array", "items": _ref("Target")}}),
