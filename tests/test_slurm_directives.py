@@ -180,6 +180,14 @@ def test_with_auth_a_job_gets_its_own_tokens_and_loses_them_at_teardown(tmp_path
         assert set(minted) == {"slurm-job-7", "slurm-job-7-read", "slurm-job-7-teardown"}
         assert all(t.revoked for t in minted.values())
         assert minted["slurm-job-7-teardown"].prefixes == ("/bbjobs/7",)
+        # `scontrol show bbstat` reads with a token of its own, revoked once it answered
+        done = run_hook(settings, "status")
+        assert done.returncode == 0 and "1/1 targets up" in done.stdout, done.stdout
+        with Client(cluster.meta_url, token=cluster.admin_token) as admin_client:
+            [status_token] = [t for t in admin_client.list_tokens()
+                              if t.name == "slurm-status"]
+        assert status_token.scopes == ("read",) and status_token.prefixes == ("/bbjobs",)
+        assert status_token.revoked is not None
 
 
 def test_setup_refuses_a_path_its_user_holds_no_grant_for(tmp_path: Path) -> None:

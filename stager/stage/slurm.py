@@ -319,8 +319,19 @@ async def _revoke(client: AsyncClient, token_ids: list[str]) -> None:
             pass
 
 
+STATUS_TOKEN_TTL = 120         # seconds: the status hook's own read token, revoked after
+
+
 def status(settings: SlurmSettings) -> str:
-    """``scontrol show bbstat``: the cluster's health and the jobs' directories."""
+    """``scontrol show bbstat``: the cluster's health and the jobs' directories, read
+    with a token of its own (read on ``jobs_dir``, revoked at once), not the admin's."""
+    config = settings.client_config()
+    made: TokenCreated | None = None
+    if settings.token_file:
+        made = _with_client(config, lambda c: c.create_token(
+            ("read",), [settings.jobs_dir], STATUS_TOKEN_TTL, "slurm-status"))
+        config = config.replace(token=made.token)
+
     async def work(client: AsyncClient) -> str:
         report = await client.status()
         try:
@@ -332,7 +343,12 @@ def status(settings: SlurmSettings) -> str:
         return (f"stager {settings.meta_url}: {up}/{len(targets)} targets up; "
                 f"{len(jobs)} job dir(s) under {settings.jobs_dir}: {' '.join(jobs) or '-'}")
 
-    return _with_client(settings.client_config(), work)
+    try:
+        return _with_client(config, work)
+    finally:
+        if made is not None:
+            token_id = made.info.id
+            _with_client(settings.client_config(), lambda c: c.revoke_token(token_id))
 
 
 # -- helpers ----------------------------------------------------------------------------
