@@ -12,7 +12,6 @@ from typing import Any
 
 import aiohttp
 
-from ..aio import gather_or_cancel
 from ..config import Config, load_config
 from ..dataplane import DataPlane, PlaneOptions, StripedReader, StripedWriter, make_session
 from ..dataplane.transport import TargetCounters
@@ -27,12 +26,12 @@ from ..protocol.manifest import Manifest
 from ..protocol.metaurls import joined, meta_urls
 from ..protocol.models import FileInfo, Layout, LayoutSpec, TargetInfo
 from ..protocol.routes import route
-from .bulk import WriteItem, put_tree, upload_gone, write_many
+from .bulk import WriteItem, upload_gone, write_many
 from .capabilities import CapabilityBook
 from .fileio import AsyncReadFile, AsyncWriteFile
 from .metaconn import LONG, MetaConnection
+from .transfer import get_local, put_local
 
-LOCAL_PIECE = 8 << 20      # bytes per read/write of a local file
 KEPT_MANIFESTS = 4         # paths whose last manifest get_manifest keeps to revalidate
 
 
@@ -291,37 +290,10 @@ class AsyncClient:
         return n
 
     async def get(self, src: str, dst: str | os.PathLike[str]) -> int:
-        """Copy a file or a directory tree to the local file system; returns bytes."""
-        info = await self.stat(src, cached=False)
-        if not info.is_dir:
-            return await self._get_file(info, Path(dst))
-        jobs = []
-        sem = asyncio.Semaphore(8)
-
-        async def one(entry: FileInfo) -> int:
-            async with sem:
-                rel = entry.path[len(info.path):].lstrip("/")
-                return await self._get_file(entry, Path(dst) / rel)
-
-        Path(dst).mkdir(parents=True, exist_ok=True)
-        async for entry in self.walk(src):
-            jobs.append(one(entry))
-        return sum(await gather_or_cancel(jobs))
-
-    async def _get_file(self, info: FileInfo, dst: Path) -> int:
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(f".{dst.name}.stager-tmp")
-        fh = await asyncio.to_thread(open, tmp, "wb")
-        try:
-            async for piece in self.reader(info).stream():
-                await asyncio.to_thread(fh.write, piece)
-            await asyncio.to_thread(fh.close)
-            await asyncio.to_thread(os.replace, tmp, dst)
-        except BaseException:
-            fh.close()
-            tmp.unlink(missing_ok=True)
-            raise
-        return info.size
+        """Copy a file or a directory tree to the local file system; returns bytes.
+        Each local file appears whole (a temporary name of its own, fsynced, renamed
+        into place) with the stager file's mtime (see :mod:`stager.client.transfer`)."""
+        return await get_local(self, src, dst)
 
     # -- writing ---------------------------------------------------------------------
     async def create(self, path: str, *, layout: LayoutSpec | None = None,
@@ -436,14 +408,11 @@ class AsyncClient:
     async def put(self, src: str | os.PathLike[str], dst: str, *,
                   layout: LayoutSpec | None = None, overwrite: bool = True,
                   files_in_flight: int = 4) -> list[FileInfo]:
-        """Copy a local file, or a directory tree, into the namespace."""
-        src = Path(src)
-        if not src.is_dir():
-            return [await self._put_file(src, dst, layout, overwrite)]
-        await self.mkdir(dst, exist_ok=True)
-        # Files up to a chunk go in batches (write_many), larger ones one by one.
-        return await put_tree(self, src, dst, layout=layout, overwrite=overwrite,
-                              files_in_flight=files_in_flight)
+        """Copy a local file, or a directory tree, into the namespace, keeping each
+        file's mtime: small files in groups, larger ones ``files_in_flight`` at a time
+        (see :mod:`stager.client.transfer`)."""
+        return await put_local(self, Path(src), dst, layout=layout, overwrite=overwrite,
+                               files_in_flight=files_in_flight)
 
     async def write_many(self, items: Iterable[WriteItem | tuple[Any, ...]], *,
                          layout: LayoutSpec | None = None, overwrite: bool = True
@@ -456,21 +425,6 @@ class AsyncClient:
         committed, whole.  Bad input (an invalid path, a path twice) raises and
         writes nothing."""
         return await write_many(self, items, layout=layout, overwrite=overwrite)
-
-    async def _put_file(self, src: Path, dst: str, layout: LayoutSpec | None,
-                        overwrite: bool) -> FileInfo:
-        fh = await asyncio.to_thread(open, src, "rb")
-        try:
-            mtime = os.fstat(fh.fileno()).st_mtime
-
-            async def pieces() -> AsyncIterator[bytes]:
-                while data := await asyncio.to_thread(fh.read, LOCAL_PIECE):
-                    yield data
-
-            return await self.write_stream(dst, pieces(), layout=layout, overwrite=overwrite,
-                                           mtime=mtime)
-        finally:
-            fh.close()
 
     # -- files -----------------------------------------------------------------------
     async def open(self, path: str, mode: str = "rb", *, layout: LayoutSpec | None = None,

@@ -24,14 +24,11 @@ upload (its layout picked from the targets up by then) with backoff,
 from __future__ import annotations
 
 import asyncio
-import os
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from ..aio import gather_or_cancel
 from ..checksum import crc32c
 from ..dataplane.transport import unknown_target
 from ..dataplane.writer import reroute_failed, routes_around
@@ -46,7 +43,6 @@ from ..protocol.routes import route
 if TYPE_CHECKING:
     from .async_client import AsyncClient
 
-T = TypeVar("T")
 CHUNK_BATCH_BYTES = 8 << 20      # bytes of chunks per chunk batch
 
 Result = FileInfo | StagerError
@@ -317,95 +313,3 @@ async def _abort(client: AsyncClient, file_ids: list[str]) -> None:
         await client.meta.request(route("abort_batch"), body=batch_body(file_ids, name="file_ids"))
     except StagerError:
         pass  # the server collects abandoned uploads itself after upload_grace
-
-
-# -- local trees (AsyncClient.put of a directory) ----------------------------------------
-GROUP_FILES = 512                # small files per write_many call
-GROUP_BYTES = 32 << 20           # and at most this many bytes
-GROUPS_IN_FLIGHT = 2             # one group read while another is written
-
-
-@dataclass(frozen=True)
-class _Local:
-    path: Path
-    rel: str
-    size: int
-
-
-async def put_tree(client: AsyncClient, src: Path, dst: str, *, layout: LayoutSpec | None,
-                   overwrite: bool, files_in_flight: int) -> list[FileInfo]:
-    """Copy the local tree ``src`` into the directory ``dst``: files up to one chunk
-    (``config.chunk_size``) in batches through :func:`write_many`, larger ones one
-    by one; the infos in the order of the sorted local paths."""
-    files = await asyncio.to_thread(_listing, src)
-    small = [f for f in files if f.size <= client.config.chunk_size]
-    large = [f for f in files if f.size > client.config.chunk_size]
-    done: dict[Path, FileInfo] = {}
-
-    async def write_group(group: list[_Local]) -> None:
-        loaded = await asyncio.to_thread(_load, group)
-        results = await write_many(client, [WriteItem(paths.join(dst, f.rel), data, mtime)
-                                            for f, (data, mtime) in zip(group, loaded,
-                                                                        strict=True)],
-                                   layout=layout, overwrite=overwrite)
-        for f, result in zip(group, results, strict=True):
-            if isinstance(result, StagerError):
-                raise result
-            done[f.path] = result
-
-    async def write_large(f: _Local) -> None:
-        infos = await client.put(f.path, paths.join(dst, f.rel), layout=layout,
-                                 overwrite=overwrite)
-        done[f.path] = infos[0]
-
-    await gather_or_cancel([_pool(list(size_groups(small)), GROUPS_IN_FLIGHT, write_group),
-                            _pool(large, files_in_flight, write_large)])
-    return [done[f.path] for f in files]
-
-
-def _listing(src: Path) -> list[_Local]:
-    return [_Local(p, p.relative_to(src).as_posix(), p.stat().st_size)
-            for p in sorted(src.rglob("*")) if p.is_file()]
-
-
-def _load(group: list[_Local]) -> list[tuple[bytes, float]]:
-    """The bytes and mtime of each file (small local files: read in one thread)."""
-    out = []
-    for f in group:
-        with open(f.path, "rb") as fh:
-            out.append((fh.read(), os.fstat(fh.fileno()).st_mtime))
-    return out
-
-
-class _Sized(Protocol):
-    size: int
-
-
-S = TypeVar("S", bound=_Sized)
-
-
-def size_groups(files: Iterable[S], max_files: int = GROUP_FILES,
-                max_bytes: int = GROUP_BYTES) -> Iterable[list[S]]:
-    """Consecutive runs of files, at most ``max_files`` files and ``max_bytes`` bytes
-    each (a file bigger than ``max_bytes`` goes alone): one ``write_many`` call each."""
-    group: list[S] = []
-    size = 0
-    for f in files:
-        if group and (len(group) == max_files or size + f.size > max_bytes):
-            yield group
-            group, size = [], 0
-        group.append(f)
-        size += f.size
-    if group:
-        yield group
-
-
-async def _pool(items: list[T], workers: int, work: Callable[[T], Awaitable[None]]) -> None:
-    """``work(item)`` for every item, ``workers`` at a time; the first error cancels."""
-    queue = iter(items)
-
-    async def worker() -> None:
-        for item in queue:
-            await work(item)
-
-    await gather_or_cancel(worker() for _ in range(max(1, min(workers, len(items)))))

@@ -31,6 +31,7 @@ from fsspec.utils import stringify_path
 from ..aio import gather_or_cancel
 from ..client import AsyncClient
 from ..client.holder import current, new_owner, release
+from ..client.transfer import LocalSink, SourceFile, copy_out, put_file
 from ..config import Config, load_config, parse_size
 from ..dataplane.engine import ReadEngine
 from ..dataplane.readplan import FileTable, ReadOptions
@@ -38,8 +39,6 @@ from ..errors import IsADirectory, NotADirectory
 from ..protocol import paths
 from ..protocol.metaurls import from_hosts, joined, meta_urls
 from ..protocol.models import FileInfo, LayoutSpec
-from ..stage.copy import copy_in, copy_out
-from ..stage.source import ThreadSource
 from .buffered import StagerReadFile, StagerWriteFile
 from .info import to_fsspec
 
@@ -296,8 +295,7 @@ class StagerFileSystem(AsyncFileSystem):
             await asyncio.to_thread(os.makedirs, lpath, exist_ok=True)
             return
         callback.set_size(info.size)
-        await copy_out(self.client, info, _local_fs(), os.fspath(lpath),
-                       on_bytes=callback.relative_update)
+        await copy_out(self.client, info, LocalSink(lpath), on_bytes=callback.relative_update)
 
     def _open(self, path: str, mode: str = "rb", block_size: int | None = None,
               autocommit: bool = True, cache_options: dict[str, Any] | None = None,
@@ -330,11 +328,10 @@ class StagerFileSystem(AsyncFileSystem):
         if stat.S_ISDIR(st.st_mode):
             await self._makedirs(rpath, exist_ok=True)
             return
-        source = _local_source()
-        callback.set_size(st.st_size)
-        await copy_in(self.client, source, os.fspath(lpath), st.st_size, rpath,
-                      layout=_layout(kwargs), mtime=st.st_mtime, overwrite=mode == "overwrite",
-                      on_bytes=callback.relative_update)
+        local = SourceFile(os.fspath(lpath), "", st.st_size, st.st_mtime, None)
+        callback.set_size(local.size)
+        await put_file(self.client, local, rpath, layout=_layout(kwargs),
+                       overwrite=mode == "overwrite", on_bytes=callback.relative_update)
 
     async def _cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
         info = await self._stat(path1)
@@ -381,13 +378,3 @@ def _layout(kwargs: dict[str, Any]) -> LayoutSpec | None:
     merged.validate()
     return merged
 
-
-def _local_fs() -> Any:
-    from fsspec.implementations.local import LocalFileSystem
-
-    return LocalFileSystem()
-
-
-def _local_source() -> ThreadSource:
-    """One thread pool for local reads per process (``put`` may run many files at once)."""
-    return current().once("fs.local-source", lambda: ThreadSource("file://", _local_fs(), "/"))

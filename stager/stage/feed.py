@@ -3,7 +3,7 @@
 Each listed file is described (its size, ETag and mtime completed where the
 listing lacks them, ``small_files_in_flight`` at a time), then at once skipped
 (already staged unchanged), handed to the small-file groups
-(:class:`~stager.stage.small.SmallFiles`) or queued for the large-file workers
+(:class:`~stager.client.transfer.SmallFiles`) or queued for the large-file workers
 (the largest known first).  So copying starts with the first files described,
 not after the last.
 
@@ -23,24 +23,22 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from ..aio import gather_or_cancel
+from ..client.transfer import SmallFiles, buffers_for, copy_in, run_pool
 from ..errors import SourceError, StagerError
 from ..protocol.models import FileInfo
 from . import plan
-from .copy import buffers_for, copy_in
 from .progress import Progress
-from .small import SmallFiles
 from .source import Source, source_etag, source_mtime
 
 if TYPE_CHECKING:
     from ..client import AsyncClient
     from .run import StageOptions
 
-T = TypeVar("T")
 PROBE_BYTES = 256 << 10     # a new file up to this size is read by the probe that sizes it
 
 
@@ -172,14 +170,3 @@ class Feed:
         return type(exc)(f"staging {src} to {self.destination(f)}: {exc.message}",
                          **exc.details)
 
-
-async def run_pool(items: Iterable[T], workers: int,
-                   work: Callable[[T], Awaitable[None]]) -> None:
-    """``work(item)`` for every item, ``workers`` at a time; the first error cancels."""
-    queue = iter(items)
-
-    async def worker() -> None:
-        for item in queue:          # one shared iterator: each item goes to one worker
-            await work(item)
-
-    await gather_or_cancel(worker() for _ in range(max(1, workers)))

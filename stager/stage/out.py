@@ -1,7 +1,7 @@
 """Stage-out: copy a stager file or tree back to any fsspec URL.
 
 Each destination file appears whole or not at all (see
-:mod:`stager.stage.copy`).  A rerun skips files the destination already holds
+:mod:`stager.client.transfer.sinks`).  A rerun skips files the destination already holds
 with the same size and mtime (local destinations get the staged file's mtime).
 """
 
@@ -15,11 +15,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from fsspec.core import url_to_fs
 
 from ..aio import gather_or_cancel
+from ..client.transfer import copy_out, run_pool, sink_for
 from ..errors import NotFound, SourceError, StagerError
 from ..protocol.models import FileInfo
 from . import plan
-from .copy import copy_out
-from .feed import run_pool
 from .progress import make_progress
 from .run import StageOptions, StageReport
 from .source import backend_error, filesystem_class, source_mtime
@@ -60,7 +59,8 @@ async def stage_out(client: AsyncClient, src: str, dst_url: str,
     async def one(rel: str) -> None:
         f = files[rel]
         try:
-            await _at(dst_url, copy_out(client, f, fs, targets[rel], on_bytes=progress.advance))
+            await _at(dst_url, copy_out(client, f, sink_for(fs, targets[rel]),
+                                          on_bytes=progress.advance))
         except StagerError as exc:
             raise type(exc)(f"staging {f.path} to {targets[rel]}: {exc.message}",
                             **exc.details) from exc

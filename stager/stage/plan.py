@@ -14,11 +14,11 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from functools import lru_cache
 
 from fsspec.utils import glob_translate
 
+from ..client.transfer import SourceFile
 from ..protocol.manifest import Manifest
 from ..protocol.models import FileInfo, LayoutSpec
 
@@ -39,17 +39,6 @@ def selected(rel: str, include: tuple[str, ...] = (), exclude: tuple[str, ...] =
     if include and not any(matches(g) for g in include):
         return False
     return not any(matches(g) for g in exclude)
-
-
-@dataclass(frozen=True)
-class SourceFile:
-    """One file of the source, as listed."""
-
-    path: str                 # in the source filesystem
-    rel: str                  # relative to the source root
-    size: int
-    mtime: float | None
-    etag: str | None
 
 
 def layout_matches(spec: LayoutSpec | None, staged: FileInfo) -> bool:

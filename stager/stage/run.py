@@ -2,7 +2,7 @@
 parallel, record the dataset manifest.
 
 Stage-in (any fsspec URL → a stager directory) and stage-out (a stager path →
-any fsspec URL) share the copy path of :mod:`stager.stage.copy`.  Small files
+any fsspec URL) share the copy path of :mod:`stager.client.transfer`.  Small files
 run many at a time; large files run a few at a time, each with its own window
 of ranged reads.  The first failure cancels the run: files in flight are
 aborted (nothing half-written becomes visible), files already committed stay
@@ -15,12 +15,12 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..client.transfer import PART, WINDOW
 from ..errors import BadRequest, NotADirectory, NotFound
 from ..protocol import paths
 from ..protocol.manifest import Manifest, ManifestFile
 from ..protocol.models import FileInfo, LayoutSpec
 from . import plan
-from .copy import PART, WINDOW
 from .feed import Feed, Listed
 from .progress import make_progress
 from .source import Source, open_source

@@ -1,5 +1,5 @@
-"""Copying one file into stager or out of it: the one copy path that staging and
-the ``stager://`` filesystem's ``put``/``get`` share.
+"""Copying one file into stager or out of it: the one copy path that ``put``,
+``get`` (CLI, ``Client``, the ``stager://`` filesystem) and staging share.
 
 In: ranged reads of the source (up to ``window`` in flight) feed the striped
 writer in order, and the writer keeps its own window of chunk PUTs in flight,
@@ -7,43 +7,36 @@ so a large file is read and written in parallel.  Each read is a whole number
 of chunks and lands in a reused buffer, from which the writer sends its chunks
 as they are: between the source and the data servers the bytes are not copied
 (a plain-http source even has the kernel write them into that buffer, see
-:class:`~stager.stage.httpraw.RawHttp`).  A small file is read in one
-request.  A source that ignores byte ranges is read sequentially instead.  The
-file becomes visible only when all of it is committed.
+:class:`~stager.stage.httpraw.RawHttp`).  A source that ignores byte ranges is
+read sequentially instead.  The file becomes visible only when all of it is
+committed.
 
-Out: a striped readahead stream feeds the destination.  The destination file
-appears complete or not at all: a temporary name renamed into place, or an
-upload that only commits on close.
+Out: a striped readahead stream feeds a :class:`~.sinks.Sink`, which makes the
+destination file appear whole, with the stager file's mtime, or not at all.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import uuid
-from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import aclosing
 from functools import partial
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from fsspec.implementations.local import LocalFileSystem
-from fsspec.spec import AbstractBufferedFile
-
-from ..aio import cancel_and_wait
-from ..dataplane import StripedWriter
-from ..errors import SourceError
-from ..protocol.models import FileInfo, LayoutSpec
-from .source import Source
+from ...aio import cancel_and_wait, gather_or_cancel
+from ...dataplane import StripedWriter
+from ...errors import SourceError
+from ...protocol.models import FileInfo, LayoutSpec
+from .sinks import Sink
+from .sources import Source
 
 if TYPE_CHECKING:
-    from ..client import AsyncClient
+    from ..async_client import AsyncClient
 
+T = TypeVar("T")
 PART = 4 << 20       # bytes per ranged read of a source (rounded to whole chunks)
 WINDOW = 8           # ranged reads of one file in flight
-TMP_TAG = ".stager-tmp-"
 
 OnBytes = Callable[[int], None]
 
@@ -192,114 +185,11 @@ async def copy_in(client: AsyncClient, source: Source, path: str, size: int, dst
         raise
 
 
-# -- out -------------------------------------------------------------------------------
-class Sink(ABC):
-    """One destination file being written; ``commit`` makes it appear whole."""
-
-    @abstractmethod
-    async def write(self, data: memoryview) -> None:
-        raise NotImplementedError
-
-    @abstractmethod
-    async def commit(self, mtime: float) -> None:
-        raise NotImplementedError
-
-    @abstractmethod
-    async def discard(self) -> None:
-        raise NotImplementedError
-
-
-class LocalSink(Sink):
-    """A local file: written under a temporary name, renamed into place."""
-
-    def __init__(self, path: str) -> None:
-        self.path = Path(path)
-        self.tmp = self.path.with_name(f".{self.path.name}{TMP_TAG}{uuid.uuid4().hex[:8]}")
-        self.fh: Any = None
-
-    async def open(self) -> LocalSink:
-        def make() -> Any:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            return open(self.tmp, "wb")
-        self.fh = await asyncio.to_thread(make)
-        return self
-
-    async def write(self, data: memoryview) -> None:
-        await asyncio.to_thread(self.fh.write, data)
-
-    async def commit(self, mtime: float) -> None:
-        def finish() -> None:
-            self.fh.close()
-            os.utime(self.tmp, (mtime, mtime))      # the staged mtime: reruns can skip it
-            os.replace(self.tmp, self.path)
-        await asyncio.to_thread(finish)
-
-    async def discard(self) -> None:
-        def drop() -> None:
-            if self.fh is not None:
-                self.fh.close()
-            self.tmp.unlink(missing_ok=True)
-        await asyncio.to_thread(drop)
-
-
-class FsspecSink(Sink):
-    """A file of any fsspec filesystem, written from a thread.
-
-    Async filesystems (s3, gcs, azure, stager, …) upload on ``close`` and not
-    before, so their files are written in place and discarded on failure.  Any
-    other kind is written under a temporary name and moved into place.
-    """
-
-    def __init__(self, fs: Any, path: str) -> None:
-        self.fs, self.path = fs, path
-        head, _, tail = path.rpartition("/")
-        self.direct = bool(getattr(fs, "async_impl", False))
-        self.name = path if self.direct else f"{head}/.{tail}{TMP_TAG}{uuid.uuid4().hex[:8]}"
-        self.f: Any = None
-
-    async def open(self) -> FsspecSink:
-        def make() -> Any:
-            parent = self.fs._parent(self.path)
-            if parent:
-                self.fs.makedirs(parent, exist_ok=True)
-            return self.fs.open(self.name, "wb")
-        self.f = await asyncio.to_thread(make)
-        return self
-
-    async def write(self, data: memoryview) -> None:
-        await asyncio.to_thread(self.f.write, bytes(data))
-
-    async def commit(self, mtime: float) -> None:
-        def finish() -> None:
-            self.f.close()
-            if not self.direct:
-                self.fs.mv(self.name, self.path)
-        await asyncio.to_thread(finish)
-
-    async def discard(self) -> None:
-        def drop() -> None:
-            if self.f is None:
-                return
-            if isinstance(self.f, AbstractBufferedFile):
-                self.f.discard()
-                self.f.closed = True        # so that garbage collection cannot commit it
-            else:
-                self.f.close()
-            if not self.direct and self.fs.exists(self.name):
-                self.fs.rm(self.name)
-        await asyncio.to_thread(drop)
-
-
-async def open_sink(fs: Any, path: str) -> Sink:
-    if isinstance(fs, LocalFileSystem):
-        return await LocalSink(path).open()
-    return await FsspecSink(fs, path).open()
-
-
-async def copy_out(client: AsyncClient, info: FileInfo, fs: Any, path: str, *,
+async def copy_out(client: AsyncClient, info: FileInfo, sink: Sink, *,
                    on_bytes: OnBytes | None = None) -> None:
-    """Copy one stager file to ``path`` of the fsspec filesystem ``fs``."""
-    sink = await open_sink(fs, path)
+    """Copy the stager file ``info`` into ``sink``, which it opens and commits with
+    the file's mtime (or discards, on any failure)."""
+    await sink.open()
     try:
         async for piece in client.reader(info).stream():
             await sink.write(piece)
@@ -309,3 +199,15 @@ async def copy_out(client: AsyncClient, info: FileInfo, fs: Any, path: str, *,
     except BaseException:
         await asyncio.shield(sink.discard())
         raise
+
+
+async def run_pool(items: Iterable[T], workers: int,
+                   work: Callable[[T], Awaitable[None]]) -> None:
+    """``work(item)`` for every item, ``workers`` at a time; the first error cancels."""
+    queue = iter(items)
+
+    async def worker() -> None:
+        for item in queue:          # one shared iterator: each item goes to one worker
+            await work(item)
+
+    await gather_or_cancel(worker() for _ in range(max(1, workers)))
