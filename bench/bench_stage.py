@@ -399,14 +399,14 @@ def _result(rows: list[list[Any]], med: dict[tuple[str, str], float],
             "fsync; one transaction for a whole batch of small files) and a durable chunk "
             "write (fsync, rename, fsync of the directory) on a data server; cp -r and "
             "fsspec get write to the page cache only.",
-            "Small files go in batches (stager/stage/small.py): groups of up to 512 files, "
-            "3 in flight, each one create-batch and one commit-batch request (one "
+            "Small files go in batches (stager/client/transfer/small.py): groups of up to "
+            "512 files, 3 in flight, each one create-batch and one commit-batch request (one "
             "transaction, one fsync each) and one chunk batch (POST /v1/write) per data "
             "server, whose chunks are written and fsynced concurrently, each durable "
             "before the answer.  Groups are written while the rest of the source is "
             "still being listed (stager/stage/feed.py).",
             "An HTTP directory page has no sizes.  stager stage http:// sizes each file "
-            "with one raw ranged GET of its first 256 KiB (stager/stage/httpraw.py), "
+            "with one raw ranged GET of its first 256 KiB (stager/client/transfer/httpraw.py), "
             "which for a small file is the whole file: one source request per file, as "
             "for fsspec get (it cost a HEAD and a GET before).  The rerun asks each file "
             "for one byte, conditionally on the ETag the manifest recorded (If-None-Match"

@@ -19,13 +19,13 @@ import pytest
 from aiohttp import web
 
 from stager import AsyncClient
+from stager.client.transfer.httpraw import RawHttp
 from stager.errors import NotFound, SourceError
 from stager.protocol.models import LayoutSpec
 from stager.protocol.ranges import parse_content_range
 from stager.stage import run as stage_run
 from stager.stage import stage
 from stager.stage.feed import PROBE_BYTES
-from stager.stage.httpraw import RawHttp
 from stager.stage.progress import Progress
 from stager.testing.httpserver import ROOT, serve_path
 from stager.web.server import start_sites, stop_sites

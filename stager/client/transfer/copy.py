@@ -7,7 +7,7 @@ so a large file is read and written in parallel.  Each read is a whole number
 of chunks and lands in a reused buffer, from which the writer sends its chunks
 as they are: between the source and the data servers the bytes are not copied
 (a plain-http source even has the kernel write them into that buffer, see
-:class:`~stager.stage.httpraw.RawHttp`).  A source that ignores byte ranges is
+:class:`~stager.client.transfer.httpraw.RawHttp`).  A source that ignores byte ranges is
 read sequentially instead.  The file becomes visible only when all of it is
 committed.
 

@@ -1,7 +1,7 @@
 """``put`` and ``get`` between the local file system and stager: what the CLI,
 ``Client``/``AsyncClient`` and the ``stager://`` filesystem all call.
 
-A put reads through :class:`~.sources.LocalSource`: files up to one source read
+A put reads through :func:`~.sources.local_source`: files up to one source read
 (:data:`~.copy.PART`) go in groups (:class:`~.small.SmallFiles`, as staging
 writes them), larger ones through :func:`~.copy.copy_in`, each keeping its local
 mtime.  A get writes through :class:`~.sinks.LocalSink`: a temporary name of its
@@ -22,7 +22,7 @@ from ...protocol.models import FileInfo, LayoutSpec
 from .copy import PART, copy_in, copy_out, run_pool
 from .sinks import LocalSink
 from .small import SmallFiles
-from .sources import LocalSource, SourceFile, local_file, local_tree
+from .sources import SourceFile, local_file, local_source, local_tree
 
 if TYPE_CHECKING:
     from ..async_client import AsyncClient
@@ -35,7 +35,7 @@ async def put_file(client: AsyncClient, f: SourceFile, dst: str, *,
                    layout: LayoutSpec | None, overwrite: bool = True,
                    on_bytes: Callable[[int], None] | None = None) -> FileInfo:
     """Copy the local file ``f`` to ``dst``; visible once all of it is committed."""
-    return await copy_in(client, LocalSource(), f.path, f.size, dst, layout=layout,
+    return await copy_in(client, local_source(), f.path, f.size, dst, layout=layout,
                          mtime=f.mtime, overwrite=overwrite, on_bytes=on_bytes)
 
 
@@ -50,7 +50,7 @@ async def put_local(client: AsyncClient, src: Path, dst: str, *, layout: LayoutS
     files = await asyncio.to_thread(local_tree, src)
     large = [f for f in files if f.size > PART]
     done: dict[str, FileInfo] = {}
-    small = SmallFiles(client, LocalSource(), lambda f: paths.join(dst, f.rel),
+    small = SmallFiles(client, local_source(), lambda f: paths.join(dst, f.rel),
                        layout=layout, overwrite=overwrite, files_in_flight=SMALL_READS)
 
     async def list_small() -> None:
