@@ -35,6 +35,7 @@ from ..errors import (
 )
 from ..layout import chunk_targets
 from ..protocol.models import Layout, chunk_id
+from .goodcopy import read_good_copy
 from .transport import DataPlane, unknown_target
 
 # (target, the failure, chunks begun) -> the upload's new layout and the targets' URLs
@@ -46,6 +47,14 @@ WRITE_FAILOVER = (Unavailable, InsufficientStorage, StorageError, InternalError,
 def routes_around(exc: BaseException) -> bool:
     """Whether a failed chunk write ``exc`` is one to route around."""
     return isinstance(exc, WRITE_FAILOVER) and not isinstance(exc, NoTargets)
+
+
+def only_full(failure: BaseException | str) -> bool:
+    """Whether a failed chunk write (its error, or the error's wire code) says only
+    that the target is full: a full target is not a dead one.  It still serves the
+    chunks it holds, so it is routed around but neither made suspect nor probed."""
+    code = failure if isinstance(failure, str) else getattr(failure, "code", None)
+    return code == InsufficientStorage.code
 
 
 def reroute_failed(why: StagerError, cause: StagerError) -> StagerError:
@@ -244,7 +253,7 @@ class StripedWriter:
                 return
             if len(self.rerouted) >= self.MAX_REROUTES:
                 raise exc
-            if not isinstance(exc, InsufficientStorage):
+            if not only_full(exc):
                 self._failed.add(target)    # a full target still serves what it holds
             try:
                 layout, locations = await self._reroute(target, exc, self._index)
@@ -268,29 +277,9 @@ class StripedWriter:
     async def _copy_stored(self, index: int, held: set[str]) -> None:
         """Chunk ``index`` is stored on ``held``: read it from one of them (checked
         against its CRC32C) and place it where the current layout wants it."""
+        sources = [(t, self.locations[t]) for t in sorted(held) if t in self.locations]
         async with self._copying:
-            buf = await self._read_stored(index, held)
+            buf = bytearray(self._short.get(index, self.layout.chunk_size))
+            await read_good_copy(self.plane, chunk_id(self.file_id, index), sources,
+                                 memoryview(buf), self._checksums[index])
             await self._place(index, memoryview(buf), set(held))
-
-    async def _read_stored(self, index: int, held: set[str]) -> bytearray:
-        name = chunk_id(self.file_id, index)
-        buf = bytearray(self._short.get(index, self.layout.chunk_size))
-        errors: list[BaseException] = []
-        sources = sorted(held)
-        for source in sources:
-            url = self.locations.get(source)
-            if url is None:
-                continue
-            try:
-                await self.plane.read_chunk_into(source, url, name, 0, memoryview(buf),
-                                                 whole=True, patient=source == sources[-1])
-            except (StagerError, OSError) as exc:
-                errors.append(exc)
-                continue
-            if crc32c(buf) == self._checksums[index]:
-                return buf
-            errors.append(CorruptChunk(f"copy of {name} on {source} does not match",
-                                       target=source))
-        raise Unavailable(f"chunk {name}: no stored copy left to copy from "
-                          f"({'; '.join(map(str, errors)) or 'every holder failed'})",
-                          chunk=name)

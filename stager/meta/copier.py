@@ -14,10 +14,10 @@ import enum
 import logging
 from collections.abc import Callable, Sequence
 
-from ..checksum import crc32c
 from ..dataplane import DataPlane
-from ..dataplane.writer import routes_around
-from ..errors import ChunkNotFound, CorruptChunk, InsufficientStorage, StagerError
+from ..dataplane.goodcopy import read_good_copy
+from ..dataplane.writer import only_full, routes_around
+from ..errors import StagerError, Unavailable
 from ..protocol.models import TargetInfo
 from ..ratelimit import TokenBucket
 from .service import GONE_STATES
@@ -59,9 +59,14 @@ class ChunkCopier:
         async with self.limit:
             await self.bucket.take(length)
             buf = bytearray(length)
-            found, expected = await self._read_good(chunk, crc, sources, memoryview(buf))
-            if found is not Outcome.COPIED:
-                return found
+            readable, skipped = self._readable(sources)
+            try:
+                expected = await read_good_copy(self._plane(), chunk, readable,
+                                                memoryview(buf), crc)
+            except Unavailable as exc:
+                log.info("no copy of %s to read: %s", chunk, exc)
+                return Outcome.UNRECOVERABLE if exc.details["answered"] and not skipped \
+                    else Outcome.DEFERRED
             target = self._target(dest)
             if target is None or not target.up:
                 return Outcome.DEFERRED
@@ -69,36 +74,24 @@ class ChunkCopier:
                 await self._plane().put_chunk(dest, target.url, chunk, buf, expected)
             except (StagerError, OSError) as exc:
                 log.info("copy of %s to %s deferred: %s", chunk, dest, exc)
-                if routes_around(exc) and not isinstance(exc, InsufficientStorage):
+                if routes_around(exc) and not only_full(exc):
                     self._suspect(dest, str(exc))
                 return Outcome.DEFERRED
             self.copied_bytes += length
             self.copied_chunks += 1
             return Outcome.COPIED
 
-    async def _read_good(self, chunk: str, crc: int | None, sources: Sequence[str],
-                         out: memoryview) -> tuple[Outcome, int]:
-        """Fill ``out`` from the first source with good bytes: (COPIED, crc), else why not."""
-        unreachable = False
+    def _readable(self, sources: Sequence[str]) -> tuple[list[tuple[str, str]], bool]:
+        """The sources to read from, with their URLs, and whether one that is down
+        now (not gone for good) was left out: a later pass may find it up."""
+        readable, skipped = [], False
         for source in sources:
             target = self._target(source)
             if target is not None and target.state in GONE_STATES:
-                if not self._draining(target):
-                    continue            # gone for good: nothing to wait for
+                if self._draining(target):
+                    readable.append((source, target.url))
             elif target is None or not target.up:
-                unreachable = True
-                continue
-            try:
-                stored = await self._plane().read_chunk_into(source, target.url, chunk, 0, out,
-                                                             whole=True, patient=True)
-            except (ChunkNotFound, CorruptChunk):
-                continue
-            except (StagerError, OSError) as exc:
-                log.info("reading %s from %s failed: %s", chunk, source, exc)
-                unreachable = True
-                continue
-            expected = crc if crc is not None else stored
-            if expected is not None and crc32c(out) == expected:
-                return Outcome.COPIED, expected
-            log.warning("chunk %s on %s does not match its checksum", chunk, source)
-        return (Outcome.DEFERRED if unreachable else Outcome.UNRECOVERABLE), 0
+                skipped = True
+            else:
+                readable.append((source, target.url))
+        return readable, skipped
