@@ -29,7 +29,8 @@ import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..errors import InsufficientStorage, NoTargets, StagerError
+from ..dataplane.writer import only_full
+from ..errors import NoTargets, StagerError
 from ..protocol.messages import RerouteItem, RerouteRequest
 from ..protocol.models import Layout, TargetInfo
 from .replan import fewest_copies, replica_floor
@@ -47,7 +48,7 @@ async def reroute_many(service: MetaService, request: RerouteRequest
     if not request.items:
         return []
     probe: asyncio.Future[bool] | None = None
-    if request.code != InsufficientStorage.code:
+    if not only_full(request.code):
         probe = asyncio.ensure_future(service.check_report(request.target))
     try:
         placeable = service.placeable_targets()
