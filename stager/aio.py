@@ -1,8 +1,9 @@
-"""Small asyncio helpers shared by every layer."""
+"""Small asyncio helpers shared by every layer (and the one directory fsync)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
@@ -53,3 +54,13 @@ async def wait_for_wake(event: asyncio.Event, timeout: float) -> None:
     except TimeoutError:
         pass
     event.clear()
+
+
+def fsync_dir(directory: str | os.PathLike[str]) -> None:
+    """Make the names in ``directory`` durable: what a rename into place needs next
+    (blocking: call it in a thread)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

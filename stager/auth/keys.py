@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
+from ..aio import fsync_dir
 from . import b64
 
 KEY_FILE = "signing.key"
@@ -79,7 +80,7 @@ def write_secret(path: Path | str, data: bytes | str) -> None:
         os.link(tmp, path)          # unlike rename, refuses to replace a file already there
     finally:
         tmp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def load_key(path: Path | str) -> Ed25519PrivateKey:
@@ -118,11 +119,3 @@ def load_public_key(text: str) -> Ed25519PublicKey:
         raise ValueError("the auth public key must be 43 base64url characters "
                          "(32 raw Ed25519 bytes), as `stager meta --auth` writes it")
     return Ed25519PublicKey.from_public_bytes(raw)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from ..aio import fsync_dir
 from ..checksum import crc32c
 from ..errors import (
     BadRequest,
@@ -172,7 +173,7 @@ class ChunkStore:
                 os.replace(p.tmp, p.path)       # type: ignore[arg-type]
                 p.installed = True
             parents = {d.parent for d in new} | {d.parent.parent for d in new}
-            _each(_fsync_dir, sorted(directories | parents))
+            _each(fsync_dir, sorted(directories | parents))
         except StagerError:
             raise
         except OSError as exc:
@@ -371,14 +372,6 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
     while view:
         n = os.write(fd, view)
         view = view[n:]
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _unlink_quietly(path: Path) -> None:

@@ -20,6 +20,8 @@ from typing import Any
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.spec import AbstractBufferedFile
 
+from ...aio import fsync_dir
+
 TMP_TAG = ".stager-tmp-"
 
 
@@ -74,7 +76,7 @@ class LocalSink(Sink):
             os.fsync(fd)
             self.fh.close()
             os.replace(self.tmp, self.path)
-            _fsync_dir(self.path.parent)
+            fsync_dir(self.path.parent)
         await asyncio.to_thread(finish)
 
     async def discard(self) -> None:
@@ -83,14 +85,6 @@ class LocalSink(Sink):
                 self.fh.close()
             self.tmp.unlink(missing_ok=True)
         await asyncio.to_thread(drop)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class FsspecSink(Sink):
