@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+from reliability_util import wait_for
 
 from stager import AsyncClient
 from stager.config import Config, load_config
@@ -238,12 +239,18 @@ async def test_with_two_of_three_nodes_suspect_a_write_is_placed_and_rerouted(
         await svc.heartbeat(t, capacity=1 << 30, used=0, chunks=0)
     svc.suspect("t1", "test")
     svc.suspect("t2", "test")
+    with pytest.raises(NoTargets):      # not heard of since: most likely dead
+        await svc.create("/f", layout=R2)
+    clock.now += 0.5
+    for t in ("t0", "t1", "t2"):
+        await svc.heartbeat(t, capacity=1 << 30, used=0, chunks=0)
     upload, _ = await svc.create("/f", layout=R2)
     assert "t0" in upload.layout.targets and "t3" not in upload.layout.targets
     assert len(upload.layout.targets) == 2                      # one suspect, not both
     moved = await report(svc, "t0", upload.file_id)             # t0 refuses: suspect too
     assert set(moved.layout.targets) == {"t1", "t2"}
     assert states(svc) == {"t0": "suspect", "t1": "suspect", "t2": "suspect", "t3": "down"}
+    assert "t0" not in [t.id for t in svc.placeable_targets()]  # until it heartbeats
 
 
 async def test_a_write_fails_only_when_fewer_than_replicas_nodes_answer(
@@ -337,6 +344,7 @@ def test_with_two_of_three_nodes_suspect_a_write_succeeds(tmp_path: Path) -> Non
         for t in suspects:
             cluster.loop.call_soon_threadsafe(svc.suspect, t, "test")
         wait_for_targets(cluster.meta_url, 1, exact=True)
+        wait_for(lambda: len(svc.placeable_targets()) == 3, 5, "heartbeats since")
 
         async def writes() -> None:
             async with AsyncClient(cluster.meta_url, config=load_config(env={})) as c:

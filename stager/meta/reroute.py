@@ -17,10 +17,10 @@ it changes nothing.
 
 No chunk may be acknowledged on fewer than ``replicas`` copies, so a new layout
 must give every stripe slot's chunks their full count on distinct nodes.  The up
-targets come first; where they cannot, suspect ones too, and where even that
-falls short, the reported target itself if it answered the probe.  When the
-nodes that answer cannot, the item fails with :class:`NoTargets` naming how many
-nodes are needed and up, and the writer aborts (nothing becomes visible).
+targets come first, suspect ones where those cannot; never the reported target
+(it failed this writer, whatever it answers the probe).  When the others cannot,
+the item fails with :class:`NoTargets` naming how many nodes are needed and up,
+and the writer aborts (nothing becomes visible).
 """
 
 from __future__ import annotations
@@ -55,11 +55,8 @@ async def reroute_many(service: MetaService, request: RerouteRequest
         up = [t for t in placeable if t.up and t.id != request.target]
         spare = [t for t in placeable if not t.up and t.id != request.target]
         out = [await _try(service, item, up, spare) for item in request.items]
-        if probe is not None and await probe:
-            # It answered: where nothing else keeps the replicas, it still may.
-            spare += [t for t in placeable if t.id == request.target]
-            out = [await _try(service, item, up, spare) if isinstance(got, NoTargets) else got
-                   for item, got in zip(request.items, out, strict=True)]
+        if probe is not None:       # answered once the target's state is settled
+            await probe
     finally:
         if probe is not None and not probe.done():
             probe.cancel()          # the probe itself goes on (shared: .suspicion.Probes)

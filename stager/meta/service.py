@@ -376,8 +376,9 @@ class MetaService:
         if target.state == "up":
             log.warning("target %s suspect: %s", target_id, reason)
             self.targets[target_id] = _with(target, state="suspect")
-        self.suspects[target_id] = Suspicion(self.clock() + self.config.target_timeout,
-                                             target.boot)
+        now = self.clock()
+        self.suspects[target_id] = Suspicion(now + self.config.target_timeout, target.boot,
+                                             now)
 
     async def share_suspect(self, target_id: str) -> None:
         """Store that ``target_id`` is suspect, for the other metadata servers."""
@@ -444,9 +445,14 @@ class MetaService:
         return [t for t in self.list_targets() if t.up]
 
     def placeable_targets(self) -> list[TargetInfo]:
-        """The targets a new layout may name: up ones, and suspect ones that still
-        heartbeat (taken only where too few are up: :func:`choose_layout`)."""
-        return [t for t in self.list_targets() if t.state in PLACEABLE]
+        """The targets a new layout may name: up ones, and suspect ones that have
+        heartbeat since they were suspected (taken only where too few are up:
+        :func:`choose_layout`)."""
+        def alive(t: TargetInfo) -> bool:
+            suspicion = self.suspects.get(t.id)
+            return t.up or (suspicion is not None and suspicion.heard_since(t))
+
+        return [t for t in self.list_targets() if t.state in PLACEABLE and alive(t)]
 
     async def status(self) -> Status:
         targets = self.list_targets()

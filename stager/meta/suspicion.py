@@ -20,7 +20,10 @@ second, and a suspicion that outlives the facts stops writes for everyone.  So:
 * **Suspect is avoided, never excluded** from a layout that needs it: layouts
   take the up targets first and suspect ones only to reach ``replicas`` nodes
   (:func:`stager.layout.choose_layout`, :func:`.reroute.replacement`), so a
-  write fails only when fewer nodes than that heartbeat.
+  write fails only when fewer nodes than that answer.  A suspect one counts as
+  answering once it has heartbeat since it was suspected
+  (:meth:`Suspicion.heard_since`): one that has not is most likely dead, and a
+  layout on it would only fail again.
 
 A suspicion lasts ``target_timeout`` seconds.  On a store several metadata
 servers share, suspicions (``suspect/ID``: until, boot) and boot ids
@@ -53,21 +56,29 @@ Ask = Callable[[TargetInfo], Awaitable[bool]]
 
 @dataclass(frozen=True)
 class Suspicion:
-    """New layouts avoid incarnation ``boot`` of a target until clock time ``until``."""
+    """New layouts avoid incarnation ``boot`` of a target from clock time ``since``
+    until ``until``."""
 
     until: float
     boot: str
+    since: float = 0.0
 
     def holds(self, target: TargetInfo, now: float) -> bool:
         """Whether it still applies to ``target`` as registered now."""
         return self.until > now and self.boot == target.boot
 
+    def heard_since(self, target: TargetInfo) -> bool:
+        """Whether ``target`` heartbeat after it was suspected: alive, so a layout that
+        cannot do without it may take it."""
+        return target.last_heartbeat > self.since
+
     def to_json(self) -> dict[str, Any]:
-        return {"until": self.until, "boot": self.boot}
+        return {"until": self.until, "boot": self.boot, "since": self.since}
 
     @classmethod
     def from_json(cls, body: Mapping[str, Any]) -> Suspicion:
-        return cls(float(body.get("until", 0.0)), str(body.get("boot", "")))
+        return cls(float(body.get("until", 0.0)), str(body.get("boot", "")),
+                   float(body.get("since", 0.0)))
 
 
 def incarnation(target: TargetInfo, now: float) -> str:
