@@ -88,20 +88,27 @@ class Writes:
     async def check(self, cluster: ProcessCluster) -> tuple[list[str], list[str], int]:
         """(acknowledged writes that read back wrong or not at all, copies missing or
         bad on disk, bytes read back)."""
-        bad, missing, nbytes = [], [], 0
+        bad: list[str] = []
+        missing: list[str] = []
+        nbytes = 0
         roots = target_roots(cluster.root, N)
         async with AsyncClient(self.meta_url, config=load_config(env={})) as c:
-            for path, digest in self.acked.items():
+            async def one(path: str, digest: str) -> None:
+                nonlocal nbytes
                 try:
                     got = await c.cat(path)
                     info = await c.stat(path, cached=False)
                 except OSError as exc:
                     bad.append(f"{path}: {type(exc).__name__}: {exc}")
-                    continue
+                    return
                 nbytes += len(got)
                 if sha(got) != digest:
                     bad.append(f"{path}: {len(got)} bytes differ from what was acked")
-                missing += replicas_on_disk(roots, info)
+                missing.extend(await asyncio.to_thread(replicas_on_disk, roots, info))
+
+            items = list(self.acked.items())
+            for k in range(0, len(items), 8):
+                await asyncio.gather(*(one(path, digest) for path, digest in items[k:k + 8]))
         return bad, missing, nbytes
 
     def report(self, name: str, faults: int) -> str:
