@@ -12,7 +12,13 @@ APT_PACKAGES ?= iproute2 nginx-light iperf3 fuse3 libfuse3-dev pkg-config fio fi
 	slurmctld slurmd slurm-client munge slurm-wlm-basic-plugins \
 	chromium chromium-driver curl systemd docker.io debootstrap
 
-.PHONY: demo test test-fast lint sysdeps bench bench-quick clean
+# The test runs: modules in parallel (pytest-xdist; a module's tests stay on one worker,
+# modules sharing what cannot run twice name one xdist_group, see tests/conftest.py), on
+# as many workers as cores, at most 4.  The slowest tests are printed at the end.
+PYTEST   := $(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadgroup \
+	--no-loadscope-reorder
+
+.PHONY: demo test check lint sysdeps bench bench-quick clean
 
 $(BIN)/python:
 	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "stager needs Python 3.11 or newer")'
@@ -33,11 +39,17 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python sysdeps
 demo: $(VENV)/.installed
 	$(BIN)/python -m stager.demo
 
+# The whole suite, as CI runs it (.ci/run).  Every skip is printed with its reason (-rs),
+# and one outside tests/skip_budget.py's short list fails the run (--strict-skips).
 test: $(VENV)/.installed-dev sysdeps
-	$(BIN)/python -m pytest -q --durations=30
+	$(PYTEST) -rs --strict-skips --durations=30
 
-test-fast: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q -m "not slow"
+# The fast tier to run after each change (under 3 minutes): unit tests and in-process
+# clusters on SQLite.  Not what starts processes (modules marked slow: the CLI, stager
+# up, Slurm, Docker, a browser, network namespaces), FUSE, the fault scenarios or the
+# PostgreSQL runs of the store-parametrised tests: `make test` runs those.
+check: $(VENV)/.installed-dev
+	$(PYTEST) -m "not slow and not faults and not fuse" -k "not postgresql" --durations=15
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check stager tests bench clients
@@ -59,7 +71,7 @@ bench: $(VENV)/.installed-dev sysdeps
 	$(BIN)/python -m bench
 
 bench-quick: $(VENV)/.installed-dev sysdeps
-	$(BIN)/python -m bench --quick --out .stager/bench-quick
+	$(BIN)/python -m bench --quick
 
 clean:
 	rm -rf $(VENV) .stager .pytest_cache

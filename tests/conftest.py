@@ -286,10 +286,37 @@ def cluster_on_each_store(request: pytest.FixtureRequest,
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.pop("STAGER_META_URL", None)
+    if config.getoption("--strict-skips") and not hasattr(config, "workerinput"):
+        from skip_budget import SkipBudget
+
+        config.pluginmanager.register(SkipBudget(), "skip-budget")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under ``-n N --dist loadgroup`` (``make test``) a module goes to one worker whole,
+    so its module-scoped cluster starts once: a test without an ``xdist_group`` of its
+    own is in its module's group.  Modules sharing something that cannot run twice at
+    once (one Slurm at a time) name a common group.
+
+    The modules marked ``slow`` or ``faults`` (minutes, some of them) come first, the
+    rest in their order: workers take modules in this order (``--no-loadscope-reorder``),
+    so no long module starts last and runs alone while the other workers idle."""
+    heavy = set()
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            module = item.nodeid.split("::")[0].removeprefix("tests/").removesuffix(".py")
+            item.add_marker(pytest.mark.xdist_group(module))
+        if item.get_closest_marker("slow") or item.get_closest_marker("faults"):
+            heavy.add(item.path)
+    items.sort(key=lambda item: item.path not in heavy)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     # Here, not in tests/faults/conftest.py: pytest only asks the conftests it loads
     # first (this one, whatever the arguments) for options.
     parser.addoption("--long", action="store_true", default=False,
-                     help="long soaks instead of CI-sized runs (tests/faults/test_history.py)")
+                     help="long soaks instead of CI-sized runs (tests/faults/test_history.py, "
+                          "tests/faults/test_soak.py)")
+    parser.addoption("--strict-skips", action="store_true", default=False,
+                     help="fail the run on any skip outside tests/skip_budget.py's list")

@@ -27,7 +27,7 @@ from stager.testing.slurm import SlurmCluster, SlurmError
 
 from .conftest import OTHER_USER, REPO, TEAM_A
 
-pytestmark = pytest.mark.slow      # a real Slurm: about a minute for the module
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]  # one Slurm at a time
 
 SAMPLES = 30
 TRAIN = '''

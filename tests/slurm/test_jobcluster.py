@@ -24,6 +24,7 @@ from stager.testing.slurm import SlurmCluster, slurm_for_tests
 
 from .conftest import REPO
 
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]  # one Slurm at a time
 EPILOG = REPO / "deploy" / "slurm" / "epilog.sh"
 FILES = 24
 READ = '''
