@@ -20,6 +20,8 @@ from test_cli import assert_clean_error, stager
 
 from stager.testing.cluster import ProcessCluster
 
+pytestmark = pytest.mark.slow      # stager processes and the CLI: not in make check
+
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessCluster]:

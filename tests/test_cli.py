@@ -13,6 +13,8 @@ import pytest
 from stager import Client
 from stager.testing import ThreadCluster
 
+pytestmark = pytest.mark.slow      # the CLI, a process per command: not in make check
+
 SMALL = 64 * 1024
 
 

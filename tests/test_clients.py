@@ -13,6 +13,8 @@ import pytest
 from stager import Client
 from stager.testing import ThreadCluster
 
+pytestmark = pytest.mark.slow      # the example clients as processes: not in make check
+
 CLIENTS = Path(__file__).resolve().parent.parent / "clients"
 DEAD = "http://127.0.0.1:9"     # the discard port: nothing listens there
 

@@ -22,7 +22,8 @@ from stager.testing import ProcessCluster, ThreadCluster
 from stager.testing.browser import missing, open_browser, report_job
 from stager.testing.cluster import FAST
 
-pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
+pytestmark = [pytest.mark.slow,       # a browser: not in make check
+              pytest.mark.skipif(missing() is not None, reason=str(missing()))]
 
 REFRESH = 2.0                       # seconds between the page's refreshes (stager/meta/ui)
 

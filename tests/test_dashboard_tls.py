@@ -16,7 +16,8 @@ from reliability_util import wait_for
 from stager.testing import ThreadCluster
 from stager.testing.browser import missing, open_browser
 
-pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
+pytestmark = [pytest.mark.slow,       # a browser: not in make check
+              pytest.mark.skipif(missing() is not None, reason=str(missing()))]
 
 
 @pytest.fixture(scope="module")

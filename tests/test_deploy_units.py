@@ -23,6 +23,8 @@ import pytest
 
 from stager.testing.cluster import wait_for_targets
 
+pytestmark = pytest.mark.slow      # the units' processes: not in make check
+
 REPO = Path(__file__).resolve().parent.parent
 UNITS = REPO / "deploy" / "systemd"
 WAIT_READY = UNITS / "stager-wait-ready"

@@ -13,6 +13,8 @@ from stager.config import load_config
 from stager.fs import StagerFileSystem
 from stager.testing.cluster import ProcessCluster
 
+pytestmark = pytest.mark.slow      # stager processes: not in make check
+
 
 @pytest.fixture(scope="module")
 def server_processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessCluster]:

@@ -44,6 +44,8 @@ from stager.protocol import headers as H
 from stager.protocol.routes import Route, routes_for
 from stager.testing import ThreadCluster
 
+pytestmark = pytest.mark.slow      # generated requests to both servers, minutes: not in make check
+
 schemathesis = pytest.importorskip("schemathesis", reason="the dev extra installs schemathesis")
 
 EXAMPLES = 50            # per operation, valid and invalid requests together

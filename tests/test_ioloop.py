@@ -12,6 +12,8 @@ import pytest
 
 from stager.testing import ThreadCluster
 
+pytestmark = pytest.mark.slow      # forked processes: not in make check
+
 # Run in a fresh interpreter: the first caller in a process chooses the loop's kind.
 KIND = r"""
 import json, sys, threading

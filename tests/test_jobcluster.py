@@ -27,6 +27,8 @@ from stager.stage import StageOptions
 from stager.testing.jobnodes import EmulatedJob
 from stager.testing.netns import netns_unavailable
 
+pytestmark = pytest.mark.slow      # emulated nodes in network namespaces: not in make check
+
 WHY = netns_unavailable()
 needs_netns = pytest.mark.skipif(WHY is not None, reason=f"emulated nodes: {WHY}")
 REPO = Path(__file__).resolve().parent.parent

@@ -19,6 +19,8 @@ from stager.loader import memory
 from stager.loader.spans import Spans
 from stager.testing import ProcessCluster
 
+pytestmark = pytest.mark.slow      # stager processes: not in make check
+
 MiB = 1 << 20
 SAMPLES = 24                 # 24 MiB per dataset, three times the bound
 BOUND = 8 * MiB

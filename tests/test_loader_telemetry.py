@@ -35,6 +35,8 @@ from stager.protocol.jobreport import MAX_REPORT_BYTES
 from stager.testing import ThreadCluster
 from stager.web.server import start_sites, stop_sites
 
+pytestmark = pytest.mark.slow      # processes: not in make check
+
 N = 40
 DATA_BYTES = sum(len(file_bytes(i, 300)) for i in range(N))
 

@@ -28,6 +28,8 @@ from stager.protocol.manifest import Manifest, ManifestFile
 from stager.protocol.models import Layout, TargetInfo
 from stager.testing import ProcessCluster, ThreadCluster
 
+pytestmark = pytest.mark.slow      # stager processes on PostgreSQL: not in make check
+
 cluster = pytest.fixture(scope="module", params=STORES, name="cluster")(cluster_on_each_store)
 
 

@@ -28,6 +28,8 @@ from stager.protocol.models import TargetInfo
 from stager.testing import ProcessCluster
 from stager.testing.postgres import PostgresServer
 
+pytestmark = pytest.mark.slow      # stager processes on PostgreSQL: not in make check
+
 
 async def test_one_store_of_several_holds_the_duties_until_it_goes(pg_url: str) -> None:
     first, second = PostgreSQLStore(pg_url), PostgreSQLStore(pg_url)

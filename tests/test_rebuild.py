@@ -23,6 +23,8 @@ from stager.meta.service import MetaService
 from stager.meta.sqlite import SQLiteStore
 from stager.protocol.models import FileInfo, LayoutSpec, TargetInfo
 
+pytestmark = pytest.mark.slow      # processes: not in make check
+
 SMALL = 64 * 1024
 SIZES = [0, 1, SMALL, SMALL * 5 + 3, SMALL * 9]
 

@@ -25,6 +25,8 @@ from stager.protocol.models import LayoutSpec
 from stager.testing import ProcessCluster, ThreadCluster, wait_for_targets
 from stager.web.server import start_sites, stop_sites
 
+pytestmark = pytest.mark.slow      # stager processes: not in make check
+
 SMALL = 64 * 1024
 
 

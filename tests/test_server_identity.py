@@ -32,6 +32,8 @@ from stager.auth.tls import ensure_cluster_tls
 from stager.protocol.routes import route
 from stager.testing import ThreadCluster
 
+pytestmark = pytest.mark.slow      # stager processes and the CLI: not in make check
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -19,6 +19,8 @@ from stager.stage.directives import Directive, DirectiveError, parse_directives
 from stager.stage.grants import Access, Grant, Grants, NotGranted, Owner, confine, prefixes
 from stager.testing import ThreadCluster
 
+pytestmark = pytest.mark.slow      # the Slurm hooks as processes: not in make check
+
 SCRIPT = """#!/bin/sh
 #SBATCH --nodes=3
 

@@ -16,6 +16,8 @@ from stager import Client
 from stager.testing import ThreadCluster
 from stager.testing.httpserver import HttpServer
 
+pytestmark = pytest.mark.slow      # the CLI, a process per command: not in make check
+
 
 def stage(*args: str, meta: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STAGER_")}

@@ -25,6 +25,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.slow      # moto's S3 server: not in make check
+
 boto3 = pytest.importorskip("boto3", reason="needs the dev extra (boto3, via moto)")
 pytest.importorskip("s3fs", reason="needs the dev extra (s3fs)")
 moto_server = pytest.importorskip("moto.server", reason="needs the dev extra (moto[server])")

@@ -13,6 +13,8 @@ from stager.config import load_config
 from stager.protocol.models import LayoutSpec
 from stager.testing import ProcessCluster, wait_for_targets
 
+pytestmark = pytest.mark.slow      # stager processes: not in make check
+
 
 def test_with_port_sets_or_adds_the_port() -> None:
     assert with_port(["meta", "--port", "0", "--root", "r"], 7123) == \

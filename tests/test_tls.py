@@ -37,6 +37,8 @@ from stager.protocol.models import LayoutSpec
 from stager.testing import ProcessCluster, ThreadCluster
 from stager.web.server import start_sites, stop_sites
 
+pytestmark = pytest.mark.slow      # stager processes and the CLI: not in make check
+
 SMALL = 64 * 1024
 
 

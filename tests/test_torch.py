@@ -17,6 +17,8 @@ from loader_data import write_files, write_zarr
 from stager import Client
 from stager.testing import ProcessCluster
 
+pytestmark = pytest.mark.slow      # stager processes, DataLoader workers: not in make check
+
 torch = pytest.importorskip("torch")
 from stager.torch import (  # noqa: E402
     DeviceFeeder,

@@ -9,6 +9,8 @@ from stager.testing.cluster import ProcessCluster
 
 from .conftest import USER, token_in_env
 
+pytestmark = pytest.mark.slow      # stager processes: not in make check
+
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessCluster]:
