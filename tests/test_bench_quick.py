@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench import BENCHMARKS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -45,11 +47,13 @@ def bench(argv: list[str], cwd: Path, timeout: float) -> subprocess.CompletedPro
                           env=env, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_the_readme_quick_command_runs_every_benchmark(tmp_path: Path) -> None:
     quick = [c for c in readme_bench_commands() if c[3:] == ["--quick"]]
     assert quick, "README.md no longer shows `python -m bench --quick`"
     committed = {p: p.stat().st_mtime_ns for p in (REPO / "bench" / "results").iterdir()}
-    proc = bench(quick[0], tmp_path, 900)
+    proc = bench(quick[0], tmp_path, 840)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     out = tmp_path / ".stager" / "bench-quick"
     for name in BENCHMARKS:
