@@ -315,8 +315,9 @@ class RerouteItem:
 @dataclass(frozen=True)
 class RerouteRequest:
     """Chunk writes to ``target`` failed (the error's wire ``code`` and its
-    ``reason``): each upload gets a layout with another target in its slot, and
-    the target turns suspect unless it was only full (route ``reroute``)."""
+    ``reason``): each upload gets a layout with another target in its slot; the
+    target turns suspect only if it also fails the metadata server's probe, and is
+    not probed when it was only full (route ``reroute``, stager/meta/suspicion.py)."""
 
     target: str
     code: str

@@ -233,8 +233,9 @@ ROUTES: tuple[Route, ...] = (
           body="AbortBatchRequest", responses={200: "AbortBatchResult", 400: "Error",
                                                413: "Error"}),
     Route("POST", "/v1/reroute", "reroute",
-          "chunk writes to a target failed: mark it suspect (no new layouts on it) and give "
-          "each upload a layout with another target in its slot; per-item uploads or errors",
+          "chunk writes to a target failed: give each upload a layout with another target in "
+          "its slot (the target turns suspect only if it fails the metadata server's own "
+          "probe too); per-item uploads or errors",
           "meta", body="RerouteRequest", responses={200: "CreateBatchResult", 400: "Error",
                                                     413: "Error"}),
     Route("POST", "/v1/rename", "rename", "rename a file or directory", "meta",
