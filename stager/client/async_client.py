@@ -316,9 +316,10 @@ class AsyncClient:
 
     async def reroute(self, target: str, cause: StagerError, items: Sequence[m.RerouteItem]
                       ) -> list[m.Upload | StagerError]:
-        """Chunk writes to ``target`` failed with ``cause``: the metadata server marks
-        it suspect and gives each upload a layout with another target in its slot
-        (see :mod:`stager.meta.reroute`); per item, the upload so placed or its error."""
+        """Chunk writes to ``target`` failed with ``cause``: the metadata server gives
+        each upload a layout with another target in its slot (and marks the target
+        suspect only when its own probe fails too: :mod:`stager.meta.reroute`); per
+        item, the upload so placed or its error."""
         answer = await self.meta.request(route("reroute"), body=m.RerouteRequest(
             target, cause.code, cause.message, tuple(items)).to_json())
         results = read_results(answer, m.Upload.from_json)

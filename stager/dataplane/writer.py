@@ -3,9 +3,10 @@
 A chunk write that fails on a target (refused, reset, timed out, 5xx, 507, or
 answered without proving the chunk stored: :mod:`stager.dataplane.ack`) does
 not fail the file when the writer has a ``reroute`` (the client's and the
-gateway's have): the writer reports the target, the metadata server marks it
-suspect and answers with a layout that has another target in its slot
-(:mod:`stager.meta.reroute`), and the writer
+gateway's have): the writer reports the target, the metadata server answers
+with a layout that has another target in its slot (marking the target suspect
+for every writer only when its own health probe of it fails too:
+:mod:`stager.meta.reroute`), and the writer
 
 * stores the chunks still being written where the new layout wants them, and
 * copies every chunk it already stored on fewer targets than the new layout
