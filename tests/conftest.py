@@ -312,6 +312,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.path not in heavy)
 
 
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The fault scenarios' figures (the ``figures`` fixture of tests/faults/conftest.py),
+    read from the reports: here, because pytest-xdist's controller, which prints the
+    summary, loads this conftest but not those below it."""
+    shown = [(report.nodeid.split("::")[-1], value)
+             for reports in terminalreporter.stats.values() for report in reports
+             if getattr(report, "when", "") == "teardown"
+             for key, value in getattr(report, "user_properties", ()) if key == "figures"
+             if value]
+    if not shown:
+        return
+    terminalreporter.section("fault-injection figures")
+    for name, measured in shown:
+        terminalreporter.write_line(name)
+        for key, value in measured.items():
+            terminalreporter.write_line(f"    {key}: {value}")
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     # Here, not in tests/faults/conftest.py: pytest only asks the conftests it loads
     # first (this one, whatever the arguments) for options.

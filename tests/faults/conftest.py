@@ -10,29 +10,15 @@ import pytest
 
 @pytest.fixture
 def figures(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
-    """A dict the scenario fills with what it measured; shown in the run's summary.
-    It travels in the test's report (``user_properties``), so that under pytest-xdist
-    the controller, which prints the summary, has the workers' figures too."""
+    """A dict the scenario fills with what it measured; shown in the run's summary
+    (tests/conftest.py).  It travels in the test's report (``user_properties``), so
+    that under pytest-xdist the controller, which prints the summary, has the workers'
+    figures too."""
     measured: dict[str, Any] = {}
     request.node.user_properties.append(("figures", measured))
     yield measured
     if measured:
         print(f"\n{request.node.name}: {measured}")
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    shown = [(report.nodeid.split("::")[-1], value)
-             for reports in terminalreporter.stats.values() for report in reports
-             if getattr(report, "when", "") == "teardown"
-             for key, value in getattr(report, "user_properties", ()) if key == "figures"
-             if value]
-    if not shown:
-        return
-    terminalreporter.section("fault-injection figures")
-    for name, measured in shown:
-        terminalreporter.write_line(name)
-        for key, value in measured.items():
-            terminalreporter.write_line(f"    {key}: {value}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
