@@ -247,7 +247,10 @@ class NodeUp:
         ready = time.monotonic() - self.started
         self.say(f"node {job.node}: data server {data_url} registered; "
                  f"{job.nnodes} node(s) ready in {ready:.2f}s")
-        staged = asyncio.run(self._stage_in(meta_url)) if self.opts.stage_in else []
+        try:
+            staged = asyncio.run(self._stage_in(meta_url)) if self.opts.stage_in else []
+        except (StagerError, OSError) as exc:      # a source missing, refusing, cut off
+            raise JobClusterError(f"stage-in failed: {exc}") from exc
         if not job.first:
             return _wait_file(files.cluster, files, self.deadline, "node 0's cluster.json")
         cluster = {"job_id": job.job_id, "meta": {"url": meta_url}, "nodes": list(job.nodes),
