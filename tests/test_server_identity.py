@@ -29,6 +29,11 @@ from aiohttp import web
 from conftest import start_cluster
 
 from stager.auth.tls import ensure_cluster_tls
+from stager.config import load_config
+from stager.meta.service import MetaService
+from stager.meta.shared import sync
+from stager.meta.sqlite import SQLiteStore
+from stager.protocol.models import TargetInfo
 from stager.protocol.routes import route
 from stager.testing import ThreadCluster
 
@@ -263,3 +268,33 @@ def test_a_tls_cluster_takes_only_https_targets_whose_certificate_its_ca_signed(
     assert "fake-plain" not in targets(tls_cluster)
     assert "fake-impostor" not in targets(tls_cluster)
     assert all(t["url"].startswith("https://") for t in targets(tls_cluster).values())
+
+
+# -- a forgotten target leaves the other metadata servers too, and only that --------------
+async def test_a_sync_drops_forgotten_targets_not_ones_registered_while_it_read(
+        tmp_path: Path) -> None:
+    """Servers sharing a store drop a target another server forgot.  A target that
+    registered here while the list was being read is in the store, not in that list:
+    it stays (once it was dropped, and writes found no target until its next
+    heartbeat re-registered it: CI, ``no healthy storage targets``)."""
+    now = [1000.0]
+    svc = MetaService(SQLiteStore(tmp_path / "meta.sqlite3"), load_config({}, env={}),
+                      clock=lambda: now[0])
+    await svc.start()
+    try:
+        await svc.register_target(TargetInfo("old", "n0", "http://127.0.0.1:9/0"))
+        stale = await svc.store.list_targets()          # read before "new" registers
+        now[0] = 1001.0
+        await svc.register_target(TargetInfo("new", "n1", "http://127.0.0.1:9/1"))
+        await svc.store.forget_target("old")             # forgotten by another server
+        stale = [t for t in stale if t.id != "old"]
+
+        async def listed() -> list[TargetInfo]:
+            return stale
+
+        svc.store.list_targets = listed                  # type: ignore[method-assign]
+        now[0] = 1000.5     # the list was read at 1000.5: after "old", before "new"
+        await sync(svc)
+        assert set(svc.targets) == {"new"}
+    finally:
+        svc.close()

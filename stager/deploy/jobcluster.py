@@ -91,7 +91,11 @@ class JobFiles:
         self.logs = job_dir / LOGS_DIR
 
     def fail(self, node: str, why: object) -> None:
-        """Write ``failed``: every node of this try stops waiting."""
+        """Write ``failed``: every node of this try stops waiting.  The first failure
+        of a try is kept: what the other nodes hit while they were being stopped
+        because of it (a server killed under them) must not hide the cause."""
+        if self.failure() is not None:
+            return
         tag = f"step {self.step}: " if self.step is not None else ""
         try:      # a node may fail before node 0 made the directory: it waits for this
             self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -39,6 +39,7 @@ async def sync(service: MetaService) -> None:
     """Bring ``service``'s soft state to what the store holds (a shared store only)."""
     store = service.store
     service.duties_held = await store.hold_duties()
+    read_at = service.clock()
     stored = await store.list_targets()
     boots = {_id(key): str(body.get("boot", "")) for key, body in
              (await store.get_states("boot/")).items()}
@@ -50,8 +51,11 @@ async def sync(service: MetaService) -> None:
             for key, body in (await store.get_states("left/")).items()}
     now = service.clock()
     service.retiring = {_id(key) for key in retiring}
+    # `stager target forget` on another server: gone from the store.  Not a target that
+    # registered here after the list was read (it is in the store now, not in the list).
     for forgotten in set(service.targets) - {t.id for t in stored}:
-        del service.targets[forgotten]          # `stager target forget`, on another server
+        if service.targets[forgotten].last_heartbeat < read_at:
+            del service.targets[forgotten]
     for t in stored:
         old = service.targets.get(t.id)
         boot = boots.get(t.id) or (old.boot if old is not None else "")
