@@ -123,11 +123,16 @@ class World:
         return sign(key or self.key, claims)
 
     def target_credential(self, target_id: str) -> str:
-        """The credential the data server of ``target_id`` keeps under its root."""
+        """The credential the data server of ``target_id`` keeps under its root (written
+        once the registration's answer came back: a moment after the target is up)."""
         for server in self.cluster.data:
             assert server is not None
             if json.loads((server.root / "target.json").read_text())["target_id"] == target_id:
-                return (server.root / "target.credential").read_text().strip()
+                path = server.root / "target.credential"
+                deadline = time.monotonic() + 15
+                while not path.exists() and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                return path.read_text().strip()
         raise KeyError(target_id)
 
     def token(self, scopes: list[str], *, key: Ed25519PrivateKey | None = None,

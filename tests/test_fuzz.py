@@ -91,7 +91,11 @@ def credentials(auth_cluster: ThreadCluster) -> dict[str, dict[str, str]]:
     target = json.loads((data.root / "target.json").read_text())["target_id"]
     cap = sign(key, Capability.new(ANY_FILE, CLUSTER, "0" * 32, time.time(), 3600,
                                    target=target))
-    credential = (data.root / "target.credential").read_text().strip()
+    kept = data.root / "target.credential"     # written once the registration answered
+    deadline = time.monotonic() + 15
+    while not kept.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    credential = kept.read_text().strip()
     return {"meta": {H.AUTHORIZATION: f"Bearer {auth_cluster.admin_token}"},
             "data": {H.CAPABILITY: cap},
             "join": {H.AUTHORIZATION: f"Bearer {auth_cluster.join_token}"},

@@ -109,6 +109,8 @@ def test_each_target_keeps_its_own_credential_and_speaks_only_with_it(
     names = {}
     for i in range(cluster.n):
         path = credential_of(cluster, i)
+        # the target is listed up as soon as it registered; the file follows the answer
+        wait_until(path.exists, what=f"{path}")
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         names[target_id_of(cluster, i)] = path.read_text().strip()
     assert len(set(names.values())) == cluster.n           # one each

@@ -91,15 +91,21 @@ class JobFiles:
         self.logs = job_dir / LOGS_DIR
 
     def fail(self, node: str, why: object) -> None:
-        """Write ``failed``: every node of this try stops waiting.  The first failure
-        of a try is kept: what the other nodes hit while they were being stopped
-        because of it (a server killed under them) must not hide the cause."""
-        if self.failure() is not None:
-            return
+        """Add this node's line to ``failed``: every node of this try stops waiting.
+        Every node's account is kept, in the order they failed: which one hit the cause
+        and which were stopped because of it (a server killed under them) is a race,
+        and neither line may hide the other.  An earlier try's file is replaced."""
         tag = f"step {self.step}: " if self.step is not None else ""
+        line = f"{tag}node {node}: {why}\n".encode()
         try:      # a node may fail before node 0 made the directory: it waits for this
             self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            self.failed.write_text(f"{tag}node {node}: {why}\n")
+            ours = self.failure() is not None
+            fd = os.open(self.failed, os.O_WRONLY | os.O_CREAT
+                         | (os.O_APPEND if ours else os.O_TRUNC), 0o600)
+            try:
+                os.write(fd, line)      # one write of one line: appends never interleave
+            finally:
+                os.close(fd)
         except OSError:
             pass
 
