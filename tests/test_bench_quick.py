@@ -22,6 +22,10 @@ import pytest
 
 from bench import BENCHMARKS
 
+# its jobcluster, loopback and stage runs start nodes and namespaces: one such module at
+# a time (tests/test_jobcluster.py says why)
+pytestmark = pytest.mark.xdist_group("slurm")
+
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
 

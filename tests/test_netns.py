@@ -27,7 +27,8 @@ from stager.testing.netns import (
 )
 from stager.testing.nodes import KILL_WAIT, STOP_GRACE, NodeCluster
 
-pytestmark = pytest.mark.slow      # network namespaces: not in make check
+pytestmark = [pytest.mark.slow,     # network namespaces: not in make check
+              pytest.mark.xdist_group("slurm")]   # one node-emulating module at a time
 
 WHY = netns_unavailable()
 needs_netns = pytest.mark.skipif(WHY is not None, reason=f"multi-node harness: {WHY}")
