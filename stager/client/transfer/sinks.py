@@ -36,19 +36,19 @@ class Sink(ABC):
 
     @abstractmethod
     async def open(self) -> None:
-        raise NotImplementedError
+        """Provided by each subclass."""
 
     @abstractmethod
     async def write(self, data: memoryview) -> None:
-        raise NotImplementedError
+        """Provided by each subclass."""
 
     @abstractmethod
     async def commit(self, mtime: float) -> None:
-        raise NotImplementedError
+        """Provided by each subclass."""
 
     @abstractmethod
     async def discard(self) -> None:
-        raise NotImplementedError
+        """Provided by each subclass."""
 
 
 class LocalSink(Sink):
@@ -98,15 +98,15 @@ class FsspecSink(Sink):
     def __init__(self, fs: Any, path: str) -> None:
         self.fs, self.path = fs, path
         head, _, tail = path.rpartition("/")
+        self.parent = head          # made first when missing
         self.direct = bool(getattr(fs, "async_impl", False))
         self.name = path if self.direct else f"{head}/{temporary_name(tail)}"
         self.f: Any = None
 
     async def open(self) -> None:
         def make() -> Any:
-            parent = self.fs._parent(self.path)
-            if parent:
-                self.fs.makedirs(parent, exist_ok=True)
+            if self.parent:
+                self.fs.makedirs(self.parent, exist_ok=True)
             return self.fs.open(self.name, "wb")
         self.f = await asyncio.to_thread(make)
 

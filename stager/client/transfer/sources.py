@@ -61,7 +61,7 @@ class Source(ABC):
     # -- what subclasses provide --------------------------------------------------
     @abstractmethod
     async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError
+        """Provided by each subclass."""
 
     async def close(self) -> None:  # noqa: B027 - most sources hold nothing to close
         """Release what the source holds (nothing, unless a subclass says so)."""
@@ -165,11 +165,11 @@ class Source(ABC):
 
     @abstractmethod
     async def _read_file(self, f: Any, n: int) -> bytes:
-        raise NotImplementedError
+        """Provided by each subclass."""
 
     @abstractmethod
     async def _close_file(self, f: Any) -> None:
-        raise NotImplementedError
+        """Provided by each subclass."""
 
     async def _guard(self, path: str, work: Awaitable[T]) -> T:
         """Await ``work``, turning foreign errors into ones that name the source."""
