@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
@@ -64,3 +65,28 @@ def fsync_dir(directory: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+async def keep_doing(work: Callable[[], Awaitable[Any]], interval: float, what: str,
+                     log: logging.Logger, *, wait_first: bool = False) -> None:
+    """``work()`` every ``interval`` seconds, forever (until cancelled).  A failure the
+    server expects (its store or a peer down: a :class:`~stager.errors.StagerError` or
+    ``OSError``) is logged once until ``work`` succeeds again; any other with its
+    traceback, each time."""
+    from .errors import StagerError
+
+    failing = False
+    while True:
+        if wait_first:
+            await asyncio.sleep(interval)
+        try:
+            await work()
+            failing = False
+        except (StagerError, OSError) as exc:
+            if not failing:
+                log.warning("%s failed: %s; will retry", what, exc)
+            failing = True
+        except Exception:
+            log.exception("%s failed; will retry", what)
+        if not wait_first:
+            await asyncio.sleep(interval)

@@ -36,7 +36,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from aiohttp import web
 
-from ..aio import cancel_and_wait
+from ..aio import cancel_and_wait, keep_doing
 from ..config import Config
 from ..errors import StagerError
 from ..protocol.cluster import MetaServer
@@ -183,18 +183,8 @@ def install(app: web.Application, service: MetaService, config: Config) -> Prese
     service.meta_servers = presence.listing
 
     async def loop() -> None:
-        failing = False
-        while True:
-            await asyncio.sleep(config.heartbeat_interval)
-            try:
-                await presence.record()
-                failing = False
-            except (StagerError, OSError) as exc:
-                if not failing:
-                    log.warning("recording this metadata server failed: %s; will retry", exc)
-                failing = True
-            except Exception:
-                log.exception("recording this metadata server failed; will retry")
+        await keep_doing(presence.record, config.heartbeat_interval,
+                         "recording this metadata server", log, wait_first=True)
 
     async def running(app: web.Application) -> AsyncIterator[None]:
         if not service.store.shared:

@@ -26,9 +26,8 @@ from dataclasses import replace
 
 from aiohttp import web
 
-from ..aio import cancel_and_wait
+from ..aio import cancel_and_wait, keep_doing
 from ..config import Config
-from ..errors import StagerError
 from .service import GONE_STATES, MetaService
 from .suspicion import Suspicion, merged
 
@@ -90,18 +89,8 @@ def install(app: web.Application, service: MetaService, config: Config) -> None:
     service.status_extras.append(lambda: {"duties": {"held": service.duties_held}})
 
     async def loop() -> None:
-        failing = False
-        while True:
-            try:
-                await sync(service)
-                failing = False
-            except (StagerError, OSError) as exc:
-                if not failing:
-                    log.warning("reading the shared state back failed: %s; will retry", exc)
-                failing = True
-            except Exception:
-                log.exception("reading the shared state back failed; will retry")
-            await asyncio.sleep(interval)
+        await keep_doing(lambda: sync(service), interval, "reading the shared state back",
+                         log)
 
     async def running(app: web.Application) -> AsyncIterator[None]:
         await sync(service)
