@@ -13,8 +13,10 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +25,13 @@ from conftest import start_cluster
 from reliability_util import eventually, verify_copy
 
 from stager import Client
+from stager.checksum import crc32c
 from stager.config import load_config
+from stager.data.app import SERVICE
 from stager.errors import InsufficientStorage, StorageError
-from stager.protocol.models import LayoutSpec
+from stager.protocol.models import LayoutSpec, chunk_id
+from stager.storage.chunkfile import build_trailer
+from stager.storage.chunkstore import ChunkStore
 from stager.testing import ThreadCluster
 
 pytestmark = pytest.mark.faults
@@ -35,6 +41,13 @@ PIECE = 512 * 1024
 
 def chunk_files(root: Path) -> list[Path]:
     return [p for p in (root / "chunks").rglob("*") if p.is_file()]
+
+
+def room_of(path: Path) -> int:
+    """The room a chunk file takes: its bytes (a capacity limit counts those) or its
+    blocks (a file system's free space goes by those), whichever is more."""
+    st = path.stat()
+    return max(st.st_size, st.st_blocks * 512)
 
 
 def fill_until_full(c: Client, prefix: str) -> tuple[dict[str, bytes], Exception]:
@@ -66,11 +79,21 @@ def check_target_after_full(c: Client, cluster: ThreadCluster, written: dict[str
         assert c.cat(path) == body                     # reads unaffected
     r = http(cluster.meta_url, "PUT", "/v1/files/full/gateway.bin", body=os.urandom(4 * PIECE))
     assert r.status == 507 and r.json()["error"] == "no_space", r.body[:200]
-    # space freed (rm, then garbage collection) is used again
-    c.rm(next(iter(written)))
-    eventually(lambda: len(chunk_files(root)) < len(files), 10, "the removed file's chunks")
-    c.pipe("/full/after.bin", b"a" * SMALL, layout=LayoutSpec(chunk_size=SMALL))
-    assert c.cat("/full/after.bin") == b"a" * SMALL
+    # Space freed (rm, then garbage collection) is used again: a file as large as the
+    # removed one fits only in the room the removal frees.  Waited for is that fact,
+    # the target's own free space (what its next write is checked against), not a
+    # count of chunk files: the refused write's chunks, purged meanwhile, lowered that
+    # count too, and one chunk of the eight removed was enough for it (CI: "target full").
+    removed = next(iter(written))
+    file_id = c.stat(removed).file_id
+    need = sum(room_of(p) for p in (root / "chunks").rglob(f"{file_id}.*"))
+    store = cluster.data[0].app[SERVICE].store
+    assert need >= PIECE and store.usage().free < need, (need, store.usage())
+    c.rm(removed)
+    eventually(lambda: store.usage().free >= need, 10, "the removed file's room free")
+    after = os.urandom(PIECE)
+    c.pipe("/full/after.bin", after, layout=LayoutSpec(chunk_size=SMALL))
+    assert c.cat("/full/after.bin") == after
     assert c.fsck()["missing"] == 0
     return {"files_before_full": len(written), "chunk_files": len(files),
             "tmp_leftovers": len(leftovers), "gateway_put_status": r.status}
@@ -110,10 +133,36 @@ def test_a_capacity_limit_answers_507_the_same_way(tmp_path: Path, slow_callback
         with Client(cluster.meta_url, config=load_config(env={})) as c:
             written, refusal = fill_until_full(c, "/full")
             assert isinstance(refusal, InsufficientStorage), repr(refusal)
+            usage = cluster.data[0].app[SERVICE].store.usage()
+            assert usage.used <= usage.capacity == 3 << 20, usage      # never past the limit
             figures.update(check_target_after_full(c, cluster, written, http))
     finally:
         cluster.stop()
     assert figures["tmp_leftovers"] == 0
+
+
+def test_concurrent_writes_never_pass_a_capacity_limit(tmp_path: Path) -> None:
+    """The limit is checked and held in one step: 32 chunk writes at once on room for
+    8 store 8 and refuse the rest (checked apart, each saw the others' room free)."""
+    body = os.urandom(SMALL)
+    crc = crc32c(body)
+    room = 8 * (SMALL + len(build_trailer(body, crc)))
+    store = ChunkStore(tmp_path, capacity=room)
+    start = threading.Barrier(32)
+
+    def put(i: int) -> bool:
+        start.wait()
+        try:
+            store.put(chunk_id(f"{i:032x}", 0), body, crc)
+        except InsufficientStorage:
+            return False
+        return True
+
+    with ThreadPoolExecutor(32) as pool:
+        stored = sum(pool.map(put, range(32)))
+    usage = store.usage()
+    assert stored == 8 and usage.used == room and usage.free == 0, (stored, usage)
+    assert sum(p.stat().st_size for p in chunk_files(tmp_path)) == room
 
 
 FIU = shutil.which("fiu-run") and shutil.which("fiu-ctrl")
