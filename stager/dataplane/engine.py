@@ -272,7 +272,7 @@ class ReadEngine:
         lo = offset[first]
         hi = np.maximum.reduceat(end, first) - base[first]
         jobs = []
-        for a, b in _cut((hi - lo).tolist(), self.options.max_request_bytes):
+        for a, b in cut_requests((hi - lo).tolist(), self.options.max_request_bytes):
             p, q = int(first[a]), int(first[b]) if b < len(first) else len(ids)
             rows = chunk[first[a:b]].tolist()
             items = [ReadItem(plan.chunks.name[c], s, e - s) for c, s, e in
@@ -395,7 +395,7 @@ def _hand_out(plan: ReadPlan, out: list[Any], ids: np.ndarray, at: np.ndarray,
             out[d][t:t + n] = view[s:s + n]
 
 
-def _cut(sizes: list[int], limit: int) -> list[tuple[int, int]]:
+def cut_requests(sizes: list[int], limit: int) -> list[tuple[int, int]]:
     """Runs of ``sizes`` bytes cut into requests ``[a, b)`` of at most ``limit``
     bytes (a bigger run goes alone) and ``MAX_BATCH_ITEMS`` runs."""
     out: list[tuple[int, int]] = []
