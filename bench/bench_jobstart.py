@@ -30,9 +30,9 @@ from typing import Any
 
 import aiohttp
 
-from stager.meta.pg import PostgreSQLStore
-from stager.meta.sqlite import SQLiteStore
-from stager.meta.store import MetaStore
+from stager.meta.store.base import MetaStore
+from stager.meta.store.postgres.store import PostgreSQLStore
+from stager.meta.store.sqlite.store import SQLiteStore
 from stager.protocol.manifest import Manifest, ManifestFile
 from stager.testing import ProcessCluster
 from stager.testing.postgres import PostgresServer, PostgresUnavailable, start_postgres

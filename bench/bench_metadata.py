@@ -17,8 +17,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from stager.meta.sqlite import SQLiteStore
-from stager.meta.store import MetaStore, Upload
+from stager.meta.store.base import MetaStore, Upload
+from stager.meta.store.sqlite.store import SQLiteStore
 from stager.protocol.manifest import Manifest, ManifestFile
 from stager.protocol.models import Layout
 from stager.testing.nodes import NodeCluster

@@ -33,9 +33,9 @@ from typing import Any
 
 from stager.client import AsyncClient
 from stager.config import load_config
-from stager.meta.pg import PostgreSQLStore
-from stager.meta.sqlite import SQLiteStore
-from stager.meta.store import MetaStore
+from stager.meta.store.base import MetaStore
+from stager.meta.store.postgres.store import PostgreSQLStore
+from stager.meta.store.sqlite.store import SQLiteStore
 from stager.protocol.routes import route
 from stager.testing import ProcessCluster
 from stager.testing.cluster import wait_for_targets

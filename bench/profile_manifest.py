@@ -17,7 +17,7 @@ from pathlib import Path
 
 from stager.config import Config
 from stager.meta.service import MetaService
-from stager.meta.sqlite import SQLiteStore
+from stager.meta.store.sqlite.store import SQLiteStore
 
 from .bench_metadata import fill
 from .profile_decode import decode_after, decode_before, median_seconds

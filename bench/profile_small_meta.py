@@ -44,7 +44,7 @@ def group_commit(files: int, writers: int = 16) -> None:
     creating and committing files, with group commit off (groups of 1) and on."""
     from stager.config import load_config
     from stager.meta.service import MetaService
-    from stager.meta.sqlite import SQLiteStore
+    from stager.meta.store.sqlite.store import SQLiteStore
     from stager.protocol.models import TargetInfo
 
     async def one(root: Path, max_group: int) -> None:

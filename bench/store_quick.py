@@ -15,9 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from stager.meta.pg import PostgreSQLStore
-from stager.meta.sqlite import SQLiteStore
-from stager.meta.store import MetaStore
+from stager.meta.store.base import MetaStore
+from stager.meta.store.postgres.store import PostgreSQLStore
+from stager.meta.store.sqlite.store import SQLiteStore
 from stager.testing.metastore import upload
 from stager.testing.postgres import start_postgres
 

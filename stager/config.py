@@ -98,7 +98,7 @@ class Config:
     write_timeout: float = 10.0      # a chunk write unanswered this long (and its bytes at
                                      # 8 MiB/s) fails; the writer routes around the target
     write_retries: int = 6           # whole-write retries of in-memory data (pipe) with backoff
-    # reliability (see stager/meta/rebuild.py, stager/data/scrub.py, stager/meta/fsck.py)
+    # reliability (see stager/meta/upkeep/rebuild.py and fsck.py, stager/data/scrub.py)
     target_lost_after: float = 600.0  # a target down this long is lost: its chunks re-replicated
     rebuild_rate: int = 256 * MiB    # bytes/s copied by rebuild and repair; 0 = unlimited
     rebuild_concurrency: int = 4     # chunk copies in flight

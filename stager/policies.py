@@ -1,6 +1,6 @@
 """Named policies: pure functions registered by name, one registry per kind.
 
-Placement (:mod:`stager.layout`), rebuild replacement (:mod:`stager.meta.replan`),
+Placement (:mod:`stager.layout`), rebuild replacement (:mod:`stager.meta.upkeep.replan`),
 shuffle order, rank partition and worker split (:mod:`stager.loader`) each keep
 a :class:`Registry`; :data:`REGISTRIES` lists every kind, so a policy can be
 looked up, read, tested and swapped alone.

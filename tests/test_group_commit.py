@@ -16,8 +16,8 @@ import pytest
 from stager.config import load_config
 from stager.errors import AlreadyExists, IsADirectory, NotFound, UploadNotFound
 from stager.meta.service import MetaService
-from stager.meta.sqlite import SQLiteStore
-from stager.meta.storethread import StoreThread
+from stager.meta.store.sqlite.store import SQLiteStore
+from stager.meta.store.sqlite.thread import StoreThread
 from stager.protocol.batch import CommitItem, CreateItem
 from stager.protocol.models import TargetInfo
 

@@ -234,7 +234,7 @@ def test_layout_json_round_trip_and_validation() -> None:
 
 def test_every_policy_kind_is_listed_in_one_place() -> None:
     import stager.loader  # noqa: F401 - registers the loader's policies
-    import stager.meta.replan  # noqa: F401
+    import stager.meta.upkeep.replan  # noqa: F401
     from stager.policies import REGISTRIES
 
     assert {"placement", "replacement", "order", "partition", "worker split"} <= set(REGISTRIES)

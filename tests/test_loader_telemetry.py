@@ -30,7 +30,7 @@ from stager.config import load_config
 from stager.errors import Forbidden
 from stager.loader.report import FINAL_TIMEOUT, job_to_report
 from stager.meta.jobtable import JOBS, JobTable
-from stager.meta.sqlite import SQLiteStore
+from stager.meta.store.sqlite.store import SQLiteStore
 from stager.protocol.jobreport import MAX_REPORT_BYTES
 from stager.testing import ThreadCluster
 from stager.web.server import start_sites, stop_sites

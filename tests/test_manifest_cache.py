@@ -19,11 +19,11 @@ from conftest import STORES, cluster_on_each_store, raw_http
 
 from stager import Client
 from stager.config import Config
-from stager.meta.app import SERVICE
+from stager.meta.http.app import SERVICE
 from stager.meta.service import MetaService
 from stager.meta.snapshots import Snapshot, SnapshotCache
-from stager.meta.sqlite import SQLiteStore
-from stager.meta.store import Upload
+from stager.meta.store.base import Upload
+from stager.meta.store.sqlite.store import SQLiteStore
 from stager.protocol.manifest import Manifest, ManifestFile
 from stager.protocol.models import Layout, TargetInfo
 from stager.testing import ProcessCluster, ThreadCluster

@@ -23,7 +23,7 @@ from stager import AsyncClient, Client
 from stager.config import load_config
 from stager.errors import NotFound, Unavailable, UploadNotFound
 from stager.loader.dataset import parse_source
-from stager.meta.app import SERVICE
+from stager.meta.http.app import SERVICE
 from stager.protocol.batch import CommitItem, CreateItem
 from stager.protocol.headers import ATTEMPT, IDEMPOTENCY_KEY, REPLAYED
 from stager.protocol.metaurls import from_hosts, meta_urls

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from stager.meta.pg import PostgreSQLStore
-from stager.meta.sqlite import SQLiteStore
-from stager.meta.store import MetaStore
+from stager.meta.store.base import MetaStore
+from stager.meta.store.postgres.store import PostgreSQLStore
+from stager.meta.store.sqlite.store import SQLiteStore
 from stager.testing.metastore import MetaStoreTests, upload
 
 

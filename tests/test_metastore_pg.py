@@ -20,8 +20,8 @@ from conftest import start_cluster
 from stager import Client
 from stager.config import load_config
 from stager.errors import AlreadyExists, InternalError, NotFound, Unavailable, UploadNotFound
-from stager.meta.pg import PostgreSQLStore
-from stager.meta.pg_db import SCHEMA_VERSION
+from stager.meta.store.postgres.db import SCHEMA_VERSION
+from stager.meta.store.postgres.store import PostgreSQLStore
 from stager.testing import ThreadCluster
 from stager.testing.metastore import upload
 from stager.testing.postgres import PostgresServer

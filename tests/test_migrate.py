@@ -20,10 +20,10 @@ from conftest import start_cluster
 from stager import Client
 from stager.config import load_config
 from stager.errors import AlreadyExists
-from stager.meta.migrate import migrate, refuse_served
-from stager.meta.pg import PostgreSQLStore
-from stager.meta.sqlite import SQLiteStore
-from stager.meta.store import MetaStore
+from stager.meta.store.base import MetaStore
+from stager.meta.store.migrate import migrate, refuse_served
+from stager.meta.store.postgres.store import PostgreSQLStore
+from stager.meta.store.sqlite.store import SQLiteStore
 from stager.protocol.authmsg import TokenInfo
 from stager.protocol.manifest import Manifest, ManifestFile
 from stager.protocol.models import LayoutSpec, TargetInfo

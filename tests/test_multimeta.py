@@ -21,9 +21,9 @@ from stager import Client
 from stager.config import Config
 from stager.errors import Unauthenticated
 from stager.meta.jobtable import JobTable
-from stager.meta.pg import PostgreSQLStore
 from stager.meta.service import MetaService
 from stager.meta.shared import sync
+from stager.meta.store.postgres.store import PostgreSQLStore
 from stager.protocol.models import TargetInfo
 from stager.testing import ProcessCluster
 from stager.testing.postgres import PostgresServer

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from stager import Client
 from stager.config import load_config
 from stager.data.app import make_data_app
-from stager.meta.app import SERVICE, make_meta_app
+from stager.meta.http.app import SERVICE, make_meta_app
 from stager.protocol.models import LayoutSpec
 from stager.protocol.routes import ROUTES
 from stager.testing import ThreadCluster

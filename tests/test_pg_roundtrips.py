@@ -13,10 +13,10 @@ import asyncpg
 import pytest
 
 from stager.errors import StagerError
-from stager.meta import pg_uploads as up
-from stager.meta.pg import PostgreSQLStore
-from stager.meta.sqlite import SQLiteStore
-from stager.meta.store import MetaStore, Upload
+from stager.meta.store.base import MetaStore, Upload
+from stager.meta.store.postgres import uploads as up
+from stager.meta.store.postgres.store import PostgreSQLStore
+from stager.meta.store.sqlite.store import SQLiteStore
 from stager.protocol.models import LayoutSpec
 from stager.testing.metastore import LAYOUT, upload
 

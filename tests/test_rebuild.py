@@ -17,10 +17,10 @@ from reliability_util import aeventually, replicas_on_disk, target_roots
 
 from stager import AsyncClient
 from stager.config import load_config
-from stager.meta.copier import ChunkCopier
-from stager.meta.rebuild import Rebuilder
 from stager.meta.service import MetaService
-from stager.meta.sqlite import SQLiteStore
+from stager.meta.store.sqlite.store import SQLiteStore
+from stager.meta.upkeep.copier import ChunkCopier
+from stager.meta.upkeep.rebuild import Rebuilder
 from stager.protocol.models import FileInfo, LayoutSpec, TargetInfo
 
 pytestmark = pytest.mark.slow      # processes: not in make check

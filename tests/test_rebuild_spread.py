@@ -4,7 +4,7 @@ the targets in proportion to their free space, counting what the round placed.""
 from __future__ import annotations
 
 from stager.layout import choose_layout
-from stager.meta.replan import REPLACEMENTS, copies_needed, spread_by_free_space
+from stager.meta.upkeep.replan import REPLACEMENTS, copies_needed, spread_by_free_space
 from stager.protocol.models import TargetInfo
 
 CHUNK = 4096
@@ -34,7 +34,7 @@ def a_round(policy: str, targets: list[TargetInfo], lost: str, files: int) -> di
 
 
 def test_registered_and_the_rebuilds_default() -> None:
-    from stager.meta.rebuild import Rebuilder
+    from stager.meta.upkeep.rebuild import Rebuilder
 
     assert REPLACEMENTS["spread_by_free_space"] is spread_by_free_space
     assert Rebuilder.__init__.__defaults__ == ("spread_by_free_space",)

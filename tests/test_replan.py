@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stager.layout import choose_layout, chunk_targets
-from stager.meta.replan import (
+from stager.meta.upkeep.replan import (
     REPLACEMENTS,
     copies_needed,
     copy_count,

@@ -19,8 +19,8 @@ from stager.errors import NoTargets, UploadNotFound
 from stager.layout import choose_layout, chunk_targets
 from stager.meta.reroute import replacement
 from stager.meta.service import MetaService
-from stager.meta.sqlite import SQLiteStore
-from stager.meta.store import Upload
+from stager.meta.store.base import Upload
+from stager.meta.store.sqlite.store import SQLiteStore
 from stager.protocol.messages import RerouteItem, RerouteRequest
 from stager.protocol.models import FileInfo, LayoutSpec, TargetInfo
 

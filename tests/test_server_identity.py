@@ -32,7 +32,7 @@ from stager.auth.tls import ensure_cluster_tls
 from stager.config import load_config
 from stager.meta.service import MetaService
 from stager.meta.shared import sync
-from stager.meta.sqlite import SQLiteStore
+from stager.meta.store.sqlite.store import SQLiteStore
 from stager.protocol.models import TargetInfo
 from stager.protocol.routes import route
 from stager.testing import ThreadCluster

@@ -29,11 +29,11 @@ from stager import AsyncClient
 from stager.config import Config, load_config
 from stager.errors import NoTargets
 from stager.layout import choose_layout
-from stager.meta.app import SERVICE
-from stager.meta.pg import PostgreSQLStore
+from stager.meta.http.app import SERVICE
 from stager.meta.service import MetaService
 from stager.meta.shared import sync
-from stager.meta.sqlite import SQLiteStore
+from stager.meta.store.postgres.store import PostgreSQLStore
+from stager.meta.store.sqlite.store import SQLiteStore
 from stager.protocol import messages as m
 from stager.protocol.models import LayoutSpec, TargetInfo
 from stager.testing.cluster import ThreadCluster, wait_for_targets

@@ -10,9 +10,9 @@ import time
 import urllib.request
 
 from stager.config import Config
-from stager.meta.pg import PostgreSQLStore
 from stager.meta.service import MetaService
 from stager.meta.shared import sync
+from stager.meta.store.postgres.store import PostgreSQLStore
 from stager.protocol.models import TargetInfo
 from stager.protocol.routes import route
 from stager.testing.cluster import ProcessCluster, ThreadCluster, wait_for_targets

@@ -3,7 +3,7 @@
 ``STORE`` is ``sqlite:PATH`` (a ``meta.sqlite3``, or a metadata server's ROOT) or
 ``postgresql://USER@HOST:PORT/DB``.  A ``--from`` a metadata server is serving is
 refused (stop it first); ``--to`` must be empty.  What is copied, and what is not
-(uploads in progress), is said in :mod:`stager.meta.migrate`.
+(uploads in progress), is said in :mod:`stager.meta.store.migrate`.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import asyncio
 import json
 import sys
 
-from ..meta.migrate import MigrationReport, migrate
-from ..meta.store import MetaStore
-from ..meta.stores import store_at
+from ..meta.store.base import MetaStore
+from ..meta.store.factory import store_at
+from ..meta.store.migrate import MigrationReport, migrate
 
 
 async def _run(source_url: str, target_url: str, quiet: bool) -> MigrationReport:

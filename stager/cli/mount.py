@@ -47,12 +47,13 @@ def _daemon_argv(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
+    from ..client.cluster import Cluster
     from ..mount.runner import check_mountpoint
 
     options = options_of(args)
     check_mountpoint(args.mountpoint)
     if args.foreground:
-        return run_foreground(options, meta_url(args), load_config(), args.pid_file)
+        return run_foreground(options, Cluster.resolve(meta_url(args)), args.pid_file)
     log_file = args.log or default_log(args.mountpoint)
     pid = spawn(_daemon_argv(args), args.mountpoint, log_file)
     print(f"mounted {meta_url(args)}{options.path} at {options.abs_mountpoint} "

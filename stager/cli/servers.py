@@ -48,7 +48,7 @@ def _ready_file(args: argparse.Namespace, config: Config) -> Path:
 
 
 def run_meta(args: argparse.Namespace) -> int:
-    from ..meta.app import make_meta_app
+    from ..meta.http.app import make_meta_app
     from ..meta.presence import announcer
 
     config = server_config(args, 7070, chunk_size=args.chunk_size,

@@ -1,7 +1,7 @@
 """A chunk's bytes from the first replica that holds them intact.
 
 The writer's copy after a reroute (:mod:`.writer`) and the metadata server's
-rebuild and repair (:mod:`stager.meta.copier`) both copy a stored chunk to a new
+rebuild and repair (:mod:`stager.meta.upkeep.copier`) both copy a stored chunk to a new
 target: each reads it here, whole, checked against its CRC32C, replica after
 replica until one is good.
 """

@@ -46,7 +46,7 @@ from ..auth.cache import VerifiedCache
 from ..auth.keys import write_secret
 from ..auth.tokens import ANY_FILE
 from ..protocol.authmsg import TokenInfo, TokenRequest
-from .store import MetaStore
+from .store.base import MetaStore
 
 AUTH_DIR = "auth"
 ADMIN_TOKEN_FILE = "admin.token"

@@ -19,7 +19,7 @@ from ..errors import BadRequest, IsADirectory, StagerError, UploadNotFound
 from ..protocol.batch import CommitItem, CreateItem, check_count
 from ..protocol.models import FileInfo, LayoutSpec
 from . import opkey
-from .store import NodeEntry, Upload
+from .store.base import NodeEntry, Upload
 
 if TYPE_CHECKING:
     from .service import MetaService

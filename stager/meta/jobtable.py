@@ -56,7 +56,7 @@ from ..protocol.paths import normalize
 from ..web.authmw import authorize, token_of
 from ..web.middleware import METRICS_KEY, json_response
 from ..web.requests import read_json
-from .store import MetaStore
+from .store.base import MetaStore
 
 MAX_ENTRIES = 65536      # reporting loaders at once; bounds the table's memory (~2 KiB each)
 

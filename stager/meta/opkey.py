@@ -29,7 +29,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 from ..errors import NotFound, UploadNotFound
-from .store import MetaStore, NodeEntry, Upload
+from .store.base import MetaStore, NodeEntry, Upload
 
 
 @dataclass(frozen=True)

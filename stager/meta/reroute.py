@@ -33,8 +33,8 @@ from ..dataplane.writer import only_full
 from ..errors import NoTargets, StagerError
 from ..protocol.messages import RerouteItem, RerouteRequest
 from ..protocol.models import Layout, TargetInfo
-from .replan import fewest_copies, replica_floor
-from .store import NodeEntry, Upload
+from .store.base import NodeEntry, Upload
+from .upkeep.replan import fewest_copies, replica_floor
 
 if TYPE_CHECKING:
     from .batch import Created

@@ -1,6 +1,6 @@
 """The metadata service: namespace, layouts, uploads, targets.  Knows nothing of HTTP.
 
-Everything persistent goes through the store (:class:`~.store.MetaStore`), whose
+Everything persistent goes through the store (:class:`~.store.base.MetaStore`), whose
 calls are coroutines; the service adds what is not stored: layout choice, the
 checks of a commit, and target liveness (soft state, kept in memory).
 
@@ -10,7 +10,7 @@ On a store several metadata servers share (PostgreSQL) the soft state is stored
 too: heartbeats, suspects, boot ids and the targets being retired are written through, and
 each server reads back what the others wrote every ``heartbeat_interval / 2``
 (:mod:`.shared`); the background duties run on the one server whose store says
-:meth:`~.store.MetaStore.hold_duties` (:attr:`MetaService.duties_held`).
+:meth:`~.store.base.MetaStore.hold_duties` (:attr:`MetaService.duties_held`).
 """
 
 from __future__ import annotations
@@ -26,14 +26,7 @@ from dataclasses import replace as _with
 from typing import Any
 
 from ..config import Config
-from ..errors import (
-    AlreadyExists,
-    BadRequest,
-    IsADirectory,
-    NotFound,
-    StagerError,
-    UploadNotFound,
-)
+from ..errors import AlreadyExists, BadRequest, IsADirectory, NotFound, StagerError, UploadNotFound
 from ..layout import PLACEABLE, choose_layout
 from ..protocol import paths
 from ..protocol.batch import CommitItem, CreateItem
@@ -45,13 +38,13 @@ from ..web.idempotency import KEY_TTL
 from . import batch, opkey, reroute, snapshots
 from .batch import Created, check_commit
 from .snapshots import Snapshot, SnapshotCache
-from .store import MetaStore, NodeEntry, Upload
+from .store.base import MetaStore, NodeEntry, Upload
 from .suspicion import Probes, Suspicion, asker, incarnation
 
 log = logging.getLogger("stager.meta")
 
 Purger = Callable[[TargetInfo, list[str]], Awaitable[int]]
-# Targets whose chunks are re-replicated elsewhere (stager/meta/rebuild.py): "lost"
+# Targets whose chunks are re-replicated elsewhere (stager/meta/upkeep/rebuild.py): "lost"
 # after target_lost_after seconds down, "removed" by `stager target remove`.
 GONE_STATES = frozenset({"lost", "removed"})
 BEGUN_KEPT = 65536        # uploads whose chunk size a commit finds in memory
@@ -69,17 +62,17 @@ class MetaService:
         # Liveness is soft state: kept in memory, registration is persisted (start()).
         self.targets: dict[str, TargetInfo] = {}
         # Lost targets whose chunks are still being re-replicated: they stay lost even
-        # if they heartbeat again (stager/meta/rebuild.py removes them when done).
+        # if they heartbeat again (stager/meta/upkeep/rebuild.py removes them when done).
         self.retiring: set[str] = set()
         # Targets this server could not reach a moment ago, one incarnation each, until
         # a clock time: new layouts avoid them even while they heartbeat (.suspicion).
         self.suspects: dict[str, Suspicion] = {}
         # The probes of targets writers report (stager/meta/reroute.py).
         self.probes = Probes(asker(config.ca_file), self._probed)
-        # More sections of `status` (rebuild, scrub, fsck: stager/meta/reliability.py).
+        # More sections of `status` (rebuild, scrub, fsck: stager/meta/upkeep/reliability.py).
         self.status_extras: list[Callable[[], dict[str, Any]]] = []
         # The metadata servers of the store (stager/meta/presence.py), and when each
-        # down target is to be declared lost (stager/meta/rebuild.py), for `status`.
+        # down target is to be declared lost (stager/meta/upkeep/rebuild.py), for `status`.
         self.meta_servers: Callable[[], list[MetaServer]] = list
         self.lost_at: Callable[[], dict[str, float]] = dict
         # Whether this server runs the background duties (GC, rebuild, fsck): always

@@ -6,7 +6,7 @@ of JSON (seconds of CPU); this cache makes that happen once per change of the
 dataset, and every other request costs one small query and a copy of bytes.
 
 The key says exactly when a resolution is stale, from the store: the manifest's
-:class:`~.store.ManifestVersion` (its directory row, its ``gen``, which every
+:class:`~.store.base.ManifestVersion` (its directory row, its ``gen``, which every
 change visible to the resolution bumps in its own transaction, and when it was
 stored), the path asked for (a rename of the dataset moves it), and the URL of
 every registered target (a target that moves must not leave stale locations in
@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .store import ManifestVersion
+from .store.base import ManifestVersion
 
 # Resolving happens once per change, but the first rank of a job waits on it: the
 # fastest level keeps that short (a 100,000-file manifest compresses ~10x even so).

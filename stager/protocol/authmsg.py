@@ -1,4 +1,4 @@
-"""The JSON bodies of the token and capability routes (stager/meta/authapp.py).
+"""The JSON bodies of the token and capability routes (stager/meta/http/authapp.py).
 
 Tokens are minted, listed and revoked through the metadata server, which alone
 holds the signing key; what it keeps of each (:class:`TokenInfo`) never

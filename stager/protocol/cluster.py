@@ -141,7 +141,7 @@ class ScrubResult:
 
 @dataclass(frozen=True)
 class FsckResult:
-    """The namespace against the chunks (see :mod:`stager.meta.fsck`): counts, and
+    """The namespace against the chunks (see :mod:`stager.meta.upkeep.fsck`): counts, and
     the first missing (``file_id``, ``chunk``, ``target``, ``path``) and orphan
     (``target``, ``chunk``) copies."""
 

@@ -221,7 +221,7 @@ def _content(schema: str) -> dict[str, Any]:
                                                         "format": "binary"}}}
     if schema == "text":
         return {"text/plain": {"schema": _STR}}
-    if schema == "asset":       # the dashboard's files (stager/meta/ui/)
+    if schema == "asset":       # the dashboard's files (stager/meta/http/ui/)
         return {t: {"schema": _STR} for t in ("text/html", "text/css", "text/javascript")}
     if schema == "ndjson":
         return {"application/x-ndjson": {"schema": _STR}}

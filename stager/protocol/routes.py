@@ -170,7 +170,7 @@ ROUTES: tuple[Route, ...] = (
           "drop a lost or removed target whose chunks are copied elsewhere: it leaves the "
           "listing and its credential is revoked", "meta", params=(P_TARGET,),
           responses={200: "Target", 404: "Error", 409: "Error"}),
-    # metadata server: reliability (stager/meta/reliability.py)
+    # metadata server: reliability (stager/meta/upkeep/reliability.py)
     Route("POST", "/v1/scrub", "scrub",
           "verify every chunk on every up target now; repair corrupt copies from replicas",
           "meta", body="ScrubRequest", responses={200: "ScrubResult", 400: "Error"}),
@@ -194,7 +194,7 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/v1/jobs", "list_jobs",
           "live loader telemetry: every job, its ranks and a summary, worst stall first",
           "meta", responses={200: "JobList"}),
-    # metadata server: the dashboard (stager/meta/ui/: static files over the JSON API)
+    # metadata server: the dashboard (stager/meta/http/ui/: static files over the JSON API)
     Route("GET", "/ui/{asset:.*}", "dashboard",
           "the live dashboard: /ui/ is its page, the rest its script and style", "meta",
           params=(Param("asset", "path", description="a file of the dashboard; empty: "
@@ -294,7 +294,7 @@ ROUTES: tuple[Route, ...] = (
 )
 
 
-# metadata server: token administration and capabilities (stager/meta/authapp.py)
+# metadata server: token administration and capabilities (stager/meta/http/authapp.py)
 _AUTH_ROUTES: tuple[Route, ...] = (
     Route("GET", "/v1/auth/key", "auth_key",
           "the metadata server's Ed25519 public key (PEM), which data servers verify "

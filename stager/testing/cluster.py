@@ -133,7 +133,7 @@ class ThreadCluster:
         return server
 
     def start_meta(self, port: int = 0) -> None:
-        from ..meta.app import make_meta_app
+        from ..meta.http.app import make_meta_app
         from ..meta.presence import announcer
 
         self.meta = self._serve(make_meta_app, self.config.replace(

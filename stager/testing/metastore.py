@@ -1,4 +1,4 @@
-"""Conformance tests for :class:`~stager.meta.store.MetaStore` implementations.
+"""Conformance tests for :class:`~stager.meta.store.base.MetaStore` implementations.
 
 Every store runs the same suite, as every fsspec backend runs fsspec's::
 
@@ -21,7 +21,7 @@ from dataclasses import replace
 import pytest
 
 from ..errors import AlreadyExists, IsADirectory, NotADirectory, NotFound, UploadNotFound
-from ..meta.store import EntryRecord, Garbage, ManifestRecord, MetaStore, Upload, all_files
+from ..meta.store.base import EntryRecord, Garbage, ManifestRecord, MetaStore, Upload, all_files
 from ..protocol.authmsg import TokenInfo
 from ..protocol.models import Layout, LayoutSpec, TargetInfo
 

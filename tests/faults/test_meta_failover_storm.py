@@ -33,7 +33,7 @@ from faults.faultlib import make_bytes, seconds
 from stager import AsyncClient
 from stager.config import load_config
 from stager.errors import StagerError, Unavailable
-from stager.meta.pg import PostgreSQLStore
+from stager.meta.store.postgres.store import PostgreSQLStore
 from stager.protocol.models import LayoutSpec
 from stager.testing.cluster import FAST, wait_for_targets
 from stager.testing.postgres import PostgresServer

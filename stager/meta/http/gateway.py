@@ -1,0 +1,60 @@
+"""Whole files for plain HTTP clients, over the same striped data path as the client."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from ...config import Config
+from ...dataplane import DataPlane, StripedReader, StripedWriter
+from ...errors import PayloadTooLarge, StagerError
+from ...protocol.messages import RerouteItem, RerouteRequest
+from ...protocol.models import FileInfo, Layout, LayoutSpec
+from ..service import MetaService
+
+
+class Gateway:
+    def __init__(self, service: MetaService, plane: DataPlane, config: Config) -> None:
+        self.service = service
+        self.plane = plane
+        self.config = config
+        self.limit = asyncio.Semaphore(config.client_concurrency)
+
+    def reader(self, info: FileInfo) -> StripedReader:
+        return StripedReader(self.plane, info, concurrency=self.limit,
+                             readahead=self.config.readahead_chunks, retries=self.config.retries)
+
+    async def write(self, path: str, body: AsyncIterator[bytes], *,
+                    layout: LayoutSpec | None = None, max_size: int) -> FileInfo:
+        """Store ``body`` at ``path``; visible only once every chunk is durable."""
+        upload, info = await self.service.create(path, layout=layout, overwrite=True)
+        assert info.layout is not None
+        async def reroute(target: str, cause: StagerError, chunks: int
+                          ) -> tuple[Layout, dict[str, str]]:
+            [got] = await self.service.reroute(RerouteRequest(
+                target, cause.code, cause.message, (RerouteItem(upload.file_id, chunks),)))
+            if isinstance(got, StagerError):
+                raise got
+            assert got[1].layout is not None
+            return got[1].layout, got[1].locations
+
+        writer = StripedWriter(self.plane, upload.file_id, info.layout, info.locations,
+                               max_in_flight=self.config.readahead_chunks, reroute=reroute)
+        try:
+            async for piece in body:
+                if writer.size + len(piece) > max_size:
+                    raise PayloadTooLarge(f"body over the limit of {max_size} bytes",
+                                          limit=max_size)
+                await writer.write(piece)
+            size, checksums = await writer.close()
+            return await self.service.commit(upload.file_id, size=size, checksums=checksums)
+        except BaseException:
+            await writer.abort()
+            await asyncio.shield(self._abort(upload.file_id))
+            raise
+
+    async def _abort(self, file_id: str) -> None:
+        try:
+            await self.service.abort(file_id)
+        except StagerError:
+            pass  # already committed or collected

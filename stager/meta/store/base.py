@@ -1,0 +1,426 @@
+"""The metadata store: the one interface a store implements.  SQLite is the first.
+
+Every method the metadata service and its background duties (garbage
+collection, rebuild, repair, fsck) need, as coroutines, so that a store may
+wait on a network database without a thread (PostgreSQL) or run blocking SQL
+on a thread of its own (:class:`~stager.meta.store.sqlite.store.SQLiteStore`).  No SQL
+lives outside the implementations.
+
+What every implementation guarantees:
+
+* **atomic**: each call happens entirely or not at all (one transaction);
+* **durable when answered**: a write whose await has returned is committed
+  (on disk, or on the database server) and survives a crash;
+* **in order**: a call sees every write answered before it was made;
+* **errors** are those of :mod:`stager.errors` (NotFound, AlreadyExists, …),
+  raised as the single operation raises them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import StagerError
+from ...protocol.authmsg import TokenInfo
+from ...protocol.models import Layout, LayoutSpec, TargetInfo
+
+
+@dataclass(frozen=True)
+class NodeEntry:
+    """A namespace entry as stored."""
+
+    path: str
+    kind: str                        # "file" or "directory"
+    size: int = 0
+    mtime: float = 0.0
+    file_id: str | None = None
+    layout: Layout | None = None     # files
+    default_layout: LayoutSpec | None = None  # directories
+    checksums: tuple[int, ...] | None = None
+
+    @property
+    def is_dir(self) -> bool:
+        return self.kind == "directory"
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A write in progress: created, not yet committed."""
+
+    file_id: str
+    path: str
+    layout: Layout
+    overwrite: bool
+    parents: bool
+    created: float
+
+
+@dataclass(frozen=True)
+class Garbage:
+    """Chunks of a deleted, replaced or abandoned file, waiting to be purged."""
+
+    file_id: str
+    layout: Layout
+    size: int
+    since: float
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    """A committed file as rebuild, repair and fsck see it: by id, without its path."""
+
+    row: int                         # the store's row id; pages are ordered by it
+    file_id: str
+    size: int
+    layout: Layout
+    checksums: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class EntryRecord:
+    """One namespace entry exactly as stored, for copying a whole namespace
+    (:mod:`stager.meta.store.migrate`): its row id and its parent's row id (the root is
+    row 1, with parent 0), so a copy keeps the tree, and the row order, as it was."""
+
+    row: int
+    parent: int
+    name: str
+    kind: str                        # "file" or "directory"
+    size: int
+    mtime: float
+    file_id: str | None = None
+    layout: Layout | None = None     # files
+    default_layout: LayoutSpec | None = None  # directories
+    checksums: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class ManifestRecord:
+    """A manifest as stored: on the directory of row ``dir_row``."""
+
+    dir_row: int
+    body: bytes
+    created: float
+
+
+@dataclass(frozen=True)
+class ManifestVersion:
+    """Which manifest a directory has and how far its resolution has changed: the
+    directory's row, the manifest's ``gen`` (bumped, in the same transaction, by every
+    change visible to the manifest's resolution: a commit, remove or rename below the
+    directory, a layout replaced by rebuild, the manifest stored again) and when it was
+    stored (so that a row id a new directory reuses never matches an old manifest)."""
+
+    dir_id: int
+    gen: int
+    created: float
+
+
+# (path, overwrite, parents) of one file about to be created
+CreateCheck = tuple[str, bool, bool]
+# (file_id, size, checksums, mtime) of one upload to commit
+CommitArgs = tuple[str, int, tuple[int, ...], float]
+
+
+class MetaStore(ABC):
+    """Namespace, uploads, garbage, manifests, layouts and the target registry.
+
+    Used from one event loop; calls may overlap (the service does not wait for one
+    to finish before making the next), and each still has the guarantees above.
+    """
+
+    # -- namespace -------------------------------------------------------------
+    @abstractmethod
+    async def stat(self, path: str, *, checksums: bool = True) -> NodeEntry:
+        """The entry at ``path``; NotFound / NotADirectory when it is not there."""
+
+    @abstractmethod
+    async def list_dir(self, path: str, *, after: str, limit: int) -> list[NodeEntry]:
+        """Up to ``limit`` children of a directory, by name, after ``after``."""
+
+    @abstractmethod
+    async def mkdir(self, path: str, *, parents: bool, exist_ok: bool, now: float,
+                    layout: LayoutSpec | None = None) -> NodeEntry:
+        """Create a directory (and its parents with ``parents``), with a default layout
+        for the files below it."""
+
+    @abstractmethod
+    async def set_layout(self, path: str, layout: LayoutSpec) -> NodeEntry:
+        """Set the default layout of directory ``path`` (an empty spec clears it)."""
+
+    @abstractmethod
+    async def rename(self, src: str, dst: str, *, overwrite: bool, now: float) -> NodeEntry:
+        """Move ``src`` to ``dst`` atomically: a reader sees it at one of the two, never
+        at both or neither.  A file replaced at ``dst`` goes to garbage in the same
+        transaction."""
+
+    @abstractmethod
+    async def remove(self, path: str, *, recursive: bool, now: float) -> int:
+        """Remove a file or directory (its files go to garbage in the same transaction);
+        returns how many files were removed."""
+
+    @abstractmethod
+    async def counts(self) -> tuple[int, int, int]:
+        """(files, directories, bytes) in the namespace."""
+
+    @abstractmethod
+    async def subtree_files(self, path: str) -> dict[str, NodeEntry]:
+        """Every file below directory ``path``, by path relative to it, with checksums."""
+
+    # -- manifests ---------------------------------------------------------------
+    @abstractmethod
+    async def put_manifest(self, path: str, body: bytes, *, now: float) -> None:
+        """Attach a manifest to directory ``path`` (it goes when the directory goes)."""
+
+    @abstractmethod
+    async def get_manifest(self, path: str) -> tuple[bytes, float]:
+        """The manifest of directory ``path`` and when it was stored; NotFound if none."""
+
+    @abstractmethod
+    async def manifest_version(self, path: str) -> ManifestVersion:
+        """The version of the manifest of directory ``path``, in one query (a cache of
+        resolved manifests checks it on every request); NotFound if none."""
+
+    # -- writes ----------------------------------------------------------------
+    @abstractmethod
+    async def begin_upload(self, upload: Upload) -> None:
+        """Record a write in progress; nothing of it is visible in the namespace."""
+
+    @abstractmethod
+    async def get_upload(self, file_id: str) -> Upload:
+        """The pending upload ``file_id``; UploadNotFound when there is none."""
+
+    @abstractmethod
+    async def commit_upload(self, file_id: str, *, size: int, checksums: tuple[int, ...],
+                            mtime: float, now: float) -> NodeEntry:
+        """Make the upload visible at its path: a file is visible only after this.
+        A file it replaces (if the upload allows) goes to garbage in the same
+        transaction; missing parents are made if the upload allows."""
+
+    @abstractmethod
+    async def abort_upload(self, file_id: str, *, now: float) -> None:
+        """Drop a pending upload; its chunks go to garbage."""
+
+    @abstractmethod
+    async def replace_upload_layout(self, file_id: str, old: Layout, new: Layout) -> bool:
+        """Compare-and-swap: set a pending upload's layout to ``new`` if it is still
+        ``old`` (a writer routing around a failed target); False, changing nothing,
+        when it is not or the upload is gone."""
+
+    # -- batched writes (stager/meta/batch.py) -----------------------------------
+    @abstractmethod
+    async def check_creates(self, items: Sequence[CreateCheck]
+                            ) -> list[LayoutSpec | StagerError]:
+        """For each ``(path, overwrite, parents)``: the default layout a new file there
+        inherits (the nearest directory's, field by field), or the error a create
+        there raises.  Reads only."""
+
+    @abstractmethod
+    async def begin_uploads(self, uploads: Sequence[Upload]) -> None:
+        """:meth:`begin_upload` for each, in one transaction."""
+
+    @abstractmethod
+    async def get_uploads(self, file_ids: Sequence[str]) -> list[Upload | StagerError]:
+        """:meth:`get_upload` for each: the upload, or its error in its place."""
+
+    @abstractmethod
+    async def commit_uploads(self, items: Sequence[CommitArgs], *,
+                             now: float) -> list[NodeEntry | StagerError]:
+        """Commit each ``(file_id, size, checksums, mtime)`` in one transaction; an item
+        that fails changes nothing and does not stop the others."""
+
+    @abstractmethod
+    async def abort_uploads(self, file_ids: Sequence[str], *, now: float
+                            ) -> list[StagerError | None]:
+        """:meth:`abort_upload` for each in one transaction; ``None`` where it went, the
+        error in its place where not."""
+
+    # -- garbage collection ------------------------------------------------------
+    @abstractmethod
+    async def expired_uploads(self, before: float) -> list[Upload]:
+        """Pending uploads begun before ``before`` (``inf``: all of them)."""
+
+    @abstractmethod
+    async def take_garbage(self, limit: int) -> list[Garbage]:
+        """Up to ``limit`` files waiting to be purged, oldest first (they stay listed
+        until :meth:`drop_garbage`)."""
+
+    @abstractmethod
+    async def drop_garbage(self, file_ids: list[str], *, now: float, forget_before: float
+                           ) -> None:
+        """Forget garbage whose chunks are purged at ``now``: each id stays
+        :meth:`retired` (a purged id), and the purged ids older than ``forget_before``
+        go."""
+
+    @abstractmethod
+    async def retired(self, file_id: str) -> bool:
+        """Whether ``file_id`` was a file removed or replaced, or an upload abandoned:
+        garbage, or purged and not yet forgotten (:meth:`drop_garbage`).  A retried commit
+        whose upload is gone and whose file is not in the namespace asks this: when
+        the id was never retired, no try committed it (stager/meta/opkey.py)."""
+
+    # -- reliability (rebuild, repair, fsck) -------------------------------------
+    @abstractmethod
+    async def file_by_id(self, file_id: str) -> StoredFile | None:
+        """The committed file with this id, or ``None``."""
+
+    @abstractmethod
+    async def path_of_file(self, file_id: str) -> str | None:
+        """Where the committed file with this id is in the namespace, or ``None``."""
+
+    @abstractmethod
+    async def files_page(self, *, after: int, limit: int,
+                         targets: frozenset[str] | None = None) -> list[StoredFile]:
+        """Committed files with row id above ``after``, in row order; only those whose
+        layout names one of ``targets`` when given."""
+
+    @abstractmethod
+    async def replace_layout(self, file_id: str, old: Layout, new: Layout) -> bool:
+        """Compare-and-swap: set a committed file's layout to ``new`` if it is still
+        ``old``; False when it is not (the file was replaced, removed or rebuilt
+        meanwhile), and then nothing changes."""
+
+    # -- tokens (stager/meta/auth.py) ------------------------------------------------
+    @abstractmethod
+    async def put_token(self, info: TokenInfo) -> None:
+        """Record a token minted (never its text)."""
+
+    @abstractmethod
+    async def list_tokens(self) -> list[TokenInfo]:
+        """Every token recorded, oldest first."""
+
+    @abstractmethod
+    async def revoke_token(self, token_id: str, *, now: int) -> TokenInfo:
+        """Mark a token revoked (at ``now``; kept if already revoked); its record, or
+        :class:`~stager.errors.NotFound`."""
+
+    @abstractmethod
+    async def take_token_use(self, token_id: str) -> bool:
+        """Spend one of a token's limited uses, atomically: False when none is left
+        (or no such token); True, spending nothing, for a token without a limit."""
+
+    # -- target credentials (stager/meta/targetauth.py) --------------------------------
+    @abstractmethod
+    async def target_credential(self, target_id: str) -> str | None:
+        """The id of the credential pinned to ``target_id``, if one is."""
+
+    @abstractmethod
+    async def pin_target_credential(self, target_id: str, token_id: str, *,
+                                    replaces: str | None) -> bool:
+        """Compare-and-swap: pin ``token_id`` to ``target_id`` if the pin is still
+        ``replaces`` (``None``: no pin yet); False, changing nothing, when it is not."""
+
+    @abstractmethod
+    async def forget_target(self, target_id: str) -> None:
+        """Drop a target's record and its credential's pin (``stager target forget``)."""
+
+    # -- copying a whole store (stager/meta/store/migrate.py) -----------------------------
+    @abstractmethod
+    async def dump_entries(self, *, after: int, limit: int) -> list[EntryRecord]:
+        """Up to ``limit`` namespace entries (the root included) with row id above
+        ``after``, in row order."""
+
+    @abstractmethod
+    async def load_entries(self, records: Sequence[EntryRecord]) -> None:
+        """Insert entries with their own row ids, in one transaction; the root's
+        record sets the root's mtime and default layout.  For filling an empty store:
+        an entry whose row id or ``(parent, name)`` is taken fails the whole call."""
+
+    @abstractmethod
+    async def dump_manifests(self, *, after: int, limit: int) -> list[ManifestRecord]:
+        """Up to ``limit`` manifests on directories with row id above ``after``, in row
+        order."""
+
+    @abstractmethod
+    async def load_manifests(self, records: Sequence[ManifestRecord]) -> None:
+        """Insert manifests (their directories loaded before), in one transaction."""
+
+    @abstractmethod
+    async def dump_garbage(self, *, after: str, limit: int) -> list[Garbage]:
+        """Up to ``limit`` files waiting to be purged with file id above ``after``, by
+        file id."""
+
+    @abstractmethod
+    async def load_garbage(self, items: Sequence[Garbage]) -> None:
+        """Add files waiting to be purged (one already there is kept), in one
+        transaction."""
+
+    # -- targets ---------------------------------------------------------------
+    @abstractmethod
+    async def upsert_target(self, target: TargetInfo) -> None:
+        """Register a target, or update its stored record."""
+
+    @abstractmethod
+    async def list_targets(self) -> list[TargetInfo]:
+        """Every registered target, by id."""
+
+    async def touch_target(self, target: TargetInfo) -> None:
+        """Store a heartbeat: ``target``'s capacity, use, chunks, last heartbeat and
+        state, except that a stored ``removed`` state stays (an operator's word is
+        not undone by a heartbeat another metadata server had not heard of)."""
+        await self.upsert_target(target)
+
+    # -- what several metadata servers share (stager/meta/shared.py) -------------------
+    #: Whether other metadata servers may use this store at the same time (then the
+    #: soft state below is read back from it, and the duties go by :meth:`hold_duties`).
+    shared: bool = False
+
+    @abstractmethod
+    async def put_state(self, key: str, value: dict[str, Any] | None) -> None:
+        """Store a small JSON document under ``key`` (``None``: forget it): the
+        servers' shared soft state (suspects, rebuild progress, the last fsck)."""
+
+    @abstractmethod
+    async def get_states(self, prefix: str) -> dict[str, dict[str, Any]]:
+        """Every document whose key starts with ``prefix``, by key."""
+
+    @abstractmethod
+    async def put_report(self, key: str, body: dict[str, Any], *, expires: float) -> None:
+        """Store a loader's last telemetry report (:mod:`.jobtable`) under ``key``,
+        replacing its previous one, until ``expires`` (need not survive a crash)."""
+
+    @abstractmethod
+    async def live_reports(self, now: float) -> dict[str, dict[str, Any]]:
+        """Every report not expired at ``now``, by key (the expired ones are dropped)."""
+
+    @abstractmethod
+    async def hold_duties(self) -> bool:
+        """Whether this server runs the background duties (garbage collection,
+        rebuild, fsck) now: takes them when no other server holds them.  A store only
+        one server uses always says yes; PostgreSQL says yes to the one server that
+        holds an advisory lock, and another takes it when that one dies."""
+
+    # -- idempotency keys (stager/web/idempotency.py) ------------------------------------
+    @abstractmethod
+    async def recorded_answer(self, key: str) -> tuple[int, bytes] | None:
+        """The ``(status, body)`` recorded for the idempotency ``key``, or ``None``."""
+
+    @abstractmethod
+    async def record_answer(self, key: str, status: int, body: bytes, *, now: float) -> bool:
+        """Record the answer to the request sent with ``key`` at ``now``; False (and the
+        first kept) when ``key`` already has one."""
+
+    @abstractmethod
+    async def expire_answers(self, before: float) -> int:
+        """Forget answers recorded before ``before``; how many went."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Finish what is under way and release the store (once, at shutdown)."""
+
+
+async def all_files(store: MetaStore, *, page: int = 1000,
+                    targets: frozenset[str] | None = None) -> AsyncIterator[StoredFile]:
+    """Every committed file (whose layout names one of ``targets`` when given), in
+    row order, one :meth:`MetaStore.files_page` at a time."""
+    after = 0
+    while True:
+        files = await store.files_page(after=after, limit=page, targets=targets)
+        for f in files:
+            yield f
+        if len(files) < page:
+            return
+        after = files[-1].row

@@ -1,0 +1,166 @@
+"""Copying a whole namespace from one metadata store to another (``stager meta migrate``).
+
+Everything a metadata server keeps goes across as stored: directories with their
+default layouts and mtimes, committed files (size, mtime, file id, layout,
+checksums), manifests, the target registry, minted tokens (their records; a
+token's text is never stored), and files waiting to be purged.  Entries keep
+their row ids, so the tree and the order rebuild and fsck page in are the same.
+Chunks stay where they are: file ids and layouts are kept, so the data servers
+need nothing, and a metadata server started on the new store serves the same
+files from the same targets.
+
+Uploads in progress are not copied: a writer that was mid-file when its server
+stopped cannot commit on the new store.  Their chunks are not lost track of
+either: each becomes garbage in the new store, which the new server purges.
+
+The copy is made page by page, each page one transaction of the target store;
+the source is only read.  A source a metadata server is serving is refused
+(:func:`refuse_served`): a server still writing to it while the copy runs would
+leave the two apart.  A SQLite store's server holds ``ROOT/meta.lock``; a
+PostgreSQL store's servers hold the duty lock and record themselves as they run
+(:mod:`.presence`).  The counts are checked at the end all the same.
+The target store must be empty, so a copy never merges two namespaces.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from ...config import Config
+from ...errors import AlreadyExists, InternalError, NotFound
+from .. import presence
+from .base import Garbage, MetaStore
+from .sqlite.store import SQLiteStore
+
+PAGE = 1000
+
+
+@dataclass
+class MigrationReport:
+    """What was copied (counts), and the pending uploads left behind as garbage."""
+
+    directories: int = 0         # the root included
+    files: int = 0
+    bytes: int = 0
+    manifests: int = 0
+    targets: int = 0
+    tokens: int = 0
+    garbage: int = 0
+    uploads_dropped: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        return asdict(self)
+
+
+async def emptiness(store: MetaStore) -> list[str]:
+    """What ``store`` already holds (nothing: an empty list), in words."""
+    held = []
+    files, dirs, _ = await store.counts()
+    if files or dirs > 1:
+        held.append(f"{files} files and {dirs - 1} directories")
+    if (await store.stat("/")).default_layout is not None:
+        held.append("a default layout on /")
+    try:
+        await store.get_manifest("/")
+        held.append("a manifest on /")
+    except NotFound:
+        pass
+    for name, found in (("targets", await store.list_targets()),
+                        ("tokens", await store.list_tokens()),
+                        ("uploads in progress", await store.expired_uploads(math.inf)),
+                        ("files waiting to be purged", await store.take_garbage(1))):
+        if found:
+            held.append(name)
+    return held
+
+
+async def refuse_served(source: MetaStore, *, silent: float | None = None) -> None:
+    """:class:`~stager.errors.AlreadyExists` when a metadata server is serving
+    ``source``: one holds the lock of a SQLite store; on a shared store, one holds
+    the duty lock, or one recorded itself less than ``silent`` seconds ago (default:
+    what ``status`` counts as down with the default configuration)."""
+    if isinstance(source, SQLiteStore):
+        lock = presence.lock_path(source.path)
+        pid = presence.lock_holder(lock)
+        if pid is not None:
+            raise AlreadyExists(f"a metadata server (pid {pid}) is serving {source.path} "
+                                f"(it holds {lock}): stop it before migrating", pid=pid)
+        return
+    if not source.shared:
+        return
+    silent = presence.down_after(Config()) if silent is None else silent
+    live = [m.url for m in await presence.live_servers(source, silent, time.time())]
+    if live:
+        raise AlreadyExists(f"metadata servers are serving the source store: "
+                            f"{', '.join(live)}: stop them before migrating (one killed "
+                            f"counts as stopped {silent:.0f}s after it was last seen)",
+                            servers=live)
+    if not await source.hold_duties():
+        raise AlreadyExists("a metadata server holds the source store's duty lock: stop "
+                            "every metadata server of the source before migrating")
+
+
+async def migrate(source: MetaStore, target: MetaStore, *, page: int = PAGE,
+                  progress: Callable[[str], None] | None = None) -> MigrationReport:
+    """Copy everything in ``source`` into the empty ``target``; what was copied.
+
+    Raises :class:`~stager.errors.AlreadyExists` (and copies nothing) when a metadata
+    server is serving ``source`` (:func:`refuse_served`) or ``target`` is not empty,
+    and :class:`~stager.errors.InternalError` when the copy's counts differ from the
+    source's at the end (the source changed meanwhile)."""
+    say = progress or (lambda _: None)
+    await refuse_served(source)
+    held = await emptiness(target)
+    if held:
+        raise AlreadyExists("the target metadata store is not empty (it has "
+                            + ", ".join(held) + "): migrate into a fresh one", held=held)
+    report = MigrationReport()
+    after = 0
+    while batch := await source.dump_entries(after=after, limit=page):
+        await target.load_entries(batch)
+        for r in batch:
+            if r.kind == "file":
+                report.files += 1
+                report.bytes += r.size
+            else:
+                report.directories += 1
+        after = batch[-1].row
+        say(f"entries: {report.directories} directories, {report.files} files")
+    after = 0
+    while manifests := await source.dump_manifests(after=after, limit=page):
+        await target.load_manifests(manifests)
+        report.manifests += len(manifests)
+        after = manifests[-1].dir_row
+    for t in await source.list_targets():
+        await target.upsert_target(t)
+        report.targets += 1
+    for token in await source.list_tokens():
+        await target.put_token(token)
+        report.tokens += 1
+    await _copy_garbage(source, target, page, report)
+    expected = await source.counts()
+    copied = await target.counts()
+    if copied != expected:
+        raise InternalError(f"the copy holds (files, directories, bytes) {copied}, the source "
+                            f"{expected}: was the source's metadata server still running?",
+                            copied=list(copied), source=list(expected))
+    say(f"done: {report.to_json()}")
+    return report
+
+
+async def _copy_garbage(source: MetaStore, target: MetaStore, page: int,
+                        report: MigrationReport) -> None:
+    """Files waiting to be purged, and the chunks of uploads in progress (not copied:
+    they become garbage, so the new server purges what they wrote)."""
+    after = ""
+    while items := await source.dump_garbage(after=after, limit=page):
+        await target.load_garbage(items)
+        report.garbage += len(items)
+        after = items[-1].file_id
+    pending = await source.expired_uploads(math.inf)
+    if pending:
+        await target.load_garbage([Garbage(u.file_id, u.layout, 0, u.created) for u in pending])
+    report.uploads_dropped = len(pending)

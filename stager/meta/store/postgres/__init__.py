@@ -1,0 +1,1 @@
+"""The networked metadata store: PostgreSQL through asyncpg (:mod:`.store`)."""

@@ -1,0 +1,135 @@
+"""Server-side functions of the PostgreSQL store (schema migration 5 in :mod:`.postgres.db`).
+
+Each round trip to the database costs about as much as the work it carries on
+this kind of machine (a bare ``SELECT 1`` is ~180 us), and a commit used to take
+five or six in its transaction: take the upload off the pending ones, walk the
+path, make missing parents, replace what is there, insert the file.
+``stager_commit`` does all of that in one statement, so a commit is BEGIN, one
+call and COMMIT.  It takes the steps the Python code took (the
+walk and parents of :func:`.postgres.namespace.mkdirs`, the check of
+:func:`.sqlite.namespace.check_replaceable`), in the same order; an error comes
+back as a code and the path component it names, having changed nothing, and the
+caller raises it.
+
+The manifests ``gen`` bump of ancestor directories (schema 4) rides in the same
+statement as the call (see :func:`.postgres.uploads.commit_upload`); a batch bumps them
+once at its end.
+"""
+
+from __future__ import annotations
+
+COMMIT_FUNCTION = """
+CREATE FUNCTION stager_commit(p_file_id TEXT, p_size BIGINT, p_mtime DOUBLE PRECISION,
+                              p_checksums BYTEA, p_now DOUBLE PRECISION,
+                              OUT r_err TEXT, OUT r_at TEXT, OUT r_path TEXT,
+                              OUT r_layout TEXT)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    up      uploads%ROWTYPE;
+    names   TEXT[];
+    n       INTEGER;
+    cur     BIGINT := 1;
+    walked  TEXT := '';
+    e_id    BIGINT;
+    e_kind  TEXT;
+    e_fid   TEXT;
+    e_lay   TEXT;
+    e_size  BIGINT;
+BEGIN
+    -- Every check comes before the first change, so an error leaves nothing behind
+    -- (a directory is made only past the last component that could fail, and what
+    -- lies below a new one cannot): a group of writes needs no savepoint for it.
+    SELECT * INTO up FROM uploads WHERE file_id = p_file_id;
+    IF NOT FOUND THEN
+        r_err := 'upload';
+        RETURN;
+    END IF;
+    r_path := up.path;
+    r_layout := up.layout;
+    names := string_to_array(substr(up.path, 2), '/');
+    n := cardinality(names);
+    -- the parent directories, made where missing (as pg_namespace.mkdirs)
+    FOR i IN 1 .. n - 1 LOOP
+        walked := walked || '/' || names[i];
+        SELECT id, kind INTO e_id, e_kind FROM entries WHERE parent = cur AND name = names[i];
+        IF NOT FOUND THEN
+            IF i < n - 1 AND NOT up.parents THEN
+                r_err := 'noparent';
+                r_at := walked;
+                RETURN;
+            END IF;
+            INSERT INTO entries (parent, name, kind, mtime)
+                VALUES (cur, names[i], 'directory', p_now) RETURNING id INTO e_id;
+            UPDATE entries SET mtime = p_now WHERE id = cur;
+        ELSIF e_kind <> 'directory' THEN
+            r_err := CASE WHEN i = n - 1 THEN 'fileparent' ELSE 'notdir' END;
+            r_at := walked;
+            RETURN;
+        END IF;
+        cur := e_id;
+    END LOOP;
+    -- what is already there (as sqlite/namespace.py check_replaceable)
+    SELECT id, kind, file_id, layout, size INTO e_id, e_kind, e_fid, e_lay, e_size
+        FROM entries WHERE parent = cur AND name = names[n];
+    IF FOUND THEN
+        IF e_kind = 'directory' THEN
+            r_err := 'isdir';
+            RETURN;
+        END IF;
+        IF NOT up.overwrite THEN
+            r_err := 'exists';
+            RETURN;
+        END IF;
+        INSERT INTO garbage VALUES (e_fid, e_lay, e_size, p_now) ON CONFLICT (file_id)
+            DO UPDATE SET layout = EXCLUDED.layout, size = EXCLUDED.size,
+                          since = EXCLUDED.since;
+        DELETE FROM entries WHERE id = e_id;
+    END IF;
+    DELETE FROM uploads WHERE file_id = p_file_id;
+    UPDATE entries SET mtime = p_now WHERE id = cur;
+    INSERT INTO entries (parent, name, kind, size, mtime, file_id, layout, checksums)
+        VALUES (cur, names[n], 'file', p_size, p_mtime, p_file_id, up.layout, p_checksums);
+END
+$fn$;
+"""
+
+# Schema migration 6: writes whose loss in a crash of the database costs nothing that
+# was promised, committed without waiting for their WAL flush (``synchronous_commit``
+# off for their own transaction only; PostgreSQL still keeps them consistent, and a
+# later durable commit flushes them with it).  Each is one statement, so it runs as a
+# transaction of its own, and may run twice (after a lost connection): ON CONFLICT.
+#
+# - ``stager_reserve``: a pending upload.  Nothing of it is visible, and its commit,
+#   which takes the row away, is durable and flushes the row's WAL with its own; a
+#   crash of the database within ~0.6 s of the reservation (three ``wal_writer_delay``)
+#   can lose it, and then that commit fails with "upload not found", having changed
+#   nothing: the writer writes the file again, and the chunks already written become
+#   orphans that fsck collects after ``orphan_grace``.
+# - ``stager_record_answer``: the answer to a keyed request, recorded after its
+#   operation committed (durably); it only spares a retry the work of finding what
+#   the first try did, and one lost in a crash is the same as a server that died
+#   before recording it (see stager/meta/opkey.py).
+LAZY_FUNCTIONS = """
+CREATE FUNCTION stager_reserve(p_file_id TEXT, p_path TEXT, p_layout TEXT,
+                               p_overwrite BOOLEAN, p_parents BOOLEAN,
+                               p_created DOUBLE PRECISION) RETURNS BOOLEAN
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    INSERT INTO uploads (file_id, path, layout, overwrite, parents, created)
+        VALUES (p_file_id, p_path, p_layout, p_overwrite, p_parents, p_created)
+        ON CONFLICT (file_id) DO NOTHING;
+    RETURN FOUND;
+END
+$fn$;
+CREATE FUNCTION stager_record_answer(p_key TEXT, p_status INTEGER, p_body BYTEA,
+                                     p_created DOUBLE PRECISION) RETURNS BOOLEAN
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    INSERT INTO answers (key, status, body, created)
+        VALUES (p_key, p_status, p_body, p_created) ON CONFLICT (key) DO NOTHING;
+    RETURN FOUND;
+END
+$fn$;
+"""

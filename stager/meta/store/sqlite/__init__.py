@@ -1,0 +1,1 @@
+"""The embedded metadata store: one SQLite file (:mod:`.store`)."""

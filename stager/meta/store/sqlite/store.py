@@ -1,0 +1,255 @@
+"""The embedded metadata store: one SQLite file, WAL, fsync on every commit.
+
+:class:`SQLiteStore` implements :class:`~.store.base.MetaStore` by running blocking
+SQL on one thread (:mod:`.sqlite.thread`), so the event loop never waits on SQLite
+or on an fsync.  The SQL itself lives in helper objects over one connection
+(:mod:`.sqlite.db`): the namespace, uploads and targets (:mod:`.sqlite.namespace`),
+batches (:mod:`.sqlite.batch`), and the files as rebuild, repair and fsck see
+them (:mod:`.sqlite.reliability`).  Writes of uploads that queue up while the
+thread is busy share one transaction (group commit); everything else runs alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ....errors import StagerError
+from ....protocol.authmsg import TokenInfo
+from ....protocol.models import Layout, LayoutSpec, TargetInfo
+from ..base import (
+    CommitArgs,
+    CreateCheck,
+    EntryRecord,
+    Garbage,
+    ManifestRecord,
+    ManifestVersion,
+    MetaStore,
+    NodeEntry,
+    StoredFile,
+    Upload,
+)
+from .answers import AnswerSQL
+from .batch import BatchSQL
+from .copy import CopySQL
+from .db import Database
+from .namespace import NamespaceSQL
+from .reliability import ReliabilitySQL
+from .shared import SharedSQL
+from .thread import MAX_GROUP, StoreThread
+from .tokens import TokenSQL
+
+R = TypeVar("R")
+
+
+class SQLiteStore(MetaStore):
+    """The store in one SQLite file at ``path``; up to ``max_group`` queued upload
+    writes share one transaction (1: none do)."""
+
+    def __init__(self, path: str | Path, *, max_group: int = MAX_GROUP) -> None:
+        self.database = Database(path)
+        self.path = self.database.path
+        self.namespace = NamespaceSQL(self.database)
+        self.batches = BatchSQL(self.namespace)
+        self.files = ReliabilitySQL(self.database)
+        self.tokens = TokenSQL(self.database)
+        self.copies = CopySQL(self.database)
+        self.states = SharedSQL(self.database)
+
+        self.answers = AnswerSQL(self.database)
+        # Public: its counters say how writes were grouped (tests, benchmarks).
+        self.thread = StoreThread(self.database.transaction, max_group=max_group)
+
+    def close(self) -> None:
+        self.thread.close()
+        self.database.close()
+
+    def _unflushed(self, fn: Callable[..., R], *args: Any) -> R:
+        """``fn(*args)`` on the store thread; committed without an fsync when alone."""
+        with self.database.unflushed():
+            return fn(*args)
+
+    # -- namespace --------------------------------------------------------------
+    async def stat(self, path: str, *, checksums: bool = True) -> NodeEntry:
+        return await self.thread.run(self.namespace.stat, path, checksums=checksums)
+
+    async def list_dir(self, path: str, *, after: str, limit: int) -> list[NodeEntry]:
+        return await self.thread.run(self.namespace.list_dir, path, after=after, limit=limit)
+
+    async def mkdir(self, path: str, *, parents: bool, exist_ok: bool, now: float,
+                    layout: LayoutSpec | None = None) -> NodeEntry:
+        return await self.thread.run(self.namespace.mkdir, path, parents=parents,
+                                     exist_ok=exist_ok, now=now, layout=layout)
+
+    async def set_layout(self, path: str, layout: LayoutSpec) -> NodeEntry:
+        return await self.thread.run(self.namespace.set_layout, path, layout)
+
+    async def rename(self, src: str, dst: str, *, overwrite: bool, now: float) -> NodeEntry:
+        return await self.thread.run(self.namespace.rename, src, dst, overwrite=overwrite,
+                                     now=now)
+
+    async def remove(self, path: str, *, recursive: bool, now: float) -> int:
+        return await self.thread.run(self.namespace.remove, path, recursive=recursive, now=now)
+
+    async def counts(self) -> tuple[int, int, int]:
+        return await self.thread.run(self.namespace.counts)
+
+    async def subtree_files(self, path: str) -> dict[str, NodeEntry]:
+        return await self.thread.run(self.namespace.subtree_files, path)
+
+    # -- manifests --------------------------------------------------------------
+    async def put_manifest(self, path: str, body: bytes, *, now: float) -> None:
+        await self.thread.run(self.namespace.put_manifest, path, body, now=now)
+
+    async def get_manifest(self, path: str) -> tuple[bytes, float]:
+        return await self.thread.run(self.namespace.get_manifest, path)
+
+    async def manifest_version(self, path: str) -> ManifestVersion:
+        return await self.thread.run(self.namespace.manifest_version, path)
+
+    # -- writes: these may share one transaction with writes queued alongside ----
+    async def begin_upload(self, upload: Upload) -> None:
+        # not flushed when alone: nothing of it is visible, and its commit flushes it
+        # (docs/metadata-stores.md: what a store may lose, and why that loses nothing)
+        await self.thread.write(self._unflushed, self.namespace.begin_uploads, [upload])
+
+    async def get_upload(self, file_id: str) -> Upload:
+        return await self.thread.run(self.namespace.get_upload, file_id)
+
+    async def commit_upload(self, file_id: str, *, size: int, checksums: tuple[int, ...],
+                            mtime: float, now: float) -> NodeEntry:
+        return await self.thread.write(self.namespace.commit_upload, file_id, size=size,
+                                       checksums=checksums, mtime=mtime, now=now)
+
+    async def abort_upload(self, file_id: str, *, now: float) -> None:
+        await self.thread.write(self.namespace.abort_upload, file_id, now=now)
+
+    async def replace_upload_layout(self, file_id: str, old: Layout, new: Layout) -> bool:
+        return await self.thread.run(self.namespace.replace_upload_layout, file_id, old, new)
+
+    async def check_creates(self, items: Sequence[CreateCheck]
+                            ) -> list[LayoutSpec | StagerError]:
+        return await self.thread.run(self.batches.check_creates, items)
+
+    async def begin_uploads(self, uploads: Sequence[Upload]) -> None:
+        await self.thread.write(self.namespace.begin_uploads, uploads)
+
+    async def get_uploads(self, file_ids: Sequence[str]) -> list[Upload | StagerError]:
+        return await self.thread.run(self.batches.get_uploads, file_ids)
+
+    async def commit_uploads(self, items: Sequence[CommitArgs], *,
+                             now: float) -> list[NodeEntry | StagerError]:
+        return await self.thread.write(self.batches.commit_uploads, items, now=now)
+
+    async def abort_uploads(self, file_ids: Sequence[str], *, now: float
+                            ) -> list[StagerError | None]:
+        return await self.thread.write(self.batches.abort_uploads, file_ids, now=now)
+
+    # -- garbage collection -------------------------------------------------------
+    async def expired_uploads(self, before: float) -> list[Upload]:
+        return await self.thread.run(self.namespace.expired_uploads, before)
+
+    async def take_garbage(self, limit: int) -> list[Garbage]:
+        return await self.thread.run(self.namespace.take_garbage, limit)
+
+    async def drop_garbage(self, file_ids: list[str], *, now: float, forget_before: float
+                           ) -> None:
+        await self.thread.run(self.namespace.drop_garbage, file_ids, now, forget_before)
+
+    async def retired(self, file_id: str) -> bool:
+        return await self.thread.run(self.namespace.retired, file_id)
+
+    # -- reliability ------------------------------------------------------------------
+    async def file_by_id(self, file_id: str) -> StoredFile | None:
+        return await self.thread.run(self.files.file_by_id, file_id)
+
+    async def path_of_file(self, file_id: str) -> str | None:
+        return await self.thread.run(self.files.path_of_file, file_id)
+
+    async def files_page(self, *, after: int, limit: int,
+                         targets: frozenset[str] | None = None) -> list[StoredFile]:
+        return await self.thread.run(self.files.files_page, after=after, limit=limit,
+                                     targets=targets)
+
+    async def replace_layout(self, file_id: str, old: Layout, new: Layout) -> bool:
+        return await self.thread.run(self.files.replace_layout, file_id, old, new)
+
+    # -- tokens -----------------------------------------------------------------------
+    async def put_token(self, info: TokenInfo) -> None:
+        await self.thread.run(self.tokens.put, info)
+
+    async def list_tokens(self) -> list[TokenInfo]:
+        return await self.thread.run(self.tokens.list)
+
+    async def revoke_token(self, token_id: str, *, now: int) -> TokenInfo:
+        return await self.thread.run(self.tokens.revoke, token_id, now)
+
+    async def take_token_use(self, token_id: str) -> bool:
+        return await self.thread.run(self.tokens.take_use, token_id)
+
+    async def target_credential(self, target_id: str) -> str | None:
+        return await self.thread.run(self.tokens.pinned, target_id)
+
+    async def pin_target_credential(self, target_id: str, token_id: str, *,
+                                    replaces: str | None) -> bool:
+        return await self.thread.run(self.tokens.pin, target_id, token_id, replaces)
+
+    async def forget_target(self, target_id: str) -> None:
+        await self.thread.run(self.tokens.forget_target, target_id)
+
+    # -- copying a whole store --------------------------------------------------------
+    async def dump_entries(self, *, after: int, limit: int) -> list[EntryRecord]:
+        return await self.thread.run(self.copies.dump_entries, after=after, limit=limit)
+
+    async def load_entries(self, records: Sequence[EntryRecord]) -> None:
+        await self.thread.run(self.copies.load_entries, records)
+
+    async def dump_manifests(self, *, after: int, limit: int) -> list[ManifestRecord]:
+        return await self.thread.run(self.copies.dump_manifests, after=after, limit=limit)
+
+    async def load_manifests(self, records: Sequence[ManifestRecord]) -> None:
+        await self.thread.run(self.copies.load_manifests, records)
+
+    async def dump_garbage(self, *, after: str, limit: int) -> list[Garbage]:
+        return await self.thread.run(self.copies.dump_garbage, after=after, limit=limit)
+
+    async def load_garbage(self, items: Sequence[Garbage]) -> None:
+        await self.thread.run(self.copies.load_garbage, items)
+
+    # -- targets ----------------------------------------------------------------------
+    async def upsert_target(self, target: TargetInfo) -> None:
+        await self.thread.run(self.namespace.upsert_target, target)
+
+    async def list_targets(self) -> list[TargetInfo]:
+        return await self.thread.run(self.namespace.list_targets)
+
+    async def touch_target(self, target: TargetInfo) -> None:
+        await self.thread.run(self.states.touch_target, target)
+
+    # -- shared state (one server: kept for its restarts) ------------------------------
+    async def put_state(self, key: str, value: dict[str, Any] | None) -> None:
+        await self.thread.run(self.states.put_state, key, value)
+
+    async def get_states(self, prefix: str) -> dict[str, dict[str, Any]]:
+        return await self.thread.run(self.states.get_states, prefix)
+
+    async def put_report(self, key: str, body: dict[str, Any], *, expires: float) -> None:
+        await self.thread.run(self.states.put_report, key, body, expires)
+
+    async def live_reports(self, now: float) -> dict[str, dict[str, Any]]:
+        return await self.thread.run(self.states.live_reports, now)
+
+    async def hold_duties(self) -> bool:
+        return True             # one server per SQLite file: it always runs them
+
+    # -- idempotency keys -------------------------------------------------------------
+    async def recorded_answer(self, key: str) -> tuple[int, bytes] | None:
+        return await self.thread.run(self.answers.get, key)
+
+    async def record_answer(self, key: str, status: int, body: bytes, *, now: float) -> bool:
+        return await self.thread.write(self._unflushed, self.answers.put, key, status, body,
+                                       now)
+
+    async def expire_answers(self, before: float) -> int:
+        return await self.thread.run(self.answers.expire, before)

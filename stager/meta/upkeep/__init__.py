@@ -1,0 +1,2 @@
+"""Upkeep of stored data: rebuild, repair, scrub and fsck, and the re-placement
+policies they use."""
