@@ -16,6 +16,7 @@ import crc32c
 import fsspec
 import pytest
 from conftest import STORES, cluster_on_each_store
+from fsspec.asyn import sync
 from fsspec.callbacks import Callback
 
 from stager.config import load_config
@@ -44,7 +45,7 @@ def read_counters(fs: StagerFileSystem) -> tuple[int, int]:
     async def snapshot() -> tuple[int, int]:
         counters = fs.client.plane.counters.values()
         return (sum(c.requests for c in counters), sum(c.bytes_read for c in counters))
-    return fs._run(snapshot)
+    return sync(fs.loop, snapshot)
 
 
 # -- URLs and registration -----------------------------------------------------------------
@@ -305,11 +306,11 @@ def test_write_streams_chunks_and_commits_on_close(fs: StagerFileSystem, ns: str
     async def written() -> int:
         return sum(c.bytes_written for c in fs.client.plane.counters.values())
 
-    before = fs._run(written)
+    before = sync(fs.loop, written)
     with fs.open(path, "wb", chunk_size="64KiB", block_size=64 * KiB) as f:
         for i in range(0, len(data), 16 * KiB):
             f.write(data[i:i + 16 * KiB])
-        assert fs._run(written) - before >= 64 * KiB * 12     # chunks already went out
+        assert sync(fs.loop, written) - before >= 64 * KiB * 12     # chunks already went out
         assert not fs.exists(path)                             # but nothing is visible
     assert fs.cat(path) == data
     assert fs.info(path)["layout"]["chunk_size"] == 64 * KiB

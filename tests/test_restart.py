@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 import pytest
 from aiohttp import web
 from conftest import start_cluster
+from fsspec.asyn import sync
 
 from stager import AsyncClient, Client
 from stager.config import load_config
@@ -73,8 +74,8 @@ def test_metadata_restart_keeps_the_namespace(own_cluster: ThreadCluster, payloa
     with fresh_client(cluster) as c:
         populate(c, payload)
         before = snapshot(c, "/")
-        file_id, writer = c._run(c.aio.create, "/data/pending.bin")   # never committed
-        c._run(writer.write, b"p" * 1000)
+        file_id, writer = sync(c.loop, c.aio.create, "/data/pending.bin")   # never committed
+        sync(c.loop, writer.write, b"p" * 1000)
     url = cluster.meta_url
     port = urlsplit(url).port
     assert port is not None

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..client import AsyncClient
-from ..config import load_config, parse_size
+from ..config import parse_size
 from ..protocol.models import FileInfo, LayoutSpec
 from .main import meta_url
 
@@ -21,7 +21,7 @@ T = TypeVar("T")
 
 def with_client(args: argparse.Namespace, fn: Callable[[AsyncClient], Awaitable[T]]) -> T:
     async def main() -> T:
-        async with AsyncClient(meta_url(args), config=load_config()) as client:
+        async with AsyncClient(meta_url(args)) as client:
             return await fn(client)
     return asyncio.run(main())
 

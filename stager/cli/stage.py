@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from ..client import AsyncClient
-from ..config import load_config, parse_size
+from ..config import parse_size
 from ..errors import BadRequest
 from ..stage import StageOptions, StageReport, stage, stager_url
 from .filecmds import add_layout_flags, layout_spec
@@ -53,7 +53,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
     options = options_of(args)
 
     async def run() -> StageReport:
-        async with AsyncClient(cluster_of(args), config=load_config()) as client:
+        async with AsyncClient(cluster_of(args)) as client:
             return await stage(client, args.src, args.dst, options)
 
     report = asyncio.run(run())

@@ -12,7 +12,7 @@ from typing import Any
 
 import aiohttp
 
-from ..config import Config, load_config
+from ..config import Config
 from ..dataplane import DataPlane, PlaneOptions, StripedReader, StripedWriter, make_session
 from ..dataplane.transport import TargetCounters
 from ..errors import IsADirectory, NoTargets, NotFound, StagerError, Unavailable, UploadNotFound
@@ -23,11 +23,11 @@ from ..protocol.batch import CommitItem, CreateItem, read_results
 from ..protocol.cluster import FsckResult, ScrubResult, Status
 from ..protocol.jobreport import JobList
 from ..protocol.manifest import Manifest
-from ..protocol.metaurls import joined, meta_urls
 from ..protocol.models import FileInfo, Layout, LayoutSpec, TargetInfo
 from ..protocol.routes import route
 from .bulk import WriteItem, upload_gone, write_many
 from .capabilities import CapabilityBook
+from .cluster import Cluster
 from .fileio import AsyncReadFile, AsyncWriteFile
 from .metaconn import LONG, MetaConnection
 from .transfer import get_local, put_local
@@ -46,20 +46,16 @@ class AsyncClient:
     """
 
     def __init__(self, meta_url: str | Sequence[str] | None = None, *,
-                 config: Config | None = None, token: str | None = None) -> None:
-        self.config = config or load_config()
-        if token is not None:
-            self.config = self.config.replace(token=token)
-        urls = meta_urls(meta_url or self.config.meta_url)
-        self.meta_url = joined(urls)        # every metadata server, comma-separated
+                 config: Config | None = None, token: str | None = None,
+                 cluster: Cluster | None = None) -> None:
+        self.cluster = Cluster.resolve(meta_url, config=config, token=token, cluster=cluster)
+        self.config = self.cluster.config
+        self.meta_url = self.cluster.meta_url   # every metadata server, comma-separated
         self.options = PlaneOptions.of(self.config)
         self._session: aiohttp.ClientSession | None = None
         self._plane: DataPlane | None = None
         self._limit: asyncio.Semaphore | None = None
-        self.meta = MetaConnection(urls, lambda: self.plane.session,
-                                   retries=self.config.retries,
-                                   stat_ttl=self.config.stat_cache_ttl,
-                                   headers=self.config.auth_headers())
+        self.meta = MetaConnection(self.cluster, lambda: self.plane.session)
         # The last manifest of each path and its ETag, revalidated (get_manifest): a
         # few paths, as each of a 100,000-file dataset's is tens of megabytes.
         self._manifests: dict[str, tuple[str, Manifest]] = {}

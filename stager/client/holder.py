@@ -13,6 +13,11 @@ process they were made in.  All of them take both from :func:`current`:
   use, closed by :meth:`ProcessHolder.release` and, for what is still open,
   when the process exits (:meth:`ProcessHolder.shutdown`, which stops the loop too).
 
+The seam to the loop is fsspec's: an owner's public ``loop``, with
+``fsspec.asyn.sync(owner.loop, fn, ...)`` to wait for a coroutine there and
+:func:`schedule` to start one without waiting (from a finalizer, or on the
+loop's own thread).
+
 After ``fork`` (PyTorch DataLoader workers) the child gets a new, empty
 holder, so it starts its own loop and clients on first use.  The parent's
 holder is kept whole (``parent``) and never touched: the child's copies of
@@ -41,6 +46,7 @@ CLOSE_TIMEOUT = 5.0
 T = TypeVar("T")
 Loop = asyncio.AbstractEventLoop
 _owners = itertools.count()
+_background: set[asyncio.Future[Any]] = set()      # started by schedule, kept until done
 
 
 def new_owner() -> int:
@@ -152,6 +158,23 @@ class ProcessHolder:
             return
         if not (loop.is_running() and _wait_there(client.close(), loop)):
             _close_idle(client, loop)
+
+
+def schedule(loop: Loop | None, fn: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+    """Start ``fn()`` on ``loop`` without waiting (safe on the loop's own thread and
+    in a finalizer); nothing happens when the loop is gone."""
+    if loop is None or loop.is_closed() or not loop.is_running():
+        return
+    try:
+        on_loop = asyncio.get_running_loop() is loop
+    except RuntimeError:
+        on_loop = False
+    if on_loop:
+        task = asyncio.ensure_future(fn())
+        _background.add(task)
+        task.add_done_callback(_background.discard)
+    else:
+        asyncio.run_coroutine_threadsafe(fn(), loop)
 
 
 def _wait_there(coro: Coroutine[Any, Any, None], loop: Loop) -> bool:

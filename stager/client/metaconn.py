@@ -15,7 +15,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -24,9 +24,10 @@ from ..dataplane.transport import ChunkBody
 from ..errors import TRANSPORT_FAILURES, NoTargets, Unavailable, error_from_wire, unreachable
 from ..protocol import paths
 from ..protocol.headers import ATTEMPT, IDEMPOTENCY_KEY
-from ..protocol.metaurls import joined, meta_urls
+from ..protocol.metaurls import joined
 from ..protocol.models import FileInfo
 from ..protocol.routes import Route
+from .cluster import Cluster
 
 # scrub and fsck answer when they are done: minutes on big targets
 LONG = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=None)
@@ -35,26 +36,23 @@ log = logging.getLogger("stager.client")
 
 
 class MetaConnection:
-    """Requests to the metadata servers ``urls`` (any of them serves the same store)
-    over the session ``session()`` gives (the data plane's: one connection pool for
-    everything a client does).
+    """Requests to the metadata servers of ``cluster`` (any of them serves the same
+    store), with its headers, over the session ``session()`` gives (the data plane's:
+    one connection pool for everything a client does).
 
     A request that fails in transport goes to the next server, round after round
-    (``retries`` rounds after the first, with backoff between them); the server that
+    (config ``retries`` rounds after the first, with backoff between them); the server that
     answered is tried first next time.  A mutating request carries an
     ``Idempotency-Key``, the same on every try: a server that already acted on it
     (the connection broke after the request went out) answers what it answered then
     instead of acting again (stager/web/idempotency.py).
     """
 
-    def __init__(self, urls: str | Sequence[str],
-                 session: Callable[[], aiohttp.ClientSession], *,
-                 retries: int, stat_ttl: float, headers: Mapping[str, str] | None = None
-                 ) -> None:
-        self.urls = meta_urls(urls)
-        self.headers = dict(headers or {})     # Authorization, with a token
-        self.retries = retries
-        self.stat_ttl = stat_ttl
+    def __init__(self, cluster: Cluster, session: Callable[[], aiohttp.ClientSession]) -> None:
+        self.urls = cluster.urls
+        self.headers = dict(cluster.headers)   # Authorization, with a token
+        self.retries = cluster.config.retries
+        self.stat_ttl = cluster.config.stat_cache_ttl
         self._session = session
         self._current = 0                      # the server that answered last
         self._stats: dict[str, tuple[float, FileInfo]] = {}

@@ -4,7 +4,8 @@ Coroutines run on the process's I/O thread, through the client the process
 holder keeps for this ``Client`` (:mod:`.holder`, shared with the Loader and
 the ``stager://`` filesystem).  A forked child gets its own I/O thread and
 client on first use, so PyTorch DataLoader workers can use a ``Client`` made
-before they were forked.
+before they were forked.  Everything blocks on that thread as fsspec does,
+through the public ``loop``: ``fsspec.asyn.sync(client.loop, fn, ...)``.
 """
 
 from __future__ import annotations
@@ -14,17 +15,16 @@ import functools
 import io
 import threading
 import weakref
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from fsspec.asyn import sync
 
-from ..config import Config, load_config
+from ..config import Config
 from .async_client import AsyncClient
+from .cluster import Cluster
 from .fileio import AsyncReadFile, AsyncWriteFile
 from .holder import current, new_owner, release
-
-T = TypeVar("T")
 
 MIRRORED = ("stat", "exists", "ls", "mkdir", "set_layout", "rename", "rm", "status",
             "targets", "cat", "read_into", "get", "put", "pipe", "put_manifest", "get_manifest",
@@ -36,16 +36,15 @@ class Client:
     """Blocking client; every method is the AsyncClient method of the same name."""
 
     def __init__(self, meta_url: str | Sequence[str] | None = None, *,
-                 config: Config | None = None, token: str | None = None) -> None:
-        self.config = config or load_config()
-        if token is not None:
-            self.config = self.config.replace(token=token)
-        self._meta_url = meta_url       # one URL, several comma-separated, or a list
+                 config: Config | None = None, token: str | None = None,
+                 cluster: Cluster | None = None) -> None:
+        self.cluster = Cluster.resolve(meta_url, config=config, token=token, cluster=cluster)
+        self.config = self.cluster.config
         self._owner = new_owner()
         weakref.finalize(self, release, self._owner)    # forgotten without close()
 
     def _new_client(self) -> AsyncClient:
-        return AsyncClient(self._meta_url, config=self.config)
+        return AsyncClient(cluster=self.cluster)
 
     @property
     def aio(self) -> AsyncClient:
@@ -54,15 +53,12 @@ class Client:
 
     @property
     def meta_url(self) -> str:
-        return self.aio.meta_url
+        return self.cluster.meta_url
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         """The I/O loop this client's coroutines run on (this process's)."""
         return current().io_loop(self.config.event_loop)
-
-    def _run(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any, **kwargs: Any) -> T:
-        return sync(self.loop, fn, *args, **kwargs)
 
     def close(self) -> None:
         """Close this process's session; it is made again if the client is used again."""
@@ -77,10 +73,10 @@ class Client:
     def walk(self, path: str) -> list[Any]:
         async def collect() -> list[Any]:
             return [e async for e in self.aio.walk(path)]
-        return self._run(collect)
+        return sync(self.loop, collect)
 
     def open(self, path: str, mode: str = "rb", **kwargs: Any) -> SyncReadFile | SyncWriteFile:
-        f = self._run(self.aio.open, path, mode, **kwargs)
+        f = sync(self.loop, self.aio.open, path, mode, **kwargs)
         if isinstance(f, AsyncReadFile):
             return SyncReadFile(self, f)
         return SyncWriteFile(self, f)
@@ -91,7 +87,7 @@ def _mirror(name: str) -> Callable[..., Any]:
 
     @functools.wraps(method)
     def blocking(self: Client, *args: Any, **kwargs: Any) -> Any:
-        return self._run(getattr(self.aio, name), *args, **kwargs)
+        return sync(self.loop, getattr(self.aio, name), *args, **kwargs)
 
     return blocking
 
@@ -126,7 +122,7 @@ class SyncReadFile(io.RawIOBase):
         return self._f.tell()
 
     def readinto(self, buffer: Any) -> int:
-        return self._client._run(self._f.readinto, memoryview(buffer).cast("B"))
+        return sync(self._client.loop, self._f.readinto, memoryview(buffer).cast("B"))
 
     def read(self, size: int = -1) -> bytes:
         # Joined on this thread: the copy overlaps the I/O thread's next reads, and
@@ -134,14 +130,14 @@ class SyncReadFile(io.RawIOBase):
         # thread's returns it to the kernel: fresh pages faulted in every time).
         # One read at a time: the next refills the buffers of the parts before it.
         with self._lent:
-            return b"".join(self._client._run(self._f.read_parts, size, reuse=True))
+            return b"".join(sync(self._client.loop, self._f.read_parts, size, reuse=True))
 
     def readall(self) -> bytes:
         return self.read(-1)
 
     def close(self) -> None:
         if not self.closed:
-            self._client._run(self._f.close)
+            sync(self._client.loop, self._f.close)
         super().close()
 
 
@@ -163,7 +159,7 @@ class SyncWriteFile(io.RawIOBase):
         return self._f.tell()
 
     def write(self, data: Any) -> int:
-        return self._client._run(self._f.write, memoryview(data).cast("B"))
+        return sync(self._client.loop, self._f.write, memoryview(data).cast("B"))
 
     def __exit__(self, exc_type: type | None, *exc: object) -> None:
         if exc_type is not None:
@@ -172,12 +168,12 @@ class SyncWriteFile(io.RawIOBase):
 
     def discard(self) -> None:
         if not self.closed:
-            self._client._run(self._f.discard)
+            sync(self._client.loop, self._f.discard)
             super().close()
 
     def close(self) -> None:
         if not self.closed:
             try:
-                self._client._run(self._f.close)
+                sync(self._client.loop, self._f.close)
             finally:
                 super().close()

@@ -12,6 +12,10 @@ opened (so ``"xb"`` fails at once on an existing file), each full chunk is
 sent as it fills, and ``close`` commits.  An exception inside ``with``,
 ``discard()``, or a file dropped without ``close`` aborts the upload: nothing
 becomes visible.
+
+Both block on the filesystem's I/O loop as fsspec's own file objects do,
+``sync(fs.loop, ...)``, and start what they need not wait for with
+:func:`~stager.client.holder.schedule`.
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
+from fsspec.asyn import sync
 from fsspec.spec import AbstractBufferedFile
 
 from ..client import AsyncClient, AsyncReadFile
+from ..client.holder import schedule
 from ..dataplane import StripedWriter
 from ..protocol.models import FileInfo
 from .info import to_fsspec
@@ -39,7 +45,7 @@ class StagerReadFile(AbstractBufferedFile):
     def __init__(self, fs: StagerFileSystem, path: str, info: FileInfo, *,
                  block_size: int | None = None, cache_type: str = "none",
                  cache_options: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        self._afile: AsyncReadFile = fs._run(self._make, fs, info)
+        self._afile: AsyncReadFile = sync(fs.loop, self._make, fs, info)
         self._lent = threading.Lock()     # a read's parts are lent until joined
         super().__init__(fs, path, "rb", block_size=block_size, cache_type=cache_type,
                          cache_options=cache_options, size=info.size, **kwargs)
@@ -61,7 +67,7 @@ class StagerReadFile(AbstractBufferedFile):
         # now) and cost 1.6 times the CPU per GB.  One read at a time: the next
         # refills the buffers of the parts before it (see AsyncReadFile.read_parts).
         with self._lent:
-            return b"".join(self.fs._run(self._pread, start, end))
+            return b"".join(sync(self.fs.loop, self._pread, start, end))
 
     async def _pread(self, start: int, end: int) -> list[memoryview]:
         self._afile.seek(start)
@@ -70,7 +76,7 @@ class StagerReadFile(AbstractBufferedFile):
     def close(self) -> None:
         if not self.closed:
             super().close()
-            self.fs._schedule(self._afile.close)
+            schedule(self.fs.loop, self._afile.close)
 
 
 class StagerWriteFile(AbstractBufferedFile):
@@ -87,7 +93,7 @@ class StagerWriteFile(AbstractBufferedFile):
             client = fs.client
             return (client, *await client.create(path, layout=layout, overwrite=mode == "wb"))
 
-        self._client, self._file_id, self._writer = fs._run(create)
+        self._client, self._file_id, self._writer = sync(fs.loop, create)
         self._ended = False
         self.info_after: FileInfo | None = None
 
@@ -117,12 +123,12 @@ class StagerWriteFile(AbstractBufferedFile):
         self.closed = True
         if not self._ended:
             self._ended = True
-            self.fs._run(lambda: self._client.abort(self._file_id, self._writer))
+            sync(self.fs.loop, lambda: self._client.abort(self._file_id, self._writer))
 
     def _guard(self, make: Any) -> Any:
         """Run ``make()`` on the loop; on failure abort the upload, then raise."""
         try:
-            return self.fs._run(make)
+            return sync(self.fs.loop, make)
         except BaseException:
             self.discard()
             raise
@@ -140,6 +146,6 @@ class StagerWriteFile(AbstractBufferedFile):
             self._ended = True
             self.closed = True
             try:
-                self.fs._schedule(lambda: self._client.abort(self._file_id, self._writer))
+                schedule(self.fs.loop, lambda: self._client.abort(self._file_id, self._writer))
             except RuntimeError:
                 pass   # no loop any more (interpreter exit): the server collects the upload

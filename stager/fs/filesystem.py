@@ -19,9 +19,9 @@ import datetime as dt
 import os
 import stat
 import weakref
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from glob import has_magic
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 from fsspec.asyn import AsyncFileSystem, sync, sync_wrapper
@@ -30,20 +30,19 @@ from fsspec.utils import stringify_path
 
 from ..aio import gather_or_cancel
 from ..client import AsyncClient
+from ..client.cluster import Cluster
 from ..client.holder import current, new_owner, release
 from ..client.transfer import LocalSink, SourceFile, copy_out, put_file
-from ..config import Config, load_config, parse_size
+from ..config import Config, parse_size
 from ..dataplane.engine import ReadEngine
 from ..dataplane.readplan import FileTable, ReadOptions
 from ..errors import IsADirectory, NotADirectory
 from ..protocol import paths
-from ..protocol.metaurls import from_hosts, joined, meta_urls
+from ..protocol.metaurls import from_hosts
 from ..protocol.models import FileInfo, LayoutSpec
 from .buffered import StagerReadFile, StagerWriteFile
 from .info import to_fsspec
 
-T = TypeVar("T")
-_BACKGROUND: set[asyncio.Future[Any]] = set()      # started by _schedule, kept until done
 LAYOUT_KEYS = ("chunk_size", "stripe_count", "replicas")
 RANGES_REQUEST_BYTES = 16 << 20    # cat_ranges: per request; a target's requests run in parallel
 
@@ -52,7 +51,9 @@ class StagerFileSystem(AsyncFileSystem):
     """fsspec filesystem over a stager cluster.
 
     ``meta_url``: the metadata server (default: ``config.meta_url``, i.e.
-    ``STAGER_META_URL``); ``config``: a :class:`~stager.config.Config`.
+    ``STAGER_META_URL``); ``config``: a :class:`~stager.config.Config`; ``token``:
+    a bearer token; or ``cluster``: all three resolved already
+    (:class:`~stager.client.cluster.Cluster`).
     Writes take layout keywords (``chunk_size``, ``stripe_count``,
     ``replicas``), e.g. ``fs.pipe(path, data, chunk_size="1MiB")``.
     """
@@ -62,18 +63,15 @@ class StagerFileSystem(AsyncFileSystem):
     async_impl = True
 
     def __init__(self, meta_url: str | Sequence[str] | None = None, *,
-                 config: Config | None = None,
-                 token: str | None = None, asynchronous: bool = False, loop: Any = None,
+                 config: Config | None = None, token: str | None = None,
+                 cluster: Cluster | None = None, asynchronous: bool = False, loop: Any = None,
                  batch_size: int | None = None, **kwargs: Any) -> None:
-        config = config or load_config()
-        if token is not None:           # the storage option "token": a bearer token
-            config = config.replace(token=token)
+        self.cluster = Cluster.resolve(meta_url, config=config, token=token, cluster=cluster)
+        self.config, self.meta_url = self.cluster.config, self.cluster.meta_url
         self._io_loop = loop is None and not asynchronous      # else the caller's loops
         if self._io_loop:
-            loop = current().io_loop(config.event_loop)
+            loop = current().io_loop(self.config.event_loop)
         super().__init__(asynchronous=asynchronous, loop=loop, batch_size=batch_size, **kwargs)
-        self.config = config
-        self.meta_url = joined(meta_urls(meta_url or self.config.meta_url))
         self._owner = new_owner()
         weakref.finalize(self, release, self._owner)   # when the filesystem goes, or at exit
 
@@ -90,27 +88,7 @@ class StagerFileSystem(AsyncFileSystem):
         return current().client(self._owner, asyncio.get_running_loop(), self._new_client)
 
     def _new_client(self) -> AsyncClient:
-        return AsyncClient(self.meta_url, config=self.config)
-
-    def _run(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any, **kwargs: Any) -> T:
-        return sync(self.loop, fn, *args, **kwargs)
-
-    def _schedule(self, fn: Callable[[], Coroutine[Any, Any, Any]]) -> None:
-        """Start ``fn()`` on the loop without waiting (safe on the loop's own thread and
-        in a finalizer); nothing happens when the loop is gone."""
-        loop = self.loop
-        if loop is None or loop.is_closed() or not loop.is_running():
-            return
-        try:
-            on_loop = asyncio.get_running_loop() is loop
-        except RuntimeError:
-            on_loop = False
-        if on_loop:
-            task = asyncio.ensure_future(fn())
-            _BACKGROUND.add(task)
-            task.add_done_callback(_BACKGROUND.discard)
-        else:
-            asyncio.run_coroutine_threadsafe(fn(), loop)
+        return AsyncClient(cluster=self.cluster)
 
     async def aclose(self) -> None:
         """Close this filesystem's clients (the running loop's one awaited)."""
@@ -145,7 +123,7 @@ class StagerFileSystem(AsyncFileSystem):
     def unstrip_protocol(self, name: str) -> str:
         if name.startswith("stager://"):
             return name
-        urls = meta_urls(self.meta_url)
+        urls = self.cluster.urls
         netloc = ",".join(u.removeprefix("http://") for u in urls) \
             if all(u.startswith("http://") for u in urls) else ""
         return f"stager://{netloc}{self._strip_protocol(name)}"
@@ -303,7 +281,7 @@ class StagerFileSystem(AsyncFileSystem):
         path = self._strip_protocol(path)
         kwargs.pop("size", None)          # a reopened (unpickled) file: stat again anyway
         if mode == "rb":
-            info = self._run(self._stat, path)
+            info = sync(self.loop, self._stat, path)
             if info.is_dir:
                 raise IsADirectory(f"{path} is a directory", path=path)
             return StagerReadFile(self, path, info, block_size=block_size,

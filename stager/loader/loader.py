@@ -31,6 +31,7 @@ import numpy as np
 from fsspec.asyn import sync
 
 from ..client import Client
+from ..client.cluster import Cluster
 from ..client.holder import current
 from ..config import Config
 from . import formats
@@ -62,10 +63,12 @@ class Loader:
     """Iterable of batches of a stager dataset for rank ``rank`` of ``world_size``.
 
     ``source``: a path or ``stager://`` URL of a directory, staged dataset,
-    tar shard, Parquet file or zarr array.  ``format``: ``"auto"``, ``"files"``,
-    ``"tar"``, ``"parquet"`` or ``"zarr"``.  The other keyword arguments are
-    grouped by role (:mod:`.options`), into :attr:`sharding`, :attr:`ordering`,
-    :attr:`prefetch`, :attr:`decoding` and :attr:`telemetry`:
+    tar shard, Parquet file or zarr array, on the cluster of ``client``, else
+    ``cluster``, else ``meta_url`` (or the URL's), ``config`` and ``token``.
+    ``format``: ``"auto"``, ``"files"``, ``"tar"``, ``"parquet"`` or ``"zarr"``.
+    The other keyword arguments are grouped by role (:mod:`.options`), into
+    :attr:`sharding`, :attr:`ordering`, :attr:`prefetch`, :attr:`decoding` and
+    :attr:`telemetry`:
 
     - which batches: ``rank``, ``world_size``, ``drop_last``, ``partition`` (a
       policy of ``PARTITIONS``, default ``interleaved``);
@@ -97,17 +100,19 @@ class Loader:
 
     def __init__(self, source: str, *, batch_size: int, meta_url: str | None = None,
                  client: Client | None = None, config: Config | None = None,
-                 token: str | None = None, format: str = "auto",
-                 index_cache: Any = _DEFAULT_CACHE, **options: Any) -> None:
+                 token: str | None = None, cluster: Cluster | None = None,
+                 format: str = "auto", index_cache: Any = _DEFAULT_CACHE,
+                 **options: Any) -> None:
         path, url_meta = parse_source(source)
         self.source = path
         self._owns_client = client is None
         self._origin = current()        # the holder of the process that made this loader
-        self._client = client or Client(meta_url or url_meta, config=config, token=token)
-        self._client_args = (self._client.meta_url, self._client.aio.config)
+        self._client = client or Client(meta_url or url_meta, config=config, token=token,
+                                        cluster=cluster)
+        self._cluster = self._client.cluster    # a copy in a worker or unpickled makes one
         try:
             self.sharding, self.ordering, self.prefetch, self.decoding, self.telemetry = \
-                group_options(self._client.aio.config, os.environ, batch_size=batch_size,
+                group_options(self._cluster.config, os.environ, batch_size=batch_size,
                               **options)
             index_options: dict[str, Any] = {"output": self.decoding.output}
             if index_cache is not _DEFAULT_CACHE:
@@ -365,7 +370,7 @@ class Loader:
     def _pipeline(self, batches: list[np.ndarray]) -> Pipeline:
         if self._fetcher is None:           # once per loader and process
             self._fetcher = sync(self._client.loop, self._prepare)
-            if self._client_args[1].loader_keep_freed:
+            if self._cluster.config.loader_keep_freed:
                 keep_freed_memory(2 * self.prefetch.bytes)
         if self._pool is None:
             self._pool = cf.ThreadPoolExecutor(self.decoding.threads,
@@ -453,8 +458,7 @@ class Loader:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        meta_url, config = self._client_args
-        self._client = Client(meta_url, config=config)
+        self._client = Client(cluster=self._cluster)
         self._owns_client = True
         self._origin = current()
         self._order_cache = None

@@ -22,10 +22,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..config import Config
 from ..errors import NotADirectory, StagerError
 from .options import MountOptions, resolve
+
+if TYPE_CHECKING:
+    from ..client.cluster import Cluster
 
 log = logging.getLogger("stager.mount")
 FSTYPE = "fuse.stager"
@@ -71,7 +74,7 @@ def tune_readahead(device: str, nbytes: int) -> bool:
         return False
 
 
-async def serve(options: MountOptions, meta_url: str, config: Config) -> None:
+async def serve(options: MountOptions, cluster: Cluster) -> None:
     """Mount, answer requests until unmounted or signalled, then clean up."""
     import pyfuse3
     import pyfuse3.asyncio
@@ -80,7 +83,7 @@ async def serve(options: MountOptions, meta_url: str, config: Config) -> None:
     from .fs import StagerFS
 
     pyfuse3.asyncio.enable()
-    async with AsyncClient(meta_url, config=config) as client:
+    async with AsyncClient(cluster=cluster) as client:
         root = await client.stat(options.path, cached=False)
         if not root.is_dir:
             raise NotADirectory(f"{options.path} is not a directory", path=options.path)
@@ -96,7 +99,7 @@ async def serve(options: MountOptions, meta_url: str, config: Config) -> None:
             stopping: set[asyncio.Task[None]] = set()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, lambda: stopping.add(loop.create_task(_stop(point))))
-            log.info("mounted %s%s at %s", meta_url, root.path, point)
+            log.info("mounted %s%s at %s", cluster.meta_url, root.path, point)
             await pyfuse3.main(min_tasks=2)
         finally:
             await fs.shutdown()
@@ -126,17 +129,17 @@ def _after_init(point: str, options: MountOptions) -> None:
         tune_readahead(entry.device, options.kernel_readahead)
 
 
-def run_foreground(options: MountOptions, meta_url: str, config: Config,
-                   pid_file: str | None = None) -> int:
+def run_foreground(options: MountOptions, cluster: Cluster, pid_file: str | None = None
+                   ) -> int:
     if pid_file:
         Path(pid_file).write_text(f"{os.getpid()}\n")
     try:
         try:
             import uvloop
         except ImportError:
-            asyncio.run(serve(options, meta_url, config))
+            asyncio.run(serve(options, cluster))
         else:
-            uvloop.run(serve(options, meta_url, config))
+            uvloop.run(serve(options, cluster))
     finally:
         if pid_file:
             Path(pid_file).unlink(missing_ok=True)
