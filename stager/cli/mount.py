@@ -8,6 +8,7 @@ import os
 import sys
 import tempfile
 
+from ..client.cluster import Cluster
 from ..config import load_config, parse_size
 from ..mount import MountOptions, run_foreground, spawn, unmount
 from ..mount.options import resolve
@@ -47,7 +48,6 @@ def _daemon_argv(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
-    from ..client.cluster import Cluster
     from ..mount.runner import check_mountpoint
 
     options = options_of(args)

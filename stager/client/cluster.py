@@ -1,11 +1,9 @@
 """``Cluster``: where a stager cluster is and how to talk to it, resolved once.
 
-``Client``, ``AsyncClient``, the ``stager://`` filesystem and ``Loader`` all take
-``(meta_url, config, token)``; each resolves them into this one value (like
-httpx's ``Timeout``: a small explicit object instead of loose keywords) and
-passes it down to what it builds, so the configuration is loaded, the token
-applied and the URL list split in one place.  It is frozen and pickles, so a
-forked or unpickled DataLoader worker rebuilds its client from it.
+``Client``, ``AsyncClient``, the ``stager://`` filesystem, ``Loader`` and the mount
+take ``(meta_url, config, token)`` or this value resolved from them (``cluster=``),
+and pass it down to what they build.  It pickles: an unpickled Loader's client is
+made from it.
 """
 
 from __future__ import annotations

@@ -4,8 +4,7 @@ Coroutines run on the process's I/O thread, through the client the process
 holder keeps for this ``Client`` (:mod:`.holder`, shared with the Loader and
 the ``stager://`` filesystem).  A forked child gets its own I/O thread and
 client on first use, so PyTorch DataLoader workers can use a ``Client`` made
-before they were forked.  Everything blocks on that thread as fsspec does,
-through the public ``loop``: ``fsspec.asyn.sync(client.loop, fn, ...)``.
+before they were forked.
 """
 
 from __future__ import annotations

@@ -12,10 +12,6 @@ opened (so ``"xb"`` fails at once on an existing file), each full chunk is
 sent as it fills, and ``close`` commits.  An exception inside ``with``,
 ``discard()``, or a file dropped without ``close`` aborts the upload: nothing
 becomes visible.
-
-Both block on the filesystem's I/O loop as fsspec's own file objects do,
-``sync(fs.loop, ...)``, and start what they need not wait for with
-:func:`~stager.client.holder.schedule`.
 """
 
 from __future__ import annotations

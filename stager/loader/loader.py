@@ -63,12 +63,10 @@ class Loader:
     """Iterable of batches of a stager dataset for rank ``rank`` of ``world_size``.
 
     ``source``: a path or ``stager://`` URL of a directory, staged dataset,
-    tar shard, Parquet file or zarr array, on the cluster of ``client``, else
-    ``cluster``, else ``meta_url`` (or the URL's), ``config`` and ``token``.
-    ``format``: ``"auto"``, ``"files"``, ``"tar"``, ``"parquet"`` or ``"zarr"``.
-    The other keyword arguments are grouped by role (:mod:`.options`), into
-    :attr:`sharding`, :attr:`ordering`, :attr:`prefetch`, :attr:`decoding` and
-    :attr:`telemetry`:
+    tar shard, Parquet file or zarr array.  ``format``: ``"auto"``, ``"files"``,
+    ``"tar"``, ``"parquet"`` or ``"zarr"``.  The other keyword arguments are
+    grouped by role (:mod:`.options`), into :attr:`sharding`, :attr:`ordering`,
+    :attr:`prefetch`, :attr:`decoding` and :attr:`telemetry`:
 
     - which batches: ``rank``, ``world_size``, ``drop_last``, ``partition`` (a
       policy of ``PARTITIONS``, default ``interleaved``);

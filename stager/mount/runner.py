@@ -22,13 +22,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from ..client.cluster import Cluster
 from ..errors import NotADirectory, StagerError
 from .options import MountOptions, resolve
-
-if TYPE_CHECKING:
-    from ..client.cluster import Cluster
 
 log = logging.getLogger("stager.mount")
 FSTYPE = "fuse.stager"
