@@ -15,7 +15,7 @@ import aiohttp
 from ..config import Config
 from ..dataplane import DataPlane, PlaneOptions, StripedReader, StripedWriter, make_session
 from ..dataplane.transport import TargetCounters
-from ..errors import IsADirectory, NoTargets, NotFound, StagerError, Unavailable, UploadNotFound
+from ..errors import IsADirectory, NotFound, StagerError, Unavailable, UploadNotFound
 from ..protocol import messages as m
 from ..protocol import paths
 from ..protocol.authmsg import TokenCreated, TokenInfo, TokenList, TokenRequest
@@ -30,6 +30,7 @@ from .capabilities import CapabilityBook
 from .cluster import Cluster
 from .fileio import AsyncReadFile, AsyncWriteFile
 from .metaconn import LONG, MetaConnection
+from .rewrite import written_again
 from .transfer import get_local, put_local
 
 KEPT_MANIFESTS = 4         # paths whose last manifest get_manifest keeps to revalidate
@@ -209,7 +210,7 @@ class AsyncClient:
         """The cluster at a glance, as JSON (what ``stager status --json`` prints)."""
         return Status.from_json(await self.meta.request(route("status"))).to_json()
 
-    # -- administration (stager/meta/reliability.py) ----------------------------------
+    # -- administration (stager/meta/upkeep/reliability.py) ---------------------------
     async def remove_target(self, target_id: str) -> TargetInfo:
         """Declare a target lost: its chunks are re-replicated onto other targets."""
         return TargetInfo.from_json(await self.meta.request(
@@ -234,7 +235,7 @@ class AsyncClient:
     async def targets(self) -> list[TargetInfo]:
         return list(m.TargetList.from_json(await self.meta.request(route("list_targets"))).targets)
 
-    # -- tokens (stager/meta/authapp.py; an admin token) -----------------------------------
+    # -- tokens (stager/meta/http/authapp.py; an admin token) ------------------------------
     async def create_token(self, scopes: Sequence[str], prefixes: Sequence[str] = ("/",),
                            ttl: int = 86400, name: str = "",
                            uses: int | None = None) -> TokenCreated:
@@ -370,28 +371,18 @@ class AsyncClient:
 
     async def pipe(self, path: str, data: bytes | bytearray | memoryview, *,
                    layout: LayoutSpec | None = None, overwrite: bool = True) -> FileInfo:
-        """Write ``data`` at ``path``.  The bytes are in memory, so a write that failed
-        because a server was unreachable, or whose upload was gone before any commit of
-        it was done (``never_committed``: collected, or lost in a crash of the metadata
-        database just after it began), is sent again, as a new upload whose layout the
-        metadata server picks from the targets up by then, with backoff
-        (``write_retries`` times; only with ``overwrite``, which makes it idempotent)."""
+        """Write ``data`` at ``path``.  The bytes are in memory: a write that failed is
+        written again as :mod:`.rewrite` decides (``write_retries`` times, only with
+        ``overwrite``)."""
         async def one() -> AsyncIterator[bytes]:
             yield data  # type: ignore[misc]
 
-        retries = self.config.write_retries if overwrite else 0
-        for attempt in range(retries + 1):
-            try:
-                if not data and overwrite and layout is None:
-                    return await self._put_empty(path)
-                return await self.write_stream(path, one(), layout=layout, overwrite=overwrite)
-            except NoTargets:
-                raise           # a layout no set of healthy targets can give
-            except (Unavailable, UploadNotFound) as exc:
-                if attempt == retries or exc.details.get("settled"):
-                    raise       # settled: a commit asked again, which may have been done
-                await asyncio.sleep(min(0.25 * 2 ** attempt, 4.0))
-        raise AssertionError("unreachable")
+        async def write() -> FileInfo:
+            if not data and overwrite and layout is None:
+                return await self._put_empty(path)
+            return await self.write_stream(path, one(), layout=layout, overwrite=overwrite)
+
+        return await written_again(write, self.config.write_retries if overwrite else 0)
 
     async def _put_empty(self, path: str) -> FileInfo:
         """An empty file in one request: the gateway's PUT with no body, which creates and

@@ -230,3 +230,29 @@ async def test_a_write_through_the_mount_right_after_kill9_routes_around(
             cluster.kill_data(0)
             await asyncio.to_thread((m.mountpoint / "m" / "file.bin").write_bytes, body)
         await check(cluster, c, "/m/file.bin", body, dead)
+
+
+async def test_a_put_whose_only_stored_copy_died_is_written_again_whole(
+        cluster: ProcessCluster, tmp_path: Path) -> None:
+    """One replica: a chunk already stored on the killed server has no copy left to
+    re-copy from, so that upload cannot be finished.  The source is a local file,
+    read again: the put writes the whole file again as a new upload (the policy of
+    :mod:`stager.client.rewrite`, which ``pipe`` and ``write_many`` share)."""
+    body = payload(5, 40 * 1024 * 1024)
+    (tmp_path / "src.bin").write_bytes(body)
+    roots = {i: cluster.root / f"data{i}" / "chunks" for i in range(N)}
+    config = load_config({"write_retries": 2}, env={})
+    async with AsyncClient(cluster.meta_url, config=config) as c:
+        put = asyncio.create_task(c.put(tmp_path / "src.bin", "/again.bin",
+                                        layout=LayoutSpec(chunk_size=CHUNK, replicas=1)))
+        while not put.done():            # the first chunk stored anywhere: kill its server
+            holder = next((i for i, d in roots.items()
+                           if any(p.is_file() and not p.name.endswith(".tmp")
+                                  for p in d.rglob("*"))), None)
+            if holder is not None:
+                cluster.kill_data(holder)
+                break
+            await asyncio.sleep(0.005)
+        [info] = await put
+        assert holder is not None, "the put ended before a chunk was stored"
+        await check(cluster, c, "/again.bin", body, cluster.target_id(holder))

@@ -28,6 +28,7 @@ from ...aio import cancel_and_wait, gather_or_cancel
 from ...dataplane import StripedWriter
 from ...errors import SourceError
 from ...protocol.models import FileInfo, LayoutSpec
+from ..rewrite import written_again
 from .sinks import Sink
 from .sources import Source
 
@@ -172,17 +173,30 @@ async def copy_in(client: AsyncClient, source: Source, path: str, size: int, dst
     otherwise fails the copy (it changed while staging).
     """
     count = on_bytes or (lambda n: None)
-    file_id, writer = await client.create(dst, layout=layout, overwrite=overwrite)
-    try:
+
+    async def write() -> FileInfo:
+        sent = 0
+
+        def counted(n: int) -> None:
+            nonlocal sent
+            sent += n
+            count(n)
+
+        file_id, writer = await client.create(dst, layout=layout, overwrite=overwrite)
         try:
-            await _write_ranges(writer, source, path, size, part, window, count, buffers,
-                                etag)
-        except _RangesIgnored:      # raised by the first read: nothing written yet
-            await _write_stream(writer, source, path, size, part, count)
-        return await client.commit(file_id, writer, mtime=mtime)
-    except BaseException:
-        await asyncio.shield(client.abort(file_id, writer))
-        raise
+            try:
+                await _write_ranges(writer, source, path, size, part, window, counted,
+                                    buffers, etag)
+            except _RangesIgnored:      # raised by the first read: nothing written yet
+                await _write_stream(writer, source, path, size, part, counted)
+            return await client.commit(file_id, writer, mtime=mtime)
+        except BaseException:
+            await asyncio.shield(client.abort(file_id, writer))
+            count(-sent)        # a write again counts its bytes again
+            raise
+
+    # The source is read by path: a failed write can be written again, whole.
+    return await written_again(write, client.config.write_retries if overwrite else 0)
 
 
 async def copy_out(client: AsyncClient, info: FileInfo, sink: Sink, *,
