@@ -9,15 +9,14 @@ import sys
 import tempfile
 
 from ..client.cluster import Cluster
-from ..config import load_config, parse_size
+from ..config import Config, parse_size
 from ..mount import MountOptions, run_foreground, spawn, unmount
 from ..mount.options import resolve
 from ..protocol import paths
 from .main import meta_url
 
 
-def options_of(args: argparse.Namespace) -> MountOptions:
-    config = load_config()
+def options_of(args: argparse.Namespace, config: Config) -> MountOptions:
     return MountOptions(
         mountpoint=args.mountpoint, path=paths.normalize(args.path),
         read_only=args.read_only, attr_timeout=args.attr_timeout,
@@ -50,10 +49,11 @@ def _daemon_argv(args: argparse.Namespace) -> list[str]:
 def cmd_mount(args: argparse.Namespace) -> int:
     from ..mount.runner import check_mountpoint
 
-    options = options_of(args)
+    cluster = Cluster.resolve(meta_url(args))
+    options = options_of(args, cluster.config)
     check_mountpoint(args.mountpoint)
     if args.foreground:
-        return run_foreground(options, Cluster.resolve(meta_url(args)), args.pid_file)
+        return run_foreground(options, cluster, args.pid_file)
     log_file = args.log or default_log(args.mountpoint)
     pid = spawn(_daemon_argv(args), args.mountpoint, log_file)
     print(f"mounted {meta_url(args)}{options.path} at {options.abs_mountpoint} "
