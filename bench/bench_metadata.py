@@ -95,7 +95,8 @@ async def stager_ops(meta_url: str, creates: int, stats: int, lists: int,
 
 async def _batched_creates(c: Any, count: int) -> float:
     """Seconds for ``count`` empty files written ``BATCH`` at a time with write_many
-    (one create-batch and one commit-batch request, two transactions, per batch)."""
+    (one create and one commit request of that many files, two transactions, per
+    batch)."""
     start = time.perf_counter()
     for k in range(0, count, BATCH):
         results = await c.write_many([(f"/bat/f{i:06d}", b"")
@@ -215,8 +216,8 @@ def _result(ours: dict[str, tuple[float, str]], local: dict[str, tuple[float, st
             "empty files (Client.pipe of no bytes: one request, the gateway's PUT, whose "
             "create and commit are two transactions on the server, the commit fsynced; "
             f"'{PARALLEL} in flight' shares transactions through the store thread's group "
-            f"commit; 'batches of {BATCH}' sends one create-batch and one commit-batch "
-            "request per batch, one transaction each).",
+            f"commit; 'batches of {BATCH}' sends one create and one commit request of "
+            f"{BATCH} files per batch, one transaction each).",
             f"The {huge:,}-entry directory was filled through the store interface "
             f"before the server started ({huge / fill_seconds:,.0f} files/s, not an API "
             "figure); the listing is timed through the client, in pages of 1,000.",

@@ -8,7 +8,7 @@ operations, through the client: an empty file created one at a time (one request
 the gateway's PUT, which creates and commits it), a 1 KiB file (create, the chunk
 written to a data server, commit), stat, listing a
 1,000-entry directory, rename, one ``write_many`` of 1,000 empty files (one
-create-batch and one commit-batch request), and creates from two clients with
+batched create and one batched commit request), and creates from two clients with
 16 in flight each -- both on the one server, or one client per server -- whose
 rates give the two-server / one-server ratio.  While those creates run, the machine's
 busy cores and the metadata servers' CPU are read from ``/proc``: whether the one
@@ -182,8 +182,8 @@ def _interface(name: str, store: MetaStore, n: int) -> Rows:
         async def create(i: int) -> None:
             u = upload(f"i{i:08d}", f"/i/f{i:06d}")
             await store.check_creates([(u.path, True, True)])
-            await store.begin_upload(u)
-            await store.commit_upload(u.file_id, size=0, checksums=(), mtime=1.0, now=1.0)
+            await store.begin_uploads([u])
+            await store.commit_uploads([(u.file_id, 0, (), 1.0)], now=1.0)
 
         out: Rows = {}
         if isinstance(store, PostgreSQLStore):      # what any call of the store costs

@@ -11,8 +11,8 @@ durable-create rate (16 KiB file, fsync, rename, fsync of the directory, 16
 threads): what each staged small file costs the data servers at least.  The
 rows after it are the metadata server alone: a create and a commit per empty
 file, 64 in flight (timed on ``META_ONLY_FILES`` files and scaled to the tree),
-and the same files in batches of 512 (``write_many``: one create-batch and one
-commit-batch request per batch, as staging sends small files).
+and the same files in batches of 512 (``write_many``: one batched create and one
+batched commit request per batch, as staging sends small files).
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ async def _meta_only(meta_url: str, files: int, in_flight: int = 64) -> float:
 
 async def _meta_batched(meta_url: str, files: int, batch: int = 512) -> float:
     """Seconds for ``files`` empty files written ``batch`` at a time with write_many:
-    a create-batch and a commit-batch request per batch, as staging sends them."""
+    a batched create and a batched commit request per batch, as staging sends them."""
     async with new_client(meta_url) as client:
         start = time.perf_counter()
         for k in range(0, files, batch):
@@ -400,7 +400,7 @@ def _result(rows: list[list[Any]], med: dict[tuple[str, str], float],
             "write (fsync, rename, fsync of the directory) on a data server; cp -r and "
             "fsspec get write to the page cache only.",
             "Small files go in batches (stager/client/transfer/small.py): groups of up to "
-            "512 files, 3 in flight, each one create-batch and one commit-batch request (one "
+            "512 files, 3 in flight, each one batched create and one batched commit request (one "
             "transaction, one fsync each) and one chunk batch (POST /v1/write) per data "
             "server, whose chunks are written and fsynced concurrently, each durable "
             "before the answer.  Groups are written while the rest of the source is "

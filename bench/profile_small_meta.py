@@ -45,9 +45,10 @@ def group_commit(files: int, writers: int = 16) -> None:
     from stager.config import load_config
     from stager.meta.service import MetaService
     from stager.meta.store.sqlite.store import SQLiteStore
+    from stager.protocol.batch import CommitItem, CreateItem, one
     from stager.protocol.models import TargetInfo
 
-    async def one(root: Path, max_group: int) -> None:
+    async def measure(root: Path, max_group: int) -> None:
         store = SQLiteStore(root / f"meta-{max_group}.sqlite3", max_group=max_group)
         service = MetaService(store, load_config(env={}))
         await service.start()
@@ -57,8 +58,8 @@ def group_commit(files: int, writers: int = 16) -> None:
 
         async def writer() -> None:
             for i in todo:
-                upload, _ = await service.create(f"/d/f{i}")
-                await service.commit(upload.file_id, size=0, checksums=())
+                upload, _ = one(await service.create([CreateItem(f"/d/f{i}")]))
+                one(await service.commit([CommitItem(upload.file_id, 0, ())]))
 
         start = time.perf_counter()
         await asyncio.gather(*(writer() for _ in range(writers)))
@@ -71,5 +72,5 @@ def group_commit(files: int, writers: int = 16) -> None:
 
     with tempfile.TemporaryDirectory(prefix="profile-group-") as tmp:
         for max_group in (1, 256, 1, 256):
-            asyncio.run(one(Path(tmp), max_group))
+            asyncio.run(measure(Path(tmp), max_group))
 

@@ -1,5 +1,5 @@
 """A quick look at the two metadata stores, at the store interface (no HTTP): create
-(begin_upload + commit_upload, one at a time), stat, and creates with 64 in flight
+(begin_uploads + commit_uploads of one, one at a time), stat, and creates with 64 in flight
 (group commit), SQLite and a throwaway PostgreSQL side by side.
 
     python -m bench.store_quick [N]
@@ -24,8 +24,8 @@ from stager.testing.postgres import start_postgres
 
 async def create(store: MetaStore, file_id: str, path: str) -> None:
     u = upload(file_id, path)
-    await store.begin_upload(u)
-    await store.commit_upload(u.file_id, size=1, checksums=(1,), mtime=1.0, now=1.0)
+    await store.begin_uploads([u])
+    await store.commit_uploads([(u.file_id, 1, (1,), 1.0)], now=1.0)
 
 
 async def measure(name: str, store: MetaStore, n: int) -> None:

@@ -172,8 +172,10 @@ class World:
         return path
 
     def upload(self, path: str, cred: str = "admin") -> dict[str, Any]:
-        body = as_json(CreateItem(path).to_json())
-        return dict(self.admin("POST", route("create").target(), body, cred).json())
+        """A create of ``path`` (a batch of one): its one result, the upload."""
+        body = as_json({"items": [CreateItem(path).to_json()]})
+        [made] = self.admin("POST", route("create").target(), body, cred).json()["results"]
+        return dict(made)
 
     def stat(self, path: str, cred: str) -> dict[str, Any]:
         return dict(self.admin("GET", route("stat").target(path=path), cred=cred).json())
@@ -225,7 +227,8 @@ def _chunk_batch(w: World) -> Sent:
 
 
 def _commit(w: World) -> Sent:
-    return post("commit", CommitItem(w.upload(w.name("c"))["file_id"], 0, ()).to_json())
+    return post("commit", {"items": [CommitItem(w.upload(w.name("c"))["file_id"], 0,
+                                                ()).to_json()]})
 
 
 def _reroute(w: World) -> Sent:
@@ -294,16 +297,11 @@ CASES: dict[str, Case] = {
     "mkdir": Case(lambda w: post("mkdir", {"path": w.name("d")}), **WRITE_M),
     "set_layout": Case(lambda w: post("set_layout", {
         "path": w.mkdir("l"), "layout": LayoutSpec(replicas=1).to_json()}), **WRITE_M),
-    "create": Case(lambda w: post("create", CreateItem(w.name("n")).to_json()), **WRITE_M),
+    "create": Case(lambda w: post("create", {"items": [CreateItem(w.name("n")).to_json()]}),
+                   **WRITE_M),
     "commit": Case(_commit, **WRITE_M),
-    "abort": Case(lambda w: post("abort", {"file_id": w.upload(w.name("ab"))["file_id"]}),
+    "abort": Case(lambda w: post("abort", {"file_ids": [w.upload(w.name("ab"))["file_id"]]}),
                   **WRITE_M),
-    "create_batch": Case(lambda w: post("create_batch", {
-        "items": [CreateItem(w.name("nb")).to_json()]}), **WRITE_M),
-    "commit_batch": Case(lambda w: post("commit_batch", {"items": [CommitItem(
-        w.upload(w.name("cb"))["file_id"], 0, ()).to_json()]}), **WRITE_M),
-    "abort_batch": Case(lambda w: post("abort_batch", {
-        "file_ids": [w.upload(w.name("ab"))["file_id"]]}), **WRITE_M),
     "reroute": Case(_reroute, **WRITE_M),
     "rename": Case(lambda w: post("rename", {"src": (src := w.mkdir("r")),
                                              "dst": src + "-moved"}), **WRITE_M),

@@ -1,6 +1,7 @@
-"""Batched writes: create-batch, commit-batch, abort-batch on the metadata server,
-chunk batches (POST /v1/write) on data servers, AsyncClient.write_many, and the
-tree put and staging paths built on them.  Real servers on loopback throughout.
+"""Batched writes: create, commit and abort on the metadata server (each takes a batch;
+a single write is a batch of one), chunk batches (POST /v1/write) on data servers,
+AsyncClient.write_many, and the tree put and staging paths built on them.  Real
+servers on loopback throughout.
 
 A malformed batch fails whole and changes nothing; an item that fails against the
 namespace fails alone, its error in its place; a file is visible only once
@@ -33,6 +34,7 @@ from stager.errors import (
 )
 from stager.protocol.batch import MAX_BATCH_ITEMS
 from stager.protocol.models import FileInfo, LayoutSpec
+from stager.protocol.routes import ROUTES
 from stager.stage import stage_sync
 from stager.testing import ThreadCluster
 
@@ -74,11 +76,11 @@ def meta_requests(http, cluster: ThreadCluster) -> dict[str, float]:  # type: ig
     return out
 
 
-# -- create-batch / commit-batch / abort-batch over HTTP ---------------------------------------
+# -- create / commit / abort over HTTP, each a batch --------------------------------------------
 def test_create_then_commit_batch_makes_files_visible_only_at_commit(
         cluster: ThreadCluster, http, ns: str) -> None:
     items = [{"path": f"{ns}/d{i % 2}/f{i}"} for i in range(5)]
-    reply = post(http, cluster.meta_url, "/v1/create-batch", {"items": items})
+    reply = post(http, cluster.meta_url, "/v1/create", {"items": items})
     assert reply.status == 200, reply.body
     uploads = reply.json()["results"]
     assert [u["path"] for u in uploads] == [i["path"] for i in items]
@@ -88,7 +90,7 @@ def test_create_then_commit_batch_makes_files_visible_only_at_commit(
     assert_error(http(cluster.meta_url, "GET", f"/v1/stat{ns}/d0/f0"), 404, "not_found")
     commits = [{"file_id": u["file_id"], "size": 0, "checksums": [], "mtime": 1000.0 + i}
                for i, u in enumerate(uploads)]
-    reply = post(http, cluster.meta_url, "/v1/commit-batch", {"items": commits})
+    reply = post(http, cluster.meta_url, "/v1/commit", {"items": commits})
     assert reply.status == 200, reply.body
     infos = reply.json()["results"]
     assert [(i["path"], i["size"], i["mtime"]) for i in infos] == [
@@ -108,7 +110,7 @@ def test_failed_items_fail_alone_and_leave_nothing(cluster: ThreadCluster, clien
              {"path": f"{ns}/dir"},                               # 409 is a directory
              {"path": f"{ns}/nowhere/x", "parents": False},       # 404 no parent
              {"path": f"{ns}/ok"}]
-    reply = post(http, cluster.meta_url, "/v1/create-batch", {"items": items})
+    reply = post(http, cluster.meta_url, "/v1/create", {"items": items})
     assert reply.status == 200, reply.body
     results = reply.json()["results"]
     assert [(r.get("error"), r.get("status")) for r in results[:4]] == [
@@ -117,12 +119,12 @@ def test_failed_items_fail_alone_and_leave_nothing(cluster: ThreadCluster, clien
     assert "file_id" in results[4]
     assert pending_uploads(cluster, ns) == [f"{ns}/ok"]
     # commit: one good, one unknown, one with the wrong number of checksums
-    other = post(http, cluster.meta_url, "/v1/create-batch",
+    other = post(http, cluster.meta_url, "/v1/create",
                  {"items": [{"path": f"{ns}/wrong"}]}).json()["results"][0]
     commits = [{"file_id": results[4]["file_id"], "size": 0, "checksums": []},
                {"file_id": uuid.uuid4().hex, "size": 0, "checksums": []},
                {"file_id": other["file_id"], "size": 10, "checksums": []}]
-    reply = post(http, cluster.meta_url, "/v1/commit-batch", {"items": commits})
+    reply = post(http, cluster.meta_url, "/v1/commit", {"items": commits})
     got = reply.json()["results"]
     assert got[0]["path"] == f"{ns}/ok"
     assert (got[1]["error"], got[1]["status"]) == ("upload_not_found", 404)
@@ -130,7 +132,7 @@ def test_failed_items_fail_alone_and_leave_nothing(cluster: ThreadCluster, clien
     assert client.cat(f"{ns}/exists") == b"old"
     assert not client.exists(f"{ns}/wrong")             # its commit failed: still pending
     assert pending_uploads(cluster, ns) == [f"{ns}/wrong"]
-    reply = post(http, cluster.meta_url, "/v1/abort-batch",
+    reply = post(http, cluster.meta_url, "/v1/abort",
                  {"file_ids": [other["file_id"], uuid.uuid4().hex]})
     assert reply.status == 200
     aborted = reply.json()["results"]
@@ -140,10 +142,10 @@ def test_failed_items_fail_alone_and_leave_nothing(cluster: ThreadCluster, clien
 
 def test_a_commit_that_lost_its_race_changes_nothing(cluster: ThreadCluster, client: Client,
                                                      http, ns: str) -> None:
-    created = post(http, cluster.meta_url, "/v1/create-batch", {"items": [
+    created = post(http, cluster.meta_url, "/v1/create", {"items": [
         {"path": f"{ns}/a", "overwrite": False}, {"path": f"{ns}/b"}]}).json()["results"]
     client.pipe(f"{ns}/a", b"first")           # someone else got there in between
-    reply = post(http, cluster.meta_url, "/v1/commit-batch", {"items": [
+    reply = post(http, cluster.meta_url, "/v1/commit", {"items": [
         {"file_id": c["file_id"], "size": 0, "checksums": []} for c in created]})
     results = reply.json()["results"]
     assert results[0]["error"] == "exists" and results[1]["path"] == f"{ns}/b"
@@ -166,7 +168,7 @@ def test_a_malformed_create_batch_fails_whole(cluster: ThreadCluster, http, ns: 
     items = [{**i, "path": ns + i["path"] if isinstance(i.get("path"), str) and
               i["path"].startswith("/") else i["path"]} if isinstance(i, dict) else i
              for i in items]
-    body = assert_error(post(http, cluster.meta_url, "/v1/create-batch", {"items": items}),
+    body = assert_error(post(http, cluster.meta_url, "/v1/create", {"items": items}),
                         status, code)
     assert body["details"]["index"] == index
     assert pending_uploads(cluster, ns) == []          # not even the good items began
@@ -175,7 +177,7 @@ def test_a_malformed_create_batch_fails_whole(cluster: ThreadCluster, http, ns: 
 def test_malformed_commit_and_abort_batches_fail_whole(cluster: ThreadCluster, http,
                                                        ns: str) -> None:
     url = cluster.meta_url
-    created = post(http, url, "/v1/create-batch",
+    created = post(http, url, "/v1/create",
                    {"items": [{"path": f"{ns}/f"}]}).json()["results"][0]
     good = {"file_id": created["file_id"], "size": 0, "checksums": []}
     for items, code in (([good, {**good}], "bad_request"),                  # twice
@@ -185,44 +187,101 @@ def test_malformed_commit_and_abort_batches_fail_whole(cluster: ThreadCluster, h
                                  "checksums": ["xyz"]}], "bad_request"),
                         ([good, {"file_id": uuid.uuid4().hex, "size": True,
                                  "checksums": []}], "bad_request")):
-        body = assert_error(post(http, url, "/v1/commit-batch", {"items": items}), 400, code)
+        body = assert_error(post(http, url, "/v1/commit", {"items": items}), 400, code)
         assert body["details"]["index"] == 1
-    assert_error(post(http, url, "/v1/commit-batch", {"items": {"a": 1}}), 400, "bad_request")
-    assert_error(post(http, url, "/v1/commit-batch", {}), 400, "bad_request")
-    assert_error(http(url, "POST", "/v1/commit-batch", body=b"{not json"), 400, "bad_request")
-    assert_error(post(http, url, "/v1/abort-batch", {"file_ids": [created["file_id"]] * 2}),
+    assert_error(post(http, url, "/v1/commit", {"items": {"a": 1}}), 400, "bad_request")
+    assert_error(post(http, url, "/v1/commit", {}), 400, "bad_request")
+    assert_error(http(url, "POST", "/v1/commit", body=b"{not json"), 400, "bad_request")
+    assert_error(post(http, url, "/v1/abort", {"file_ids": [created["file_id"]] * 2}),
                  400, "bad_request")
-    assert_error(post(http, url, "/v1/abort-batch", {"file_ids": ["../x"]}), 400,
+    assert_error(post(http, url, "/v1/abort", {"file_ids": ["../x"]}), 400,
                  "bad_request")
     assert pending_uploads(cluster, ns) == [f"{ns}/f"]  # none of that touched it
-    assert post(http, url, "/v1/commit-batch", {"items": [good]}).status == 200
+    assert post(http, url, "/v1/commit", {"items": [good]}).status == 200
 
 
 def test_batches_over_the_item_limit_are_413(cluster: ThreadCluster, http, ns: str) -> None:
     n = MAX_BATCH_ITEMS + 1
-    body = assert_error(post(http, cluster.meta_url, "/v1/create-batch",
+    body = assert_error(post(http, cluster.meta_url, "/v1/create",
                              {"items": [{"path": f"{ns}/f{i}"} for i in range(n)]}),
                         413, "too_large")
     assert body["details"]["limit"] == MAX_BATCH_ITEMS
     assert pending_uploads(cluster, ns) == []
-    assert_error(post(http, cluster.meta_url, "/v1/commit-batch", {"items": [
+    assert_error(post(http, cluster.meta_url, "/v1/commit", {"items": [
         {"file_id": uuid.uuid4().hex, "size": 0, "checksums": []}] * n}), 413, "too_large")
-    assert_error(post(http, cluster.meta_url, "/v1/abort-batch",
+    assert_error(post(http, cluster.meta_url, "/v1/abort",
                       {"file_ids": [uuid.uuid4().hex for _ in range(n)]}), 413, "too_large")
 
 
 def test_an_empty_batch_is_an_empty_answer(cluster: ThreadCluster, http) -> None:
-    for route in ("/v1/create-batch", "/v1/commit-batch"):
+    for route in ("/v1/create", "/v1/commit"):
         reply = post(http, cluster.meta_url, route, {"items": []})
         assert reply.status == 200 and reply.json() == {"results": []}
 
 
 def test_openapi_documents_the_batch_routes(cluster: ThreadCluster, http) -> None:
     meta = http(cluster.meta_url, "GET", "/openapi.json").json()
-    for route in ("/v1/create-batch", "/v1/commit-batch", "/v1/abort-batch"):
-        assert "post" in meta["paths"][route]
+    for route in ("/v1/create", "/v1/commit", "/v1/abort"):
+        body = meta["paths"][route]["post"]["requestBody"]["content"]["application/json"]
+        request = meta["components"]["schemas"][body["schema"]["$ref"].rsplit("/", 1)[1]]
+        assert request["type"] == "object" and set(request["required"]) & {"items", "file_ids"}
     data = http(cluster.data[0].url, "GET", "/openapi.json").json()  # type: ignore[union-attr]
     assert "post" in data["paths"]["/v1/write"]
+
+
+def test_each_write_has_one_route_and_the_batch_twins_are_gone(cluster: ThreadCluster,
+                                                                http) -> None:
+    for op in ("create", "commit", "abort"):       # create_token mints tokens: not a write
+        assert [r.op for r in ROUTES if r.path.startswith(f"/v1/{op}")] == [op]
+        assert [r.path for r in ROUTES if r.op.startswith(op) and r.op != "create_token"
+                ] == [f"/v1/{op}"]
+    assert not [r.op for r in ROUTES if r.op.endswith("_batch")]
+    paths = http(cluster.meta_url, "GET", "/openapi.json").json()["paths"]
+    for twin in ("/v1/create-batch", "/v1/commit-batch", "/v1/abort-batch"):
+        assert twin not in paths
+        reply = post(http, cluster.meta_url, twin, {"items": []})
+        assert reply.status in (404, 405), (twin, reply.status)
+
+
+def test_a_batch_of_one_is_the_single_write(cluster: ThreadCluster, client: Client, http,
+                                            ns: str) -> None:
+    """What the single create and commit answered, each as the one item of a batch."""
+    def one(route: str, body: dict) -> dict:  # type: ignore[type-arg]
+        reply = post(http, cluster.meta_url, route, body)
+        assert reply.status == 200, reply.body
+        [result] = reply.json()["results"]
+        return result  # type: ignore[no-any-return]
+
+    root = one("/v1/create", {"items": [{"path": "/"}]})
+    assert (root["error"], root["status"]) == ("is_a_directory", 409)   # as it always was
+    bad = {"items": [{"path": f"{ns}/x", "layout": {"replicas": 9}}]}     # malformed: whole
+    assert_error(post(http, cluster.meta_url, "/v1/create", bad), 400, "invalid_layout")
+    huge = one("/v1/create", {"items": [{"path": f"{ns}/x", "layout": {"chunk_size": 1 << 40}}]})
+    assert (huge["error"], huge["status"]) == ("invalid_layout", 400)     # over this server's
+    client.pipe(f"{ns}/kept", b"kept")
+    taken = one("/v1/create", {"items": [{"path": f"{ns}/kept", "overwrite": False}]})
+    assert (taken["error"], taken["status"]) == ("exists", 409)
+    made = one("/v1/create", {"items": [{"path": f"{ns}/new", "layout": {"chunk_size": 4096}}]})
+    assert made["layout"]["chunk_size"] == 4096 and made["locations"]
+    wrong = one("/v1/commit", {"items": [{"file_id": made["file_id"], "size": 5000,
+                                          "checksums": ["00000000"]}]})
+    assert (wrong["error"], wrong["status"]) == ("bad_request", 400)
+    assert "2 chunks" in wrong["message"]
+    commit = json.dumps({"items": [{"file_id": made["file_id"], "size": 0,
+                                    "checksums": []}]}).encode()
+    key = {"Content-Type": "application/json", "Idempotency-Key": uuid.uuid4().hex}
+    answers = []
+    for attempt in ("1", "2"):      # a retry of an answered commit: the same file again
+        reply = http(cluster.meta_url, "POST", "/v1/commit", body=commit,
+                     headers={**key, "X-Stager-Attempt": attempt})
+        assert reply.status == 200, reply.body
+        answers.append(reply.json()["results"])
+    [done] = answers[0]
+    assert (done["path"], done["size"], done["file_id"]) == (f"{ns}/new", 0, made["file_id"])
+    assert answers[1] == answers[0]
+    gone = one("/v1/abort", {"file_ids": [made["file_id"]]})
+    assert (gone["error"], gone["status"]) == ("upload_not_found", 404)
+    assert client.cat(f"{ns}/kept") == b"kept" and client.stat(f"{ns}/new").size == 0
 
 
 # -- chunk batches on a data server ---------------------------------------------------------
@@ -415,9 +474,9 @@ def test_put_of_a_tree_batches_small_files(cluster: ThreadCluster, client: Clien
     for rel, data in files.items():
         assert client.cat(f"{ns}/{rel}") == data
         assert client.stat(f"{ns}/{rel}").mtime == 1_500_000_000
-    assert after.get("create", 0) - before.get("create", 0) == 1         # large.bin
-    assert after.get("create_batch", 0) - before.get("create_batch", 0) == 1
-    assert after.get("commit_batch", 0) - before.get("commit_batch", 0) == 1
+    # one batch for the 40 small files, and one batch of one for large.bin
+    assert after.get("create", 0) - before.get("create", 0) == 2
+    assert after.get("commit", 0) - before.get("commit", 0) == 2
 
 
 def test_staging_small_files_goes_in_batches(cluster: ThreadCluster, client: Client, http,
@@ -431,9 +490,8 @@ def test_staging_small_files_goes_in_batches(cluster: ThreadCluster, client: Cli
     report = stage_sync(client, f"file://{src}", ns)
     after = meta_requests(http, cluster)
     assert report.copied == 300 and report.manifest_files == 300
-    assert after.get("create", 0) == before.get("create", 0)
-    assert after.get("commit", 0) == before.get("commit", 0)
-    assert 1 <= after.get("create_batch", 0) - before.get("create_batch", 0) <= 3
+    assert 1 <= after.get("create", 0) - before.get("create", 0) <= 3    # not one a file
+    assert 1 <= after.get("commit", 0) - before.get("commit", 0) <= 3
     for rel, data in list(files.items())[::23]:
         assert client.cat(f"{ns}/{rel}") == data
     again = stage_sync(client, f"file://{src}", ns)

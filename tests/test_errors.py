@@ -13,6 +13,7 @@ import socket
 import time
 from collections.abc import Iterator
 from http.client import IncompleteRead
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -24,7 +25,8 @@ from stager import AsyncClient, Client
 from stager.config import load_config
 from stager.errors import ERROR_TABLE, InvalidPath, TargetUnavailable, error_from_wire
 from stager.protocol import paths
-from stager.protocol.models import LayoutSpec
+from stager.protocol.batch import one, read_results
+from stager.protocol.models import FileInfo, LayoutSpec
 from stager.protocol.routes import route
 from stager.testing import ThreadCluster
 
@@ -85,7 +87,10 @@ def test_bad_put_created_nothing(cluster: ThreadCluster, http, client: Client) -
 @pytest.mark.parametrize("bad", ["/a/../b", "/a\x00b", "//", "/a//b", "/.", "/a/\x01/"])
 def test_bad_paths_in_json_bodies_are_400(cluster: ThreadCluster, http, route: str,
                                           field: str, bad: str) -> None:
-    body = {"path": "/ok", "src": "/ok", "dst": "/ok2", "layout": {"replicas": 1}, field: bad}
+    body: dict[str, Any] = {"path": "/ok", "src": "/ok", "dst": "/ok2",
+                            "layout": {"replicas": 1}, field: bad}
+    if route == "/v1/create":           # a batch: the bad item fails it whole
+        body = {"items": [{"path": "/ok"}, body]}
     r = http(cluster.meta_url, "POST", route, body=json.dumps(body).encode(),
              headers={"Content-Type": "application/json"})
     assert_error(r, 400, "invalid_path")
@@ -114,8 +119,9 @@ def test_missing_is_404(cluster: ThreadCluster, http, ns: str) -> None:
              body=json.dumps({"src": f"{ns}/nope", "dst": f"{ns}/x"}).encode())
     assert_error(r, 404, "not_found")
     r = http(cluster.meta_url, "POST", "/v1/commit", body=json.dumps(
-        {"file_id": "0" * 32, "size": 0, "checksums": []}).encode())
-    assert_error(r, 404, "upload_not_found")
+        {"items": [{"file_id": "0" * 32, "size": 0, "checksums": []}]}).encode())
+    [gone] = r.json()["results"]                # a batch of one: the error in its place
+    assert (r.status, gone["error"], gone["status"]) == (200, "upload_not_found", 404)
     r = http(cluster.meta_url, "POST", "/v1/targets/t-nobody/heartbeat", body=b"{}")
     assert_error(r, 404, "not_found")
 
@@ -155,12 +161,16 @@ def test_unknown_routes_and_wrong_methods(cluster: ThreadCluster, http) -> None:
     ("/v1/mkdir", b'{"path": "/x", "layout": {"chunk_size": "big"}}'),
     ("/v1/mkdir", b'{"path": "/x", "layout": {"stripes": 2}}'),
     ("/v1/layout", b'{"path": "/", "layout": 7}'),
-    ("/v1/create", b'{"path": "/x", "layout": {"replicas": true}}'),
-    ("/v1/create", b'{"path": "/x", "overwrite": 1}'),
-    ("/v1/commit", b'{"file_id": "nothex", "size": 0, "checksums": []}'),
-    ("/v1/commit", b'{"file_id": "' + b"0" * 32 + b'", "size": 0, "checksums": ["zz"]}'),
-    ("/v1/commit", b'{"file_id": "' + b"0" * 32 + b'", "size": "0", "checksums": []}'),
-    ("/v1/abort", b'{"file_id": 12}'),
+    ("/v1/create", b'{"items": [{"path": "/x", "layout": {"replicas": true}}]}'),
+    ("/v1/create", b'{"items": [{"path": "/x", "overwrite": 1}]}'),
+    ("/v1/create", b'{"path": "/x"}'),                      # not a batch
+    ("/v1/commit", b'{"items": [{"file_id": "nothex", "size": 0, "checksums": []}]}'),
+    ("/v1/commit", b'{"items": [{"file_id": "' + b"0" * 32 + b'", "size": 0, '
+                   b'"checksums": ["zz"]}]}'),
+    ("/v1/commit", b'{"items": [{"file_id": "' + b"0" * 32 + b'", "size": "0", '
+                   b'"checksums": []}]}'),
+    ("/v1/abort", b'{"file_ids": [12]}'),
+    ("/v1/abort", b'{"file_id": "' + b"0" * 32 + b'"}'),       # not a batch
     ("/v1/rename", b'{"src": "/a"}'),
     ("/v1/remove", b'{"path": "/x", "recursive": "no"}'),
     ("/v1/targets", b'{"id": "t1", "node": "n", "url": "ftp://x"}'),
@@ -170,14 +180,14 @@ def test_unknown_routes_and_wrong_methods(cluster: ThreadCluster, http) -> None:
     ("/v1/targets", b'{"id": "t1", "node": "n", "url": "http://x", "used": 18446744073709551616}'),
     ("/v1/targets", b'{"id": "t1", "node": "n", "url": "http://x", "capacity": -1}'),
     ("/v1/targets", b'{"id": "t1", "node": "n", "url": "http://x", "chunks": 9223372036854775808}'),
-    ("/v1/commit", b'{"file_id": "' + b"0" * 32 + b'", "size": 9223372036854775808, '
-                   b'"checksums": []}'),
+    ("/v1/commit", b'{"items": [{"file_id": "' + b"0" * 32 + b'", '
+                   b'"size": 9223372036854775808, "checksums": []}]}'),
     # text SQLite cannot store, Python's non-JSON constants, nesting past the stack (issue 18)
     ("/v1/mkdir", b'{"path": "/x\\ud800"}'),
     ("/v1/targets", b'{"id": "t1", "node": "\\udc00", "url": "http://x"}'),
     ("/v1/targets", b'{"id": "t1", "node": "n", "url": "http://x", "last_heartbeat": NaN}'),
-    ("/v1/commit", b'{"file_id": "' + b"0" * 32 + b'", "size": 0, "checksums": [], '
-                   b'"mtime": Infinity}'),
+    ("/v1/commit", b'{"items": [{"file_id": "' + b"0" * 32 + b'", "size": 0, '
+                   b'"checksums": [], "mtime": Infinity}]}'),
     ("/v1/mkdir", b'{"path": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"),
 ])
 def test_malformed_json_is_400(cluster: ThreadCluster, http, route: str, body: bytes) -> None:
@@ -199,12 +209,15 @@ async def test_commit_with_the_wrong_number_of_checksums(aclient: AsyncClient,
         file_id, writer = await aclient.create(f"{ns}/c", layout=LayoutSpec(chunk_size=SMALL))
         await writer.write(b"x" * (SMALL + 1))
         await writer.close()
-        with pytest.raises(ValueError):
-            await aclient.meta.request(route("commit"), body={
-                "file_id": file_id, "size": SMALL + 1, "checksums": ["00000000"]})
-        with pytest.raises(ValueError):
-            await aclient.meta.request(route("commit"), body={
-                "file_id": file_id, "size": -1, "checksums": []})
+        async def commit(size: int, checksums: list[str]) -> FileInfo:
+            answer = await aclient.meta.request(route("commit"), body={"items": [
+                {"file_id": file_id, "size": size, "checksums": checksums}]})
+            return one(read_results(answer, FileInfo.from_json))
+
+        with pytest.raises(ValueError, match="2 chunks"):      # the item's error
+            await commit(SMALL + 1, ["00000000"])
+        with pytest.raises(ValueError, match="size"):           # the whole batch's
+            await commit(-1, [])
         assert not await aclient.exists(f"{ns}/c")
         await aclient.abort(file_id)
 

@@ -18,7 +18,7 @@ from stager.errors import AlreadyExists, IsADirectory, NotFound, UploadNotFound
 from stager.meta.service import MetaService
 from stager.meta.store.sqlite.store import SQLiteStore
 from stager.meta.store.sqlite.thread import StoreThread
-from stager.protocol.batch import CommitItem, CreateItem
+from stager.protocol.batch import CommitItem, CreateItem, one
 from stager.protocol.models import TargetInfo
 
 
@@ -50,27 +50,32 @@ async def hold(service: MetaService) -> threading.Event:
 
 
 def commit(service: MetaService, file_id: str) -> asyncio.Future[object]:
-    """The store write of a commit (what MetaService.commit does after its checks)."""
-    return asyncio.ensure_future(service.store.commit_upload(file_id, size=0, checksums=(),
-                                                             mtime=1.0, now=1.0))
+    """The store write of a commit of one (what MetaService.commit does after its
+    checks): its one result, the entry or the error."""
+    async def commit_one() -> object:
+        [result] = await service.store.commit_uploads([(file_id, 0, (), 1.0)], now=1.0)
+        return result
+
+    return asyncio.ensure_future(commit_one())
 
 
 async def test_queued_writes_share_one_transaction_and_fail_alone(tmp_path: Path) -> None:
     service = await make_service(tmp_path)
     try:
         await service.mkdir("/g", parents=True)
-        taken = [await service.create(f"/g/taken{i}") for i in range(2)]
-        clash = [await service.create(f"/g/taken{i}", overwrite=False) for i in range(2)]
+        taken = [one(await service.create([CreateItem(f"/g/taken{i}")])) for i in range(2)]
+        clash = [one(await service.create([CreateItem(f"/g/taken{i}", overwrite=False)]))
+                 for i in range(2)]
         for upload, _ in taken:
-            await service.commit(upload.file_id, size=0, checksums=())
-        uploads = [await service.create(f"/g/f{i}") for i in range(20)]
+            one(await service.commit([CommitItem(upload.file_id, 0, ())]))
+        uploads = [one(await service.create([CreateItem(f"/g/f{i}")])) for i in range(20)]
         groups_before = store_thread(service).groups
         release = await hold(service)
         jobs = [commit(service, u.file_id) for u, _ in [*uploads[:10], *clash, *uploads[10:]]]
         jobs.append(commit(service, "0" * 32))
         await asyncio.sleep(0.05)
         release.set()
-        results = await asyncio.gather(*jobs, return_exceptions=True)
+        results = await asyncio.gather(*jobs)
         assert store_thread(service).groups == groups_before + 1      # one transaction
         assert store_thread(service).grouped_calls >= len(jobs)
         assert [type(r) for r in results[10:12]] == [AlreadyExists, AlreadyExists]
@@ -79,7 +84,7 @@ async def test_queued_writes_share_one_transaction_and_fail_alone(tmp_path: Path
         assert [r.path for r in ok] == [f"/g/f{i}" for i in range(20)]  # type: ignore[attr-defined]
         # the failed commits changed nothing: their uploads are still pending
         for upload, _ in clash:
-            assert (await service.store.get_upload(upload.file_id)).path
+            assert one(await service.store.get_uploads([upload.file_id])).path
     finally:
         service.close()
     reopened = SQLiteStore(tmp_path / "meta.sqlite3")
@@ -93,45 +98,46 @@ async def test_queued_writes_share_one_transaction_and_fail_alone(tmp_path: Path
 async def test_a_read_ends_a_group_and_sees_the_writes_before_it(tmp_path: Path) -> None:
     service = await make_service(tmp_path)
     try:
-        first, _ = await service.create("/r/f")
-        second, _ = await service.create("/r/g")
+        first, _ = one(await service.create([CreateItem("/r/f")]))
+        second, _ = one(await service.create([CreateItem("/r/g")]))
         release = await hold(service)
-        one = commit(service, first.file_id)
+        first_commit = commit(service, first.file_id)
         await asyncio.sleep(0.01)
         stat = asyncio.ensure_future(service.stat("/r/f"))
         await asyncio.sleep(0.01)
-        two = commit(service, second.file_id)
+        second_commit = commit(service, second.file_id)
         await asyncio.sleep(0.01)
         groups_before = store_thread(service).groups
         release.set()
         assert (await stat).file_id == first.file_id
-        assert [(await one).path, (await two).path] == ["/r/f", "/r/g"]  # type: ignore[attr-defined]
+        assert [(await first_commit).path, (await second_commit).path  # type: ignore[attr-defined]
+                ] == ["/r/f", "/r/g"]
         assert store_thread(service).groups == groups_before      # none: each ran alone
     finally:
         service.close()
 
 
-async def test_batches_do_what_the_single_operations_do(tmp_path: Path) -> None:
+async def test_a_batch_does_what_a_batch_of_one_does(tmp_path: Path) -> None:
     service = await make_service(tmp_path)
     try:
         await service.mkdir("/b/dir", parents=True)
-        single, _ = await service.create("/b/single")
-        await service.commit(single.file_id, size=0, checksums=(), mtime=5.0)
-        created = await service.create_many([
+        single, _ = one(await service.create([CreateItem("/b/single")]))
+        one(await service.commit([CommitItem(single.file_id, 0, (), 5.0)]))
+        created = await service.create([
             CreateItem("/b/n1"), CreateItem("/b/single", overwrite=False), CreateItem("/b/dir"),
             CreateItem("/b/missing/x", parents=False), CreateItem("/"), CreateItem("/b/n2")])
         assert [type(r).__name__ for r in created[1:5]] == [
             "AlreadyExists", "IsADirectory", "NotFound", "IsADirectory"]
         n1, n2 = created[0], created[5]
         assert not isinstance(n1, Exception) and not isinstance(n2, Exception)
-        committed = await service.commit_many([
+        committed = await service.commit([
             CommitItem(n1[0].file_id, 0, (), 7.0), CommitItem(n2[0].file_id, 9, ())])
         assert committed[0].mtime == 7.0                      # type: ignore[union-attr]
         assert "checksums" in str(committed[1])
         assert (await service.stat("/b/single")).mtime == 5.0
         with pytest.raises(NotFound):
             await service.stat("/b/n2")
-        aborted = await service.abort_many([n2[0].file_id, n2[0].file_id.replace("a", "b")
+        aborted = await service.abort([n2[0].file_id, n2[0].file_id.replace("a", "b")
                                             if "a" in n2[0].file_id else "f" * 32])
         assert aborted[0] is None and isinstance(aborted[1], UploadNotFound)
         assert isinstance(created[4], IsADirectory)

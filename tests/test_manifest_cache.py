@@ -135,9 +135,8 @@ async def test_a_target_moving_changes_the_answer(tmp_path: Path) -> None:
         await service.register_target(TargetInfo("t0", "n0", "http://127.0.0.1:1"))
         layout = Layout(chunk_size=1 << 20, stripe_count=1, replicas=1, targets=("t0",),
                         nodes=("n0",))
-        await service.store.begin_upload(Upload("a" * 32, "/ds/f", layout, True, True, 1.0))
-        await service.store.commit_upload("a" * 32, size=1, checksums=(5,), mtime=1.0,
-                                          now=1.0)
+        await service.store.begin_uploads([Upload("a" * 32, "/ds/f", layout, True, True, 1.0)])
+        await service.store.commit_uploads([("a" * 32, 1, (5,), 1.0)], now=1.0)
         await service.put_manifest("/ds", {"files": [
             {"path": "f", "size": 1, "mtime": 1.0, "file_id": "a" * 32}]})
         first = await service.get_manifest("/ds")

@@ -24,7 +24,7 @@ from stager.config import load_config
 from stager.errors import NotFound, Unavailable, UploadNotFound
 from stager.loader.dataset import parse_source
 from stager.meta.http.app import SERVICE
-from stager.protocol.batch import CommitItem, CreateItem
+from stager.protocol.batch import CommitItem, CreateItem, batch_body
 from stager.protocol.headers import ATTEMPT, IDEMPOTENCY_KEY, REPLAYED
 from stager.protocol.metaurls import from_hosts, meta_urls
 from stager.protocol.models import FileInfo, LayoutSpec
@@ -109,14 +109,26 @@ async def _post(session: aiohttp.ClientSession, url: str, body: Any,
         return resp.status, await resp.json(), resp.headers.get(REPLAYED) == "1"
 
 
+async def _write(session: aiohttp.ClientSession, meta: str, op: str, item: Any,
+                 key: str, attempt: int = 1) -> tuple[int, Any, bool]:
+    """``op`` (create, commit) of one item, a batch of one: its result, and the status
+    it has (an error in its place is answered with its own status)."""
+    status, answer, replayed = await _post(session, route(op).url(meta),
+                                           {"items": [item]}, key, attempt)
+    if status == 200:
+        [answer] = answer["results"]
+        status = answer["status"] if "error" in answer else 200
+    return status, answer, replayed
+
+
 async def test_a_repeated_key_gets_the_first_answer_and_acts_once(
         cluster: ThreadCluster, ns: str) -> None:
     meta = cluster.meta_url
     async with aiohttp.ClientSession() as s:
         body = CreateItem(f"{ns}/k", None, True).to_json()
         key = uuid.uuid4().hex
-        first = await _post(s, route("create").url(meta), body, key)
-        again = await _post(s, route("create").url(meta), body, key, attempt=2)
+        first = await _write(s, meta, "create", body, key)
+        again = await _write(s, meta, "create", body, key, attempt=2)
         assert first[0] == again[0] == 200
         assert again[1] == first[1]                             # the same upload
         file_id = first[1]["file_id"]
@@ -124,12 +136,12 @@ async def test_a_repeated_key_gets_the_first_answer_and_acts_once(
         # a commit sent twice answers the committed file twice, never a 404
         commit = {"file_id": file_id, "size": 0, "checksums": []}
         ckey = uuid.uuid4().hex
-        done = await _post(s, route("commit").url(meta), commit, ckey)
-        redone = await _post(s, route("commit").url(meta), commit, ckey, attempt=2)
+        done = await _write(s, meta, "commit", commit, ckey)
+        redone = await _write(s, meta, "commit", commit, ckey, attempt=2)
         assert done[0] == redone[0] == 200 and redone[1] == done[1]
         assert file_id not in pending_uploads(cluster)
         # without the key it would have acted again: the upload is gone
-        status, answer, _ = await _post(s, route("commit").url(meta), commit,
+        status, answer, _ = await _write(s, meta, "commit", commit,
                                         uuid.uuid4().hex)
         assert status == 404 and answer["error"] == "upload_not_found"
         # a rename and a remove are applied once
@@ -157,41 +169,41 @@ async def test_a_retry_finds_the_work_of_a_try_whose_answer_was_not_recorded(
         cluster: ThreadCluster, ns: str) -> None:
     """The server acted and died before recording its answer: the client's next try
     (X-Stager-Attempt 2) finds the upload the create began and the file the commit
-    made, single and batched."""
+    made, for a batch of one and for a larger batch."""
     meta = cluster.meta_url
     async with aiohttp.ClientSession() as s:
         key = uuid.uuid4().hex
         body = CreateItem(f"{ns}/gap", None, True).to_json()
-        first = await _post(s, route("create").url(meta), body, key)
+        first = await _write(s, meta, "create", body, key)
         forget_answers(cluster)
-        again = await _post(s, route("create").url(meta), body, key, attempt=2)
+        again = await _write(s, meta, "create", body, key, attempt=2)
         assert again[0] == 200 and not again[2] and again[1] == first[1]
         file_id = first[1]["file_id"]
         assert [u for u in pending_uploads(cluster) if u == file_id] == [file_id]
         commit = CommitItem(file_id, 0, ()).to_json()
         ckey = uuid.uuid4().hex
-        done = await _post(s, route("commit").url(meta), commit, ckey)
+        done = await _write(s, meta, "commit", commit, ckey)
         forget_answers(cluster)
-        redone = await _post(s, route("commit").url(meta), commit, ckey, attempt=2)
+        redone = await _write(s, meta, "commit", commit, ckey, attempt=2)
         assert redone[0] == 200 and not redone[2] and redone[1]["file_id"] == file_id
         assert redone[1]["path"] == done[1]["path"] == f"{ns}/gap"
         # batched: two creates, then their commits, each sent twice across the gap
         items = {"items": [CreateItem(f"{ns}/b{i}", None, True).to_json() for i in range(2)]}
         bkey = uuid.uuid4().hex
-        made = await _post(s, route("create_batch").url(meta), items, bkey)
+        made = await _post(s, route("create").url(meta), items, bkey)
         forget_answers(cluster)
-        remade = await _post(s, route("create_batch").url(meta), items, bkey, attempt=2)
+        remade = await _post(s, route("create").url(meta), items, bkey, attempt=2)
         assert remade[1] == made[1]
         ids = [r["file_id"] for r in made[1]["results"]]
         commits = {"items": [CommitItem(f, 0, ()).to_json() for f in ids]}
         mkey = uuid.uuid4().hex
-        await _post(s, route("commit_batch").url(meta), commits, mkey)
+        await _post(s, route("commit").url(meta), commits, mkey)
         forget_answers(cluster)
-        recommitted = await _post(s, route("commit_batch").url(meta), commits, mkey, attempt=2)
+        recommitted = await _post(s, route("commit").url(meta), commits, mkey, attempt=2)
         assert [r["file_id"] for r in recommitted[1]["results"]] == ids
         assert not set(ids) & pending_uploads(cluster)
         # a first try is never taken for a retry: without the mark, the gone upload is a 404
-        status, _, _ = await _post(s, route("commit").url(meta), commit, uuid.uuid4().hex)
+        status, _, _ = await _write(s, meta, "commit", commit, uuid.uuid4().hex)
         assert status == 404
 
 
@@ -200,8 +212,9 @@ def lose_upload(cluster: ThreadCluster, file_id: str) -> None:
     before it (its commit had not waited for the flush)."""
     assert cluster.meta is not None
     store = cluster.meta.app[SERVICE].store
-    asyncio.run_coroutine_threadsafe(store.abort_upload(file_id, now=0.0),
-                                     cluster.loop).result(10)
+    [gone] = asyncio.run_coroutine_threadsafe(store.abort_uploads([file_id], now=0.0),
+                                              cluster.loop).result(10)
+    assert gone is None
 
 
 async def test_an_upload_gone_at_its_first_commit_is_written_again(
@@ -263,15 +276,15 @@ async def test_a_retried_commit_tells_a_lost_upload_from_a_replaced_file(
     meta = cluster.meta_url
 
     async def begin(s: aiohttp.ClientSession, path: str) -> str:
-        made = await _post(s, route("create").url(meta), CreateItem(path, None, True).to_json(),
-                           uuid.uuid4().hex)
+        made = await _write(s, meta, "create", CreateItem(path, None, True).to_json(),
+                            uuid.uuid4().hex)
         assert made[0] == 200
         return str(made[1]["file_id"])
 
     async def commit_again(s: aiohttp.ClientSession, file_id: str) -> tuple[int, Any]:
-        status, answer, _ = await _post(s, route("commit").url(meta),
-                                        CommitItem(file_id, 0, ()).to_json(),
-                                        uuid.uuid4().hex, attempt=2)
+        status, answer, _ = await _write(s, meta, "commit",
+                                         CommitItem(file_id, 0, ()).to_json(),
+                                         uuid.uuid4().hex, attempt=2)
         return status, answer
 
     async with aiohttp.ClientSession() as s:
@@ -281,17 +294,19 @@ async def test_a_retried_commit_tells_a_lost_upload_from_a_replaced_file(
         assert status == 404 and answer["error"] == "upload_not_found"
         assert answer["details"]["never_committed"] is True
         lost_too = await begin(s, f"{ns}/crashed-in-a-batch")
+        kept = await begin(s, f"{ns}/kept-in-the-batch")
         vanish_upload(cluster, lost_too)
-        batch = await _post(s, route("commit_batch").url(meta),
-                            {"items": [CommitItem(lost_too, 0, ()).to_json()]},
+        batch = await _post(s, route("commit").url(meta),
+                            {"items": [CommitItem(f, 0, ()).to_json() for f in (lost_too, kept)]},
                             uuid.uuid4().hex, attempt=2)
-        [result] = batch[1]["results"]
+        result, fine = batch[1]["results"]
         assert result["error"] == "upload_not_found"
         assert result["details"]["never_committed"] is True
+        assert fine["file_id"] == kept                      # the other item went ahead
 
         first = await begin(s, f"{ns}/replaced")
-        done = await _post(s, route("commit").url(meta), CommitItem(first, 0, ()).to_json(),
-                           uuid.uuid4().hex)
+        done = await _write(s, meta, "commit", CommitItem(first, 0, ()).to_json(),
+                            uuid.uuid4().hex)
         assert done[0] == 200
         async with AsyncClient(meta) as c:
             await c.pipe(f"{ns}/replaced", b"later writer")
@@ -363,11 +378,11 @@ async def test_an_unknown_outcome_is_sent_again_with_the_same_key(
     answers what was answered then: one upload, the client's."""
     before = pending_uploads(cluster)
     async with AsyncClient([proxy.url, cluster.meta_url], config=load_config(env={})) as c:
-        body = CreateItem(f"{ns}/once", None, True).to_json()
-        answer = await c.meta.request(route("create"), body=body)
+        body = batch_body([CreateItem(f"{ns}/once", None, True).to_json()])
+        [answer] = (await c.meta.request(route("create"), body=body))["results"]
         assert c.meta.url == cluster.meta_url
     assert proxy.keys and proxy.keys[0] is not None
-    assert answer["file_id"] == proxy.answers[0]["file_id"]     # the first try's upload
+    assert answer["file_id"] == proxy.answers[0]["results"][0]["file_id"]  # the first try's
     assert pending_uploads(cluster) - before == {answer["file_id"]}
 
 
@@ -418,11 +433,11 @@ class OutageProxy(CuttingProxy):
         self.commit_keys: list[str | None] = []
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        if request.path.endswith(("/commit", "/commit-batch")):
+        if request.path.endswith("/commit"):
             self.commit_keys.append(request.headers.get(IDEMPOTENCY_KEY))
         if self.down:
             return web.json_response({"error": "unavailable", "message": "down"}, status=503)
-        if request.path.endswith(("/commit", "/commit-batch")) and not self.cut_done.is_set():
+        if request.path.endswith("/commit") and not self.cut_done.is_set():
             self.cuts = 1
             try:
                 return await super().handle(request)

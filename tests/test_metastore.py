@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from stager.meta.store.base import MetaStore
+from stager.meta.store.base import MetaStore, NodeEntry
 from stager.meta.store.postgres.store import PostgreSQLStore
 from stager.meta.store.sqlite.store import SQLiteStore
-from stager.testing.metastore import MetaStoreTests, upload
+from stager.testing.metastore import MetaStoreTests, commit_one, upload
 
 
 class TestMetaStore(MetaStoreTests):
@@ -34,15 +34,15 @@ async def test_sqlite_flushes_every_commit_but_a_lone_upload_or_answer(tmp_path:
 
         assert synchronous() == 2                               # FULL
         u = upload("s1", "/s1")
-        await store.begin_upload(u)
+        await store.begin_uploads([u])
         assert await store.record_answer("k", 200, b"{}", now=1.0)
         assert synchronous() == 2
-        assert await store.get_upload(u.file_id) == u
+        assert await store.get_uploads([u.file_id]) == [u]
         assert await store.recorded_answer("k") == (200, b"{}")
         seen: list[int] = []
         store.database.db.set_trace_callback(
             lambda q: seen.append(1) if "synchronous=NORMAL" in q else None)
-        await store.commit_upload(u.file_id, size=0, checksums=(), mtime=1.0, now=1.0)
+        assert isinstance(await commit_one(store, u.file_id), NodeEntry)
         await store.mkdir("/d", parents=False, exist_ok=False, now=1.0)
         assert seen == [] and synchronous() == 2
     finally:

@@ -20,17 +20,18 @@ from conftest import start_cluster
 from stager import Client
 from stager.config import load_config
 from stager.errors import AlreadyExists, InternalError, NotFound, Unavailable, UploadNotFound
+from stager.meta.store.base import NodeEntry
 from stager.meta.store.postgres.db import SCHEMA_VERSION
 from stager.meta.store.postgres.store import PostgreSQLStore
 from stager.testing import ThreadCluster
-from stager.testing.metastore import upload
+from stager.testing.metastore import commit_one, upload
 from stager.testing.postgres import PostgresServer
 
 
 async def put(store: PostgreSQLStore, file_id: str, path: str) -> str:
     u = upload(file_id, path)
-    await store.begin_upload(u)
-    await store.commit_upload(u.file_id, size=3, checksums=(1,), mtime=1.0, now=1.0)
+    await store.begin_uploads([u])
+    assert isinstance(await commit_one(store, u.file_id, size=3, checksums=(1,)), NodeEntry)
     return u.file_id
 
 
@@ -67,16 +68,14 @@ async def test_queued_writes_share_one_transaction_and_fail_alone(pg_url: str) -
         await store.begin_uploads([*fresh, clash])
         before = store.writes.groups
         results = await asyncio.gather(
-            *(store.commit_upload(u.file_id, size=0, checksums=(), mtime=1.0, now=1.0)
-              for u in [*fresh[:10], clash, *fresh[10:]]),
-            store.commit_upload("0" * 32, size=0, checksums=(), mtime=1.0, now=1.0),
-            return_exceptions=True)
+            *(commit_one(store, u.file_id) for u in [*fresh[:10], clash, *fresh[10:]]),
+            commit_one(store, "0" * 32))
         assert store.writes.groups == before + 1 and store.writes.grouped_calls >= 22
         assert isinstance(results[10], AlreadyExists)
         assert isinstance(results[-1], UploadNotFound)
         assert [r.path for r in results[:10] + results[11:-1]] == [  # type: ignore[union-attr]
             f"/g/f{i}" for i in range(20)]
-        assert (await store.get_upload(clash.file_id)).path == "/g/taken"   # still pending
+        assert await store.get_uploads([clash.file_id]) == [clash]         # still pending
         assert len(await store.list_dir("/g", after="", limit=100)) == 21
     finally:
         store.close()
@@ -119,21 +118,20 @@ async def test_a_database_down_is_unavailable_and_the_store_recovers(
     try:
         kept = await put(store, "k1", "/kept")
         pending = upload("p1", "/pending")
-        await store.begin_upload(pending)
+        await store.begin_uploads([pending])
         await asyncio.to_thread(postgres.stop)
         try:
             with pytest.raises(Unavailable, match="metadata database is unavailable"):
                 await store.stat("/kept")
             with pytest.raises(Unavailable):
-                await store.commit_upload(pending.file_id, size=0, checksums=(), mtime=1.0,
-                                          now=1.0)
+                await commit_one(store, pending.file_id)
             with pytest.raises(Unavailable):
                 await store.mkdir("/new", parents=False, exist_ok=False, now=1.0)
         finally:
             await asyncio.to_thread(postgres.start)
         # The same store, not reopened: its pool reconnects.
         assert (await store.stat("/kept")).file_id == kept
-        await store.commit_upload(pending.file_id, size=0, checksums=(), mtime=1.0, now=1.0)
+        assert isinstance(await commit_one(store, pending.file_id), NodeEntry)
         assert (await store.stat("/pending")).size == 0
         await store.mkdir("/new", parents=False, exist_ok=False, now=1.0)
     finally:

@@ -28,7 +28,7 @@ from stager.protocol.authmsg import TokenInfo
 from stager.protocol.manifest import Manifest, ManifestFile
 from stager.protocol.models import LayoutSpec, TargetInfo
 from stager.testing import ThreadCluster
-from stager.testing.metastore import upload
+from stager.testing.metastore import commit_one, upload
 
 
 @pytest.fixture
@@ -53,15 +53,15 @@ async def fill(store: MetaStore) -> None:
                       layout=LayoutSpec(chunk_size=1 << 16, replicas=2))
     for i in range(5):
         u = upload(f"f{i}", f"/data/old/f{i}")
-        await store.begin_upload(u)
-        await store.commit_upload(u.file_id, size=10 * i, checksums=(i,) * (i % 3),
-                                  mtime=2.0 + i, now=3.0)
+        await store.begin_uploads([u])
+        await commit_one(store, u.file_id, size=10 * i, checksums=(i,) * (i % 3),
+                         mtime=2.0 + i, now=3.0)
     await store.mkdir("/later", parents=False, exist_ok=False, now=4.0,
                       layout=LayoutSpec(stripe_count=1))
     await store.rename("/data/old", "/later/moved", overwrite=False, now=5.0)
     await store.put_manifest("/later/moved", b'{"files": []}', now=6.0)
     await store.remove("/later/moved/f0", recursive=False, now=7.0)        # garbage
-    await store.begin_upload(upload("p1", "/data/pending"))                 # not copied
+    await store.begin_uploads([upload("p1", "/data/pending")])              # not copied
     await store.upsert_target(TargetInfo("t0", "n0", "http://127.0.0.1:1", capacity=10))
     await store.put_token(TokenInfo("a" * 32, "ops", ("admin",), ("/",), 10, 100))
     await store.revoke_token("a" * 32, now=50)

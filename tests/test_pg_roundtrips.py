@@ -13,12 +13,12 @@ import asyncpg
 import pytest
 
 from stager.errors import StagerError
-from stager.meta.store.base import MetaStore, Upload
+from stager.meta.store.base import MetaStore, NodeEntry, Upload
 from stager.meta.store.postgres import uploads as up
 from stager.meta.store.postgres.store import PostgreSQLStore
 from stager.meta.store.sqlite.store import SQLiteStore
 from stager.protocol.models import LayoutSpec
-from stager.testing.metastore import LAYOUT, upload
+from stager.testing.metastore import LAYOUT, commit_one, upload
 
 
 async def watched(store: PostgreSQLStore) -> list[str]:
@@ -42,10 +42,10 @@ async def test_create_commit_and_stat_take_one_statement_each(pg_url: str) -> No
         assert await store.check_creates([(u.path, True, True)]) == [LayoutSpec()]
         assert len(seen) == 1 and seen[0].startswith("WITH RECURSIVE walk")
         seen.clear()
-        await store.begin_upload(u)                 # alone: no transaction needed
+        await store.begin_uploads([u])              # one, alone: no transaction needed
         assert len(seen) == 1 and seen[0].startswith("SELECT stager_reserve(")
         seen.clear()
-        await store.commit_upload(u.file_id, size=1, checksums=(7,), mtime=2.0, now=2.0)
+        await commit_one(store, u.file_id, size=1, checksums=(7,), mtime=2.0, now=2.0)
         # stager_commit, with the manifests above the file bumped in the same statement,
         # SERIALIZABLE (the writes pool's default) with no BEGIN and COMMIT
         assert seen == ["WITH RECURSIVE target AS ( SELECT string"]
@@ -66,7 +66,7 @@ async def test_lazy_commits_do_not_leak_into_the_session(pg_url: str) -> None:
     try:
         seen = await watched(store)
         u1, u2 = upload("l1", "/l1"), upload("l2", "/l2")
-        await store.begin_upload(u1)
+        await store.begin_uploads([u1])
         assert await store.record_answer("k1", 200, b"{}", now=1.0)
         assert not await store.record_answer("k1", 500, b"x", now=2.0)   # the first kept
         assert await store.recorded_answer("k1") == (200, b"{}")
@@ -77,7 +77,7 @@ async def test_lazy_commits_do_not_leak_into_the_session(pg_url: str) -> None:
             assert await conn.fetchval("SHOW synchronous_commit") == "on"
             assert await conn.fetchval("SHOW transaction_isolation") == "serializable"
             async with conn.transaction():
-                await up.begin_upload(conn, u2)
+                await up.reserve(conn, u2)
                 assert await conn.fetchval("SHOW synchronous_commit") == "off"
             assert await conn.fetchval("SHOW synchronous_commit") == "on"
         assert await store.get_uploads([u1.file_id, u2.file_id]) == [u1, u2]
@@ -96,25 +96,24 @@ async def _outcomes(store: MetaStore) -> list[Any]:
     await store.mkdir("/d", parents=False, exist_ok=False, now=1.0)
     for file_id, path in [("f", "/f"), ("e", "/e")]:
         u = _upload(file_id, path)
-        await store.begin_upload(u)
-        await store.commit_upload(u.file_id, size=0, checksums=(), mtime=1.0, now=1.0)
+        await store.begin_uploads([u])
+        await commit_one(store, u.file_id)
     cases = [_upload("x1", "/f/x"), _upload("x2", "/f/y/z"), _upload("x3", "/d"),
              _upload("x4", "/e", overwrite=False), _upload("x5", "/m/n/o", parents=False),
              _upload("x6", "/p/q", parents=False), _upload("x7", "/s/t/u")]
     out: list[Any] = []
     for u in cases:
-        await store.begin_upload(u)
-        try:
-            entry = await store.commit_upload(u.file_id, size=2, checksums=(3,), mtime=4.0,
-                                              now=4.0)
+        await store.begin_uploads([u])
+        entry = await commit_one(store, u.file_id, size=2, checksums=(3,), mtime=4.0, now=4.0)
+        if isinstance(entry, StagerError):
+            assert await store.get_uploads([u.file_id]) == [u]      # still pending
+            out.append((type(entry).__name__, entry.message, entry.details))
+        else:
+            assert isinstance(entry, NodeEntry)
             out.append(("ok", entry.path, entry.size, entry.checksums, entry.layout))
-        except StagerError as exc:
-            assert (await store.get_upload(u.file_id)).path == u.path      # still pending
-            out.append((type(exc).__name__, exc.message, exc.details))
-    try:
-        await store.commit_upload("0" * 32, size=0, checksums=(), mtime=1.0, now=1.0)
-    except StagerError as exc:
-        out.append((type(exc).__name__, exc.message, exc.details))
+    gone = await commit_one(store, "0" * 32)
+    assert isinstance(gone, StagerError)
+    out.append((type(gone).__name__, gone.message, gone.details))
     out.append([(e.path, e.kind) for e in await store.list_dir("/", after="", limit=100)])
     return out
 
@@ -142,9 +141,8 @@ async def _renames(store: MetaStore) -> list[Any]:
         await store.mkdir(path, parents=True, exist_ok=False, now=1.0)
     for i, path in enumerate(["/a/f", "/a/g", "/c/h", "/a/b/k"]):
         u = _upload(f"r{i}", path)
-        await store.begin_upload(u)
-        await store.commit_upload(u.file_id, size=i, checksums=(i,) if i else (),
-                                  mtime=1.0, now=1.0)
+        await store.begin_uploads([u])
+        await commit_one(store, u.file_id, size=i, checksums=(i,) if i else ())
     cases = [("/nope", "/x"), ("/a/f", "/nope/x"), ("/a/f", "/a/g/x"), ("/a/f", "/a/b"),
              ("/a/b", "/a/f"), ("/a/f", "/a/g", False), ("/a/b", "/a/b/k/z"),
              ("/a/b", "/c/full"), ("/a", "/a/b/deeper"), ("/a/f", "/a/f"),
@@ -192,11 +190,9 @@ async def test_a_database_error_in_a_group_runs_it_again_with_savepoints(pg_url:
         await store.begin_uploads([*uploads, upload("qzz", "/q/pending")])
         again = upload("qzz", "/q/other")          # the same id: a unique violation
         results = await _gathered(
-            [lambda u=u: store.commit_upload(u.file_id, size=0, checksums=(), mtime=1.0,
-                                             now=1.0) for u in uploads[:4]]
+            [lambda u=u: commit_one(store, u.file_id) for u in uploads[:4]]
             + [lambda: store.begin_uploads([again])]
-            + [lambda u=u: store.commit_upload(u.file_id, size=0, checksums=(), mtime=1.0,
-                                               now=1.0) for u in uploads[4:]])
+            + [lambda u=u: commit_one(store, u.file_id) for u in uploads[4:]])
         assert isinstance(results[4], asyncpg.UniqueViolationError)
         assert [r.path for r in results[:4] + results[5:]] == [u.path for u in uploads]
         assert store.writes.redone >= 1
@@ -213,10 +209,10 @@ async def test_a_lone_begin_may_run_twice_but_never_takes_another_id(pg_url: str
     store = PostgreSQLStore(pg_url)
     try:
         u = upload("b1", "/b/one")
-        await store.db.statement(lambda c: up.begin_upload(c, u))
-        await store.db.statement(lambda c: up.begin_upload(c, u))   # a rerun: done
-        assert await store.get_upload(u.file_id) == u
+        await store.db.statement(lambda c: up.reserve(c, u))
+        await store.db.statement(lambda c: up.reserve(c, u))        # a rerun: done
+        assert await store.get_uploads([u.file_id]) == [u]
         with pytest.raises(asyncpg.UniqueViolationError):
-            await store.db.statement(lambda c: up.begin_upload(c, upload("b1", "/b/two")))
+            await store.db.statement(lambda c: up.reserve(c, upload("b1", "/b/two")))
     finally:
         store.close()

@@ -21,8 +21,11 @@ from stager.meta.reroute import replacement
 from stager.meta.service import MetaService
 from stager.meta.store.base import Upload
 from stager.meta.store.sqlite.store import SQLiteStore
+from stager.protocol.batch import CommitItem, CreateItem, one
 from stager.protocol.messages import RerouteItem, RerouteRequest
 from stager.protocol.models import FileInfo, LayoutSpec, TargetInfo
+
+SMALL_R2 = LayoutSpec(chunk_size=4096, replicas=2)
 
 
 class Clock:
@@ -64,20 +67,20 @@ async def heartbeat_all(svc: MetaService, but: str = "") -> None:
 async def test_a_reported_target_is_replaced_in_the_upload_and_suspect_at_once(
         service: tuple[MetaService, Clock]) -> None:
     svc, clock = service
-    upload, _ = await svc.create("/f", layout=LayoutSpec(chunk_size=4096, replicas=2))
+    upload, _ = one(await svc.create([CreateItem("/f", SMALL_R2)]))
     victim = upload.layout.targets[0]
     placed, info = await report(svc, victim, "target_unavailable", upload.file_id, 3)
     assert victim not in placed.layout.targets
     assert info.layout == placed.layout and set(info.locations) == set(placed.layout.targets)
-    assert (await svc.store.get_upload(upload.file_id)).layout == placed.layout
+    assert one(await svc.store.get_uploads([upload.file_id])).layout == placed.layout
     for index in range(2 * placed.layout.stripe_count):        # every chunk keeps 2 nodes
         holders = chunk_targets(placed.layout, index)
         assert len({placed.layout.nodes[placed.layout.targets.index(t)] for t in holders}) == 2
     assert svc.targets[victim].state == "suspect"
     for _ in range(5):                                         # no new layout names it
-        fresh, _ = await svc.create("/g", layout=LayoutSpec(replicas=2))
+        fresh, _ = one(await svc.create([CreateItem("/g", LayoutSpec(replicas=2))]))
         assert victim not in fresh.layout.targets
-    entry = await svc.commit(upload.file_id, size=0, checksums=())
+    entry = one(await svc.commit([CommitItem(upload.file_id, 0, ())]))
     assert entry.layout == placed.layout                       # committed as written
 
 
@@ -100,7 +103,7 @@ async def test_a_suspect_that_keeps_heartbeating_is_up_again_after_target_timeou
 async def test_a_second_report_for_the_same_upload_changes_nothing_more(
         service: tuple[MetaService, Clock]) -> None:
     svc, _ = service
-    upload, _ = await svc.create("/f", layout=LayoutSpec(chunk_size=4096, replicas=2))
+    upload, _ = one(await svc.create([CreateItem("/f", SMALL_R2)]))
     victim = upload.layout.targets[1]
     first, _ = await report(svc, victim, "target_unavailable", upload.file_id, 1)
     second, _ = await report(svc, victim, "target_unavailable", upload.file_id, 1)
@@ -110,7 +113,7 @@ async def test_a_second_report_for_the_same_upload_changes_nothing_more(
 async def test_a_full_target_is_replaced_in_the_upload_but_not_suspect(
         service: tuple[MetaService, Clock]) -> None:
     svc, _ = service
-    upload, _ = await svc.create("/f", layout=LayoutSpec(chunk_size=4096, replicas=2))
+    upload, _ = one(await svc.create([CreateItem("/f", SMALL_R2)]))
     full = upload.layout.targets[2]
     placed, _ = await report(svc, full, "no_space", upload.file_id, 2)
     assert full not in placed.layout.targets
@@ -120,7 +123,7 @@ async def test_a_full_target_is_replaced_in_the_upload_but_not_suspect(
 async def test_reroute_fails_per_item_with_a_clear_reason(
         service: tuple[MetaService, Clock]) -> None:
     svc, clock = service
-    upload, _ = await svc.create("/f", layout=LayoutSpec(chunk_size=4096, replicas=2))
+    upload, _ = one(await svc.create([CreateItem("/f", SMALL_R2)]))
     clock.now += 11                 # t0 and t1 silent: down (a suspect one would still do)
     for t in ("t2", "t3"):
         await svc.heartbeat(t, capacity=1 << 30, used=0, chunks=0)

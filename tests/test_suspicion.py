@@ -35,6 +35,7 @@ from stager.meta.shared import sync
 from stager.meta.store.postgres.store import PostgreSQLStore
 from stager.meta.store.sqlite.store import SQLiteStore
 from stager.protocol import messages as m
+from stager.protocol.batch import CreateItem, one
 from stager.protocol.models import LayoutSpec, TargetInfo
 from stager.testing.cluster import ThreadCluster, wait_for_targets
 
@@ -149,12 +150,12 @@ async def test_a_reported_target_that_answers_its_probe_is_not_suspect_for_other
     svc, _ = service
     async with Health("t0") as health:
         await move(svc, "t0", health.url)
-        upload, _ = await svc.create("/f", layout=R2)
+        upload, _ = one(await svc.create([CreateItem("/f", R2)]))
         assert "t0" in upload.layout.targets
         await report(svc, "t0", upload.file_id)
         assert health.probes == 1
         assert states(svc)["t0"] == "up"
-        fresh, _ = await svc.create("/g", layout=R2)      # striped over all four again
+        fresh, _ = one(await svc.create([CreateItem("/g", R2)]))   # striped over all four again
         assert "t0" in fresh.layout.targets
 
 
@@ -163,13 +164,13 @@ async def test_a_reported_target_that_fails_its_probe_is_suspect_for_everyone(
     svc, _ = service
     async with Health("someone-else") as impostor:      # answers, but not as t1
         await move(svc, "t1", impostor.url)
-        upload, _ = await svc.create("/f", layout=R2)
+        upload, _ = one(await svc.create([CreateItem("/f", R2)]))
         await report(svc, "t1", upload.file_id)
         assert states(svc)["t1"] == "suspect"
-    upload, _ = await svc.create("/g", layout=R2)
+    upload, _ = one(await svc.create([CreateItem("/g", R2)]))
     await report(svc, "t2", upload.file_id)             # refused
     assert states(svc)["t2"] == "suspect"
-    fresh, _ = await svc.create("/h", layout=R2)
+    fresh, _ = one(await svc.create([CreateItem("/h", R2)]))
     assert set(fresh.layout.targets) == {"t0", "t3"}
 
 
@@ -189,7 +190,7 @@ async def test_one_probe_at_a_time_per_target_however_many_writers_report_it(
     svc, _ = service
     async with Health("t0", delay=0.3) as health:
         await move(svc, "t0", health.url)
-        uploads = [(await svc.create(f"/f{i}", layout=R2))[0] for i in range(10)]
+        uploads = [one(await svc.create([CreateItem(f"/f{i}", R2)]))[0] for i in range(10)]
         await asyncio.gather(*(report(svc, "t0", u.file_id) for u in uploads))
         assert health.probes == 1
         assert states(svc)["t0"] == "up"
@@ -200,7 +201,7 @@ async def test_a_probe_that_fails_across_a_restart_does_not_suspect_the_new_proc
     svc, _ = service
     async with Health("t0", delay=2.0) as hung:         # past the probe's 1 s
         await move(svc, "t0", hung.url)
-        upload, _ = await svc.create("/f", layout=R2)
+        upload, _ = one(await svc.create([CreateItem("/f", R2)]))
         reported = asyncio.ensure_future(report(svc, "t0", upload.file_id))
         await asyncio.sleep(0.2)
         await svc.register_target(TargetInfo("t0", "node0", hung.url, boot="boot0-next"))
@@ -240,11 +241,11 @@ async def test_with_two_of_three_nodes_suspect_a_write_is_placed_and_rerouted(
     svc.suspect("t1", "test")
     svc.suspect("t2", "test")
     with pytest.raises(NoTargets):      # not heard of since: most likely dead
-        await svc.create("/f", layout=R2)
+        one(await svc.create([CreateItem("/f", R2)]))
     clock.now += 0.5
     for t in ("t0", "t1", "t2"):
         await svc.heartbeat(t, capacity=1 << 30, used=0, chunks=0)
-    upload, _ = await svc.create("/f", layout=R2)
+    upload, _ = one(await svc.create([CreateItem("/f", R2)]))
     assert "t0" in upload.layout.targets and "t3" not in upload.layout.targets
     assert len(upload.layout.targets) == 2                      # one suspect, not both
     moved = await report(svc, "t0", upload.file_id)             # t0 refuses: suspect too
@@ -256,7 +257,7 @@ async def test_with_two_of_three_nodes_suspect_a_write_is_placed_and_rerouted(
 async def test_a_write_fails_only_when_fewer_than_replicas_nodes_answer(
         service: tuple[MetaService, Clock]) -> None:
     svc, clock = service
-    upload, _ = await svc.create("/f", layout=R2)
+    upload, _ = one(await svc.create([CreateItem("/f", R2)]))
     assert len(upload.layout.targets) == 4
     clock.now += 11                     # t0 and t1 are silent: down
     for t in ("t2", "t3"):

@@ -167,7 +167,6 @@ def _answers() -> dict[str, object]:
     m.ScrubReport("t0", ("a" * 32 + ".1",)),
     m.MkdirRequest("/d", True, True, LayoutSpec(chunk_size=8192)),
     m.SetLayoutRequest("/d", LayoutSpec(replicas=2)),
-    m.AbortRequest("a" * 32),
     m.RerouteRequest("t1", "target_unavailable", "refused", (m.RerouteItem("a" * 32, 3),)),
     m.RenameRequest("/a", "/b", True),
     m.RemoveRequest("/a", True), m.RemoveResult(3),
@@ -177,7 +176,7 @@ def _answers() -> dict[str, object]:
     m.ChunkStored("a" * 32 + ".0", 1, 0xdeadbeef), m.ChunkBatchStored(2, 3),
     m.ChunkDeleted(False),
     m.Listing("/d", (FileInfo("/d/x", "file", 3),), "x"),
-    m.Aborted(), m.Health("meta", "1.0"), m.Health("data", "1.0", "t0", "n0"),
+    m.Health("meta", "1.0"), m.Health("data", "1.0", "t0", "n0"),
     *(example for name, example in sorted(_answers().items())),
 ], ids=lambda v: type(v).__name__)
 def test_models_round_trip_through_json(model: object) -> None:
@@ -245,10 +244,9 @@ def _examples() -> dict[str, object]:
         "Listing": m.Listing("/d", (), "x"),
         "MkdirRequest": m.MkdirRequest("/d", True, True, LayoutSpec(replicas=1)),
         "SetLayoutRequest": m.SetLayoutRequest("/d", LayoutSpec(replicas=1)),
-        "CreateRequest": CreateItem("/f", LayoutSpec(replicas=1)),
+        "CreateItem": CreateItem("/f", LayoutSpec(replicas=1)),
         "Upload": m.Upload("a" * 32, "/f", layout, {"t0": "http://h:1"}, "stg1.cap.sig"),
-        "CommitRequest": CommitItem("a" * 32, 1, (0,), 1.0),
-        "AbortRequest": m.AbortRequest("a" * 32),
+        "CommitItem": CommitItem("a" * 32, 1, (0,), 1.0),
         "RerouteRequest": m.RerouteRequest("t0", "no_space", "full", (m.RerouteItem("a" * 32, 1),)),
         "RenameRequest": m.RenameRequest("/a", "/b"),
         "RemoveRequest": m.RemoveRequest("/a"),
@@ -259,7 +257,6 @@ def _examples() -> dict[str, object]:
         "ChunkBatchInfo": m.ChunkBatchStored(1, 2),
         "ChunkDeleted": m.ChunkDeleted(True),
         "ManifestStored": m.ManifestStored("/d", 1),
-        "Aborted": m.Aborted(),
         "Health": m.Health("data", "1.0", "t0", "n0"),
         "TargetRegistered": TargetRegistered(TargetInfo("t0", "n0", "http://h:1"),
                                              "stg1.x.y"),
@@ -286,8 +283,8 @@ def test_the_openapi_schema_names_every_field_of_its_model(name: str) -> None:
 
 def test_every_json_request_body_has_a_model() -> None:
     bodies = {r.body for r in ROUTES if r.body not in (None, "binary")}
-    parsed_elsewhere = {"Target", "Manifest", "JobReport", "CreateBatchRequest",
-                        "CommitBatchRequest", "AbortBatchRequest"}
+    parsed_elsewhere = {"Target", "Manifest", "JobReport",
+                        "CreateRequest", "CommitRequest", "AbortRequest"}   # batches
     assert bodies - parsed_elsewhere <= set(_examples())
 
 
@@ -295,7 +292,7 @@ def test_every_json_answer_has_a_model() -> None:
     answers = {s for r in ROUTES for s in r.responses.values()
                if s not in ("binary", "text", "ndjson", "asset", "Error")}
     shaped_elsewhere = {"object",           # /openapi.json: the document itself
-                        "Target", "FileInfo", "Manifest", "CreateBatchResult",
-                        "CommitBatchResult", "AbortBatchResult",
+                        "Target", "FileInfo", "Manifest", "CreateResult",
+                        "CommitResult", "AbortResult",
                         "CapabilityResult"}     # a batch answer (results_json)
     assert answers - shaped_elsewhere <= set(_examples())

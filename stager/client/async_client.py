@@ -19,7 +19,7 @@ from ..errors import IsADirectory, NotFound, StagerError, Unavailable, UploadNot
 from ..protocol import messages as m
 from ..protocol import paths
 from ..protocol.authmsg import TokenCreated, TokenInfo, TokenList, TokenRequest
-from ..protocol.batch import CommitItem, CreateItem, read_results
+from ..protocol.batch import CommitItem, CreateItem, batch_body, one, read_results
 from ..protocol.cluster import FsckResult, ScrubResult, Status
 from ..protocol.jobreport import JobList
 from ..protocol.manifest import Manifest
@@ -296,8 +296,9 @@ class AsyncClient:
     async def create(self, path: str, *, layout: LayoutSpec | None = None,
                      overwrite: bool = True) -> tuple[str, StripedWriter]:
         """Begin a write; returns the file id and a writer.  See :meth:`commit`."""
-        body = CreateItem(paths.normalize(path), layout, overwrite)
-        upload = m.Upload.from_json(await self.meta.request(route("create"), body=body.to_json()))
+        body = batch_body([CreateItem(paths.normalize(path), layout, overwrite).to_json()])
+        upload = one(read_results(await self.meta.request(route("create"), body=body),
+                                  m.Upload.from_json))
         self.learn("write", upload.file_id, upload.capability)
 
         async def reroute(target: str, cause: StagerError, chunks: int
@@ -333,12 +334,13 @@ class AsyncClient:
     async def commit(self, file_id: str, writer: StripedWriter, *,
                      mtime: float | None = None) -> FileInfo:
         size, checksums = await writer.close()
-        body = CommitItem(file_id, size, tuple(checksums), mtime)
+        body = batch_body([CommitItem(file_id, size, tuple(checksums), mtime).to_json()])
         # A commit whose outcome is unknown is asked again (the same key), never the
         # file written afresh: that could apply it twice, over a later writer's.
         try:
-            info = FileInfo.from_json(await self.meta.request(
-                route("commit"), body=body.to_json(), settle=self.config.write_retries))
+            info = one(read_results(await self.meta.request(
+                route("commit"), body=body, settle=self.config.write_retries),
+                FileInfo.from_json))
         except UploadNotFound as exc:
             gone = upload_gone(file_id, exc)
             if gone is exc:
@@ -352,7 +354,8 @@ class AsyncClient:
         if writer is not None:
             await writer.abort()
         try:
-            await self.meta.request(route("abort"), body=m.AbortRequest(file_id).to_json())
+            one(read_results(await self.meta.request(
+                route("abort"), body=batch_body([file_id], name="file_ids")), lambda _: None))
         except (NotFound, Unavailable):
             pass  # committed, already collected, or the server will collect it
 

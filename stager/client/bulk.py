@@ -144,7 +144,7 @@ async def _create(client: AsyncClient, items: Sequence[WriteItem],
                   results: list[Result | None]) -> list[_Upload]:
     body = batch_body([CreateItem(paths.normalize(i.path), layout, overwrite).to_json()
                        for i in items])
-    answer = await client.meta.request(route("create_batch"), body=body)
+    answer = await client.meta.request(route("create"), body=body)
     uploads = []
     for index, got in enumerate(read_results(answer, Upload.from_json)):
         if isinstance(got, StagerError):
@@ -285,7 +285,7 @@ async def _commit(client: AsyncClient, items: Sequence[WriteItem], uploads: list
                        for u in uploads])
     # The chunks are stored: a commit whose outcome is unknown is asked again, not the
     # files written afresh (which could apply them twice, over a later writer's).
-    answer = await client.meta.request(route("commit_batch"), body=body,
+    answer = await client.meta.request(route("commit"), body=body,
                                        settle=client.config.write_retries)
     for up, got in zip(uploads, read_results(answer, FileInfo.from_json), strict=True):
         results[up.index] = upload_gone(up.file_id, got) \
@@ -310,6 +310,6 @@ async def _abort(client: AsyncClient, file_ids: list[str]) -> None:
     if not file_ids:
         return
     try:
-        await client.meta.request(route("abort_batch"), body=batch_body(file_ids, name="file_ids"))
+        await client.meta.request(route("abort"), body=batch_body(file_ids, name="file_ids"))
     except StagerError:
         pass  # the server collects abandoned uploads itself after upload_grace

@@ -39,7 +39,7 @@ class OperationKey:
 
 
 # the routes whose retries find an earlier try's work (no recorded answer needed)
-SELF_ANSWERING = frozenset({"create", "commit", "create_batch", "commit_batch"})
+SELF_ANSWERING = frozenset({"create", "commit"})
 _CURRENT: ContextVar[OperationKey | None] = ContextVar("stager_operation_key", default=None)
 
 

@@ -31,14 +31,15 @@ from typing import TYPE_CHECKING
 
 from ..dataplane.writer import only_full
 from ..errors import NoTargets, StagerError
+from ..protocol.batch import one
 from ..protocol.messages import RerouteItem, RerouteRequest
 from ..protocol.models import Layout, TargetInfo
 from .store.base import NodeEntry, Upload
 from .upkeep.replan import fewest_copies, replica_floor
 
 if TYPE_CHECKING:
-    from .batch import Created
     from .service import MetaService
+    from .writes import Created
 
 
 async def reroute_many(service: MetaService, request: RerouteRequest
@@ -73,13 +74,13 @@ async def _try(service: MetaService, item: RerouteItem, up: list[TargetInfo],
 
 async def _reroute(service: MetaService, item: RerouteItem, up: list[TargetInfo],
                    spare: list[TargetInfo]) -> Created:
-    upload = await service.store.get_upload(item.file_id)     # UploadNotFound when gone
+    upload = one(await service.store.get_uploads([item.file_id]))   # UploadNotFound: gone
     new = replacement(upload.layout, item.chunks, up, spare)
     if new != upload.layout and not await service.store.replace_upload_layout(
             upload.file_id, upload.layout, new):
         # Another report for this upload swapped it first: the writer takes that one
         # (and reports again if it names a target that fails).
-        upload = await service.store.get_upload(item.file_id)
+        upload = one(await service.store.get_uploads([item.file_id]))
         new = upload.layout
     placed = Upload(upload.file_id, upload.path, new, upload.overwrite, upload.parents,
                     upload.created)

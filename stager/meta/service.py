@@ -20,26 +20,25 @@ import json
 import logging
 import time
 import zlib
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace as _with
 from typing import Any
 
 from ..config import Config
-from ..errors import AlreadyExists, BadRequest, IsADirectory, NotFound, StagerError, UploadNotFound
-from ..layout import PLACEABLE, choose_layout
+from ..errors import AlreadyExists, BadRequest, NotFound, StagerError
+from ..layout import PLACEABLE
 from ..protocol import paths
-from ..protocol.batch import CommitItem, CreateItem
+from ..protocol.batch import MAX_BATCH_ITEMS, CommitItem, CreateItem
 from ..protocol.cluster import MetaServer, Status
 from ..protocol.manifest import Manifest
 from ..protocol.messages import RerouteRequest
 from ..protocol.models import MAX_LIST_LIMIT, FileInfo, Layout, LayoutSpec, TargetInfo
 from ..web.idempotency import KEY_TTL
-from . import batch, opkey, reroute, snapshots
-from .batch import Created, check_commit
+from . import reroute, snapshots, writes
 from .snapshots import Snapshot, SnapshotCache
-from .store.base import MetaStore, NodeEntry, Upload
+from .store.base import MetaStore, NodeEntry
 from .suspicion import Probes, Suspicion, asker, incarnation
+from .writes import Begun, Created
 
 log = logging.getLogger("stager.meta")
 
@@ -47,7 +46,6 @@ Purger = Callable[[TargetInfo, list[str]], Awaitable[int]]
 # Targets whose chunks are re-replicated elsewhere (stager/meta/upkeep/rebuild.py): "lost"
 # after target_lost_after seconds down, "removed" by `stager target remove`.
 GONE_STATES = frozenset({"lost", "removed"})
-BEGUN_KEPT = 65536        # uploads whose chunk size a commit finds in memory
 
 
 class MetaService:
@@ -83,10 +81,8 @@ class MetaService:
         self.shared_status: dict[str, dict[str, Any]] = {}
         # Resolved manifests, encoded once (stager/meta/snapshots.py).
         self.snapshots = SnapshotCache(config.manifest_cache_bytes)
-        # The chunk size of the uploads begun here and not yet committed, the newest
-        # last: a commit checks its checksum count against it without asking the store
-        # (the store's commit is the authority on whether the upload is still there).
-        self.begun: OrderedDict[str, int] = OrderedDict()
+        # The chunk size of each upload begun here, for its commit (stager/meta/writes.py).
+        self.begun = Begun()
 
     async def start(self) -> None:
         """Load the registered targets, each as if it had just heartbeat; before serving."""
@@ -179,76 +175,19 @@ class MetaService:
 
         return await self.snapshots.get(path, etag, resolve)
 
-    # -- writes ---------------------------------------------------------------------
-    async def create(self, path: str, *, layout: LayoutSpec | None = None,
-                     overwrite: bool = True, parents: bool = True) -> tuple[Upload, FileInfo]:
-        """Begin a write.  Returns the upload and a FileInfo carrying layout and locations."""
-        path = paths.normalize(path)
-        if path == "/":
-            raise IsADirectory("the root is a directory", path=path)
-        [inherited] = await self.store.check_creates([(path, overwrite, parents)])
-        if isinstance(inherited, StagerError):
-            raise inherited
-        spec = layout or LayoutSpec()
-        spec.validate(self.config.max_chunk_size)
-        upload = self.new_upload(path, spec.merged_over(inherited), overwrite=overwrite,
-                                 parents=parents, healthy=self.placeable_targets())
-        earlier = await opkey.earlier_uploads(self.store, [upload.file_id])
-        if upload.file_id in earlier:       # a retry: the first try began it
-            upload = earlier[upload.file_id]
-        else:
-            await self.store.begin_upload(upload)
-        self.begun[upload.file_id] = upload.layout.chunk_size
-        if len(self.begun) > BEGUN_KEPT:
-            self.begun.popitem(last=False)
-        return upload, self.info(NodeEntry(path, "file", 0, upload.created, upload.file_id,
-                                           upload.layout))
+    # -- writes: each a batch; a single write is a batch of one (stager/meta/writes.py) --
+    async def create(self, items: Sequence[CreateItem]) -> list[Created | StagerError]:
+        """Begin a write of each item: its upload and a FileInfo carrying layout and
+        locations, or its error in its place."""
+        return await writes.create(self, items)
 
-    def new_upload(self, path: str, spec: LayoutSpec, *, overwrite: bool, parents: bool,
-                   healthy: Sequence[TargetInfo]) -> Upload:
-        """A new file id at ``path`` and its layout among ``healthy`` targets (the up
-        ones, suspect ones where too few are up: :func:`choose_layout`): ``spec`` (the
-        request's, over the nearest directory's), then the configured defaults."""
-        config = self.config
-        spec = spec.merged_over(LayoutSpec(config.chunk_size, config.stripe_count,
-                                           config.replicas))
-        file_id = opkey.new_file_id(path)
-        chosen = choose_layout(
-            healthy, chunk_size=spec.chunk_size or config.chunk_size,
-            stripe_count=spec.stripe_count or 0, replicas=spec.replicas or 1,
-            max_stripe_count=config.max_stripe_count, start=int(file_id[:8], 16))
-        return Upload(file_id, path, chosen, overwrite, parents, self.clock())
+    async def commit(self, items: Sequence[CommitItem]) -> list[FileInfo | StagerError]:
+        """Make each upload visible, in one transaction; failed items change nothing."""
+        return await writes.commit(self, items)
 
-    async def commit(self, file_id: str, *, size: int, checksums: tuple[int, ...],
-                     mtime: float | None = None) -> FileInfo:
-        chunk_size = self.begun.pop(file_id, None)
-        try:
-            if chunk_size is None:
-                chunk_size = (await self.store.get_upload(file_id)).layout.chunk_size
-            check_commit(chunk_size, size, checksums)
-            now = self.clock()
-            entry = await self.store.commit_upload(file_id, size=size, checksums=checksums,
-                                                   mtime=mtime or now, now=now)
-        except UploadNotFound as exc:
-            entry = await opkey.after_gone(self.store, file_id, exc)
-        return self.info(entry)
-
-    async def abort(self, file_id: str) -> None:
-        self.begun.pop(file_id, None)
-        await self.store.abort_upload(file_id, now=self.clock())
-
-    # -- batched writes (stager/meta/batch.py) ------------------------------------------
-    async def create_many(self, items: Sequence[CreateItem]) -> list[Created | StagerError]:
-        """:meth:`create` for each item; an error in its place where it fails."""
-        return await batch.create_many(self, items)
-
-    async def commit_many(self, items: Sequence[CommitItem]) -> list[FileInfo | StagerError]:
-        """:meth:`commit` for each item, in one transaction; failed items change nothing."""
-        return await batch.commit_many(self, items)
-
-    async def abort_many(self, file_ids: Sequence[str]) -> list[StagerError | None]:
-        """:meth:`abort` for each upload; ``None`` where it went."""
-        return await batch.abort_many(self, file_ids)
+    async def abort(self, file_ids: Sequence[str]) -> list[StagerError | None]:
+        """Abandon each upload (its chunks are collected); ``None`` where it went."""
+        return await writes.abort(self, file_ids)
 
     async def reroute(self, request: RerouteRequest) -> list[Created | StagerError]:
         """Chunk writes to a target failed: see :mod:`.reroute`."""
@@ -470,7 +409,8 @@ class MetaService:
         expired = await self.store.expired_uploads(self.clock() - self.config.upload_grace)
         for upload in expired:
             log.info("upload %s of %s abandoned: collecting", upload.file_id, upload.path)
-            await self.abort(upload.file_id)
+        for start in range(0, len(expired), MAX_BATCH_ITEMS):
+            await self.abort([u.file_id for u in expired[start:start + MAX_BATCH_ITEMS]])
         garbage = await self.store.take_garbage(limit)
         if not garbage:
             return 0

@@ -1,8 +1,10 @@
-"""Batched writes on the wire: many creates, commits, aborts or chunks in one request.
+"""Batched writes on the wire: creates, commits, aborts or chunks, many in one request.
 
 Small files cost little to move but each needs a create and a commit on the
 metadata server and a chunk write on a data server; one request (and one
 transaction, one fsync) per batch instead of per file is what makes them fast.
+There is no other form: ``create``, ``commit`` and ``abort`` each take a batch, and a
+single write is a batch of one (:func:`one` takes its result).
 
 Semantics, the same for every batch route:
 
@@ -45,7 +47,7 @@ MAX_CHUNK_BATCH_HEAD = 1 << 20    # bytes of the JSON line of a chunk batch
 
 @dataclass(frozen=True)
 class CreateItem:
-    """One file to begin writing (the fields of ``POST /v1/create``)."""
+    """One file to begin writing (an item of ``POST /v1/create``)."""
 
     path: str
     layout: LayoutSpec | None = None
@@ -70,7 +72,7 @@ class CreateItem:
 
 @dataclass(frozen=True)
 class CommitItem:
-    """One upload to finish (the fields of ``POST /v1/commit``)."""
+    """One upload to finish (an item of ``POST /v1/commit``)."""
 
     file_id: str
     size: int
@@ -162,6 +164,16 @@ def results_json(results: Sequence[T | StagerError | None],
 def read_results(answer: Any, parse: Callable[[Any], T]) -> list[T | StagerError]:
     """The items of a batch answer (see :func:`results_json`), each parsed or an error."""
     return [result_of(obj, parse) for obj in field_of(answer, "results", list)]
+
+
+def one(results: Sequence[T | StagerError]) -> T:
+    """The result of a batch of one: its value, or its error raised."""
+    if len(results) != 1:
+        raise BadRequest(f"a batch of one answered {len(results)} results")
+    [result] = results
+    if isinstance(result, StagerError):
+        raise result
+    return result
 
 
 # -- chunk batches (data servers) -------------------------------------------------------

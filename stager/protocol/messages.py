@@ -4,7 +4,7 @@ Servers parse a request with ``from_json`` and answer with ``to_json``; clients
 build the request with the same model and read the answer with it, so a field
 is named in one place.  Parsing is strict, as in :mod:`stager.protocol.models`:
 a wrong type or a missing field is a :class:`~stager.errors.BadRequest`.  The
-write bodies shared with the batch routes (create, commit) live in
+items of the writes (create, commit), each a batch, live in
 :mod:`stager.protocol.batch`; the value objects they carry (layouts, file
 infos, targets) in :mod:`stager.protocol.models`.
 """
@@ -265,32 +265,6 @@ class Upload:
                    layout=Layout.from_json(field_of(obj, "layout", dict)),
                    locations=dict(field_of(obj, "locations", dict)),
                    capability=field_of(obj, "capability", str, None))
-
-
-@dataclass(frozen=True)
-class AbortRequest:
-    file_id: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"file_id": self.file_id}
-
-    @classmethod
-    def from_json(cls, obj: Any) -> AbortRequest:
-        return cls(check_file_id(field_of(obj, "file_id", str)))
-
-
-@dataclass(frozen=True)
-class Aborted:
-    """The answer to an abort: the upload is abandoned (its chunks are collected)."""
-
-    aborted: bool = True
-
-    def to_json(self) -> dict[str, Any]:
-        return {"aborted": self.aborted}
-
-    @classmethod
-    def from_json(cls, obj: Any) -> Aborted:
-        return cls(field_of(obj, "aborted", bool))
 
 
 @dataclass(frozen=True)

@@ -102,33 +102,32 @@ SCHEMAS: dict[str, Any] = {
     "MkdirRequest": _obj({"path": _STR, "parents": _BOOL, "exist_ok": _BOOL,
                           "layout": _ref("LayoutSpec")}, ("path",)),
     "SetLayoutRequest": _obj({"path": _STR, "layout": _ref("LayoutSpec")}, ("path", "layout")),
-    "CreateRequest": _obj({"path": _STR, "layout": _ref("LayoutSpec"), "overwrite": _BOOL,
-                           "parents": _BOOL}, ("path",)),
+    "CreateItem": _obj({"path": _STR, "layout": _ref("LayoutSpec"), "overwrite": _BOOL,
+                        "parents": _BOOL}, ("path",)),
     "Upload": _obj({"file_id": _STR, "path": _STR, "layout": _ref("Layout"),
                     "locations": {"type": "object", "additionalProperties": _STR},
                     "capability": _STR},
                    ("file_id", "path", "layout", "locations")),
-    "CommitRequest": _obj({"file_id": _FILE_ID, "size": _COUNT, "mtime": _NUM,
-                           "checksums": {"type": "array", "items": _STR}},
-                          ("file_id", "size", "checksums")),
-    "AbortRequest": _obj({"file_id": _FILE_ID}, ("file_id",)),
-    "Aborted": _obj({"aborted": _BOOL}, ("aborted",)),
+    "CommitItem": _obj({"file_id": _FILE_ID, "size": _COUNT, "mtime": _NUM,
+                        "checksums": {"type": "array", "items": _STR}},
+                       ("file_id", "size", "checksums")),
     "RerouteRequest": _obj({"target": _STR, "code": _STR, "reason": _STR, "items": {
         "type": "array", "items": _obj({"file_id": _STR, "chunks": _INT},
                                        ("file_id", "chunks"))}},
         ("target", "items")),
     "ItemError": _obj({"error": _STR, "message": _STR, "status": _INT,
                        "details": {"type": "object"}}, ("error", "message", "status")),
-    "CreateBatchRequest": _obj({"items": {"type": "array", "items": _ref("CreateRequest")}},
-                               ("items",)),
-    "CreateBatchResult": _obj({"results": {"type": "array", "items": {
+    # the writes: each a batch (stager/protocol/batch.py), answered item by item
+    "CreateRequest": _obj({"items": {"type": "array", "items": _ref("CreateItem")}},
+                          ("items",)),
+    "CreateResult": _obj({"results": {"type": "array", "items": {
         "oneOf": [_ref("Upload"), _ref("ItemError")]}}}, ("results",)),
-    "CommitBatchRequest": _obj({"items": {"type": "array", "items": _ref("CommitRequest")}},
-                               ("items",)),
-    "CommitBatchResult": _obj({"results": {"type": "array", "items": {
+    "CommitRequest": _obj({"items": {"type": "array", "items": _ref("CommitItem")}},
+                          ("items",)),
+    "CommitResult": _obj({"results": {"type": "array", "items": {
         "oneOf": [_ref("FileInfo"), _ref("ItemError")]}}}, ("results",)),
-    "AbortBatchRequest": _obj({"file_ids": {"type": "array", "items": _STR}}, ("file_ids",)),
-    "AbortBatchResult": _obj({"results": {"type": "array", "items": {
+    "AbortRequest": _obj({"file_ids": {"type": "array", "items": _FILE_ID}}, ("file_ids",)),
+    "AbortResult": _obj({"results": {"type": "array", "items": {
         "oneOf": [{"type": "null"}, _ref("ItemError")]}}}, ("results",)),
     "ChunkBatchInfo": _obj({"chunks": _INT, "bytes": _INT, "stored": {
         "type": "array", "items": _ref("ChunkInfo")}}, ("chunks", "bytes", "stored")),

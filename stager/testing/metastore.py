@@ -8,8 +8,9 @@ Every store runs the same suite, as every fsspec backend runs fsspec's::
             return lambda: MyStore(tmp_path / "db")
 
 The tests check what the interface promises: a file is visible only after its
-commit, a rename is atomic, a batch is one transaction whose items fail alone,
-a layout is swapped by compare-and-swap, and what was answered survives a reopen.
+commit, a rename is atomic, every write is a batch (of one or many) in one
+transaction whose items fail alone, a layout is swapped by compare-and-swap, and
+what was answered survives a reopen.
 """
 
 from __future__ import annotations
@@ -21,7 +22,15 @@ from dataclasses import replace
 import pytest
 
 from ..errors import AlreadyExists, IsADirectory, NotADirectory, NotFound, UploadNotFound
-from ..meta.store.base import EntryRecord, Garbage, ManifestRecord, MetaStore, Upload, all_files
+from ..meta.store.base import (
+    EntryRecord,
+    Garbage,
+    ManifestRecord,
+    MetaStore,
+    NodeEntry,
+    Upload,
+    all_files,
+)
 from ..protocol.authmsg import TokenInfo
 from ..protocol.models import Layout, LayoutSpec, TargetInfo
 
@@ -35,6 +44,14 @@ def upload(file_id: str, path: str, *, overwrite: bool = True) -> Upload:
     return Upload(file_id.ljust(32, "0"), path, LAYOUT, overwrite, True, 1.0)
 
 
+async def commit_one(store: MetaStore, file_id: str, *, size: int = 0,
+                     checksums: tuple[int, ...] = (), mtime: float = 1.0,
+                     now: float = 1.0) -> NodeEntry | Exception:
+    """A batch of one commit: its one result, the entry or the error in its place."""
+    [result] = await store.commit_uploads([(file_id, size, checksums, mtime)], now=now)
+    return result
+
+
 class MetaStoreTests:
     """Subclass with an ``open_store`` fixture: a callable that opens the store."""
 
@@ -46,23 +63,29 @@ class MetaStoreTests:
 
     async def put(self, store: MetaStore, file_id: str, path: str, size: int = 0) -> str:
         u = upload(file_id, path)
-        await store.begin_upload(u)
-        await store.commit_upload(u.file_id, size=size, checksums=(7,) if size else (),
-                                  mtime=2.0, now=2.0)
+        await store.begin_uploads([u])
+        entry = await commit_one(store, u.file_id, size=size,
+                                 checksums=(7,) if size else (), mtime=2.0, now=2.0)
+        assert isinstance(entry, NodeEntry), entry
         return u.file_id
 
     async def test_a_file_is_visible_only_after_its_commit(self, store: MetaStore) -> None:
         u = upload("a1", "/d/f")
-        await store.begin_upload(u)
+        await store.begin_uploads([u])
         with pytest.raises(NotFound):
             await store.stat("/d/f")
-        assert (await store.get_upload(u.file_id)).path == "/d/f"
-        entry = await store.commit_upload(u.file_id, size=5, checksums=(9,), mtime=3.0,
-                                          now=3.0)
+        assert await store.get_uploads([u.file_id]) == [u]
+        entry = await commit_one(store, u.file_id, size=5, checksums=(9,), mtime=3.0, now=3.0)
+        assert isinstance(entry, NodeEntry)
         assert (entry.path, entry.size, entry.layout) == ("/d/f", 5, LAYOUT)
         assert (await store.stat("/d/f")).checksums == (9,)
-        with pytest.raises(UploadNotFound):
-            await store.get_upload(u.file_id)
+        [gone] = await store.get_uploads([u.file_id])
+        assert isinstance(gone, UploadNotFound) and gone.details["file_id"] == u.file_id
+        again = await commit_one(store, u.file_id, size=5, checksums=(9,))
+        assert isinstance(again, UploadNotFound)          # in its place, not raised
+        [aborted] = await store.abort_uploads([u.file_id], now=4.0)
+        assert isinstance(aborted, UploadNotFound)
+        assert (await store.stat("/d/f")).file_id == u.file_id        # changed nothing
 
     async def test_a_replaced_file_goes_to_garbage(self, store: MetaStore) -> None:
         first = await self.put(store, "b1", "/f")
@@ -75,11 +98,13 @@ class MetaStoreTests:
         await store.drop_garbage([], now=20.0, forget_before=11.0)
         assert not await store.retired(first)           # forgotten
         refused = upload("b3", "/f", overwrite=False)
-        await store.begin_upload(refused)
-        with pytest.raises(AlreadyExists):
-            await store.commit_upload(refused.file_id, size=0, checksums=(), mtime=1.0,
-                                      now=1.0)
-        assert (await store.get_upload(refused.file_id)).path == "/f"   # still pending
+        await store.begin_uploads([refused])
+        assert isinstance(await commit_one(store, refused.file_id), AlreadyExists)
+        assert await store.get_uploads([refused.file_id]) == [refused]   # still pending
+        assert (await store.stat("/f")).file_id == second
+        assert await store.abort_uploads([refused.file_id], now=30.0) == [None]
+        assert [g.file_id for g in await store.take_garbage(10)] == [refused.file_id]
+        assert await store.retired(refused.file_id)       # an abandoned upload is retired
 
     async def test_rename_is_atomic_and_remove_collects(self, store: MetaStore) -> None:
         await store.mkdir("/a/b", parents=True, exist_ok=False, now=1.0)
@@ -126,13 +151,12 @@ class MetaStoreTests:
 
     async def test_replace_upload_layout_is_compare_and_swap(self, store: MetaStore) -> None:
         pending = upload("u1", "/u")
-        await store.begin_upload(pending)
+        await store.begin_uploads([pending])
         assert await store.replace_upload_layout(pending.file_id, pending.layout, OTHER)
         assert not await store.replace_upload_layout(pending.file_id, pending.layout, OTHER)
-        assert (await store.get_upload(pending.file_id)).layout == OTHER
-        entry = await store.commit_upload(pending.file_id, size=0, checksums=(), mtime=1.0,
-                                          now=1.0)
-        assert entry.layout == OTHER                          # committed as last written
+        assert await store.get_uploads([pending.file_id]) == [replace(pending, layout=OTHER)]
+        entry = await commit_one(store, pending.file_id)
+        assert isinstance(entry, NodeEntry) and entry.layout == OTHER   # as last written
         assert not await store.replace_upload_layout(pending.file_id, OTHER, LAYOUT)
 
     async def test_overlapping_calls_and_reopen_keep_what_was_answered(
@@ -141,9 +165,9 @@ class MetaStoreTests:
         try:
             await store.upsert_target(TargetInfo("t0", "n0", "http://127.0.0.1:1"))
             uploads = [upload(f"f{i:02d}", f"/many/f{i}") for i in range(20)]
-            await asyncio.gather(*(store.begin_upload(u) for u in uploads))
-            await asyncio.gather(*(store.commit_upload(u.file_id, size=0, checksums=(),
-                                                       mtime=1.0, now=1.0) for u in uploads))
+            await asyncio.gather(*(store.begin_uploads([u]) for u in uploads))
+            done = await asyncio.gather(*(commit_one(store, u.file_id) for u in uploads))
+            assert all(isinstance(e, NodeEntry) for e in done)
         finally:
             store.close()
         again = open_store()
@@ -173,9 +197,9 @@ class MetaStoreTests:
             return moved
 
         pending = upload("v1", "/ds/sub/f")
-        await store.begin_upload(pending)            # not visible: nothing moves
+        await store.begin_uploads([pending])         # not visible: nothing moves
         assert await bumped() == {"/ds": 0, "/ds/sub": 0}
-        await store.commit_upload(pending.file_id, size=0, checksums=(), mtime=2.0, now=2.0)
+        await commit_one(store, pending.file_id, mtime=2.0, now=2.0)
         assert await bumped() == {"/ds": 1, "/ds/sub": 1}
         await self.put(store, "v2", "/other/x")      # outside the subtree
         await self.put(store, "v3", "/other/y")
@@ -186,8 +210,8 @@ class MetaStoreTests:
         assert await bumped() == {"/ds": 1, "/ds/sub": 1}     # one bump for the batch
         grouped = [upload(f"v7{i}", f"/ds/sub/g{i}") for i in range(3)]
         await store.begin_uploads(grouped)
-        await asyncio.gather(*(store.commit_upload(u.file_id, size=0, checksums=(), mtime=2.0,
-                                                   now=2.0) for u in grouped))
+        await asyncio.gather(*(commit_one(store, u.file_id, mtime=2.0, now=2.0)
+                               for u in grouped))
         assert all(n >= 1 for n in (await bumped()).values())
         await store.rename("/ds/sub/f", "/other/f", overwrite=False, now=3.0)
         assert await bumped() == {"/ds": 1, "/ds/sub": 1}

@@ -208,49 +208,26 @@ async def set_layout(request: web.Request) -> web.Response:
     return json_response((await _svc(request).set_layout(req.path, req.layout)).to_json())
 
 
+# -- writes: each a batch (stager/protocol/batch.py, stager/meta/writes.py) --------------
 async def create(request: web.Request) -> web.Response:
-    req = CreateItem.from_json(await _body(request))
-    authorize(request, "write", req.path)
-    upload, info = await _svc(request).create(req.path, layout=req.layout,
-                                              overwrite=req.overwrite, parents=req.parents)
-    return json_response(_upload(request, upload, info).to_json())
-
-
-async def commit(request: web.Request) -> web.Response:
-    req = CommitItem.from_json(await _body(request))
-    await check_uploads(request, _svc(request), [req.file_id])
-    info = await _svc(request).commit(req.file_id, size=req.size, checksums=req.checksums,
-                                      mtime=req.mtime)
-    return json_response(info.to_json())
-
-
-async def abort(request: web.Request) -> web.Response:
-    req = m.AbortRequest.from_json(await _body(request))
-    await check_uploads(request, _svc(request), [req.file_id])
-    await _svc(request).abort(req.file_id)
-    return json_response(m.Aborted().to_json())
-
-
-# -- batched writes (stager/protocol/batch.py, stager/meta/batch.py) ----------------------
-async def create_batch(request: web.Request) -> web.Response:
     items = parse_items(await _body(request), CreateItem.from_json, key=lambda i: i.path)
     for item in items:
         authorize(request, "write", item.path)
-    results = await _svc(request).create_many(items)
+    results = await _svc(request).create(items)
     return json_response(results_json(results, lambda r: _upload(request, *r).to_json()))
 
 
-async def commit_batch(request: web.Request) -> web.Response:
+async def commit(request: web.Request) -> web.Response:
     items = parse_items(await _body(request), CommitItem.from_json, key=lambda i: i.file_id)
     await check_uploads(request, _svc(request), [i.file_id for i in items])
-    results = await _svc(request).commit_many(items)
+    results = await _svc(request).commit(items)
     return json_response(results_json(results, FileInfo.to_json))
 
 
-async def abort_batch(request: web.Request) -> web.Response:
+async def abort(request: web.Request) -> web.Response:
     file_ids = parse_items(await _body(request), check_file_id, key=str, name="file_ids")
     await check_uploads(request, _svc(request), file_ids)
-    results = await _svc(request).abort_many(file_ids)
+    results = await _svc(request).abort(file_ids)
     return json_response(results_json(results, lambda r: None))
 
 
@@ -388,7 +365,6 @@ HANDLERS = {
     "stat": stat, "list": list_dir,
     "mkdir": mkdir,
     "set_layout": set_layout, "create": create, "commit": commit, "abort": abort,
-    "create_batch": create_batch, "commit_batch": commit_batch, "abort_batch": abort_batch,
     "reroute": reroute,
     "rename": rename, "remove": remove, "put_manifest": put_manifest,
     "get_manifest": get_manifest, "gateway_get": gateway_get,

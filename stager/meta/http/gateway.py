@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from ...config import Config
 from ...dataplane import DataPlane, StripedReader, StripedWriter
 from ...errors import PayloadTooLarge, StagerError
+from ...protocol.batch import CommitItem, CreateItem, one
 from ...protocol.messages import RerouteItem, RerouteRequest
 from ...protocol.models import FileInfo, Layout, LayoutSpec
 from ..service import MetaService
@@ -27,7 +28,7 @@ class Gateway:
     async def write(self, path: str, body: AsyncIterator[bytes], *,
                     layout: LayoutSpec | None = None, max_size: int) -> FileInfo:
         """Store ``body`` at ``path``; visible only once every chunk is durable."""
-        upload, info = await self.service.create(path, layout=layout, overwrite=True)
+        upload, info = one(await self.service.create([CreateItem(path, layout)]))
         assert info.layout is not None
         async def reroute(target: str, cause: StagerError, chunks: int
                           ) -> tuple[Layout, dict[str, str]]:
@@ -47,14 +48,13 @@ class Gateway:
                                           limit=max_size)
                 await writer.write(piece)
             size, checksums = await writer.close()
-            return await self.service.commit(upload.file_id, size=size, checksums=checksums)
+            return one(await self.service.commit([CommitItem(upload.file_id, size,
+                                                             tuple(checksums))]))
         except BaseException:
             await writer.abort()
             await asyncio.shield(self._abort(upload.file_id))
             raise
 
     async def _abort(self, file_id: str) -> None:
-        try:
-            await self.service.abort(file_id)
-        except StagerError:
-            pass  # already committed or collected
+        # an error in its place: already committed or collected
+        await self.service.abort([file_id])

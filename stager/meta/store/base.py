@@ -12,8 +12,9 @@ What every implementation guarantees:
 * **durable when answered**: a write whose await has returned is committed
   (on disk, or on the database server) and survives a crash;
 * **in order**: a call sees every write answered before it was made;
-* **errors** are those of :mod:`stager.errors` (NotFound, AlreadyExists, …),
-  raised as the single operation raises them.
+* **errors** are those of :mod:`stager.errors` (NotFound, AlreadyExists, …);
+  the writes take a batch (one item or many) and answer each item's error in its
+  place.
 """
 
 from __future__ import annotations
@@ -184,33 +185,7 @@ class MetaStore(ABC):
         """The version of the manifest of directory ``path``, in one query (a cache of
         resolved manifests checks it on every request); NotFound if none."""
 
-    # -- writes ----------------------------------------------------------------
-    @abstractmethod
-    async def begin_upload(self, upload: Upload) -> None:
-        """Record a write in progress; nothing of it is visible in the namespace."""
-
-    @abstractmethod
-    async def get_upload(self, file_id: str) -> Upload:
-        """The pending upload ``file_id``; UploadNotFound when there is none."""
-
-    @abstractmethod
-    async def commit_upload(self, file_id: str, *, size: int, checksums: tuple[int, ...],
-                            mtime: float, now: float) -> NodeEntry:
-        """Make the upload visible at its path: a file is visible only after this.
-        A file it replaces (if the upload allows) goes to garbage in the same
-        transaction; missing parents are made if the upload allows."""
-
-    @abstractmethod
-    async def abort_upload(self, file_id: str, *, now: float) -> None:
-        """Drop a pending upload; its chunks go to garbage."""
-
-    @abstractmethod
-    async def replace_upload_layout(self, file_id: str, old: Layout, new: Layout) -> bool:
-        """Compare-and-swap: set a pending upload's layout to ``new`` if it is still
-        ``old`` (a writer routing around a failed target); False, changing nothing,
-        when it is not or the upload is gone."""
-
-    # -- batched writes (stager/meta/batch.py) -----------------------------------
+    # -- writes: each a batch, one item or many (stager/meta/writes.py) -----------
     @abstractmethod
     async def check_creates(self, items: Sequence[CreateCheck]
                             ) -> list[LayoutSpec | StagerError]:
@@ -220,23 +195,34 @@ class MetaStore(ABC):
 
     @abstractmethod
     async def begin_uploads(self, uploads: Sequence[Upload]) -> None:
-        """:meth:`begin_upload` for each, in one transaction."""
+        """Record writes in progress, in one transaction; nothing of them is visible in
+        the namespace.  Need not be flushed when answered: a pending upload lost in a
+        crash loses nothing promised (its commit fails, marked ``never_committed``)."""
 
     @abstractmethod
     async def get_uploads(self, file_ids: Sequence[str]) -> list[Upload | StagerError]:
-        """:meth:`get_upload` for each: the upload, or its error in its place."""
+        """Each pending upload, or UploadNotFound in its place when there is none."""
 
     @abstractmethod
     async def commit_uploads(self, items: Sequence[CommitArgs], *,
                              now: float) -> list[NodeEntry | StagerError]:
-        """Commit each ``(file_id, size, checksums, mtime)`` in one transaction; an item
-        that fails changes nothing and does not stop the others."""
+        """Make each upload ``(file_id, size, checksums, mtime)`` visible at its path,
+        in one transaction: a file is visible only after this.  A file it replaces (if
+        the upload allows) goes to garbage in the same transaction; missing parents are
+        made if the upload allows.  An item that fails changes nothing and does not
+        stop the others: its error is in its place."""
 
     @abstractmethod
     async def abort_uploads(self, file_ids: Sequence[str], *, now: float
                             ) -> list[StagerError | None]:
-        """:meth:`abort_upload` for each in one transaction; ``None`` where it went, the
-        error in its place where not."""
+        """Drop each pending upload (its chunks go to garbage) in one transaction;
+        ``None`` where it went, the error in its place where not."""
+
+    @abstractmethod
+    async def replace_upload_layout(self, file_id: str, old: Layout, new: Layout) -> bool:
+        """Compare-and-swap: set a pending upload's layout to ``new`` if it is still
+        ``old`` (a writer routing around a failed target); False, changing nothing,
+        when it is not or the upload is gone."""
 
     # -- garbage collection ------------------------------------------------------
     @abstractmethod

@@ -12,8 +12,8 @@ back as a code and the path component it names, having changed nothing, and the
 caller raises it.
 
 The manifests ``gen`` bump of ancestor directories (schema 4) rides in the same
-statement as the call (see :func:`.postgres.uploads.commit_upload`); a batch bumps them
-once at its end.
+statement as the call when a batch has one commit (see
+:func:`.postgres.uploads.commit_uploads`); a larger batch bumps them once at its end.
 """
 
 from __future__ import annotations

@@ -152,33 +152,6 @@ class PostgreSQLStore(MetaStore):
                                       snapshot=True))
 
     # -- writes: these may share one transaction with writes queued alongside ----
-    async def begin_upload(self, upload: Upload) -> None:
-        self._check_open()
-        await self.writes.write(lambda c: up.begin_uploads(c, [upload]),
-                                alone=lambda c: up.begin_upload(c, upload))
-
-    async def get_upload(self, file_id: str) -> Upload:
-        upload: Upload = await self._read(lambda c: up.get_upload(c, file_id))
-        return upload
-
-    async def commit_upload(self, file_id: str, *, size: int, checksums: tuple[int, ...],
-                            mtime: float, now: float) -> NodeEntry:
-        self._check_open()
-        def commit(conn: asyncpg.Connection) -> Awaitable[NodeEntry]:
-            return up.commit_upload(conn, file_id, size=size, checksums=checksums,
-                                    mtime=mtime, now=now)
-
-        # alone, one statement: a lost connection leaves its outcome unknown (not rerun)
-        entry: NodeEntry = await self.writes.write(commit, alone=commit, rerun=False)
-        return entry
-
-    async def abort_upload(self, file_id: str, *, now: float) -> None:
-        self._check_open()
-        await self.writes.write(lambda c: up.abort_upload(c, file_id, now=now))
-
-    async def replace_upload_layout(self, file_id: str, old: Layout, new: Layout) -> bool:
-        return bool(await self._write(lambda c: up.replace_upload_layout(c, file_id, old, new)))
-
     async def check_creates(self, items: Sequence[CreateCheck]
                             ) -> list[LayoutSpec | StagerError]:
         if len(items) == 1:     # one statement: one snapshot without a transaction
@@ -188,7 +161,9 @@ class PostgreSQLStore(MetaStore):
 
     async def begin_uploads(self, uploads: Sequence[Upload]) -> None:
         self._check_open()
-        await self.writes.write(lambda c: up.begin_uploads(c, uploads))
+        # one alone: one statement that may run again, not waiting for the WAL flush
+        alone = (lambda c: up.reserve(c, uploads[0])) if len(uploads) == 1 else None
+        await self.writes.write(lambda c: up.begin_uploads(c, uploads), alone=alone)
 
     async def get_uploads(self, file_ids: Sequence[str]) -> list[Upload | StagerError]:
         return list(await self._read(lambda c: up.get_uploads(c, file_ids)))
@@ -196,7 +171,15 @@ class PostgreSQLStore(MetaStore):
     async def commit_uploads(self, items: Sequence[CommitArgs], *,
                              now: float) -> list[NodeEntry | StagerError]:
         self._check_open()
-        return list(await self.writes.write(lambda c: up.commit_uploads(c, items, now=now)))
+        def commit(conn: asyncpg.Connection) -> Awaitable[list[NodeEntry | StagerError]]:
+            return up.commit_uploads(conn, items, now=now)
+
+        # one alone: one statement; a lost connection leaves its outcome unknown (not rerun)
+        return list(await self.writes.write(commit, alone=commit if len(items) == 1 else None,
+                                            rerun=False))
+
+    async def replace_upload_layout(self, file_id: str, old: Layout, new: Layout) -> bool:
+        return bool(await self._write(lambda c: up.replace_upload_layout(c, file_id, old, new)))
 
     async def abort_uploads(self, file_ids: Sequence[str], *, now: float
                             ) -> list[StagerError | None]:

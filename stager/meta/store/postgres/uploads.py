@@ -1,11 +1,12 @@
-"""The PostgreSQL store's SQL of writes: uploads, their commits (one at a time and
-in batches), and the garbage they leave.
+"""The PostgreSQL store's SQL of writes: uploads, their commits, and the garbage
+they leave.
 
-Coroutines over one connection inside the caller's transaction.  A commit is one
-statement, a server-side function (:mod:`.postgres.functions`), however deep the file
-lies; checking a single create is one statement too (the walk of its whole path).  A
-batch is one transaction whose items each run in a savepoint, so a failed item
-leaves nothing behind and the others still commit.
+Coroutines over one connection inside the caller's transaction.  Every write takes
+a batch; a batch is one transaction whose items each fail alone, leaving nothing
+behind, while the others still commit.  A commit is one statement, a server-side
+function (:mod:`.postgres.functions`), however deep the file lies, so a batch of one
+is one statement (with its manifests bumped in it); checking a batch of one create
+is one statement too (the walk of its whole path), and so is beginning one upload.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from ....errors import (
 from ....protocol import paths
 from ....protocol.models import Layout, LayoutSpec
 from ..base import CommitArgs, CreateCheck, Garbage, NodeEntry, Upload
-from ..sqlite.batch import checked_create
 from ..sqlite.db import layout_of, layout_text, pack
+from ..sqlite.namespace import checked_create
 from .db import ROOT_ID, must_abort
 from .namespace import changed_files, inherited, located, walk
 
@@ -48,7 +49,7 @@ async def begin_uploads(conn: asyncpg.Connection, uploads: Sequence[Upload]) -> 
                              u.created) for u in uploads])
 
 
-async def begin_upload(conn: asyncpg.Connection, upload: Upload) -> None:
+async def reserve(conn: asyncpg.Connection, upload: Upload) -> None:
     """:func:`begin_uploads` of one, as a statement that may run again (after a lost
     connection, its first run may have committed): finding its own row is done.  Its
     commit does not wait for the WAL flush (``stager_reserve``, :mod:`.postgres.functions`
@@ -61,14 +62,6 @@ async def begin_upload(conn: asyncpg.Connection, upload: Upload) -> None:
                               upload.file_id)
     if row is None or tuple(row) != values:     # another upload's: the error it was
         await begin_uploads(conn, [upload])
-
-
-async def get_upload(conn: asyncpg.Connection, file_id: str) -> Upload:
-    row = await conn.fetchrow(f"SELECT {_UPLOAD_COLS} FROM uploads WHERE file_id = $1",
-                              file_id)
-    if row is None:
-        raise _missing(file_id)
-    return _upload(row)
 
 
 # A commit alone, as one statement: stager_commit, and the gen of every manifest on a
@@ -91,16 +84,16 @@ SELECT * FROM stager_commit($1, $2, $3, $4, $5)"""
 _COMMIT = "SELECT * FROM stager_commit($1, $2, $3, $4, $5)"
 
 
-async def commit_upload(conn: asyncpg.Connection, file_id: str, *, size: int,
-                        checksums: tuple[int, ...], mtime: float, now: float,
-                        bump: bool = True) -> NodeEntry:
-    """One statement (:data:`.pg_functions.COMMIT_FUNCTION`); the error it raises comes
+async def _commit(conn: asyncpg.Connection, item: CommitArgs, now: float, *,
+                  bump: bool) -> NodeEntry | StagerError:
+    """One statement (:data:`.functions.COMMIT_FUNCTION`); the error it answers comes
     after it changed nothing but manifest versions (the upload stays pending).
     ``bump=False``: a batch bumps the manifests of all its files at its end."""
+    file_id, size, checksums, mtime = item
     row = await conn.fetchrow(_COMMIT_BUMPING if bump else _COMMIT,
                               file_id, size, mtime, pack(checksums), now)
     if row["r_err"] is not None:
-        raise _commit_error(file_id, row["r_err"], row["r_at"], row["r_path"])
+        return _commit_error(file_id, row["r_err"], row["r_at"], row["r_path"])
     return NodeEntry(row["r_path"], "file", size, mtime, file_id, layout_of(row["r_layout"]),
                      checksums=checksums)
 
@@ -121,15 +114,16 @@ def _commit_error(file_id: str, code: str, at: str | None, path: str | None) -> 
     return AlreadyExists(f"{path} already exists", path=path)
 
 
-async def abort_upload(conn: asyncpg.Connection, file_id: str, *, now: float) -> None:
+async def _abort(conn: asyncpg.Connection, file_id: str, now: float) -> StagerError | None:
     row = await conn.fetchrow("DELETE FROM uploads WHERE file_id = $1 RETURNING layout",
                               file_id)
     if row is None:
-        raise _missing(file_id)
+        return _missing(file_id)        # changed nothing
     await conn.execute(
         "INSERT INTO garbage VALUES ($1, $2, 0, $3) ON CONFLICT (file_id) DO UPDATE "
         "SET layout = EXCLUDED.layout, size = EXCLUDED.size, since = EXCLUDED.since",
         file_id, row["layout"], now)
+    return None
 
 
 async def replace_upload_layout(conn: asyncpg.Connection, file_id: str, old: Layout,
@@ -230,8 +224,10 @@ async def get_uploads(conn: asyncpg.Connection, file_ids: Sequence[str]
 
 async def commit_uploads(conn: asyncpg.Connection, items: Sequence[CommitArgs], *,
                          now: float) -> list[NodeEntry | StagerError]:
-    """:func:`commit_upload` of each item, then one statement bumping the manifests
-    above all the files committed."""
+    """Each item's commit statement, then one statement bumping the manifests above all
+    the files committed; a batch of one is its one statement, bumping them itself."""
+    if len(items) == 1:
+        return [await _commit(conn, items[0], now, bump=True)]
     out = await _commit_each(conn, items, now)
     done = [e.file_id for e in out if isinstance(e, NodeEntry) and e.file_id]
     if done:
@@ -246,35 +242,19 @@ async def _commit_each(conn: asyncpg.Connection, items: Sequence[CommitArgs], no
     (which aborts the savepoint) has them run again, each in a savepoint of its own."""
     try:
         async with conn.transaction():
-            return [await _committed(conn, item, now) for item in items]
+            return [await _commit(conn, item, now, bump=False) for item in items]
     except Exception as exc:
         if must_abort(exc, conn):
             raise
     out: list[NodeEntry | StagerError] = []
     for item in items:
         async with conn.transaction():          # a savepoint: the item fails alone
-            out.append(await _committed(conn, item, now))
+            out.append(await _commit(conn, item, now, bump=False))
     return out
-
-
-async def _committed(conn: asyncpg.Connection, item: CommitArgs, now: float
-                     ) -> NodeEntry | StagerError:
-    file_id, size, checksums, mtime = item
-    try:
-        return await commit_upload(conn, file_id, size=size, checksums=checksums,
-                                   mtime=mtime, now=now, bump=False)
-    except StagerError as exc:
-        return exc
 
 
 async def abort_uploads(conn: asyncpg.Connection, file_ids: Sequence[str], *, now: float
                         ) -> list[StagerError | None]:
-    out: list[StagerError | None] = []
-    for file_id in file_ids:
-        try:
-            async with conn.transaction():
-                await abort_upload(conn, file_id, now=now)
-            out.append(None)
-        except StagerError as exc:
-            out.append(exc)
-    return out
+    """Each item's error changed nothing, so no savepoint is needed for it (a database
+    error aborts the whole transaction, which is run again)."""
+    return [await _abort(conn, file_id, now) for file_id in file_ids]

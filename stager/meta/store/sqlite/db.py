@@ -1,7 +1,7 @@
 """The SQLite store's connection: schema, transactions, and how values are encoded.
 
 Shared by the helper objects that hold the store's SQL (:mod:`.sqlite.namespace`,
-:mod:`.sqlite.batch`, :mod:`.sqlite.reliability`); they all run on the store's
+:mod:`.sqlite.reliability`, …); they all run on the store's
 one thread (:mod:`.sqlite.thread`), so one connection serves them all.
 """
 

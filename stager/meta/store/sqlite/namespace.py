@@ -2,7 +2,9 @@
 
 Blocking; runs on the store's one thread (see :class:`~.sqlite.store.SQLiteStore`,
 whose methods say what each guarantees).  Each write is one transaction (a
-savepoint inside a batch or a group commit: :meth:`.Database.transaction`).
+savepoint inside a batch or a group commit: :meth:`.Database.transaction`); the
+writes of uploads take a batch, one transaction whose items each fail alone (a
+savepoint each), so a failed item leaves nothing behind and the others commit.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, TypeVar
 
 from ....errors import (
     AlreadyExists,
@@ -19,15 +21,17 @@ from ....errors import (
     IsADirectory,
     NotADirectory,
     NotFound,
+    StagerError,
     UploadNotFound,
 )
 from ....protocol import paths
 from ....protocol.models import Layout, LayoutSpec, TargetInfo
-from ..base import Garbage, ManifestVersion, NodeEntry, Upload
+from ..base import CommitArgs, CreateCheck, Garbage, ManifestVersion, NodeEntry, Upload
 from .db import ROOT_ID, Database, layout_of, layout_text, pack, subtree_entries, unpack
 
 _COLS = "id, kind, size, mtime, file_id, layout, checksums"
 Row = tuple[Any, ...]
+R = TypeVar("R")
 
 
 def check_replaceable(existing: Row | None, path: str, overwrite: bool) -> None:
@@ -38,6 +42,35 @@ def check_replaceable(existing: Row | None, path: str, overwrite: bool) -> None:
         raise IsADirectory(f"{path} is a directory", path=path)
     if not overwrite:
         raise AlreadyExists(f"{path} already exists", path=path)
+
+
+def checked_create(item: CreateCheck, state: tuple[int | None, LayoutSpec] | StagerError,
+                   child: Callable[[int, str], Any]) -> LayoutSpec | StagerError:
+    """One create's check, in either store: its parent's ``state`` (the parent's id,
+    ``None`` where it is still to be made, and the layout it hands down; or why it
+    cannot hold a file) and ``child(parent_id, name)``, what is there already."""
+    path, overwrite, make_parents = item
+    parent, name = paths.split(path)
+    try:
+        if isinstance(state, StagerError):
+            raise state
+        parent_id, spec = state
+        if parent_id is None:
+            if not make_parents:
+                raise NotFound(f"parent directory {parent} does not exist", path=path)
+        else:
+            check_replaceable(child(parent_id, name), path, overwrite)
+    except StagerError as exc:
+        return type(exc)(exc.message, **{**exc.details, "path": path})  # the file's own
+    return spec
+
+
+def _each(fn: Callable[..., R], *args: Any) -> R | StagerError:
+    """``fn(*args)``, one item of a batch: its error in its place."""
+    try:
+        return fn(*args)
+    except StagerError as exc:
+        return exc
 
 
 class NamespaceSQL:
@@ -292,25 +325,55 @@ class NamespaceSQL:
             raise NotFound(f"no manifest recorded for {path}", path=path)
         return ManifestVersion(dir_id, int(row[0]), float(row[1]))
 
-    # -- uploads ----------------------------------------------------------------
+    # -- uploads: each call a batch, one transaction; an item fails alone ----------
+    def check_creates(self, items: Sequence[CreateCheck]) -> list[LayoutSpec | StagerError]:
+        parents: dict[str, tuple[int | None, LayoutSpec] | StagerError] = {}
+        out: list[LayoutSpec | StagerError] = []
+        for item in items:
+            parent = paths.split(item[0])[0]
+            if parent not in parents:
+                parents[parent] = self._parent_state(parent)
+            out.append(checked_create(item, parents[parent], self.child))
+        return out
+
+    def _parent_state(self, parent: str) -> tuple[int | None, LayoutSpec] | StagerError:
+        """(the parent directory's row id or None when it is missing, the layout its
+        new files inherit), or the error every file in it gets."""
+        try:
+            row = self.resolve(parent)
+        except NotFound:
+            return None, self.inherited_layout(paths.join(parent, "x"))
+        except NotADirectory as exc:
+            return exc
+        if row[1] != "directory":
+            return NotADirectory(f"{parent} is not a directory", path=parent)
+        return int(row[0]), self.inherited_layout(paths.join(parent, "x"))
+
     def begin_uploads(self, uploads: Sequence[Upload]) -> None:
-        """Record uploads, all in one transaction."""
         with self.tx():
             self.db.executemany("INSERT INTO uploads VALUES (?, ?, ?, ?, ?, ?)", [
                 (u.file_id, u.path, layout_text(u.layout), int(u.overwrite), int(u.parents),
                  u.created) for u in uploads])
 
-    def get_upload(self, file_id: str) -> Upload:
+    def get_uploads(self, file_ids: Sequence[str]) -> list[Upload | StagerError]:
+        return [_each(self._upload, file_id) for file_id in file_ids]
+
+    def _upload(self, file_id: str) -> Upload:
         row = self.db.execute("SELECT * FROM uploads WHERE file_id = ?", (file_id,)).fetchone()
         if row is None:
             raise UploadNotFound(f"no pending upload {file_id}", file_id=file_id)
         return Upload(row[0], row[1], layout_of(row[2]), bool(row[3]),
                       bool(row[4]), row[5])
 
-    def commit_upload(self, file_id: str, *, size: int, checksums: tuple[int, ...],
-                      mtime: float, now: float) -> NodeEntry:
+    def commit_uploads(self, items: Sequence[CommitArgs], *, now: float
+                       ) -> list[NodeEntry | StagerError]:
+        with self.tx():     # each item's own transaction nests: a savepoint
+            return [_each(self._commit, *item, now) for item in items]
+
+    def _commit(self, file_id: str, size: int, checksums: tuple[int, ...], mtime: float,
+                now: float) -> NodeEntry:
         with self.tx():
-            upload = self.get_upload(file_id)
+            upload = self._upload(file_id)
             parent, name = paths.split(upload.path)
             parent_id = self._mkdirs(parent, parents=upload.parents, exist_ok=True, now=now) \
                 if parent != "/" else ROOT_ID
@@ -330,9 +393,13 @@ class NamespaceSQL:
         return NodeEntry(upload.path, "file", size, mtime, file_id, upload.layout,
                          checksums=checksums)
 
-    def abort_upload(self, file_id: str, *, now: float) -> None:
+    def abort_uploads(self, file_ids: Sequence[str], *, now: float) -> list[StagerError | None]:
         with self.tx():
-            upload = self.get_upload(file_id)
+            return [_each(self._abort, file_id, now) for file_id in file_ids]
+
+    def _abort(self, file_id: str, now: float) -> None:
+        with self.tx():
+            upload = self._upload(file_id)
             self.db.execute("DELETE FROM uploads WHERE file_id = ?", (file_id,))
             self.db.execute("INSERT OR REPLACE INTO garbage VALUES (?, ?, ?, ?)",
                             (file_id, layout_text(upload.layout), 0, now))
@@ -346,7 +413,7 @@ class NamespaceSQL:
     def expired_uploads(self, before: float) -> list[Upload]:
         ids = self.db.execute("SELECT file_id FROM uploads WHERE created < ?",
                               (before,)).fetchall()
-        return [self.get_upload(r[0]) for r in ids]
+        return [self._upload(r[0]) for r in ids]
 
     def take_garbage(self, limit: int) -> list[Garbage]:
         rows = self.db.execute("SELECT * FROM garbage ORDER BY since LIMIT ?",

@@ -4,9 +4,9 @@
 SQL on one thread (:mod:`.sqlite.thread`), so the event loop never waits on SQLite
 or on an fsync.  The SQL itself lives in helper objects over one connection
 (:mod:`.sqlite.db`): the namespace, uploads and targets (:mod:`.sqlite.namespace`),
-batches (:mod:`.sqlite.batch`), and the files as rebuild, repair and fsck see
-them (:mod:`.sqlite.reliability`).  Writes of uploads that queue up while the
-thread is busy share one transaction (group commit); everything else runs alone.
+and the files as rebuild, repair and fsck see them (:mod:`.sqlite.reliability`).
+Writes of uploads that queue up while the thread is busy share one transaction
+(group commit); everything else runs alone.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from ..base import (
     Upload,
 )
 from .answers import AnswerSQL
-from .batch import BatchSQL
 from .copy import CopySQL
 from .db import Database
 from .namespace import NamespaceSQL
@@ -51,7 +50,6 @@ class SQLiteStore(MetaStore):
         self.database = Database(path)
         self.path = self.database.path
         self.namespace = NamespaceSQL(self.database)
-        self.batches = BatchSQL(self.namespace)
         self.files = ReliabilitySQL(self.database)
         self.tokens = TokenSQL(self.database)
         self.copies = CopySQL(self.database)
@@ -109,42 +107,28 @@ class SQLiteStore(MetaStore):
         return await self.thread.run(self.namespace.manifest_version, path)
 
     # -- writes: these may share one transaction with writes queued alongside ----
-    async def begin_upload(self, upload: Upload) -> None:
-        # not flushed when alone: nothing of it is visible, and its commit flushes it
-        # (docs/metadata-stores.md: what a store may lose, and why that loses nothing)
-        await self.thread.write(self._unflushed, self.namespace.begin_uploads, [upload])
-
-    async def get_upload(self, file_id: str) -> Upload:
-        return await self.thread.run(self.namespace.get_upload, file_id)
-
-    async def commit_upload(self, file_id: str, *, size: int, checksums: tuple[int, ...],
-                            mtime: float, now: float) -> NodeEntry:
-        return await self.thread.write(self.namespace.commit_upload, file_id, size=size,
-                                       checksums=checksums, mtime=mtime, now=now)
-
-    async def abort_upload(self, file_id: str, *, now: float) -> None:
-        await self.thread.write(self.namespace.abort_upload, file_id, now=now)
-
-    async def replace_upload_layout(self, file_id: str, old: Layout, new: Layout) -> bool:
-        return await self.thread.run(self.namespace.replace_upload_layout, file_id, old, new)
-
     async def check_creates(self, items: Sequence[CreateCheck]
                             ) -> list[LayoutSpec | StagerError]:
-        return await self.thread.run(self.batches.check_creates, items)
+        return await self.thread.run(self.namespace.check_creates, items)
 
     async def begin_uploads(self, uploads: Sequence[Upload]) -> None:
-        await self.thread.write(self.namespace.begin_uploads, uploads)
+        # not flushed when alone: nothing of them is visible, and their commit flushes
+        # them (docs/metadata-stores.md: what a store may lose, and why that loses nothing)
+        await self.thread.write(self._unflushed, self.namespace.begin_uploads, uploads)
 
     async def get_uploads(self, file_ids: Sequence[str]) -> list[Upload | StagerError]:
-        return await self.thread.run(self.batches.get_uploads, file_ids)
+        return await self.thread.run(self.namespace.get_uploads, file_ids)
 
     async def commit_uploads(self, items: Sequence[CommitArgs], *,
                              now: float) -> list[NodeEntry | StagerError]:
-        return await self.thread.write(self.batches.commit_uploads, items, now=now)
+        return await self.thread.write(self.namespace.commit_uploads, items, now=now)
 
     async def abort_uploads(self, file_ids: Sequence[str], *, now: float
                             ) -> list[StagerError | None]:
-        return await self.thread.write(self.batches.abort_uploads, file_ids, now=now)
+        return await self.thread.write(self.namespace.abort_uploads, file_ids, now=now)
+
+    async def replace_upload_layout(self, file_id: str, old: Layout, new: Layout) -> bool:
+        return await self.thread.run(self.namespace.replace_upload_layout, file_id, old, new)
 
     # -- garbage collection -------------------------------------------------------
     async def expired_uploads(self, before: float) -> list[Upload]:
