@@ -6,13 +6,12 @@ a batch of files (up to :data:`~stager.protocol.batch.MAX_BATCH_ITEMS`) costs:
 
 1. one batched create (route ``create_batch``): file ids, layouts and locations
    of them all;
-2. their chunks grouped by target into chunk batches (route ``batch_write``, at
-   most :data:`CHUNK_BATCH_BYTES` each), sent to every target at once; a batch
-   counts once its answer proves every chunk stored (:mod:`stager.dataplane.ack`),
-   else its target is routed around;
-3. one batched commit (``commit_batch``) for the files whose chunks are all stored;
-4. one batched abort (``abort_batch``) for the files that failed, so their chunks
-   are collected.
+2. their chunks as one write plan for the write engine
+   (:mod:`stager.dataplane.writeengine`), the streaming writer's too: grouped per
+   target into chunk batches of at most :data:`CHUNK_BATCH_BYTES`, a target that
+   fails routed around for every upload it holds;
+3. one batched commit (``commit_batch``) for the files whose chunks are all stored,
+   and one batched abort (``abort_batch``) for the others.
 
 Each file becomes visible at step 3, whole, or not at all.  A file that failed
 because a server was unreachable, or whose upload was lost before any commit of it
@@ -24,26 +23,21 @@ upload (its layout picked from the targets up by then) with backoff,
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..checksum import crc32c
-from ..dataplane.transport import unknown_target
-from ..dataplane.writer import reroute_failed, routes_around
+from ..dataplane.writeengine import CHUNK_BATCH_BYTES, WriteEngine, WriteOptions
+from ..dataplane.writeplan import Placement, WritePlan, cut
 from ..errors import NoTargets, StagerError, Unavailable, UploadNotFound
-from ..layout import chunk_targets
 from ..protocol import paths
 from ..protocol.batch import MAX_BATCH_ITEMS, CommitItem, CreateItem, batch_body, read_results
-from ..protocol.messages import RerouteItem, Upload
-from ..protocol.models import FileInfo, Layout, LayoutSpec, chunk_id
+from ..protocol.messages import Upload
+from ..protocol.models import FileInfo, Layout, LayoutSpec
 from ..protocol.routes import route
 
 if TYPE_CHECKING:
     from .async_client import AsyncClient
-
-CHUNK_BATCH_BYTES = 8 << 20      # bytes of chunks per chunk batch
 
 Result = FileInfo | StagerError
 
@@ -157,123 +151,20 @@ async def _create(client: AsyncClient, items: Sequence[WriteItem],
 
 async def _put_chunks(client: AsyncClient, items: Sequence[WriteItem],
                       uploads: list[_Upload]) -> dict[int, StagerError]:
-    """Every chunk of every upload on each of its replicas; the files that failed.
-
-    A target whose chunk batch failed in a way to route around (see
-    :func:`~stager.dataplane.writer.routes_around`) is reported for every upload
-    whose layout names it; each such upload gets a layout with another target in
-    its slot, and the next round sends what the new layouts place where it is not
-    yet (the bytes are in memory).  An upload that cannot be placed fails alone.
-    """
-    failed: dict[int, StagerError] = {}
-    pieces: dict[tuple[int, int], tuple[memoryview, int]] = {}
-    for up in uploads:
-        data = memoryview(items[up.index].data).cast("B")
-        size = up.layout.chunk_size
-        for index in range(up.layout.chunk_count(len(data))):
-            piece = data[index * size:(index + 1) * size]
-            up.checksums.append(crc32c(piece))
-            pieces[up.index, index] = piece, up.checksums[-1]
-    placed: dict[tuple[int, int], set[str]] = defaultdict(set)
-    for _ in range(MAX_ROUNDS):
-        live = [up for up in uploads if up.index not in failed]
-        broken = await _send_round(client, live, pieces, placed, failed)
-        if not broken:
-            return failed
-        for target, exc in broken.items():
-            await _reroute(client, target, exc, [up for up in uploads if up.index not in failed
-                                                 and target in up.layout.targets], failed)
-    for up in uploads:       # rounds used up: what is still short of its replicas fails
-        if up.index not in failed and _missing(up, placed):
-            failed[up.index] = Unavailable(f"{items[up.index].path}: chunk writes kept failing")
-    return failed
-
-
-# One chunk copy to send: chunk id, bytes, CRC32C, (item in the batch, chunk index).
-_Copy = tuple[str, memoryview, int, tuple[int, int]]
-MAX_ROUNDS = 8            # send rounds of a batch: the first, then one per reroute
-
-
-def _missing(up: _Upload, placed: dict[tuple[int, int], set[str]]) -> list[tuple[str, int]]:
-    """(target, chunk index) the upload's layout wants and that is not stored yet."""
-    return [(t, i) for i in range(len(up.checksums)) for t in chunk_targets(up.layout, i)
-            if t not in placed[up.index, i]]
-
-
-async def _send_round(client: AsyncClient, uploads: list[_Upload],
-                      pieces: dict[tuple[int, int], tuple[memoryview, int]],
-                      placed: dict[tuple[int, int], set[str]],
-                      failed: dict[int, StagerError]) -> dict[str, StagerError]:
-    """Send every chunk copy still missing, grouped per target; the targets to
-    route around, each with its error (other failures go to ``failed``)."""
-    by_target: dict[str, list[_Copy]] = defaultdict(list)
-    urls: dict[str, str] = {}
-    for up in uploads:
-        for target, index in _missing(up, placed):
-            url = up.locations.get(target)
-            if url is None:
-                failed[up.index] = unknown_target(target)
-                continue
-            urls[target] = url
-            piece, crc = pieces[up.index, index]
-            by_target[target].append((chunk_id(up.file_id, index), piece, crc,
-                                      (up.index, index)))
-    broken: dict[str, StagerError] = {}
-
-    async def send(target: str, batch: list[_Copy]) -> None:
-        async with client.limit:
-            try:
-                await client.plane.put_chunks(target, urls[target],
-                                              [(c, d, crc) for c, d, crc, _ in batch])
-            except StagerError as exc:
-                if routes_around(exc):
-                    broken.setdefault(target, exc)
-                else:
-                    for *_, (item, _) in batch:
-                        failed.setdefault(item, exc)
-                return
-        for *_, key in batch:
-            placed[key].add(target)
-
-    await asyncio.gather(*(send(t, b) for t, chunks in by_target.items()
-                           for b in _slices(chunks)))
-    return broken
-
-
-async def _reroute(client: AsyncClient, target: str, exc: StagerError,
-                   affected: list[_Upload], failed: dict[int, StagerError]) -> None:
-    """Report ``target`` for the uploads whose layout names it; each takes its new
-    layout, or fails (with the report's error, or ``exc`` when nothing replaced it)."""
-    if not affected:
-        return
-    try:
-        answers: list[Upload | StagerError] = await client.reroute(
-            target, exc, [RerouteItem(up.file_id, len(up.checksums)) for up in affected])
-    except StagerError as why:
-        answers = [why] * len(affected)
-    for up, got in zip(affected, answers, strict=True):
-        if isinstance(got, StagerError):
-            failed[up.index] = reroute_failed(got, exc)
-        elif target in got.layout.targets:
-            failed[up.index] = exc
-        else:
-            up.layout = got.layout
-            up.locations.update(got.locations)
-
-
-def _slices(chunks: list[_Copy]) -> Iterable[list[_Copy]]:
-    """Chunk batches of at most CHUNK_BATCH_BYTES (a bigger chunk goes alone)."""
-    batch: list[_Copy] = []
-    size = 0
-    for chunk in chunks:
-        n = chunk[1].nbytes
-        if batch and (size + n > CHUNK_BATCH_BYTES or len(batch) == MAX_BATCH_ITEMS):
-            yield batch
-            batch, size = [], 0
-        batch.append(chunk)
-        size += n
-    if batch:
-        yield batch
+    """Every chunk of every upload on each of its replicas, as one plan run by the
+    write engine (:mod:`stager.dataplane.writeengine`: chunk batches per target, a
+    target that fails routed around for every upload it holds); the files that
+    failed.  Each stored upload's checksums are filled in."""
+    plan = WritePlan()
+    plan.add_uploads([Placement(u.file_id, u.layout, u.locations) for u in uploads])
+    pieces = [cut(items[u.index].data, u.layout.chunk_size) for u in uploads]
+    rows = plan.add([k for k, p in enumerate(pieces) for _ in p], [c for p in pieces for c in p])
+    await WriteEngine(client.plane, plan, client.limit, reroute=client.reroute,
+                      options=WriteOptions(batch_bytes=CHUNK_BATCH_BYTES)).store(rows)
+    for k, up in enumerate(uploads):
+        up.checksums = list(plan.checksums(k))
+    return {up.index: p.error for up, p in zip(uploads, plan.uploads, strict=True)
+            if p.error is not None}
 
 
 async def _commit(client: AsyncClient, items: Sequence[WriteItem], uploads: list[_Upload],

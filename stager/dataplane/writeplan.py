@@ -1,0 +1,147 @@
+"""Write plans: which chunk of which upload goes to which targets.
+
+Every chunk the client writes (streams: ``pipe``, ``put``, ``open("wb")``, the
+mount, the gateway's PUT; ``write_many``'s small files) is a row of a plan, stored
+by the one executor, :class:`~stager.dataplane.writeengine.WriteEngine`.  A row is
+a chunk: its upload, index, length, CRC32C, bytes while held, and the targets that
+proved they stored it.  The targets it wants come from its upload's layout (a table
+of slots per distinct layout), so a reroute moves all of an upload's rows at once,
+and finding every missing copy of thousands of small files, by target, is a few
+array operations rather than an object per copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..checksum import crc32c
+from ..errors import StagerError
+from ..layout import chunk_targets
+from ..protocol.models import Layout, chunk_id
+
+
+@dataclass
+class Placement:
+    """One upload: where its chunks go now, the targets routed around, and the
+    error that keeps it from being stored (``None`` while it can be)."""
+
+    file_id: str
+    layout: Layout
+    locations: dict[str, str]
+    rerouted: list[str] = field(default_factory=list)
+    error: StagerError | None = None
+
+
+def cut(data: bytes | bytearray | memoryview, chunk_size: int) -> list[memoryview]:
+    """``data`` as its chunks, without copying."""
+    view = memoryview(data).cast("B")
+    return [view[at:at + chunk_size] for at in range(0, len(view), chunk_size)]
+
+
+class WritePlan:
+    """Uploads and their chunk rows.  A ``busy`` row is held by one engine call,
+    which stores it; the others are stored or their upload failed."""
+
+    def __init__(self) -> None:
+        self.uploads: list[Placement] = []
+        self.ok = np.zeros(0, dtype=bool)                   # per upload: not failed
+        self.base, self.stripe, self.count = np.zeros((3, 0), dtype=np.int64)  # and rows
+        self.slots = np.full((0, 1), -1, dtype=np.int64)    # per layout and slot: targets
+        self._blocks: dict[Layout, int] = {}                # where a layout's slots begin
+        self.targets: list[str] = []                        # by number
+        self._numbers: dict[str, int] = {}
+        self.n = 0                                          # rows in use
+        self.file, self.index, self.length, self.crc = np.zeros((4, 0), dtype=np.int64)
+        self.busy = np.zeros(0, dtype=bool)                 # held by an engine call
+        self.placed = np.zeros((0, 0), dtype=bool)          # row x target: proved stored
+        self.data: list[memoryview | None] = []             # a row's bytes while held
+
+    def add_uploads(self, uploads: Sequence[Placement]) -> None:
+        self.uploads += uploads
+        self.base = np.append(self.base, [self._block(u.layout) for u in uploads])
+        self.stripe = np.append(self.stripe, [u.layout.stripe_count for u in uploads])
+        self.count = np.append(self.count, np.zeros(len(uploads), dtype=np.int64))
+        self.ok = np.append(self.ok, np.ones(len(uploads), dtype=bool))
+
+    def add(self, files: Sequence[int], chunks: Sequence[memoryview]) -> np.ndarray:
+        """Rows for the next chunks of uploads ``files`` (one per chunk, each upload's
+        together and in order), held by the caller; returns their numbers."""
+        files = np.asarray(files, dtype=np.int64)
+        n = len(files)
+        rows = np.arange(self.n, self.n + n)
+        self._fit(self.n + n)
+        first = np.flatnonzero(np.append(True, files[1:] != files[:-1])) if n else rows
+        rank = np.arange(n) - np.repeat(first, np.diff(np.append(first, n)))
+        self.file[rows], self.index[rows] = files, self.count[files] + rank
+        self.length[rows] = [c.nbytes for c in chunks]
+        self.crc[rows] = [crc32c(c) for c in chunks]
+        self.busy[rows] = True
+        self.count += np.bincount(files, minlength=len(self.uploads))
+        self.data += chunks
+        self.n += n
+        return rows
+
+    def missing(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The copies of ``rows`` (of uploads still ok) that their upload's layout
+        wants and no target proved stored: (row, target number), by target."""
+        rows = rows[self.ok[self.file[rows]]]
+        f = self.file[rows]
+        want = self.slots[self.base[f] + self.index[rows] % self.stripe[f]]
+        r, c = np.nonzero((want >= 0) & ~self.placed[rows[:, None], np.maximum(want, 0)])
+        order = np.argsort(want[r, c], kind="stable")
+        return rows[r][order], want[r, c][order]
+
+    def reroute(self, upload: int, target: str, layout: Layout,
+                locations: Mapping[str, str]) -> np.ndarray:
+        """Upload ``upload`` routed around ``target`` to ``layout``; returns its rows
+        stored before that miss a copy now, held by the caller from now on."""
+        up = self.uploads[upload]
+        up.rerouted.append(target)
+        up.layout = layout
+        up.locations.update(locations)
+        self.base[upload], self.stripe[upload] = self._block(layout), layout.stripe_count
+        mine = np.flatnonzero((self.file[:self.n] == upload) & ~self.busy[:self.n])
+        stale = np.unique(self.missing(mine)[0])
+        self.busy[stale] = True
+        return stale
+
+    def fail(self, upload: int, error: StagerError) -> None:
+        if self.ok[upload]:
+            self.ok[upload] = False
+            self.uploads[upload].error = error
+
+    def name(self, row: int) -> str:
+        return chunk_id(self.uploads[int(self.file[row])].file_id, int(self.index[row]))
+
+    def checksums(self, upload: int) -> tuple[int, ...]:
+        rows = np.flatnonzero(self.file[:self.n] == upload)
+        return tuple(self.crc[rows[np.argsort(self.index[rows])]].tolist())
+
+    def _block(self, layout: Layout) -> int:
+        """The rows of ``slots`` for ``layout``: each stripe slot's targets, numbered."""
+        if layout not in self._blocks:
+            block = [[self._numbers.setdefault(t, len(self._numbers))
+                      for t in chunk_targets(layout, i)] for i in range(layout.stripe_count)]
+            self.targets = list(self._numbers)
+            width = max(self.slots.shape[1], *map(len, block))
+            slots = np.full((len(self.slots) + len(block), width), -1, dtype=np.int64)
+            slots[:len(self.slots), :self.slots.shape[1]] = self.slots
+            for i, targets in enumerate(block, len(self.slots)):
+                slots[i, :len(targets)] = targets
+            self._blocks[layout], self.slots = len(self.slots), slots
+            self._fit(self.n)
+        return self._blocks[layout]
+
+    def _fit(self, rows: int) -> None:
+        """Room for ``rows`` rows and every target numbered (doubling: a stream adds
+        its rows one at a time)."""
+        shape = tuple(have if need <= have else max(need, 2 * have) for need, have in
+                      zip((rows, len(self.targets)), self.placed.shape, strict=True))
+        if shape != self.placed.shape:
+            for name in ("file", "index", "length", "crc", "busy", "placed"):
+                old = getattr(self, name)
+                setattr(self, name, np.zeros(shape[:old.ndim], dtype=old.dtype))
+                getattr(self, name)[tuple(map(slice, old.shape))] = old
