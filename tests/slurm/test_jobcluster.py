@@ -105,6 +105,21 @@ def job_leftovers(slurm: SlurmCluster, job: int) -> tuple[list[int], list[str]]:
     return procs, files
 
 
+def job_story(slurm: SlurmCluster, name: str, job: int, lines: int = 40) -> str:
+    """What a failed assertion about ``job`` shows: Slurm's record of it, the tail of
+    its own output (``job up``'s error is there), the job directory's ``failed`` and
+    the tails of its servers' logs, then the Slurm daemons' logs."""
+    def tail(path: Path) -> str:
+        text = path.read_text(errors="replace") if path.exists() else "(none)"
+        return f"--- {path}\n" + "\n".join(text.splitlines()[-lines:])
+
+    job_dir = slurm.work / f".stager-job-{job}"
+    logs = sorted((job_dir / "logs").glob("*.log")) if job_dir.exists() else []
+    parts = [f"job {job}: {slurm.job(job)}", tail(slurm.work / f"{name}-{job}.out"),
+             tail(job_dir / "failed"), *(tail(p) for p in logs), slurm.log_tails()]
+    return "\n".join(parts)
+
+
 def wait_clean(slurm: SlurmCluster, job: int, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while job_leftovers(slurm, job) != ([], []):
@@ -120,9 +135,7 @@ srun --ntasks-per-node=1 {sys.executable} -m stager job down
 """)
     job = slurm.sbatch(script)
     record = slurm.wait_job(job, timeout=240)
-    out = slurm.work / f"percluster-{job}.out"
-    assert record["JobState"] == "COMPLETED", (record, out.read_text() if out.exists()
-                                               else "", slurm.log_tails())
+    assert record["JobState"] == "COMPLETED", job_story(slurm, "percluster", job)
     ranks = [json.loads((slurm.work / f"read-{job}-{r}.json").read_text()) for r in range(3)]
     assert sorted(r["node"] for r in ranks) == ["n0", "n1", "n2"]
     # the cluster's metadata server ran on the job's first node, at that node's address
@@ -140,9 +153,9 @@ def test_a_cancelled_job_leaves_nothing_once_the_epilog_ran(
     ready = slurm.work / f".stager-job-{job}" / "cluster.json"
     deadline = time.monotonic() + 180
     while not ready.exists():
-        assert time.monotonic() < deadline, (slurm.job(job), slurm.log_tails())
+        assert time.monotonic() < deadline, job_story(slurm, "cancelled", job)
         assert slurm.job(job)["JobState"] in ("PENDING", "RUNNING", "CONFIGURING"), \
-            slurm.job(job)
+            job_story(slurm, "cancelled", job)
         time.sleep(0.3)
     procs, files = job_leftovers(slurm, job)
     assert len(procs) == 4 and len(files) >= 3           # servers up, roots on every node
