@@ -46,7 +46,7 @@ from ..auth.cache import VerifiedCache
 from ..auth.keys import write_secret
 from ..auth.tokens import ANY_FILE
 from ..protocol.authmsg import TokenInfo, TokenRequest
-from .store.base import MetaStore
+from .store.base import TokenStore
 
 AUTH_DIR = "auth"
 ADMIN_TOKEN_FILE = "admin.token"
@@ -60,7 +60,7 @@ REVOKED_REFRESH = 0.5               # seconds between reads of the revoked ids (
 class MetaAuth:
     """The key, the token registry and the capability mint of one metadata server."""
 
-    def __init__(self, key: Ed25519PrivateKey, store: MetaStore,
+    def __init__(self, key: Ed25519PrivateKey, store: TokenStore,
                  clock: Callable[[], float] = time.time,
                  capability_ttl: float = CAPABILITY_TTL) -> None:
         self.key = key
@@ -75,7 +75,7 @@ class MetaAuth:
             OrderedDict()
 
     @classmethod
-    def under(cls, directory: Path | str, store: MetaStore,
+    def under(cls, directory: Path | str, store: TokenStore,
               capability_ttl: float = CAPABILITY_TTL) -> MetaAuth:
         """The authority whose key is in ``directory`` (made there the first time)."""
         return cls(load_or_create_key(directory), store, capability_ttl=capability_ttl)

@@ -56,7 +56,7 @@ from ..protocol.paths import normalize
 from ..web.authmw import authorize, token_of
 from ..web.middleware import METRICS_KEY, json_response
 from ..web.requests import read_json
-from .store.base import MetaStore
+from .store.base import SharedState
 
 MAX_ENTRIES = 65536      # reporting loaders at once; bounds the table's memory (~2 KiB each)
 
@@ -143,7 +143,7 @@ class JobTable:
     """The live entries, in memory.  Used only from the server's event loop."""
 
     def __init__(self, clock: Callable[[], float] = time.time,
-                 max_entries: int = MAX_ENTRIES, store: MetaStore | None = None) -> None:
+                 max_entries: int = MAX_ENTRIES, store: SharedState | None = None) -> None:
         self.clock = clock
         self.max_entries = max_entries
         self.store = store          # shared with other metadata servers, else None
@@ -271,7 +271,7 @@ class JobsCollector:
 JOBS = web.AppKey("jobs", JobTable)
 
 
-def install(app: web.Application, store: MetaStore | None = None) -> JobTable:
+def install(app: web.Application, store: SharedState | None = None) -> JobTable:
     """Give the metadata application the jobs table, its routes' state and gauges
     (kept in ``store`` too when other metadata servers share it)."""
     table = JobTable(store=store if store is not None and store.shared else None)

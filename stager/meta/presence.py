@@ -15,7 +15,7 @@ And ``stager meta migrate`` must not copy a store a server is still writing to.
   that stops cleanly says so and is down at once.  Records not seen for
   :data:`FORGET_AFTER` seconds are dropped (a server on port 0 gets a new URL each
   start).  The duties themselves stay PostgreSQL's advisory lock
-  (:meth:`~.store.base.MetaStore.hold_duties`); a record only says who held it last.
+  (:meth:`~.store.base.SharedState.hold_duties`); a record only says who held it last.
 
 The clock is each server's own: records from machines whose clocks differ by more
 than the down interval would look down; keep the metadata servers' clocks in step
@@ -41,7 +41,7 @@ from ..config import Config
 from ..errors import StagerError
 from ..protocol.cluster import MetaServer
 from .service import MetaService
-from .store.base import MetaStore
+from .store.base import SharedState
 
 log = logging.getLogger("stager.meta")
 
@@ -121,7 +121,7 @@ def judge(records: Mapping[str, Mapping[str, Any]], now: float, silent: float
     return sorted(out, key=lambda m: m.url)
 
 
-async def live_servers(store: MetaStore, silent: float, now: float) -> list[MetaServer]:
+async def live_servers(store: SharedState, silent: float, now: float) -> list[MetaServer]:
     """The servers a shared store's records say are up now."""
     return [m for m in judge(await store.get_states(PREFIX), now, silent) if m.state == "up"]
 

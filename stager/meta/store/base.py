@@ -1,10 +1,14 @@
-"""The metadata store: the one interface a store implements.  SQLite is the first.
+"""The metadata store: the one interface a store implements, SQLite and PostgreSQL.
 
 Every method the metadata service and its background duties (garbage
-collection, rebuild, repair, fsck) need, as coroutines, so that a store may
-wait on a network database without a thread (PostgreSQL) or run blocking SQL
-on a thread of its own (:class:`~stager.meta.store.sqlite.store.SQLiteStore`).  No SQL
-lives outside the implementations.
+collection, rebuild, repair, fsck) need, as coroutines, so that a store may wait
+on a network database without a thread (PostgreSQL) or run blocking SQL on a
+thread of its own (:class:`~stager.meta.store.sqlite.store.SQLiteStore`).  No SQL
+lives outside the implementations.  The methods are grouped by role into small
+interfaces that :class:`MetaStore` joins: :class:`Namespace`, :class:`Uploads`,
+:class:`Collection`, :class:`FileIndex`, :class:`TokenStore`, :class:`Registry`,
+:class:`Copying`, :class:`SharedState` and :class:`Answers`; a part of the server
+that needs one role takes that role's type.
 
 What every implementation guarantees:
 
@@ -126,12 +130,8 @@ CreateCheck = tuple[str, bool, bool]
 CommitArgs = tuple[str, int, tuple[int, ...], float]
 
 
-class MetaStore(ABC):
-    """Namespace, uploads, garbage, manifests, layouts and the target registry.
-
-    Used from one event loop; calls may overlap (the service does not wait for one
-    to finish before making the next), and each still has the guarantees above.
-    """
+class Namespace(ABC):
+    """The tree of directories and committed files, and dataset manifests."""
 
     # -- namespace -------------------------------------------------------------
     @abstractmethod
@@ -185,7 +185,11 @@ class MetaStore(ABC):
         """The version of the manifest of directory ``path``, in one query (a cache of
         resolved manifests checks it on every request); NotFound if none."""
 
-    # -- writes: each a batch, one item or many (stager/meta/writes.py) -----------
+
+class Uploads(ABC):
+    """Writes: uploads begun, committed or aborted; each call a batch, one item or many
+    (:mod:`stager.meta.writes`)."""
+
     @abstractmethod
     async def check_creates(self, items: Sequence[CreateCheck]
                             ) -> list[LayoutSpec | StagerError]:
@@ -224,7 +228,10 @@ class MetaStore(ABC):
         ``old`` (a writer routing around a failed target); False, changing nothing,
         when it is not or the upload is gone."""
 
-    # -- garbage collection ------------------------------------------------------
+
+class Collection(ABC):
+    """What garbage collection takes: expired uploads, replaced and removed files' chunks."""
+
     @abstractmethod
     async def expired_uploads(self, before: float) -> list[Upload]:
         """Pending uploads begun before ``before`` (``inf``: all of them)."""
@@ -248,7 +255,11 @@ class MetaStore(ABC):
         whose upload is gone and whose file is not in the namespace asks this: when
         the id was never retired, no try committed it (stager/meta/opkey.py)."""
 
-    # -- reliability (rebuild, repair, fsck) -------------------------------------
+
+class FileIndex(ABC):
+    """Committed files by id and by target: rebuild, repair and fsck
+    (:mod:`stager.meta.upkeep`)."""
+
     @abstractmethod
     async def file_by_id(self, file_id: str) -> StoredFile | None:
         """The committed file with this id, or ``None``."""
@@ -268,6 +279,11 @@ class MetaStore(ABC):
         """Compare-and-swap: set a committed file's layout to ``new`` if it is still
         ``old``; False when it is not (the file was replaced, removed or rebuilt
         meanwhile), and then nothing changes."""
+
+
+class TokenStore(ABC):
+    """Minted tokens (:mod:`stager.meta.auth`), and the credentials pinned to targets
+    (:mod:`stager.meta.targetauth`)."""
 
     # -- tokens (stager/meta/auth.py) ------------------------------------------------
     @abstractmethod
@@ -303,7 +319,28 @@ class MetaStore(ABC):
     async def forget_target(self, target_id: str) -> None:
         """Drop a target's record and its credential's pin (``stager target forget``)."""
 
-    # -- copying a whole store (stager/meta/store/migrate.py) -----------------------------
+
+class Registry(ABC):
+    """The storage targets: their records and heartbeats."""
+
+    @abstractmethod
+    async def upsert_target(self, target: TargetInfo) -> None:
+        """Register a target, or update its stored record."""
+
+    @abstractmethod
+    async def list_targets(self) -> list[TargetInfo]:
+        """Every registered target, by id."""
+
+    async def touch_target(self, target: TargetInfo) -> None:
+        """Store a heartbeat: ``target``'s capacity, use, chunks, last heartbeat and
+        state, except that a stored ``removed`` state stays (an operator's word is
+        not undone by a heartbeat another metadata server had not heard of)."""
+        await self.upsert_target(target)
+
+
+class Copying(ABC):
+    """A whole store page by page, out and in (:mod:`stager.meta.store.migrate`)."""
+
     @abstractmethod
     async def dump_entries(self, *, after: int, limit: int) -> list[EntryRecord]:
         """Up to ``limit`` namespace entries (the root included) with row id above
@@ -334,22 +371,10 @@ class MetaStore(ABC):
         """Add files waiting to be purged (one already there is kept), in one
         transaction."""
 
-    # -- targets ---------------------------------------------------------------
-    @abstractmethod
-    async def upsert_target(self, target: TargetInfo) -> None:
-        """Register a target, or update its stored record."""
 
-    @abstractmethod
-    async def list_targets(self) -> list[TargetInfo]:
-        """Every registered target, by id."""
+class SharedState(ABC):
+    """What several metadata servers on one store share (:mod:`stager.meta.shared`)."""
 
-    async def touch_target(self, target: TargetInfo) -> None:
-        """Store a heartbeat: ``target``'s capacity, use, chunks, last heartbeat and
-        state, except that a stored ``removed`` state stays (an operator's word is
-        not undone by a heartbeat another metadata server had not heard of)."""
-        await self.upsert_target(target)
-
-    # -- what several metadata servers share (stager/meta/shared.py) -------------------
     #: Whether other metadata servers may use this store at the same time (then the
     #: soft state below is read back from it, and the duties go by :meth:`hold_duties`).
     shared: bool = False
@@ -379,7 +404,11 @@ class MetaStore(ABC):
         one server uses always says yes; PostgreSQL says yes to the one server that
         holds an advisory lock, and another takes it when that one dies."""
 
-    # -- idempotency keys (stager/web/idempotency.py) ------------------------------------
+
+class Answers(ABC):
+    """Recorded answers to requests sent with an idempotency key
+    (:mod:`stager.web.idempotency`)."""
+
     @abstractmethod
     async def recorded_answer(self, key: str) -> tuple[int, bytes] | None:
         """The ``(status, body)`` recorded for the idempotency ``key``, or ``None``."""
@@ -392,6 +421,16 @@ class MetaStore(ABC):
     @abstractmethod
     async def expire_answers(self, before: float) -> int:
         """Forget answers recorded before ``before``; how many went."""
+
+
+class MetaStore(Namespace, Uploads, Collection, FileIndex, TokenStore, Registry, Copying,
+                SharedState, Answers):
+    """Every role above: what a store implements.  A part of the server that needs one
+    role takes that role's type (the auth tables take a :class:`TokenStore`).
+
+    Used from one event loop; calls may overlap (the service does not wait for one
+    to finish before making the next), and each still has the guarantees above.
+    """
 
     @abstractmethod
     def close(self) -> None:
