@@ -18,7 +18,7 @@ APT_PACKAGES ?= iproute2 nginx-light iperf3 fuse3 libfuse3-dev pkg-config fio fi
 PYTEST   := $(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadgroup \
 	--no-loadscope-reorder
 
-.PHONY: demo test check lint sysdeps bench bench-quick clean
+.PHONY: pidspace demo test check lint sysdeps bench bench-quick clean
 
 $(BIN)/python:
 	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "stager needs Python 3.11 or newer")'
@@ -41,8 +41,18 @@ demo: $(VENV)/.installed
 
 # The whole suite, as CI runs it (.ci/run).  Every skip is printed with its reason (-rs),
 # and one outside tests/skip_budget.py's short list fails the run (--strict-skips).
-test: $(VENV)/.installed-dev sysdeps
+test: $(VENV)/.installed-dev sysdeps pidspace
 	$(PYTEST) -rs --strict-skips --durations=30
+
+# The suite starts and kills thousands of processes on a small machine, and Slurm's
+# proctrack/pgid signals a step's process group by number: with the kernel's default
+# 32768 pids (here they wrap every few minutes under the suite) a stale number can
+# name a server another test just started.  As root, widen the pid space to the
+# 64-bit kernel's limit (as systemd does on boot); otherwise leave it as it is.
+pidspace:
+	@if [ "$$(id -u)" = 0 ] && [ -w /proc/sys/kernel/pid_max ] && \
+	    [ "$$(cat /proc/sys/kernel/pid_max)" -lt 4194304 ]; then \
+		echo 4194304 > /proc/sys/kernel/pid_max && echo "kernel.pid_max = 4194304"; fi
 
 # The fast tier to run after each change (under 3 minutes): unit tests and in-process
 # clusters on SQLite.  Not what starts processes (modules marked slow: the CLI, stager
