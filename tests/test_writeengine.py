@@ -45,7 +45,7 @@ def test_a_plan_cuts_files_and_wants_every_replica_grouped_by_target() -> None:
     plan.add_uploads([Placement("fa", a, {}), Placement("fb", b, {})])
     pieces = [cut(b"0123456789", 4), cut(b"xyz", 4)]
     assert [bytes(p) for p in pieces[0]] == [b"0123", b"4567", b"89"]
-    rows = plan.add([0, 0, 0, 1], [*pieces[0], *pieces[1]])
+    rows = plan.add([0, 0, 0, 1], [0, 1, 2, 0], [*pieces[0], *pieces[1]])
     assert plan.index[rows].tolist() == [0, 1, 2, 0]
     assert plan.length[rows].tolist() == [4, 4, 2, 3]
     assert plan.checksums(0) == (crc32c(b"0123"), crc32c(b"4567"), crc32c(b"89"))
@@ -68,7 +68,7 @@ def test_a_failed_upload_wants_nothing_more() -> None:
     plan = WritePlan()
     plan.add_uploads([Placement("fa", layout("t0", "t1"), {}),
                       Placement("fb", layout("t1", "t0"), {})])
-    rows = plan.add([0, 1], cut(b"abcdefgh", 4))
+    rows = plan.add([0, 1], [0, 0], cut(b"abcdefgh", 4))
     plan.fail(0, TargetUnavailable("gone"))
     plan.fail(0, TargetUnavailable("later"))                       # the first one stays
     assert str(plan.uploads[0].error) == "gone"
@@ -78,10 +78,10 @@ def test_a_failed_upload_wants_nothing_more() -> None:
 def test_a_reroute_hands_back_the_stored_rows_that_miss_a_copy_now() -> None:
     plan = WritePlan()
     plan.add_uploads([Placement("fa", layout("t0", "t1", "t2"), {"t0": "u0"})])
-    rows = plan.add([0] * 4, cut(bytes(16), 4))
+    rows = plan.add([0] * 4, range(4), cut(bytes(16), 4))
     for r in rows.tolist():                   # rows 0-2 stored on all their replicas
         for t in chunk_targets(plan.uploads[0].layout, r):
-            plan.placed[r, plan._numbers[t]] = r < 3
+            plan.placed[r, plan.targets.index(t)] = r < 3
     plan.busy[:3] = False                     # row 3 is still held by a store call
     stale = plan.reroute(0, "t1", layout("t0", "t3", "t2"), {"t3": "u3"})
     # chunks 0 (t0, t1) and 1 (t1, t2) had a copy on t1; chunk 2 (t2, t0) did not
@@ -137,7 +137,8 @@ async def test_copies_go_one_request_per_target_batched_and_bounded(
         file_id, writer = await aclient.create(f"{ns}/f{i}", layout=spec)
         plan.add_uploads([Placement(file_id, writer.layout, writer.locations)])
     pieces = [cut(b, spec.chunk_size) for b in bodies]
-    rows = plan.add([k for k, p in enumerate(pieces) for _ in p], [c for p in pieces for c in p])
+    rows = plan.add([k for k, p in enumerate(pieces) for _ in p],
+                    [i for p in pieces for i in range(len(p))], [c for p in pieces for c in p])
     spy = Spy(monkeypatch, aclient.plane)
     await WriteEngine(aclient.plane, plan, asyncio.Semaphore(2),
                       options=WriteOptions(batch_bytes=64 * KiB)).store(rows)

@@ -1,23 +1,12 @@
 """Writing many small files at once: :meth:`AsyncClient.write_many`.
 
-One file at a time, a small file costs a create and a commit on the metadata
-server (each a transaction with an fsync) and a chunk request per replica.  Here
-a batch of files (up to :data:`~stager.protocol.batch.MAX_BATCH_ITEMS`) costs:
-
-1. one batched create (route ``create_batch``): file ids, layouts and locations
-   of them all;
-2. their chunks as one write plan for the write engine
-   (:mod:`stager.dataplane.writeengine`), the streaming writer's too: grouped per
-   target into chunk batches of at most :data:`CHUNK_BATCH_BYTES`, a target that
-   fails routed around for every upload it holds;
-3. one batched commit (``commit_batch``) for the files whose chunks are all stored,
-   and one batched abort (``abort_batch``) for the others.
-
-Each file becomes visible at step 3, whole, or not at all.  A file that failed
-because a server was unreachable, or whose upload was lost before any commit of it
-(``never_committed``: a crash of the metadata database), is written again as a new
-upload (its layout picked from the targets up by then) with backoff,
-``write_retries`` times, when it may be overwritten, as :meth:`AsyncClient.pipe` does.
+A batch of files (up to :data:`~stager.protocol.batch.MAX_BATCH_ITEMS`) costs one
+create request (one transaction) for them all; their chunks as one plan for the
+write engine (:mod:`stager.dataplane.writeengine`, the streaming writer's too:
+grouped per target into chunk batches of at most :data:`CHUNK_BATCH_BYTES`, a
+target that fails routed around); one commit for the files whose chunks are all
+stored and one abort for the others.  Each file is visible whole or not at all;
+one that failed in a way worth writing again is written again (:mod:`.rewrite`).
 """
 
 from __future__ import annotations
@@ -29,12 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..dataplane.writeengine import CHUNK_BATCH_BYTES, WriteEngine, WriteOptions
 from ..dataplane.writeplan import Placement, WritePlan, cut
-from ..errors import NoTargets, StagerError, Unavailable, UploadNotFound
+from ..errors import StagerError, Unavailable, UploadNotFound
 from ..protocol import paths
 from ..protocol.batch import MAX_BATCH_ITEMS, CommitItem, CreateItem, batch_body, read_results
 from ..protocol.messages import Upload
 from ..protocol.models import FileInfo, Layout, LayoutSpec
 from ..protocol.routes import route
+from .rewrite import backoff, worth_writing_again
 
 if TYPE_CHECKING:
     from .async_client import AsyncClient
@@ -80,36 +70,28 @@ async def write_many(client: AsyncClient, items: Iterable[WriteItem | tuple[Any,
 
 async def _with_retries(client: AsyncClient, items: list[WriteItem],
                         layout: LayoutSpec | None, overwrite: bool) -> list[Result]:
-    """Write the batch; again, with backoff, the items that failed because a server
-    was unreachable or their upload was lost uncommitted, and the whole batch if the
-    metadata server was (a batch that raised may have been committed in part:
-    writing it again is an overwrite)."""
+    """Write the batch; again (the one policy and backoff: :mod:`.rewrite`) the items
+    worth writing again, and the whole batch if the metadata server was unreachable
+    (a batch that raised may have been committed in part: writing it again is an
+    overwrite)."""
     retries = client.config.write_retries if overwrite else 0
     results: list[Result | None] = [None] * len(items)
     todo = list(range(len(items)))
     for attempt in range(retries + 1):
         if attempt:
-            await asyncio.sleep(min(0.25 * 2 ** (attempt - 1), 4.0))
+            await asyncio.sleep(backoff(attempt))
         try:
             got = await _write_batch(client, [items[i] for i in todo], layout, overwrite)
-        except NoTargets:
-            raise
-        except Unavailable:
-            if attempt == retries:
+        except Unavailable as exc:
+            if attempt == retries or not worth_writing_again(exc):
                 raise
             continue
         for i, r in zip(todo, got, strict=True):
             results[i] = r
-        todo = [i for i, r in zip(todo, got, strict=True) if _write_again(r)]
+        todo = [i for i, r in zip(todo, got, strict=True) if worth_writing_again(r)]
         if not todo:
             break
     return results  # type: ignore[return-value]    # every item answered
-
-
-def _write_again(result: Result) -> bool:
-    if isinstance(result, UploadNotFound):
-        return bool(result.details.get("never_committed"))
-    return isinstance(result, Unavailable) and not isinstance(result, NoTargets)
 
 
 async def _write_batch(client: AsyncClient, items: Sequence[WriteItem],
@@ -158,7 +140,8 @@ async def _put_chunks(client: AsyncClient, items: Sequence[WriteItem],
     plan = WritePlan()
     plan.add_uploads([Placement(u.file_id, u.layout, u.locations) for u in uploads])
     pieces = [cut(items[u.index].data, u.layout.chunk_size) for u in uploads]
-    rows = plan.add([k for k, p in enumerate(pieces) for _ in p], [c for p in pieces for c in p])
+    rows = plan.add([k for k, p in enumerate(pieces) for _ in p],
+                    [i for p in pieces for i in range(len(p))], [c for p in pieces for c in p])
     await WriteEngine(client.plane, plan, client.limit, reroute=client.reroute,
                       options=WriteOptions(batch_bytes=CHUNK_BATCH_BYTES)).store(rows)
     for k, up in enumerate(uploads):

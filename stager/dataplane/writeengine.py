@@ -159,16 +159,17 @@ class WriteEngine:
                 self.failed.add(target)     # a full target still serves what it holds
             affected: list[int] = []
             for f, up in enumerate(plan.uploads):
-                if plan.ok[f] and target in up.layout.targets:
+                if up.error is None and target in up.layout.targets:
                     if len(up.rerouted) < self.options.max_reroutes:
                         affected.append(f)
                     else:
                         plan.fail(f, exc)
             if not affected:
                 return stale[0]
+            begun = np.bincount(plan.file[:plan.n], minlength=len(plan.uploads))
             try:
                 answers = await self.reroute(target, exc, [RerouteItem(
-                    plan.uploads[f].file_id, int(plan.count[f])) for f in affected])
+                    plan.uploads[f].file_id, int(begun[f])) for f in affected])
             except StagerError as why:
                 answers = [why] * len(affected)
             for f, got in zip(affected, answers, strict=True):

@@ -47,8 +47,7 @@ class WritePlan:
 
     def __init__(self) -> None:
         self.uploads: list[Placement] = []
-        self.ok = np.zeros(0, dtype=bool)                   # per upload: not failed
-        self.base, self.stripe, self.count = np.zeros((3, 0), dtype=np.int64)  # and rows
+        self.base, self.stripe = np.zeros((2, 0), dtype=np.int64)  # its layout's slots
         self.slots = np.full((0, 1), -1, dtype=np.int64)    # per layout and slot: targets
         self._blocks: dict[Layout, int] = {}                # where a layout's slots begin
         self.targets: list[str] = []                        # by number
@@ -63,23 +62,18 @@ class WritePlan:
         self.uploads += uploads
         self.base = np.append(self.base, [self._block(u.layout) for u in uploads])
         self.stripe = np.append(self.stripe, [u.layout.stripe_count for u in uploads])
-        self.count = np.append(self.count, np.zeros(len(uploads), dtype=np.int64))
-        self.ok = np.append(self.ok, np.ones(len(uploads), dtype=bool))
 
-    def add(self, files: Sequence[int], chunks: Sequence[memoryview]) -> np.ndarray:
-        """Rows for the next chunks of uploads ``files`` (one per chunk, each upload's
-        together and in order), held by the caller; returns their numbers."""
-        files = np.asarray(files, dtype=np.int64)
-        n = len(files)
+    def add(self, files: Sequence[int], indices: Sequence[int],
+            chunks: Sequence[memoryview]) -> np.ndarray:
+        """Rows for chunk ``indices[k]`` of upload ``files[k]``, ``chunks[k]`` its
+        bytes, held by the caller; returns their numbers."""
+        n = len(chunks)
         rows = np.arange(self.n, self.n + n)
         self._fit(self.n + n)
-        first = np.flatnonzero(np.append(True, files[1:] != files[:-1])) if n else rows
-        rank = np.arange(n) - np.repeat(first, np.diff(np.append(first, n)))
-        self.file[rows], self.index[rows] = files, self.count[files] + rank
+        self.file[rows], self.index[rows] = files, indices
         self.length[rows] = [c.nbytes for c in chunks]
         self.crc[rows] = [crc32c(c) for c in chunks]
         self.busy[rows] = True
-        self.count += np.bincount(files, minlength=len(self.uploads))
         self.data += chunks
         self.n += n
         return rows
@@ -87,7 +81,7 @@ class WritePlan:
     def missing(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The copies of ``rows`` (of uploads still ok) that their upload's layout
         wants and no target proved stored: (row, target number), by target."""
-        rows = rows[self.ok[self.file[rows]]]
+        rows = rows[np.array([u.error is None for u in self.uploads])[self.file[rows]]]
         f = self.file[rows]
         want = self.slots[self.base[f] + self.index[rows] % self.stripe[f]]
         r, c = np.nonzero((want >= 0) & ~self.placed[rows[:, None], np.maximum(want, 0)])
@@ -109,9 +103,7 @@ class WritePlan:
         return stale
 
     def fail(self, upload: int, error: StagerError) -> None:
-        if self.ok[upload]:
-            self.ok[upload] = False
-            self.uploads[upload].error = error
+        self.uploads[upload].error = self.uploads[upload].error or error
 
     def name(self, row: int) -> str:
         return chunk_id(self.uploads[int(self.file[row])].file_id, int(self.index[row]))

@@ -1,10 +1,8 @@
 """Striped writes: cut a stream into chunks and hand each to the write engine.
 
-The writer only cuts and keeps a window: at most ``max_in_flight`` chunks are
-being stored at once, each by its own call of
-:meth:`~stager.dataplane.writeengine.WriteEngine.store` on a plan of one upload,
-the same executor, reroute loop and copy of stored chunks ``write_many`` uses
-(:mod:`.writeengine`).
+The writer cuts and keeps a window: at most ``max_in_flight`` chunks are being
+stored at once, each by its own call of the one executor ``write_many`` uses too
+(:mod:`.writeengine`), on a plan of one upload.
 """
 
 from __future__ import annotations
@@ -20,10 +18,10 @@ from ..protocol.messages import RerouteItem
 from ..protocol.models import Layout
 from . import writeengine
 from .transport import DataPlane
-from .writeengine import WriteEngine, WriteOptions, only_full, reroute_failed, routes_around
+from .writeengine import WriteEngine, WriteOptions, only_full, routes_around
 from .writeplan import Placement, WritePlan
 
-__all__ = ["Reroute", "StripedWriter", "only_full", "reroute_failed", "routes_around"]
+__all__ = ["Reroute", "StripedWriter", "only_full", "routes_around"]
 
 # (target, the failure, chunks begun) -> the upload's new layout and the targets' URLs
 Reroute = Callable[[str, StagerError, int], Awaitable[tuple[Layout, Mapping[str, str]]]]
@@ -33,9 +31,9 @@ class StripedWriter:
     """Accepts bytes in any sizes; stores each full chunk on every replica.
 
     ``write`` waits while ``max_in_flight`` chunks are out, so memory stays near
-    ``max_in_flight × chunk_size``.  A chunk counts as written only when every
-    replica the layout names for it proved it stored (:mod:`.ack`).  ``reroute``:
-    see :mod:`.writeengine`; without it, a failed chunk write fails the writer.
+    ``max_in_flight × chunk_size``.  A chunk counts once every replica its layout
+    names proved it stored (:mod:`.ack`).  Without ``reroute``
+    (:mod:`.writeengine`), a failed chunk write fails the writer.
     """
 
     def __init__(self, plane: DataPlane, file_id: str, layout: Layout,
@@ -47,17 +45,17 @@ class StripedWriter:
         self.upload = Placement(file_id, layout, dict(locations))
         self.plan = WritePlan()
         self.plan.add_uploads([self.upload])
-        # every replica of each chunk in the window at once, as many copies after a reroute
+        # the window's every replica at once; as many chunks read back after a reroute
         limit = asyncio.Semaphore(self.max_in_flight * max(1, layout.replicas))
-        self.engine = WriteEngine(plane, self.plan, limit, reroute=_one(reroute) if reroute
-                                  else None, options=WriteOptions(
-                                      copy_bytes=self.max_in_flight * layout.chunk_size))
+        options = WriteOptions(copy_bytes=self.max_in_flight * layout.chunk_size)
+        self.engine = WriteEngine(plane, self.plan, limit, options=options,
+                                  reroute=_one(reroute) if reroute else None)
         self._buf = bytearray(layout.chunk_size)
         self._fill = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
-    # The upload's, as the plan keeps it (``locations`` may be replaced).
+    # The upload's, as the plan keeps them (``locations`` may be replaced).
     layout = property(lambda self: self.upload.layout)
     rerouted = property(lambda self: self.upload.rerouted)     # targets routed around
     locations = property(lambda self: self.upload.locations,
@@ -65,11 +63,10 @@ class StripedWriter:
 
     async def write(self, data: bytes | bytearray | memoryview,
                     release: Callable[[], None] | None = None) -> int:
-        """Write ``data``.  Whole chunks of immutable bytes, or of a buffer that comes
-        with ``release``, go out from ``data`` itself, not a copy (only those at a chunk
-        boundary: a partial chunk is copied); ``release()`` is called once nothing uses
-        ``data`` any more (every PUT from it answered, failed or was cancelled, also
-        when the writer is aborted), so that the caller can reuse the buffer."""
+        """Write ``data``.  Its whole chunks at a chunk boundary go out from ``data``
+        itself, not a copy, where it is immutable ``bytes`` or comes with ``release``,
+        which is called once nothing uses ``data`` any more (every PUT from it
+        answered, failed or was cancelled), so that the caller can reuse it."""
         if self._closed:
             raise ValueError("write to a closed writer")
         view = memoryview(data).cast("B")
@@ -134,20 +131,19 @@ class StripedWriter:
 
     async def _send(self, data: memoryview,
                     on_done: Callable[[asyncio.Task[None]], None] | None = None) -> None:
-        """Hand the next chunk to the engine, once fewer than ``max_in_flight`` are
+        """Hand the next chunk to the engine once fewer than ``max_in_flight`` are
         out; ``on_done`` is called when it is stored, however that ended."""
         while len(self._tasks) >= self.max_in_flight:
             await self._wait_one()
-        task = asyncio.ensure_future(self._store(self.plan.add([0], [data])))
+        task = asyncio.ensure_future(self._store(self.plan.add([0], [self.plan.n], [data])))
         if on_done is not None:
             task.add_done_callback(on_done)
         self._tasks.add(task)
 
     async def _store(self, rows: np.ndarray) -> None:
         await self.engine.store(rows)
-        error = self.upload.error
-        if error is not None:
-            raise error
+        if self.upload.error is not None:
+            raise self.upload.error
 
     async def _wait_one(self) -> None:
         done, _ = await asyncio.wait(self._tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -160,7 +156,7 @@ class StripedWriter:
 
 
 def _one(reroute: Reroute) -> writeengine.Reroute:
-    """The engine's reroute, for a batch of one upload, over the writer's ``reroute``."""
+    """The engine's reroute of a batch of one upload, over the writer's ``reroute``."""
     async def batch(target: str, cause: StagerError, items: Sequence[RerouteItem]
                     ) -> list[Placement]:
         [item] = items
