@@ -13,7 +13,7 @@ import pytest
 from stager.checksum import crc32c
 from stager.dataplane import DataPlane, PlaneOptions, make_session
 from stager.dataplane.goodcopy import read_good_copy
-from stager.dataplane.writer import only_full
+from stager.dataplane.writeengine import only_full
 from stager.errors import InsufficientStorage, StorageError, Unavailable
 from stager.testing import ThreadCluster
 

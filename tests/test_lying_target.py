@@ -32,7 +32,7 @@ from stager import AsyncClient
 from stager.checksum import crc32c, from_hex, to_hex
 from stager.config import load_config
 from stager.dataplane.ack import prove, prove_batch, prove_put
-from stager.dataplane.writer import routes_around
+from stager.dataplane.writeengine import routes_around
 from stager.errors import StagerError, StorageError
 from stager.layout import chunk_targets
 from stager.protocol import headers as H

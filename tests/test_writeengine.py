@@ -242,9 +242,22 @@ async def test_a_server_dying_in_the_middle_of_a_stream_is_routed_around(
 
 
 def test_the_writer_and_write_many_share_the_engine_decisions() -> None:
+    """Each decision of a write is made in one place: the engine defines them, and no
+    other module of the package defines a function or a table of the same name."""
+    import ast
+
     from stager.client import bulk
     from stager.dataplane import writer
 
-    assert writer.routes_around is writeengine.routes_around
-    assert writer.only_full is writeengine.only_full
-    assert bulk.WriteEngine is writer.WriteEngine
+    decisions = {"routes_around", "only_full", "reroute_failed", "WRITE_FAILOVER",
+                 "CHUNK_BATCH_BYTES", "MAX_REROUTES", "MAX_ROUNDS"}
+    where: dict[str, list[str]] = {}
+    for path in Path(writeengine.__file__).parents[1].rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else \
+                [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
+            for name in set(names) & decisions:
+                where.setdefault(name, []).append(path.name)
+    assert where == {name: ["writeengine.py"] for name in where}, where
+    assert set(where) >= {"routes_around", "only_full", "reroute_failed", "WRITE_FAILOVER"}
+    assert bulk.WriteEngine is writer.WriteEngine is writeengine.WriteEngine

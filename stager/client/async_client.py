@@ -23,7 +23,7 @@ from ..protocol.batch import CommitItem, CreateItem, batch_body, one, read_resul
 from ..protocol.cluster import FsckResult, ScrubResult, Status
 from ..protocol.jobreport import JobList
 from ..protocol.manifest import Manifest
-from ..protocol.models import FileInfo, Layout, LayoutSpec, TargetInfo
+from ..protocol.models import FileInfo, LayoutSpec, TargetInfo
 from ..protocol.routes import route
 from .bulk import WriteItem, upload_gone, write_many
 from .capabilities import CapabilityBook
@@ -301,15 +301,9 @@ class AsyncClient:
                                   m.Upload.from_json))
         self.learn("write", upload.file_id, upload.capability)
 
-        async def reroute(target: str, cause: StagerError, chunks: int
-                          ) -> tuple[Layout, dict[str, str]]:
-            [got] = await self.reroute(target, cause, [m.RerouteItem(upload.file_id, chunks)])
-            if isinstance(got, StagerError):
-                raise got
-            return got.layout, got.locations
-
         writer = StripedWriter(self.plane, upload.file_id, upload.layout, upload.locations,
-                               max_in_flight=self.config.readahead_chunks, reroute=reroute)
+                               max_in_flight=self.config.readahead_chunks,
+                               reroute=self.reroute)
         return upload.file_id, writer
 
     async def reroute(self, target: str, cause: StagerError, items: Sequence[m.RerouteItem]

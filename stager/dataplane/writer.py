@@ -8,23 +8,15 @@ stored at once, each by its own call of the one executor ``write_many`` uses too
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
 from ..aio import cancel_and_wait
-from ..errors import StagerError
-from ..protocol.messages import RerouteItem
 from ..protocol.models import Layout
-from . import writeengine
 from .transport import DataPlane
-from .writeengine import WriteEngine, WriteOptions, only_full, routes_around
+from .writeengine import Reroute, WriteEngine, WriteOptions
 from .writeplan import Placement, WritePlan
-
-__all__ = ["Reroute", "StripedWriter", "only_full", "routes_around"]
-
-# (target, the failure, chunks begun) -> the upload's new layout and the targets' URLs
-Reroute = Callable[[str, StagerError, int], Awaitable[tuple[Layout, Mapping[str, str]]]]
 
 
 class StripedWriter:
@@ -32,8 +24,9 @@ class StripedWriter:
 
     ``write`` waits while ``max_in_flight`` chunks are out, so memory stays near
     ``max_in_flight × chunk_size``.  A chunk counts once every replica its layout
-    names proved it stored (:mod:`.ack`).  Without ``reroute``
-    (:mod:`.writeengine`), a failed chunk write fails the writer.
+    names proved it stored (:mod:`.ack`).  ``reroute`` is the engine's, for a batch
+    of one upload (:mod:`.writeengine`); without it, a failed chunk write fails the
+    writer.
     """
 
     def __init__(self, plane: DataPlane, file_id: str, layout: Layout,
@@ -48,8 +41,7 @@ class StripedWriter:
         # the window's every replica at once; as many chunks read back after a reroute
         limit = asyncio.Semaphore(self.max_in_flight * max(1, layout.replicas))
         options = WriteOptions(copy_bytes=self.max_in_flight * layout.chunk_size)
-        self.engine = WriteEngine(plane, self.plan, limit, options=options,
-                                  reroute=_one(reroute) if reroute else None)
+        self.engine = WriteEngine(plane, self.plan, limit, options=options, reroute=reroute)
         self._buf = bytearray(layout.chunk_size)
         self._fill = 0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -154,11 +146,3 @@ class StripedWriter:
                 await self.abort()
                 raise exc
 
-
-def _one(reroute: Reroute) -> writeengine.Reroute:
-    """The engine's reroute of a batch of one upload, over the writer's ``reroute``."""
-    async def batch(target: str, cause: StagerError, items: Sequence[RerouteItem]
-                    ) -> list[Placement]:
-        [item] = items
-        return [Placement(item.file_id, *await reroute(target, cause, item.chunks))]
-    return batch

@@ -29,7 +29,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..dataplane.writer import only_full
+from ..dataplane.writeengine import only_full
 from ..errors import NoTargets, StagerError
 from ..protocol.batch import one
 from ..protocol.messages import RerouteItem, RerouteRequest

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from ...config import Config
 from ...dataplane import DataPlane, StripedReader, StripedWriter
+from ...dataplane.writeplan import Placement
 from ...errors import PayloadTooLarge, StagerError
 from ...protocol.batch import CommitItem, CreateItem, one
 from ...protocol.messages import RerouteItem, RerouteRequest
-from ...protocol.models import FileInfo, Layout, LayoutSpec
+from ...protocol.models import FileInfo, LayoutSpec
 from ..service import MetaService
 
 
@@ -30,17 +31,9 @@ class Gateway:
         """Store ``body`` at ``path``; visible only once every chunk is durable."""
         upload, info = one(await self.service.create([CreateItem(path, layout)]))
         assert info.layout is not None
-        async def reroute(target: str, cause: StagerError, chunks: int
-                          ) -> tuple[Layout, dict[str, str]]:
-            [got] = await self.service.reroute(RerouteRequest(
-                target, cause.code, cause.message, (RerouteItem(upload.file_id, chunks),)))
-            if isinstance(got, StagerError):
-                raise got
-            assert got[1].layout is not None
-            return got[1].layout, got[1].locations
-
         writer = StripedWriter(self.plane, upload.file_id, info.layout, info.locations,
-                               max_in_flight=self.config.readahead_chunks, reroute=reroute)
+                               max_in_flight=self.config.readahead_chunks,
+                               reroute=self._reroute)
         try:
             async for piece in body:
                 if writer.size + len(piece) > max_size:
@@ -54,6 +47,15 @@ class Gateway:
             await writer.abort()
             await asyncio.shield(self._abort(upload.file_id))
             raise
+
+    async def _reroute(self, target: str, cause: StagerError, items: Sequence[RerouteItem]
+                       ) -> list[Placement | StagerError]:
+        """The write engine's reroute, on this server's own service."""
+        answers = await self.service.reroute(RerouteRequest(target, cause.code, cause.message,
+                                                            tuple(items)))
+        return [got if isinstance(got, StagerError)
+                else Placement(got[0].file_id, got[0].layout, dict(got[1].locations))
+                for got in answers]
 
     async def _abort(self, file_id: str) -> None:
         # an error in its place: already committed or collected

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 from ...dataplane import DataPlane
 from ...dataplane.goodcopy import read_good_copy
-from ...dataplane.writer import only_full, routes_around
+from ...dataplane.writeengine import only_full, routes_around
 from ...errors import StagerError, Unavailable
 from ...protocol.models import TargetInfo
 from ...ratelimit import TokenBucket
