@@ -2,28 +2,20 @@
 
     python -m bench.ab_metadata BEFORE AFTER [--rounds 4] [--n 300]
 
-Each commit is checked out into a temporary git worktree; each round starts a
-``stager up`` cluster (one metadata server on a fresh database of one throwaway
-PostgreSQL, two data servers) from each worktree in turn, the order reversed
-every other round, and times the same operations through that commit's client,
-one at a time: an empty file, a 1 KiB file, stat, rename.  Prints the median
-us/op of each and after / before.  Not one of ``python -m bench``'s benchmarks:
-a tool to see what a change did, on a machine too noisy for figures measured an
-hour apart to be compared.
+Each round starts a ``stager up`` cluster (one metadata server on a fresh
+database of one throwaway PostgreSQL, two data servers) from each commit's
+worktree in turn (:mod:`bench.ab`), and times the same operations through that
+commit's client, one at a time: an empty file, a 1 KiB file, stat, rename.
+Prints the median us/op of each and after / before.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import statistics
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 
 from stager.testing.postgres import start_postgres
+
+from .ab import interleave, worktrees
 
 # Run in each worktree (its own stager on PYTHONPATH): argv = database URL, n.
 CHILD = """
@@ -64,45 +56,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--n", type=int, default=300)
     args = parser.parse_args()
-    repo = Path(__file__).resolve().parent.parent
-    with tempfile.TemporaryDirectory() as tmp:
-        trees = {}
-        for label in ("before", "after"):
-            tree = Path(tmp) / label
-            subprocess.run(["git", "-C", str(repo), "worktree", "add", "-q", "--detach",
-                            str(tree), getattr(args, label)], check=True)
-            trees[label] = tree
-        try:
-            _rounds(trees, args.rounds, args.n)
-        finally:
-            for tree in trees.values():
-                subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force",
-                                str(tree)], check=False)
-
-
-def _rounds(trees: dict[str, Path], rounds: int, n: int) -> dict[str, dict[str, float]]:
-    seen: dict[str, list[dict[str, float]]] = {label: [] for label in trees}
     pg = start_postgres()
     try:
-        for r in range(rounds):
-            for label in (list(trees) if r % 2 == 0 else list(reversed(trees))):
-                done = subprocess.run(
-                    [sys.executable, "-c", CHILD, pg.create_database(), str(n)],
-                    env=dict(os.environ, PYTHONPATH=str(trees[label])), cwd=trees[label],
-                    capture_output=True, text=True, timeout=900, check=True)
-                seen[label].append(json.loads(done.stdout.strip().splitlines()[-1]))
-                print(f"round {r} {label}: {seen[label][-1]}", file=sys.stderr, flush=True)
+        with worktrees(before=args.before, after=args.after) as trees:
+            interleave(trees, args.rounds, CHILD, lambda: [pg.create_database(), str(args.n)])
     finally:
         pg.destroy()
-    medians = {}
-    for op in seen["before"][0]:
-        before = statistics.median(x[op] for x in seen["before"])
-        after = statistics.median(x[op] for x in seen["after"])
-        medians[op] = {"before us": round(before), "after us": round(after),
-                       "after / before": round(after / before, 2)}
-        print(f"{op:12s} before {before:8.0f} us  after {after:8.0f} us  "
-              f"after / before {after / before:.2f}")
-    return medians
 
 
 if __name__ == "__main__":
