@@ -233,11 +233,13 @@ def test_layout_json_round_trip_and_validation() -> None:
 
 
 def test_every_policy_kind_is_listed_in_one_place() -> None:
+    import stager.eviction  # noqa: F401 - registers the eviction policies
     import stager.loader  # noqa: F401 - registers the loader's policies
     import stager.meta.upkeep.replan  # noqa: F401
     from stager.policies import REGISTRIES
 
-    assert {"placement", "replacement", "order", "partition", "worker split"} <= set(REGISTRIES)
+    assert {"placement", "replacement", "order", "partition", "worker split",
+            "eviction"} <= set(REGISTRIES)
     assert "spread" in REGISTRIES["placement"]
     with pytest.raises(ValueError, match="unknown placement policy 'nope'"):
         REGISTRIES["placement"]["nope"]
