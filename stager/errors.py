@@ -21,6 +21,7 @@
     ├── PayloadTooLarge (ValueError) .............. 413 too_large
     ├── RangeNotSatisfiable (ValueError) .......... 416 range_not_satisfiable
     ├── InsufficientStorage (OSError ENOSPC) ...... 507 no_space
+    │   └── QuotaExceeded (OSError EDQUOT) ........ 507 quota_exceeded
     ├── SourceError (OSError EIO) ................. 502 source_error
     ├── Unavailable (ConnectionError) ............. 503 unavailable
     │   ├── NoTargets ............................. 503 no_targets
@@ -167,6 +168,14 @@ class InsufficientStorage(StagerError, OSError):
     errno_value = errno.ENOSPC
 
 
+class QuotaExceeded(InsufficientStorage):
+    """A write would take a directory past its quota (``stager quota set``); the
+    details name the ``directory``, the ``limit``, its ``use`` and which
+    ``resource`` (``bytes`` or ``files``)."""
+
+    errno_value = errno.EDQUOT
+
+
 class SourceError(StagerError, OSError):
     """A staging source (any fsspec URL) could not be listed or read."""
 
@@ -229,7 +238,8 @@ ERROR_TABLE: tuple[tuple[type[StagerError], int, str], ...] = (
     (Unavailable, 503, "unavailable"),
     (NoTargets, 503, "no_targets"),
     (TargetUnavailable, 503, "target_unavailable"),
-    (InsufficientStorage, 507, "no_space"),
+    (InsufficientStorage, 507, "no_space"),     # first of 507
+    (QuotaExceeded, 507, "quota_exceeded"),
 )
 
 for _cls, _status, _code in ERROR_TABLE:

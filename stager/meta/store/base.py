@@ -7,7 +7,8 @@ thread of its own (:class:`~stager.meta.store.sqlite.store.SQLiteStore`).  No SQ
 lives outside the implementations.  The methods are grouped by role into small
 interfaces that :class:`MetaStore` joins: :class:`Namespace`, :class:`Uploads`,
 :class:`Collection`, :class:`FileIndex`, :class:`TokenStore`, :class:`Registry`,
-:class:`Copying`, :class:`SharedState` and :class:`Answers`; a part of the server
+:class:`Copying`, :class:`SharedState`, :class:`Answers`, :class:`Quotas` and
+:class:`Pins`; a part of the server
 that needs one role takes that role's type.
 
 What every implementation guarantees:
@@ -29,8 +30,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import StagerError
+from ...protocol import paths
 from ...protocol.authmsg import TokenInfo
 from ...protocol.models import Layout, LayoutSpec, TargetInfo
+from ...protocol.quotas import Pin, Quota
 
 
 @dataclass(frozen=True)
@@ -214,7 +217,9 @@ class Uploads(ABC):
         in one transaction: a file is visible only after this.  A file it replaces (if
         the upload allows) goes to garbage in the same transaction; missing parents are
         made if the upload allows.  An item that fails changes nothing and does not
-        stop the others: its error is in its place."""
+        stop the others: its error is in its place; but an item refused by a quota
+        (QuotaExceeded, final) has its upload dropped as :meth:`abort_uploads` does, so
+        its chunks are collected at once."""
 
     @abstractmethod
     async def abort_uploads(self, file_ids: Sequence[str], *, now: float
@@ -423,8 +428,47 @@ class Answers(ABC):
         """Forget answers recorded before ``before``; how many went."""
 
 
+class Quotas(ABC):
+    """Directory quotas (:mod:`stager.meta.quotas`): each quota directory keeps its
+    subtree's use, changed in the transaction of every commit, remove and rename
+    below it, so a write that would pass a limit fails with
+    :class:`~stager.errors.QuotaExceeded` and changes nothing."""
+
+    @abstractmethod
+    async def set_quota(self, path: str, *, max_bytes: int | None,
+                        max_files: int | None) -> Quota:
+        """Set the limits of directory ``path`` (both ``None``: no quota) and count its
+        use from its subtree, in one transaction; the quota as now stored."""
+
+    @abstractmethod
+    async def list_quotas(self) -> list[Quota]:
+        """Every quota with its use, by path."""
+
+
+class Pins(ABC):
+    """Paths pinned: never evicted from the fast tier, until unpinned or expired."""
+
+    @abstractmethod
+    async def pin(self, path: str, *, expires: float | None, now: float) -> Pin:
+        """Pin the file or directory at ``path`` (NotFound when there is none) until
+        ``expires`` (``None``: until unpinned); pinning again replaces the expiry."""
+
+    @abstractmethod
+    async def unpin(self, path: str) -> None:
+        """Drop the pin on ``path``; NotFound when it has none."""
+
+    @abstractmethod
+    async def pins(self, now: float) -> list[Pin]:
+        """Every pin not expired at ``now``, by path (expired ones are dropped)."""
+
+    async def is_pinned(self, path: str, now: float) -> bool:
+        """Whether ``path`` or a directory above it holds a pin alive at ``now``."""
+        path = paths.normalize(path)
+        return any(paths.is_within(path, p.path) for p in await self.pins(now))
+
+
 class MetaStore(Namespace, Uploads, Collection, FileIndex, TokenStore, Registry, Copying,
-                SharedState, Answers):
+                SharedState, Answers, Quotas, Pins):
     """Every role above: what a store implements.  A part of the server that needs one
     role takes that role's type (the auth tables take a :class:`TokenStore`).
 

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 from ....errors import InternalError, StagerError, Unavailable
-from .functions import COMMIT_FUNCTION, LAZY_FUNCTIONS
+from .functions import COMMIT_FUNCTION, LAZY_FUNCTIONS, QUOTA_COMMIT_FUNCTION
 
 log = logging.getLogger("stager.meta")
 
@@ -40,7 +40,7 @@ Op = Callable[[asyncpg.Connection], Awaitable[R]]
 CONFLICT_RETRIES = 50        # serialization failures and deadlocks, per transaction
 RECONNECTS = 3               # connections found dead before the transaction began
 ROOT_ID = 1
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 # Each migration takes the schema from version N-1 to N; applied in order, each in
 # the transaction that records its number.  Names sort bytewise (COLLATE "C"), as in
@@ -134,7 +134,20 @@ CREATE TABLE target_credentials (
     target_id TEXT PRIMARY KEY,
     token_id  TEXT NOT NULL
 );
-"""}
+""", 9: """
+CREATE TABLE quotas (
+    dir_id     BIGINT PRIMARY KEY REFERENCES entries (id) ON DELETE CASCADE,
+    max_bytes  BIGINT,
+    max_files  BIGINT,
+    used_bytes BIGINT NOT NULL,
+    used_files BIGINT NOT NULL
+);
+CREATE TABLE pins (
+    path      TEXT COLLATE "C" PRIMARY KEY,
+    expires   DOUBLE PRECISION,
+    created   DOUBLE PRECISION NOT NULL
+);
+""" + QUOTA_COMMIT_FUNCTION}
 
 # Errors after which the connection is gone or the server cannot serve: the
 # database is unavailable (the pool reconnects once it is back).

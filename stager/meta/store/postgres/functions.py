@@ -133,3 +133,129 @@ BEGIN
 END
 $fn$;
 """
+
+# Schema migration 9: stager_commit charges the quotas above the file (stager/meta/quotas.py)
+# in its one statement.  The walk stops at the first missing parent, so that every check
+# (the quotas last) comes before the first change, as in COMMIT_FUNCTION; a refused
+# commit answers 'quota_bytes' or 'quota_files' with the quota directory's row id, its
+# limit, its use and what the write needed.
+QUOTA_COMMIT_FUNCTION = """
+DROP FUNCTION stager_commit(TEXT, BIGINT, DOUBLE PRECISION, BYTEA, DOUBLE PRECISION);
+CREATE FUNCTION stager_commit(p_file_id TEXT, p_size BIGINT, p_mtime DOUBLE PRECISION,
+                              p_checksums BYTEA, p_now DOUBLE PRECISION,
+                              OUT r_err TEXT, OUT r_at TEXT, OUT r_path TEXT,
+                              OUT r_layout TEXT, OUT r_limit BIGINT, OUT r_use BIGINT,
+                              OUT r_need BIGINT)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    up      uploads%ROWTYPE;
+    names   TEXT[];
+    n       INTEGER;
+    cur     BIGINT := 1;
+    chain   BIGINT[] := ARRAY[1::BIGINT];
+    missing INTEGER := 0;
+    walked  TEXT := '';
+    e_id    BIGINT;
+    e_kind  TEXT;
+    old_id  BIGINT;
+    e_fid   TEXT;
+    e_lay   TEXT;
+    e_size  BIGINT := 0;
+    d_bytes BIGINT;
+    d_files BIGINT;
+    q       quotas%ROWTYPE;
+BEGIN
+    SELECT * INTO up FROM uploads WHERE file_id = p_file_id;
+    IF NOT FOUND THEN
+        r_err := 'upload';
+        RETURN;
+    END IF;
+    r_path := up.path;
+    r_layout := up.layout;
+    names := string_to_array(substr(up.path, 2), '/');
+    n := cardinality(names);
+    -- the parent directories there already; the first missing one ends the walk
+    FOR i IN 1 .. n - 1 LOOP
+        walked := walked || '/' || names[i];
+        SELECT id, kind INTO e_id, e_kind FROM entries WHERE parent = cur AND name = names[i];
+        IF NOT FOUND THEN
+            IF i < n - 1 AND NOT up.parents THEN
+                r_err := 'noparent';
+                r_at := walked;
+                RETURN;
+            END IF;
+            missing := i;
+            EXIT;
+        ELSIF e_kind <> 'directory' THEN
+            r_err := CASE WHEN i = n - 1 THEN 'fileparent' ELSE 'notdir' END;
+            r_at := walked;
+            RETURN;
+        END IF;
+        cur := e_id;
+        chain := chain || e_id;
+    END LOOP;
+    -- what is already there (as sqlite/namespace.py check_replaceable)
+    IF missing = 0 THEN
+        SELECT id, kind, file_id, layout, size INTO old_id, e_kind, e_fid, e_lay, e_size
+            FROM entries WHERE parent = cur AND name = names[n];
+        IF FOUND THEN
+            IF e_kind = 'directory' THEN
+                r_err := 'isdir';
+                RETURN;
+            END IF;
+            IF NOT up.overwrite THEN
+                r_err := 'exists';
+                RETURN;
+            END IF;
+        ELSE
+            e_size := 0;
+        END IF;
+    END IF;
+    -- the quotas above: refused before any change, else charged
+    d_bytes := p_size - e_size;
+    d_files := CASE WHEN old_id IS NULL THEN 1 ELSE 0 END;
+    IF d_bytes <> 0 OR d_files <> 0 THEN
+        FOR q IN SELECT * FROM quotas WHERE dir_id = ANY(chain) ORDER BY dir_id LOOP
+            IF d_bytes > 0 AND q.max_bytes IS NOT NULL
+                    AND q.used_bytes + d_bytes > q.max_bytes THEN
+                r_err := 'quota_bytes';
+                r_limit := q.max_bytes;
+                r_use := q.used_bytes;
+                r_need := d_bytes;
+            ELSIF d_files > 0 AND q.max_files IS NOT NULL
+                    AND q.used_files + d_files > q.max_files THEN
+                r_err := 'quota_files';
+                r_limit := q.max_files;
+                r_use := q.used_files;
+                r_need := d_files;
+            END IF;
+            IF r_err IS NOT NULL THEN
+                r_at := q.dir_id::TEXT;
+                RETURN;
+            END IF;
+        END LOOP;
+        UPDATE quotas SET used_bytes = used_bytes + d_bytes, used_files = used_files + d_files
+            WHERE dir_id = ANY(chain);
+    END IF;
+    IF old_id IS NOT NULL THEN
+        INSERT INTO garbage VALUES (e_fid, e_lay, e_size, p_now) ON CONFLICT (file_id)
+            DO UPDATE SET layout = EXCLUDED.layout, size = EXCLUDED.size,
+                          since = EXCLUDED.since;
+        DELETE FROM entries WHERE id = old_id;
+    END IF;
+    -- the missing parent directories, made (nothing below a new one can fail)
+    IF missing > 0 THEN
+        FOR i IN missing .. n - 1 LOOP
+            INSERT INTO entries (parent, name, kind, mtime)
+                VALUES (cur, names[i], 'directory', p_now) RETURNING id INTO e_id;
+            UPDATE entries SET mtime = p_now WHERE id = cur;
+            cur := e_id;
+        END LOOP;
+    END IF;
+    DELETE FROM uploads WHERE file_id = p_file_id;
+    UPDATE entries SET mtime = p_now WHERE id = cur;
+    INSERT INTO entries (parent, name, kind, size, mtime, file_id, layout, checksums)
+        VALUES (cur, names[n], 'file', p_size, p_mtime, p_file_id, up.layout, p_checksums);
+END
+$fn$;
+"""

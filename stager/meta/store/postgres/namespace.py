@@ -27,6 +27,7 @@ from ....protocol import paths
 from ....protocol.models import LayoutSpec
 from ..base import ManifestVersion, NodeEntry
 from ..sqlite.db import layout_of, subtree_entries, unpack
+from . import quotas
 from .db import ROOT_ID
 
 Row = asyncpg.Record
@@ -41,6 +42,11 @@ WITH RECURSIVE walk AS (
     WHERE w.kind = 'directory' AND w.depth < cardinality($1::text[])
 )"""
 _WALK = _WALK_CTE + "SELECT * FROM walk ORDER BY depth"
+# The walk with each directory's quota (NULL quota: none), for a rename: the quotas it
+# moves use between come with the walks it takes anyway, no round trip of their own.
+_WALK_QUOTAS = _WALK_CTE + (
+    "SELECT w.*, q.dir_id AS quota, q.max_bytes, q.max_files, q.used_bytes, q.used_files "
+    "FROM walk w LEFT JOIN quotas q ON q.dir_id = w.id ORDER BY depth")
 
 
 def _bump_up_from(seed: str, changes: str = "") -> str:
@@ -224,7 +230,7 @@ async def rename(conn: asyncpg.Connection, src: str, dst: str, *, overwrite: boo
     if src == "/" or dst == "/":
         raise InvalidPath("cannot rename the root")
     src_names = paths.parts(src)
-    src_rows = await walk(conn, src_names)
+    src_rows = list(await conn.fetch(_WALK_QUOTAS, src_names))
     row = located(src, src_names, src_rows)
     if src == dst:
         return entry(dst, row, False)
@@ -232,13 +238,20 @@ async def rename(conn: asyncpg.Connection, src: str, dst: str, *, overwrite: boo
         raise InvalidPath(f"cannot move {src} inside itself", src=src, dst=dst)
     dst_parent, dst_name = paths.split(dst)
     dst_names = paths.parts(dst)
-    dst_rows = await walk(conn, dst_names)
+    dst_rows = list(await conn.fetch(_WALK_QUOTAS, dst_names))
     # the destination's parent, from the same walk (resolve_dir's errors)
     parent = located(dst_parent, dst_names[:-1], dst_rows[:len(dst_names)])
     if parent["kind"] != "directory":
         raise NotADirectory(f"{dst_parent} is not a directory", path=dst_parent)
+    replaced = (0, 0)
     if len(dst_rows) == len(dst_names) + 1:
-        await _replace_for_rename(conn, row, dst_rows[-1], dst, overwrite, now)
+        existing = dst_rows[-1]
+        await _replace_for_rename(conn, row, existing, dst, overwrite, now)
+        if existing["kind"] == "file":
+            replaced = (existing["size"], 1)
+    await quotas.move(conn, quotas.on_walk(src_rows[:-1]),
+                      quotas.on_walk(dst_rows[:len(dst_names)]), int(row["id"]), replaced,
+                      path=dst)
     parents = sorted({int(src_rows[-2]["id"]), int(parent["id"])})
     await conn.execute(_MOVE, parents, int(parent["id"]), dst_name, int(row["id"]), now)
     return entry(dst, row, False)
@@ -271,6 +284,7 @@ async def remove(conn: asyncpg.Connection, path: str, *, recursive: bool, now: f
     row = await resolve(conn, path)
     parent_id = await resolve_dir(conn, paths.split(path)[0])
     if row["kind"] == "file":
+        await quotas.charge(conn, parent_id, -row["size"], -1, path=path)
         await garbage_file(conn, row, now)
         await conn.execute("DELETE FROM entries WHERE id = $1", row["id"])
         await touch(conn, parent_id, now)
@@ -278,6 +292,9 @@ async def remove(conn: asyncpg.Connection, path: str, *, recursive: bool, now: f
         return 1
     if not recursive and await has_child(conn, row["id"]):
         raise DirectoryNotEmpty(f"{path} is not empty", path=path)
+    if await quotas.above(conn, parent_id):
+        size, files = await quotas.totals(conn, row["id"])
+        await quotas.charge(conn, parent_id, -size, -files, path=path)
     status = await conn.execute(
         _SUBTREE + "INSERT INTO garbage SELECT file_id, layout, size, $2 FROM entries "
         "WHERE id IN (SELECT id FROM sub) AND kind = 'file' ON CONFLICT (file_id) DO UPDATE "

@@ -24,8 +24,10 @@ from typing import Any
 import asyncpg
 
 from ....errors import StagerError
+from ....protocol import paths
 from ....protocol.authmsg import TokenInfo
 from ....protocol.models import Layout, LayoutSpec, TargetInfo
+from ....protocol.quotas import Pin, Quota
 from ..base import (
     CommitArgs,
     CreateCheck,
@@ -42,6 +44,7 @@ from . import answers as answers
 from . import copy as copies
 from . import files as files
 from . import namespace as ns
+from . import quotas as quotas
 from . import shared as share
 from . import uploads as up
 from .db import Database, Op
@@ -293,6 +296,35 @@ class PostgreSQLStore(MetaStore):
         except StagerError:
             pass                    # the database is down: the lock says no below
         return await self.duties.hold()
+
+    # -- quotas and pins (.postgres.quotas) ---------------------------------------------
+    async def set_quota(self, path: str, *, max_bytes: int | None,
+                        max_files: int | None) -> Quota:
+        path = paths.normalize(path)
+
+        async def op(conn: asyncpg.Connection) -> Quota:
+            dir_id = await ns.resolve_dir(conn, path)
+            return await quotas.set_quota(conn, dir_id, path, max_bytes, max_files)
+        quota: Quota = await self._write(op)
+        return quota
+
+    async def list_quotas(self) -> list[Quota]:
+        return list(await self._read(quotas.list_quotas, snapshot=True))
+
+    async def pin(self, path: str, *, expires: float | None, now: float) -> Pin:
+        path = paths.normalize(path)
+
+        async def op(conn: asyncpg.Connection) -> Pin:
+            await ns.resolve(conn, path)         # NotFound when nothing is there
+            return await quotas.pin(conn, path, expires, now)
+        pinned: Pin = await self._write(op)
+        return pinned
+
+    async def unpin(self, path: str) -> None:
+        await self._write(lambda c: quotas.unpin(c, path))
+
+    async def pins(self, now: float) -> list[Pin]:
+        return list(await self._write(lambda c: quotas.pins(c, now)))
 
     # -- idempotency keys -------------------------------------------------------------
     async def recorded_answer(self, key: str) -> tuple[int, bytes] | None:

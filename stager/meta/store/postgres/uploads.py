@@ -28,6 +28,7 @@ from ....protocol.models import Layout, LayoutSpec
 from ..base import CommitArgs, CreateCheck, Garbage, NodeEntry, Upload
 from ..sqlite.db import layout_of, layout_text, pack
 from ..sqlite.namespace import checked_create
+from . import quotas
 from .db import ROOT_ID, must_abort
 from .namespace import changed_files, inherited, located, walk
 
@@ -93,6 +94,10 @@ async def _commit(conn: asyncpg.Connection, item: CommitArgs, now: float, *,
     row = await conn.fetchrow(_COMMIT_BUMPING if bump else _COMMIT,
                               file_id, size, mtime, pack(checksums), now)
     if row["r_err"] is not None:
+        if row["r_err"].startswith("quota_"):       # final: its chunks are collected
+            async with conn.transaction():  # (a commit alone ran outside of one)
+                await _abort(conn, file_id, now)
+            return await quotas.commit_refused(conn, row)
         return _commit_error(file_id, row["r_err"], row["r_at"], row["r_path"])
     return NodeEntry(row["r_path"], "file", size, mtime, file_id, layout_of(row["r_layout"]),
                      checksums=checksums)

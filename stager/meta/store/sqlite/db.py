@@ -86,6 +86,18 @@ CREATE TABLE IF NOT EXISTS shared_state (
     key       TEXT PRIMARY KEY,
     value     TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS quotas (
+    dir_id     INTEGER PRIMARY KEY REFERENCES entries (id) ON DELETE CASCADE,
+    max_bytes  INTEGER,
+    max_files  INTEGER,
+    used_bytes INTEGER NOT NULL,
+    used_files INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS pins (
+    path      TEXT PRIMARY KEY,
+    expires   REAL,
+    created   REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS job_reports (
     key       TEXT PRIMARY KEY,
     body      TEXT NOT NULL,

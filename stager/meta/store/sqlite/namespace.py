@@ -21,13 +21,16 @@ from ....errors import (
     IsADirectory,
     NotADirectory,
     NotFound,
+    QuotaExceeded,
     StagerError,
     UploadNotFound,
 )
 from ....protocol import paths
 from ....protocol.models import Layout, LayoutSpec, TargetInfo
+from ....protocol.quotas import Pin, Quota
 from ..base import CommitArgs, CreateCheck, Garbage, ManifestVersion, NodeEntry, Upload
 from .db import ROOT_ID, Database, layout_of, layout_text, pack, subtree_entries, unpack
+from .quotas import QuotaSQL
 
 _COLS = "id, kind, size, mtime, file_id, layout, checksums"
 Row = tuple[Any, ...]
@@ -82,6 +85,8 @@ class NamespaceSQL:
         self.tx: Callable[[], AbstractContextManager[object]] = database.transaction
         # Marks a directory whose manifests (and its ancestors') the write changes.
         self.changed: Callable[[int], None] = database.changed_below
+        # The use of the quotas above a write, changed in the write's transaction.
+        self.quotas = QuotaSQL(database)
 
     # -- path resolution --------------------------------------------------------
     def child(self, parent_id: int, name: str) -> Row | None:
@@ -222,7 +227,12 @@ class NamespaceSQL:
             existing = self.child(parent_id, dst_name)
             if existing is not None:
                 self._replace_for_rename(row, existing, dst, overwrite, now)
+                if existing[1] == "file":
+                    self.quotas.charge(parent_id, -existing[2], -1, path=dst)
             src_parent = self._resolve_dir(paths.split(src)[0])
+            if self.quotas.active():
+                size, files = self.quotas.totals(row[0])
+                self.quotas.move(src_parent, parent_id, size, files, path=dst)
             self.db.execute("UPDATE entries SET parent = ?, name = ? WHERE id = ?",
                             (parent_id, dst_name, row[0]))
             self._touch(src_parent, now)
@@ -255,6 +265,7 @@ class NamespaceSQL:
             row = self.resolve(path)
             parent_id = self._resolve_dir(paths.split(path)[0])
             if row[1] == "file":
+                self.quotas.charge(parent_id, -row[2], -1, path=path)
                 self._garbage_file(row, now)
                 self.db.execute("DELETE FROM entries WHERE id = ?", (row[0],))
                 self._touch(parent_id, now)
@@ -263,6 +274,9 @@ class NamespaceSQL:
             has_child = self._has_child(row[0])
             if has_child and not recursive:
                 raise DirectoryNotEmpty(f"{path} is not empty", path=path)
+            if self.quotas.active():
+                size, files = self.quotas.totals(row[0])
+                self.quotas.charge(parent_id, -size, -files, path=path)
             subtree = ("WITH RECURSIVE sub(id) AS (SELECT ? UNION ALL "
                        "SELECT e.id FROM entries e JOIN sub ON e.parent = sub.id) ")
             # Python's sqlite3 gives rowcount -1 for a statement that begins with
@@ -298,6 +312,17 @@ class NamespaceSQL:
             " FROM sub JOIN entries e ON e.id = sub.id WHERE sub.kind = 'file'",
             (dir_id,)).fetchall()
         return subtree_entries(path, rows)
+
+    # -- quotas and pins (.sqlite.quotas) -------------------------------------------
+    def set_quota(self, path: str, max_bytes: int | None, max_files: int | None) -> Quota:
+        path = paths.normalize(path)
+        with self.tx():
+            return self.quotas.set_quota(self._resolve_dir(path), path, max_bytes, max_files)
+
+    def pin(self, path: str, expires: float | None, now: float) -> Pin:
+        path = paths.normalize(path)
+        self.resolve(path)          # NotFound when nothing is there
+        return self.quotas.pin(path, expires, now)
 
     # -- manifests --------------------------------------------------------------
     def put_manifest(self, path: str, body: bytes, *, now: float) -> None:
@@ -368,7 +393,11 @@ class NamespaceSQL:
     def commit_uploads(self, items: Sequence[CommitArgs], *, now: float
                        ) -> list[NodeEntry | StagerError]:
         with self.tx():     # each item's own transaction nests: a savepoint
-            return [_each(self._commit, *item, now) for item in items]
+            out = [_each(self._commit, *item, now) for item in items]
+            for item, result in zip(items, out, strict=True):
+                if isinstance(result, QuotaExceeded):   # final: its chunks are collected
+                    self._abort(item[0], now)
+            return out
 
     def _commit(self, file_id: str, size: int, checksums: tuple[int, ...], mtime: float,
                 now: float) -> NodeEntry:
@@ -379,6 +408,8 @@ class NamespaceSQL:
                 if parent != "/" else ROOT_ID
             existing = self.child(parent_id, name)
             check_replaceable(existing, upload.path, upload.overwrite)
+            self.quotas.charge(parent_id, size - (existing[2] if existing else 0),
+                               0 if existing else 1, path=upload.path)
             if existing is not None:
                 self._garbage_file(existing, now)
                 self.db.execute("DELETE FROM entries WHERE id = ?", (existing[0],))

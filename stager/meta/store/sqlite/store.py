@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ....errors import StagerError
+from ....protocol import paths
 from ....protocol.authmsg import TokenInfo
 from ....protocol.models import Layout, LayoutSpec, TargetInfo
+from ....protocol.quotas import Pin, Quota
 from ..base import (
     CommitArgs,
     CreateCheck,
@@ -226,6 +228,23 @@ class SQLiteStore(MetaStore):
 
     async def hold_duties(self) -> bool:
         return True             # one server per SQLite file: it always runs them
+
+    # -- quotas and pins ----------------------------------------------------------------
+    async def set_quota(self, path: str, *, max_bytes: int | None,
+                        max_files: int | None) -> Quota:
+        return await self.thread.run(self.namespace.set_quota, path, max_bytes, max_files)
+
+    async def list_quotas(self) -> list[Quota]:
+        return await self.thread.run(self.namespace.quotas.list_quotas)
+
+    async def pin(self, path: str, *, expires: float | None, now: float) -> Pin:
+        return await self.thread.run(self.namespace.pin, path, expires, now)
+
+    async def unpin(self, path: str) -> None:
+        await self.thread.run(self.namespace.quotas.unpin, paths.normalize(path))
+
+    async def pins(self, now: float) -> list[Pin]:
+        return await self.thread.run(self.namespace.quotas.pins, now)
 
     # -- idempotency keys -------------------------------------------------------------
     async def recorded_answer(self, key: str) -> tuple[int, bytes] | None:
