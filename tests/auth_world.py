@@ -243,6 +243,12 @@ def _revoke(w: World) -> Sent:
     return post("revoke_token", {}, token_id=token_id)
 
 
+def _unpin(w: World) -> Sent:
+    path = w.mkdir("up")
+    w.admin("PUT", route("pin").target(path=path), as_json({}))
+    return get("unpin", path=path)
+
+
 def _heartbeat(w: World) -> Sent:
     t = w.targets[0]        # its own figures: the next real heartbeat says the same
     return post("heartbeat", {"capacity": t["capacity"], "used": t["used"],
@@ -314,6 +320,14 @@ CASES: dict[str, Case] = {
     "gateway_put": Case(lambda w: Sent("PUT", route("gateway_put").target(path=w.name("p")),
                                        b"p" * 100), ok=(201,), **WRITE_M),
     "gateway_delete": Case(lambda w: get("gateway_delete", path=w.mkdir("g")), **WRITE_M),
+    # metadata server: quotas and pins
+    "list_quotas": Case(lambda w: get("list_quotas"), "read_m", scope="write"),
+    "set_quota": Case(lambda w: Sent("PUT", route("set_quota").target(path=w.mkdir("q")),
+                                     as_json({"bytes": 1 << 30})), **ADMIN),
+    "list_pins": Case(lambda w: get("list_pins"), "read_m", scope="write"),
+    "pin": Case(lambda w: Sent("PUT", route("pin").target(path=w.mkdir("pn")),
+                               as_json({"ttl": 60})), **WRITE_M),
+    "unpin": Case(_unpin, **WRITE_M),
     # metadata server: tokens and capabilities
     "create_token": Case(lambda w: post("create_token", TokenRequest(
         ("read",), ("/m",), 60, "made").to_json()), **ADMIN),

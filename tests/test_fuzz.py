@@ -226,7 +226,8 @@ def no_route(reply: Any) -> bool:
 
 # The cluster's own state, not a fault: a layout asking for more replicas than there are
 # nodes (or after the fuzzer removed targets) is 503 no_targets, where the route says so.
-CLUSTER_STATE = {503: {"unavailable", "no_targets", "target_unavailable"}, 507: {"no_space"}}
+CLUSTER_STATE = {503: {"unavailable", "no_targets", "target_unavailable"},
+                 507: {"no_space", "quota_exceeded"}}      # a quota the fuzzer set
 
 
 def check_reply(reply: Any, route: Route, curl: str) -> None:

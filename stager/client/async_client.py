@@ -24,6 +24,7 @@ from ..protocol.cluster import FsckResult, ScrubResult, Status
 from ..protocol.jobreport import JobList
 from ..protocol.manifest import Manifest
 from ..protocol.models import FileInfo, LayoutSpec, TargetInfo
+from ..protocol.quotas import Pin, PinList, PinRequest, Quota, QuotaList, QuotaRequest
 from ..protocol.routes import route
 from .bulk import WriteItem, upload_gone, write_many
 from .capabilities import CapabilityBook
@@ -264,6 +265,29 @@ class AsyncClient:
         """Live loader telemetry: every job with its ranks and summary, worst stall first."""
         listing = JobList.from_json(await self.meta.request(route("list_jobs")))
         return [j.to_json() for j in listing.jobs]
+
+    # -- quotas and pins (stager/meta/quotas.py) ---------------------------------------
+    async def set_quota(self, path: str, *, max_bytes: int | None = None,
+                        max_files: int | None = None) -> Quota:
+        """Set directory ``path``'s quota (admin); both ``None``: drop it."""
+        body = QuotaRequest(max_bytes, max_files).to_json()
+        return Quota.from_json(await self.meta.request(route("set_quota"), path=path,
+                                                       body=body))
+
+    async def quotas(self) -> list[Quota]:
+        """Every quota with its use (on the paths this client may read)."""
+        return list(QuotaList.from_json(await self.meta.request(route("list_quotas"))).quotas)
+
+    async def pin(self, path: str, *, ttl: float | None = None) -> Pin:
+        """Pin ``path`` (never evicted) for ``ttl`` seconds, or until unpinned."""
+        return Pin.from_json(await self.meta.request(route("pin"), path=path,
+                                                     body=PinRequest(ttl).to_json()))
+
+    async def unpin(self, path: str) -> None:
+        await self.meta.request(route("unpin"), path=path)
+
+    async def pins(self) -> list[Pin]:
+        return list(PinList.from_json(await self.meta.request(route("list_pins"))).pins)
 
     # -- reading ---------------------------------------------------------------------
     def reader(self, info: FileInfo) -> StripedReader:

@@ -35,6 +35,7 @@ from ..protocol.messages import RerouteRequest
 from ..protocol.models import MAX_LIST_LIMIT, FileInfo, Layout, LayoutSpec, TargetInfo
 from ..web.idempotency import KEY_TTL
 from . import reroute, snapshots, writes
+from .quotas import QuotaService
 from .snapshots import Snapshot, SnapshotCache
 from .store.base import MetaStore, NodeEntry
 from .suspicion import Probes, Suspicion, asker, incarnation
@@ -83,6 +84,8 @@ class MetaService:
         self.snapshots = SnapshotCache(config.manifest_cache_bytes)
         # The chunk size of each upload begun here, for its commit (stager/meta/writes.py).
         self.begun = Begun()
+        # Directory quotas and pins (stager/meta/quotas.py).
+        self.quotas = QuotaService(store, clock)
 
     async def start(self) -> None:
         """Load the registered targets, each as if it had just heartbeat; before serving."""
@@ -398,7 +401,8 @@ class MetaService:
             files=files,
             directories=dirs,
             bytes=size,
-            sections={k: v for extra in self.status_extras for k, v in extra().items()},
+            sections={**{k: v for extra in self.status_extras for k, v in extra().items()},
+                      **await self.quotas.status_sections()},
             metas=tuple(self.meta_servers()),
             lost_at=self.lost_at(),
         )

@@ -19,6 +19,7 @@ from .models import (
     STRIPE_COUNT_BOUNDS,
     TARGET_ID_RE,
 )
+from .quotas import SCHEMAS as QUOTA_SCHEMAS
 from .routes import Route, routes_for
 
 _INT = {"type": "integer"}
@@ -202,6 +203,7 @@ SCHEMAS: dict[str, Any] = {
                                ("file_id", "capability")),
         _ref("ItemError")]}}}, ("results",)),
     **JOB_SCHEMAS,
+    **QUOTA_SCHEMAS,
 }
 
 # With auth on: a bearer token to the metadata server, capabilities to data servers.

@@ -32,7 +32,7 @@ from ..service import MetaService
 from ..store.base import Upload
 from ..store.factory import open_store
 from ..upkeep import reliability
-from . import authapp, gauges, ui
+from . import authapp, gauges, quotas, ui
 from .authapp import check_uploads, read_capability, write_capability
 from .gateway import Gateway
 
@@ -67,6 +67,7 @@ def make_meta_app(config: Config) -> web.Application:
     reliability.install(app, service, config, lambda: app[GATEWAY].plane)
     jobtable.install(app, service.store)    # live loader telemetry (the list_jobs route)
     targetstats.install(app, service)        # per-target rates, from heartbeats
+    quotas.install(app, service.quotas)      # directory quotas and pins
     return app
 
 
@@ -370,5 +371,5 @@ HANDLERS = {
     "get_manifest": get_manifest, "gateway_get": gateway_get,
     "gateway_head": gateway_head, "gateway_put": gateway_put,
     "gateway_delete": gateway_delete, **reliability.HANDLERS, **jobtable.HANDLERS,
-    **ui.HANDLERS,
+    **ui.HANDLERS, **quotas.HANDLERS,
 }
