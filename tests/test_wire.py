@@ -23,6 +23,7 @@ from stager.errors import (
 from stager.protocol import cluster as c
 from stager.protocol import jobreport as j
 from stager.protocol import messages as m
+from stager.protocol import quotas as q
 from stager.protocol.authmsg import (
     CapabilityRequest,
     PublicKey,
@@ -155,6 +156,11 @@ def _answers() -> dict[str, object]:
                                    ({"target": "t0", "chunk": "b" * 32 + ".0"},), ("t1",), 0,
                                    1, 0, False, 0.5),
         "RankRecorded": j.RankRecorded("job", 1, None, 12.5),
+        "Quota": q.Quota("/d", 1 << 30, None, 5, 1),
+        "QuotaList": q.QuotaList((q.Quota("/d", None, 10, 0, 0),)),
+        "Pin": q.Pin("/d", 12.5, 2.0),
+        "PinList": q.PinList((q.Pin("/d", None, 2.0),)),
+        "Unpinned": q.Unpinned("/d"),
         "JobList": j.JobList((j.JobStatus("job", {"worst_stall_fraction": 0.5},
                                           ({"job": "job", "rank": 0, "worker": None},)),)),
     }
@@ -241,6 +247,8 @@ def _examples() -> dict[str, object]:
         "ScrubRequest": m.ScrubRequest(5),
         "ScrubReport": m.ScrubReport("t0", ()),
         "FsckRequest": m.FsckRequest(True),
+        "QuotaRequest": q.QuotaRequest(1 << 30, 10),
+        "PinRequest": q.PinRequest(60.0),
         "Listing": m.Listing("/d", (), "x"),
         "MkdirRequest": m.MkdirRequest("/d", True, True, LayoutSpec(replicas=1)),
         "SetLayoutRequest": m.SetLayoutRequest("/d", LayoutSpec(replicas=1)),

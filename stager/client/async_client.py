@@ -24,7 +24,15 @@ from ..protocol.cluster import FsckResult, ScrubResult, Status
 from ..protocol.jobreport import JobList
 from ..protocol.manifest import Manifest
 from ..protocol.models import FileInfo, LayoutSpec, TargetInfo
-from ..protocol.quotas import Pin, PinList, PinRequest, Quota, QuotaList, QuotaRequest
+from ..protocol.quotas import (
+    Pin,
+    PinList,
+    PinRequest,
+    Quota,
+    QuotaList,
+    QuotaRequest,
+    Unpinned,
+)
 from ..protocol.routes import route
 from .bulk import WriteItem, upload_gone, write_many
 from .capabilities import CapabilityBook
@@ -284,7 +292,7 @@ class AsyncClient:
                                                      body=PinRequest(ttl).to_json()))
 
     async def unpin(self, path: str) -> None:
-        await self.meta.request(route("unpin"), path=path)
+        Unpinned.from_json(await self.meta.request(route("unpin"), path=path))
 
     async def pins(self) -> list[Pin]:
         return list(PinList.from_json(await self.meta.request(route("list_pins"))).pins)

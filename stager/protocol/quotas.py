@@ -112,6 +112,20 @@ class PinList:
         return cls(tuple(Pin.from_json(p) for p in field_of(obj, "pins", list)))
 
 
+
+@dataclass(frozen=True)
+class Unpinned:
+    """The answer to an unpin: the path whose pin went."""
+
+    path: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Unpinned:
+        return cls(field_of(obj, "path", str))
+
 # -- OpenAPI schemas (merged into stager.protocol.openapi.SCHEMAS) ---------------------------
 _LIMIT = {"type": ["integer", "null"], "minimum": 0, "maximum": INT64_MAX}
 _USE = {"type": "integer", "minimum": 0}

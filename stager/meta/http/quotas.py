@@ -9,7 +9,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from ...auth.policy import allows
-from ...protocol.quotas import PinList, PinRequest, QuotaList, QuotaRequest
+from ...protocol.quotas import PinList, PinRequest, QuotaList, QuotaRequest, Unpinned
 from ...web.authmw import token_of
 from ...web.middleware import json_response
 from ...web.requests import path_arg, read_json
@@ -54,7 +54,7 @@ async def pin(request: web.Request) -> web.Response:
 async def unpin(request: web.Request) -> web.Response:
     path = path_arg(request)
     await request.app[QUOTAS].unpin(path)
-    return json_response({"path": path})
+    return json_response(Unpinned(path).to_json())
 
 
 HANDLERS = {"list_quotas": list_quotas, "set_quota": set_quota, "list_pins": list_pins,
