@@ -65,12 +65,15 @@ async def fill(store: MetaStore) -> None:
     await store.upsert_target(TargetInfo("t0", "n0", "http://127.0.0.1:1", capacity=10))
     await store.put_token(TokenInfo("a" * 32, "ops", ("admin",), ("/",), 10, 100))
     await store.revoke_token("a" * 32, now=50)
+    await store.set_quota("/later", max_bytes=1 << 20, max_files=None)
+    await store.pin("/later/moved", expires=None, now=8.0)
 
 
 async def everything(store: MetaStore) -> dict[str, Any]:
     return {"entries": await store.dump_entries(after=0, limit=10_000),
             "manifests": await store.dump_manifests(after=0, limit=10_000),
             "targets": await store.list_targets(), "tokens": await store.list_tokens(),
+            "quotas": await store.list_quotas(), "pins": await store.pins(0.0),
             "counts": await store.counts()}
 
 
@@ -83,8 +86,8 @@ async def test_a_store_is_copied_exactly(open_kind: Callable[[str, str], MetaSto
         await fill(source)
         report = await migrate(source, target, page=2)       # small pages: paging is used
         assert report.to_json() == {"directories": 4, "files": 4, "bytes": 100,
-                                    "manifests": 1, "targets": 1, "tokens": 1, "garbage": 1,
-                                    "uploads_dropped": 1}
+                                    "manifests": 1, "targets": 1, "tokens": 1, "quotas": 1,
+                                    "pins": 1, "garbage": 1, "uploads_dropped": 1}
         assert await everything(target) == await everything(source)
         assert (await target.stat("/later/moved/f2")).checksums == (2, 2)
         # the removed file and the pending upload both wait to be purged

@@ -48,6 +48,8 @@ class MigrationReport:
     manifests: int = 0
     targets: int = 0
     tokens: int = 0
+    quotas: int = 0
+    pins: int = 0
     garbage: int = 0
     uploads_dropped: int = 0
 
@@ -70,6 +72,8 @@ async def emptiness(store: MetaStore) -> list[str]:
         pass
     for name, found in (("targets", await store.list_targets()),
                         ("tokens", await store.list_tokens()),
+                        ("quotas", await store.list_quotas()),
+                        ("pins", await store.pins(time.time())),
                         ("uploads in progress", await store.expired_uploads(math.inf)),
                         ("files waiting to be purged", await store.take_garbage(1))):
         if found:
@@ -140,6 +144,12 @@ async def migrate(source: MetaStore, target: MetaStore, *, page: int = PAGE,
     for token in await source.list_tokens():
         await target.put_token(token)
         report.tokens += 1
+    for quota in await source.list_quotas():    # its use counted again from the copy
+        await target.set_quota(quota.path, max_bytes=quota.bytes, max_files=quota.files)
+        report.quotas += 1
+    for pin in await source.pins(time.time()):
+        await target.pin(pin.path, expires=pin.expires, now=pin.created)
+        report.pins += 1
     await _copy_garbage(source, target, page, report)
     expected = await source.counts()
     copied = await target.counts()
