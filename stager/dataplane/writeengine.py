@@ -113,9 +113,10 @@ class WriteEngine:
         """Copy ``rows[k]`` to target ``targets[k]`` (sorted by target) for each k, in
         requests per target; the targets to route around, each with its error."""
         broken: dict[str, StagerError] = {}
-        numbers, starts = np.unique(targets, return_index=True)
+        starts = np.flatnonzero(targets[1:] != targets[:-1]) + 1   # sorted: where each begins
         jobs = [self._put(t, part[a:b], broken)
-                for t, part in zip(numbers.tolist(), np.split(rows, starts[1:]), strict=True)
+                for t, part in zip(targets[np.r_[0, starts]].tolist(), np.split(rows, starts),
+                                   strict=True)
                 for a, b in cut_requests(self.plan.length[part].tolist(),
                                          self.options.batch_bytes)]
         await (jobs[0] if len(jobs) == 1 else gather_or_cancel(jobs))
@@ -126,7 +127,7 @@ class WriteEngine:
         one chunk, a chunk batch of several.  A failure is routed around (into
         ``broken``) or fails the uploads of ``rows``."""
         plan = self.plan
-        target, files = plan.targets[t], np.unique(plan.file[rows]).tolist()
+        target, files = plan.targets[t], sorted(set(plan.file[rows].tolist()))
         url = plan.uploads[files[0]].locations.get(target)
         items = [(plan.name(r), plan.data[r], c)
                  for r, c in zip(rows.tolist(), plan.crc[rows].tolist(), strict=True)]

@@ -47,6 +47,7 @@ class WritePlan:
 
     def __init__(self) -> None:
         self.uploads: list[Placement] = []
+        self.ok = np.zeros(0, dtype=bool)                   # per upload: no error yet
         self.base, self.stripe = np.zeros((2, 0), dtype=np.int64)  # its layout's slots
         self.slots = np.full((0, 1), -1, dtype=np.int64)    # per layout and slot: targets
         self._blocks: dict[Layout, int] = {}                # where a layout's slots begin
@@ -60,6 +61,7 @@ class WritePlan:
 
     def add_uploads(self, uploads: Sequence[Placement]) -> None:
         self.uploads += uploads
+        self.ok = np.append(self.ok, [u.error is None for u in uploads])
         self.base = np.append(self.base, [self._block(u.layout) for u in uploads])
         self.stripe = np.append(self.stripe, [u.layout.stripe_count for u in uploads])
 
@@ -81,7 +83,15 @@ class WritePlan:
     def missing(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The copies of ``rows`` (of uploads still ok) that their upload's layout
         wants and no target proved stored: (row, target number), by target."""
-        rows = rows[np.array([u.error is None for u in self.uploads])[self.file[rows]]]
+        if len(rows) == 1:      # a stream's chunk: plain ints cost less than array calls
+            r = int(rows[0])
+            f = int(self.file[r])
+            if not self.ok[f]:
+                return rows[:0], rows[:0]
+            want = self.slots[int(self.base[f]) + int(self.index[r]) % int(self.stripe[f])]
+            ts = [t for t in want.tolist() if t >= 0 and not self.placed[r, t]]
+            return np.full(len(ts), r, dtype=np.int64), np.array(sorted(ts), dtype=np.int64)
+        rows = rows[self.ok[self.file[rows]]]
         f = self.file[rows]
         want = self.slots[self.base[f] + self.index[rows] % self.stripe[f]]
         r, c = np.nonzero((want >= 0) & ~self.placed[rows[:, None], np.maximum(want, 0)])
@@ -104,6 +114,7 @@ class WritePlan:
 
     def fail(self, upload: int, error: StagerError) -> None:
         self.uploads[upload].error = self.uploads[upload].error or error
+        self.ok[upload] = False
 
     def name(self, row: int) -> str:
         return chunk_id(self.uploads[int(self.file[row])].file_id, int(self.index[row]))
