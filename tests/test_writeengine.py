@@ -48,7 +48,8 @@ def test_a_plan_cuts_files_and_wants_every_replica_grouped_by_target() -> None:
     rows = plan.add([0, 0, 0, 1], [0, 1, 2, 0], [*pieces[0], *pieces[1]])
     assert plan.index[rows].tolist() == [0, 1, 2, 0]
     assert plan.length[rows].tolist() == [4, 4, 2, 3]
-    assert plan.checksums(0) == (crc32c(b"0123"), crc32c(b"4567"), crc32c(b"89"))
+    assert plan.checksums() == [(crc32c(b"0123"), crc32c(b"4567"), crc32c(b"89")),
+                                (crc32c(b"xyz"),)]
     assert plan.name(3) == chunk_id("fb", 0)
 
     copies, targets = plan.missing(rows)

@@ -144,8 +144,8 @@ async def _put_chunks(client: AsyncClient, items: Sequence[WriteItem],
                     [i for p in pieces for i in range(len(p))], [c for p in pieces for c in p])
     await WriteEngine(client.plane, plan, client.limit, reroute=client.reroute,
                       options=WriteOptions(batch_bytes=CHUNK_BATCH_BYTES)).store(rows)
-    for k, up in enumerate(uploads):
-        up.checksums = list(plan.checksums(k))
+    for up, checksums in zip(uploads, plan.checksums(), strict=True):
+        up.checksums = list(checksums)
     return {up.index: p.error for up, p in zip(uploads, plan.uploads, strict=True)
             if p.error is not None}
 

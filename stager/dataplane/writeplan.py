@@ -119,9 +119,12 @@ class WritePlan:
     def name(self, row: int) -> str:
         return chunk_id(self.uploads[int(self.file[row])].file_id, int(self.index[row]))
 
-    def checksums(self, upload: int) -> tuple[int, ...]:
-        rows = np.flatnonzero(self.file[:self.n] == upload)
-        return tuple(self.crc[rows[np.argsort(self.index[rows])]].tolist())
+    def checksums(self) -> list[tuple[int, ...]]:
+        """Each upload's chunk CRC32Cs in chunk order (one sort for all of them)."""
+        file, n = self.file[:self.n], self.n
+        crcs = self.crc[:n][np.lexsort((self.index[:n], file))].tolist()
+        ends = np.cumsum(np.bincount(file, minlength=len(self.uploads))).tolist()
+        return [tuple(crcs[a:b]) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
 
     def _block(self, layout: Layout) -> int:
         """The rows of ``slots`` for ``layout``: each stripe slot's targets, numbered."""

@@ -102,7 +102,7 @@ class StripedWriter:
                 await self._send_buffer()
             self._closed = True
             await self.flush()
-        return self.size, self.plan.checksums(0)
+        return self.size, self.plan.checksums()[0]
 
     async def flush(self) -> None:
         """Wait until every whole chunk written so far is stored on all its replicas
