@@ -216,6 +216,11 @@ def test_with_auth_quotas_and_pins_take_their_scopes_and_list_what_one_may_read(
         assert [q.path for q in reader.quotas()] == ["/a", "/b"]
         assert [q.path for q in reader_a.quotas()] == ["/a"]
         assert [p.path for p in reader_a.pins()] == ["/a"]
+        # stager status shows a token only what its listings show it
+        status = reader_a.status()
+        assert [q["path"] for q in status["quotas"]] == ["/a"], status["quotas"]
+        assert [p["path"] for p in status["pins"]] == ["/a"], status["pins"]
+        assert [q["path"] for q in reader.status()["quotas"]] == ["/a", "/b"]
         with pytest.raises(Forbidden):
             reader.unpin("/a")
         writer.unpin("/a")

@@ -124,7 +124,9 @@ async def _body(request: web.Request) -> dict[str, object]:
 
 # -- cluster ---------------------------------------------------------------------------
 async def status(request: web.Request) -> web.Response:
-    return json_response((await _svc(request).status()).to_json())
+    status = await _svc(request).status()
+    status.sections.update(quotas.readable_sections(request, status.sections))
+    return json_response(status.to_json())
 
 
 async def list_targets(request: web.Request) -> web.Response:

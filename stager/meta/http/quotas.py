@@ -1,10 +1,13 @@
 """The quota and pin routes: thin handlers over :class:`~stager.meta.quotas.QuotaService`.
 
 Setting a quota takes an admin token on the directory; pinning, a write token on
-the path; a listing shows a token the quotas and pins on paths it may read.
+the path; a listing, and ``stager status``, show a token the quotas and pins on
+paths it may read.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from aiohttp import web
 
@@ -26,6 +29,13 @@ def install(app: web.Application, service: QuotaService) -> None:
 def _readable(request: web.Request, path: str) -> bool:
     token = token_of(request)
     return token is None or allows(token, "read", path)
+
+
+def readable_sections(request: web.Request, sections: dict[str, Any]) -> dict[str, Any]:
+    """The ``quotas`` and ``pins`` sections of ``stager status``, of the paths the
+    request's token may read (as the listings show them)."""
+    return {name: [entry for entry in sections.get(name, ())
+                   if _readable(request, entry["path"])] for name in ("quotas", "pins")}
 
 
 async def list_quotas(request: web.Request) -> web.Response:
