@@ -147,9 +147,13 @@ async def test_every_copy_bad_is_a_clear_error_never_wrong_bytes(r2: ThreadClust
 def test_a_data_server_scrub_is_rate_limited(r2: ThreadCluster, client, ns: str, payload,
                                              http) -> None:
     client.pipe(f"{ns}/rate.bin", payload(SMALL * 24), layout=LAYOUT)
-    url = r2.data[0].url  # type: ignore[union-attr]
-    stored = sum(p.stat().st_size for p in (r2.root / "data0" / "chunks").rglob("*.*"))
-    rate = max(stored // 2, 1)             # about two seconds of work, one second of burst
+    # the data server holding the most (a layout of 3 need not name data0)
+    held = {i: sum(p.stat().st_size for p in (r2.root / f"data{i}" / "chunks").rglob("*.*"))
+            for i in range(len(r2.data))}
+    i = max(held, key=held.__getitem__)
+    url, stored = r2.data[i].url, held[i]  # type: ignore[union-attr]
+    assert stored >= 2 * 65536, held       # the slowest rate a scrub accepts is 64 KiB/s
+    rate = stored // 2                     # about two seconds of work, one second of burst
     start = time.monotonic()
     r = http(url, "POST", "/v1/scrub", body=json.dumps({"rate": rate}).encode(),
              headers={"Content-Type": "application/json"})
