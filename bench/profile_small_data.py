@@ -62,7 +62,7 @@ def http_listing(files: int) -> None:
     sizes, so ``Source.files`` costs a HEAD request per file (fsspec ``info``).
     Staging itself no longer lists this way: it sizes each file with the probe that
     also reads it (``stager.stage.feed``), measured by ``stage``."""
-    from stager.stage.source import open_source
+    from stager.sources.open import open_source
     from stager.testing.httpserver import HttpServer
 
     with tempfile.TemporaryDirectory(prefix="profile-listing-") as tmp:

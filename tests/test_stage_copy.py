@@ -18,12 +18,12 @@ import pytest
 from stager import AsyncClient
 from stager.checksum import crc32c
 from stager.client.transfer import Buffers, copy_in
-from stager.client.transfer.httpraw import RawHttp
-from stager.client.transfer.sources import AsyncSource, ThreadSource
 from stager.dataplane import DataPlane, PlaneOptions, make_session
 from stager.errors import SourceError, TargetUnavailable
 from stager.protocol.models import LayoutSpec
-from stager.stage.source import open_source
+from stager.sources.httpraw import RawHttp
+from stager.sources.open import open_source
+from stager.sources.source import AsyncSource, ThreadSource
 from stager.testing import ThreadCluster
 from stager.testing.httpserver import HttpServer
 

@@ -19,10 +19,10 @@ import pytest
 from aiohttp import web
 
 from stager import AsyncClient
-from stager.client.transfer.httpraw import RawHttp
 from stager.errors import NotFound, SourceError
 from stager.protocol.models import LayoutSpec
 from stager.protocol.ranges import parse_content_range
+from stager.sources.httpraw import RawHttp
 from stager.stage import run as stage_run
 from stager.stage import stage
 from stager.stage.feed import PROBE_BYTES

@@ -34,11 +34,11 @@ moto_server = pytest.importorskip("moto.server", reason="needs the dev extra (mo
 from boto3.s3.transfer import TransferConfig  # noqa: E402
 
 from stager import Client  # noqa: E402
-from stager.client.transfer.sources import AsyncSource, source_etag  # noqa: E402
 from stager.errors import NotFound  # noqa: E402
 from stager.protocol.models import LayoutSpec  # noqa: E402
+from stager.sources.open import open_source  # noqa: E402
+from stager.sources.source import AsyncSource, source_etag  # noqa: E402
 from stager.stage import stage_sync  # noqa: E402
-from stager.stage.source import open_source  # noqa: E402
 from stager.testing import ThreadCluster  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..aio import gather_or_cancel
 from ..client.transfer import SmallFiles, buffers_for, copy_in, run_pool
-from ..client.transfer.sources import Source, source_etag, source_mtime
 from ..errors import SourceError, StagerError
 from ..protocol.models import FileInfo
+from ..sources.source import Source, source_etag, source_mtime
 from . import plan
 from .progress import Progress
 

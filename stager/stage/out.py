@@ -16,13 +16,13 @@ from fsspec.core import url_to_fs
 
 from ..aio import gather_or_cancel
 from ..client.transfer import copy_out, run_pool, sink_for
-from ..client.transfer.sources import backend_error, source_mtime
 from ..errors import NotFound, SourceError, StagerError
 from ..protocol.models import FileInfo
+from ..sources.open import filesystem_class
+from ..sources.source import backend_error, source_mtime
 from . import plan
 from .progress import make_progress
 from .run import StageOptions, StageReport
-from .source import filesystem_class
 
 if TYPE_CHECKING:
     from ..client import AsyncClient

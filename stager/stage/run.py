@@ -20,10 +20,11 @@ from ..errors import BadRequest, NotADirectory, NotFound
 from ..protocol import paths
 from ..protocol.manifest import Manifest, ManifestFile
 from ..protocol.models import FileInfo, LayoutSpec
+from ..sources.open import open_source
+from ..sources.source import Source
 from . import plan
 from .feed import Feed, Listed
 from .progress import make_progress
-from .source import Source, open_source
 
 if TYPE_CHECKING:
     from ..client import AsyncClient

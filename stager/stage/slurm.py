@@ -51,10 +51,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..config import DEFAULT_META_URL, Config, load_config
 from ..errors import AlreadyExists, BadRequest, NotFound, SourceError, StagerError
 from ..protocol import paths
+from ..sources.open import filesystem_class
 from . import StageOptions, stage
 from .directives import Directive, DirectiveError, parse_directives
 from .grants import Access, Grants, Owner, confine, prefixes
-from .source import filesystem_class
 
 if TYPE_CHECKING:
     from ..client import AsyncClient

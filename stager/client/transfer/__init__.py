@@ -11,11 +11,11 @@ same whichever way it is called:
 * :mod:`.local`: local trees in and out (:func:`put_local`, :func:`get_local`).
 """
 
+from ...sources.source import Source, SourceFile
 from .copy import PART, WINDOW, Buffers, buffers_for, copy_in, copy_out, run_pool
 from .local import get_local, put_file, put_local
 from .sinks import LocalSink, Sink, sink_for
 from .small import SmallFiles
-from .sources import Source, SourceFile
 
 __all__ = ["PART", "WINDOW", "Buffers", "LocalSink", "Sink", "SmallFiles", "Source",
            "SourceFile", "buffers_for", "copy_in", "copy_out", "get_local", "put_file",

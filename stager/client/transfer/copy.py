@@ -28,9 +28,9 @@ from ...aio import cancel_and_wait, gather_or_cancel
 from ...dataplane import StripedWriter
 from ...errors import SourceError
 from ...protocol.models import FileInfo, LayoutSpec
+from ...sources.source import Source
 from ..rewrite import written_again
 from .sinks import Sink
-from .sources import Source
 
 if TYPE_CHECKING:
     from ..async_client import AsyncClient

@@ -16,19 +16,29 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fsspec.implementations.local import LocalFileSystem
+
 from ...aio import gather_or_cancel
 from ...protocol import paths
 from ...protocol.models import FileInfo, LayoutSpec
+from ...sources.source import SourceFile, ThreadSource, local_file, local_tree
+from ..holder import current
 from .copy import PART, copy_in, copy_out, run_pool
 from .sinks import LocalSink
 from .small import SmallFiles
-from .sources import SourceFile, local_file, local_source, local_tree
 
 if TYPE_CHECKING:
     from ..async_client import AsyncClient
 
 SMALL_READS = 64          # small local files read at once
 GETS_IN_FLIGHT = 8        # files of a tree copied out at once
+
+
+def local_source() -> ThreadSource:
+    """The local file system as a source: one thread pool per process (a ``put`` may
+    read many files at once)."""
+    return current().once("transfer.local-source",
+                          lambda: ThreadSource("file://", LocalFileSystem(), "/"))
 
 
 async def put_file(client: AsyncClient, f: SourceFile, dst: str, *,

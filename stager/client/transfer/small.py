@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from ...aio import gather_or_cancel
 from ...errors import StagerError
 from ...protocol.models import FileInfo, LayoutSpec
-from .sources import Source, SourceFile
+from ...sources.source import Source, SourceFile
 
 if TYPE_CHECKING:
     from ..async_client import AsyncClient

@@ -24,8 +24,8 @@ from typing import Any
 
 import yarl
 
-from ...dataplane import rawhttp
-from ...protocol.ranges import parse_content_range
+from ..dataplane import rawhttp
+from ..protocol.ranges import parse_content_range
 
 RAW_CONNECTIONS = 64   # raw reads of an http source in flight, per server
 RAW_TIMEOUT = 60.0     # seconds of silence (connecting included) before a raw read fails

@@ -1,4 +1,4 @@
-"""Staging opens any fsspec URL as a source (:mod:`stager.client.transfer.sources`).
+"""Staging opens any fsspec URL as a source (:mod:`stager.sources.source`).
 
 :func:`open_source` gives an async filesystem (http, s3, gcs, stager) its own
 instance on the running loop, awaited directly; a blocking one (local, memory,
@@ -15,8 +15,8 @@ import fsspec
 from fsspec.core import split_protocol, url_to_fs
 from fsspec.implementations.http import HTTPFileSystem
 
-from ..client.transfer.sources import AsyncSource, Source, ThreadSource
 from ..errors import BadRequest
+from .source import AsyncSource, Source, ThreadSource
 
 
 def filesystem_class(url: str) -> type[fsspec.AbstractFileSystem]:

@@ -4,7 +4,7 @@ A :class:`Source` reads files below one root of one fsspec filesystem: an async
 one (http, s3, gcs, stager) awaited on the running loop (:class:`AsyncSource`),
 a blocking one (local, memory, …) in a thread pool (:class:`ThreadSource`).
 ``put`` reads local files through :func:`local_source`; staging opens any URL
-(:func:`stager.stage.source.open_source`).  Foreign exceptions become stager
+(:func:`stager.sources.open.open_source`).  Foreign exceptions become stager
 errors here and nowhere else: a missing path is :class:`~stager.errors.NotFound`,
 anything else that goes wrong reading the source is
 :class:`~stager.errors.SourceError`, and both name the URL.
@@ -26,10 +26,8 @@ from urllib.parse import unquote
 
 import aiohttp
 import fsspec
-from fsspec.implementations.local import LocalFileSystem
 
-from ...errors import NotFound, SourceError, StagerError
-from ..holder import current
+from ..errors import NotFound, SourceError, StagerError
 from .httpraw import Got, Probed, RawHttp
 
 T = TypeVar("T")
@@ -355,13 +353,6 @@ def source_etag(info: dict[str, Any]) -> str | None:
         if value:
             return str(value)
     return None
-
-
-def local_source() -> ThreadSource:
-    """The local file system as a source: one thread pool per process (a ``put`` may
-    read many files at once)."""
-    return current().once("transfer.local-source",
-                          lambda: ThreadSource("file://", LocalFileSystem(), "/"))
 
 
 def local_tree(root: Path) -> list[SourceFile]:
