@@ -406,7 +406,7 @@ def _result(rows: list[list[Any]], med: dict[tuple[str, str], float],
             "before the answer.  Groups are written while the rest of the source is "
             "still being listed (stager/stage/feed.py).",
             "An HTTP directory page has no sizes.  stager stage http:// sizes each file "
-            "with one raw ranged GET of its first 256 KiB (stager/client/transfer/httpraw.py), "
+            "with one raw ranged GET of its first 256 KiB (stager/sources/httpraw.py), "
             "which for a small file is the whole file: one source request per file, as "
             "for fsspec get (it cost a HEAD and a GET before).  The rerun asks each file "
             "for one byte, conditionally on the ETag the manifest recorded (If-None-Match"
