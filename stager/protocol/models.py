@@ -145,15 +145,22 @@ class Layout:
     replicas: int
     targets: tuple[str, ...]
     nodes: tuple[str, ...]
+    # A file of an attached directory: its chunks are filled from the source on first
+    # read (a reader asks the metadata server first: route ``fill``), and may be
+    # evicted; a missing chunk is not lost data.
+    cached: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "chunk_size": self.chunk_size,
             "stripe_count": self.stripe_count,
             "replicas": self.replicas,
             "targets": list(self.targets),
             "nodes": list(self.nodes),
         }
+        if self.cached:
+            out["cached"] = True
+        return out
 
     @classmethod
     def from_json(cls, obj: Any) -> Layout:
@@ -167,6 +174,7 @@ class Layout:
             replicas=field_of(obj, "replicas", int),
             targets=tuple(targets),
             nodes=tuple(nodes),
+            cached=field_of(obj, "cached", bool, False),
         )
         if layout.stripe_count != len(layout.targets) or layout.stripe_count < 1:
             raise InvalidLayout("stripe_count must equal the number of targets")

@@ -6,6 +6,7 @@ from typing import Any
 
 from ..version import __version__
 from .authmsg import MAX_TTL
+from .cache import SCHEMAS as CACHE_SCHEMAS
 from .headers import CAPABILITY
 from .jobreport import SCHEMAS as JOB_SCHEMAS
 from .messages import MIN_SCRUB_RATE
@@ -58,7 +59,7 @@ SCHEMAS: dict[str, Any] = {
                     "stripe_count": {**_INT, **STRIPE_COUNT_BOUNDS, "minimum": 1},
                     "replicas": _REPLICAS,
                     "targets": {"type": "array", "items": _STR},
-                    "nodes": {"type": "array", "items": _STR}},
+                    "nodes": {"type": "array", "items": _STR}, "cached": _BOOL},
                    ("chunk_size", "stripe_count", "replicas", "targets", "nodes")),
     "FileInfo": _obj({"path": _STR, "type": {"enum": ["file", "directory"]}, "size": _INT,
                       "mtime": _NUM, "file_id": _STR, "layout": _ref("Layout"),
@@ -204,6 +205,7 @@ SCHEMAS: dict[str, Any] = {
         _ref("ItemError")]}}}, ("results",)),
     **JOB_SCHEMAS,
     **QUOTA_SCHEMAS,
+    **CACHE_SCHEMAS,
 }
 
 # With auth on: a bearer token to the metadata server, capabilities to data servers.

@@ -259,6 +259,25 @@ ROUTES: tuple[Route, ...] = (
           params=(P_PATH,), body="PinRequest", responses={200: "Pin", **ERR}),
     Route("DELETE", "/v1/pins/{path:.*}", "unpin", "drop a pin", "meta",
           params=(P_PATH,), responses={200: "Unpinned", 404: "Error"}),
+    # metadata server: attached directories, filled on read (stager/meta/cache/)
+    Route("GET", "/v1/attachments", "list_attachments",
+          "every attached directory, with its files, bytes cached and hit ratio (those on "
+          "paths the token may read)", "meta", responses={200: "AttachmentList"}),
+    Route("PUT", "/v1/attachments/{path:.*}", "attach",
+          "make a directory a view of a source URL: listed now, each file's chunks fetched "
+          "on first read and kept", "meta",
+          params=(P_PATH,), body="AttachRequest", responses={200: "Refreshed", **ERR}),
+    Route("POST", "/v1/refresh/{path:.*}", "refresh_attachment",
+          "list an attached directory's source again: changed files' cached bytes are "
+          "dropped, vanished files go", "meta",
+          params=(P_PATH,), responses={200: "Refreshed", **ERR}),
+    Route("DELETE", "/v1/attachments/{path:.*}", "detach",
+          "forget an attached directory's view and free its cached bytes", "meta",
+          params=(P_PATH,), responses={200: "Detached", **ERR}),
+    Route("POST", "/v1/fill", "fill",
+          "the CRC32C of chunks of cached files about to be read, each fetched from its "
+          "source first when missing (one fetch per chunk however many readers)", "meta",
+          body="FillRequest", responses={200: "FillResults", **ERR}),
     # metadata server: whole-file gateway for plain HTTP clients
     Route("GET", "/v1/files/{path:.*}", "gateway_get",
           "read a whole file (Range honoured) or list a directory", "meta",
@@ -346,6 +365,9 @@ ACCESS: dict[str, Access] = {
     "put_manifest": WRITE_PATH, "get_manifest": READ_PATH,
     "list_quotas": Access("read", "none"), "set_quota": Access("admin", "path"),
     "list_pins": Access("read", "none"), "pin": WRITE_PATH, "unpin": WRITE_PATH,
+    "list_attachments": Access("read", "none"), "attach": Access("admin", "path"),
+    "refresh_attachment": WRITE_PATH, "detach": Access("admin", "path"),
+    "fill": Access("read", "body"),
     "gateway_get": Access("read", "visible"), "gateway_head": READ_PATH,
     "gateway_put": WRITE_PATH, "gateway_delete": WRITE_PATH,
     # auth
