@@ -6,7 +6,7 @@ servers, hence not one of :data:`bench.BENCHMARKS`.  The scenario: a dataset
 the default order (``window_of_blocks``, a block per chunk as the tar format
 gives, the Loader's default window of 8 blocks).  The trace is every rank's
 chunk reads in step order (each chunk once per batch), derived from the plan by
-:func:`stager.loader.accesses.plan_accesses`; ``plan`` evicts by that plan's
+:func:`stager.plans.accesses.plan_accesses`; ``plan`` evicts by that plan's
 next uses, ``belady`` by the trace's own (the offline optimum).
 
 Printed per policy: the hit ratio of chunk reads and the source fetches, over
@@ -25,8 +25,8 @@ import time
 import numpy as np
 
 from stager.eviction import Simulated, Uses, simulate
-from stager.loader.accesses import plan_accesses
-from stager.loader.order import regular_blocks
+from stager.plans.accesses import plan_accesses
+from stager.plans.order import regular_blocks
 
 MiB = 1 << 20
 POLICIES = ("lru", "s3fifo", "plan", "belady")

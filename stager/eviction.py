@@ -15,7 +15,7 @@ A key is any hashable, orderable value (a chunk id, a ``(file, chunk)`` tuple).
 it drops the key whose next use is furthest away (never used again first),
 asking ``next_use(key, now)`` for the position of the key's first use after
 ``now`` (``inf`` for none) — a :class:`Uses` table built from the Loaders'
-registered epoch plans (:func:`stager.loader.accesses.plan_accesses`).
+registered epoch plans (:func:`stager.plans.accesses.plan_accesses`).
 ``belady`` is the same rule fed with a recorded trace's own table
 (``Uses(trace)``): the offline optimum the others are measured against.
 

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from stager.eviction import EVICTION, FurthestNextUse, Uses, simulate
-from stager.loader.accesses import plan_accesses
-from stager.loader.order import epoch_order, regular_blocks
-from stager.loader.partition import PARTITIONS
+from stager.plans.accesses import plan_accesses
+from stager.plans.order import epoch_order, regular_blocks
+from stager.plans.partition import PARTITIONS
 from stager.policies import REGISTRIES
 
 PAST = ("lru", "s3fifo")

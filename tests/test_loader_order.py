@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stager.loader.order import (
+from stager.plans.order import (
     ORDERS,
     blocks_per_batch,
     epoch_order,
     regular_blocks,
     shuffle_quality,
 )
-from stager.loader.partition import PARTITIONS, WORKER_SPLITS, Span, cursor_after
+from stager.plans.partition import PARTITIONS, WORKER_SPLITS, Span, cursor_after
 
 N = 10_007            # a prime: no world size or batch size divides it
 

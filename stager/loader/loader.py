@@ -34,13 +34,13 @@ from ..client import Client
 from ..client.cluster import Cluster
 from ..client.holder import current
 from ..config import Config
+from ..plans.order import TWO_LEVEL, epoch_order, regular_blocks
+from ..plans.partition import PARTITIONS, WORKER_SPLITS, Span, cursor_after
 from . import formats
 from .dataset import parse_source, resolve
 from .fetch import Fetcher
 from .memory import keep_freed_memory
 from .options import group_options
-from .order import TWO_LEVEL, epoch_order, regular_blocks
-from .partition import PARTITIONS, WORKER_SPLITS, Span, cursor_after
 from .pipeline import Pipeline
 from .report import Reporter
 from .stats import Counters, copy_counters

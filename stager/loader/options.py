@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import Config
+from ..plans.partition import PARTITIONS
 from .fetch import FetchOptions
-from .partition import PARTITIONS
 from .report import check_interval, job_to_report
 
 
