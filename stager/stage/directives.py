@@ -7,6 +7,8 @@
     #STAGER stage_in  https://host/imagenet  /jobs/$SLURM_JOB_ID/in  --include '*.tar'
     #STAGER stage_out /jobs/$SLURM_JOB_ID/out file:///project/results
     #STAGER stage_in  s3://bucket/vocab  /datasets/team-a/tmp-$SLURM_JOB_ID  --scratch
+    #STAGER attach    s3://bucket/laion  /jobs/$SLURM_JOB_ID/laion  --refresh 3600
+    #STAGER capacity=200GiB
 
 Read the way Slurm's ``burst_buffer/lua`` plugin reads them, so that both agree
 on which lines are directives: only the script's leading comment block counts
@@ -20,6 +22,14 @@ variable; anything else with a ``$`` is an error, so that a typo never stages
 into a path the user did not mean.  ``--scratch`` marks a ``stage_in`` copy outside
 the job's directory as the job's own: teardown removes it (the job's directory goes
 anyway).  Where a job may reach at all is :mod:`stager.stage.grants`' question.
+
+``attach`` makes its destination a cached view of the source (``stager attach``)
+instead of a copy: the hooks attach and warm it before the job starts and detach it
+at teardown.  Its source is read by the stager servers, not as the job's owner, so a
+``file://`` (or ``memory://``) source is refused: it would be read with the servers'
+rights; ``stage_in`` copies a local source as its owner.  ``capacity=SIZE`` (the
+word Slurm itself reads for a burst buffer's size) becomes the quota of the job's
+directory.
 """
 
 from __future__ import annotations
@@ -29,12 +39,15 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from ..config import parse_size
 from ..errors import BadRequest
 from ..protocol import paths
+from ..protocol.cache import AttachRequest
 
 __all__ = ["Directive", "DirectiveError", "parse_directives"]
 
-KINDS = ("stage_in", "stage_out")
+KINDS = ("stage_in", "stage_out", "attach", "capacity=SIZE")
+SERVER_READ = ("file", "memory")     # attach: sources only a server's own rights could read
 _VAR = re.compile(r"\$(\{SLURM_JOB_ID\}|SLURM_JOB_ID\b)")
 
 
@@ -44,18 +57,27 @@ class DirectiveError(BadRequest):
 
 @dataclass(frozen=True)
 class Directive:
-    kind: str                   # "stage_in" or "stage_out"
-    src: str                    # stage_in: any fsspec URL; stage_out: a stager path
-    dst: str                    # stage_in: a stager path; stage_out: any fsspec URL
+    kind: str                   # "stage_in", "stage_out", "attach" or "capacity"
+    src: str                    # stage_in, attach: any fsspec URL; stage_out: a stager path
+    dst: str                    # stage_in, attach: a stager path; stage_out: any fsspec URL;
+                                # capacity: the job's directory
     line: int                   # where it starts in the script (1-based)
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     scratch: bool = False       # stage_in: teardown removes the copy
+    refresh: float | None = None    # attach: seconds between listings of the source
+    capacity: int | None = None     # capacity: bytes, the job directory's quota
 
     @property
     def stager_path(self) -> str:
-        """The stager side: where data lands (stage_in) or comes from (stage_out)."""
-        return self.dst if self.kind == "stage_in" else self.src
+        """The stager side: where data lands (stage_in, attach), comes from (stage_out),
+        or is counted (capacity)."""
+        return self.src if self.kind == "stage_out" else self.dst
+
+    @property
+    def writes(self) -> bool:
+        """Does the directive write its stager path (and so need it read-write)?"""
+        return self.kind in ("stage_in", "attach")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -70,6 +92,7 @@ def _arguments() -> _Parser:
     p.add_argument("--include", action="append", default=[])
     p.add_argument("--exclude", action="append", default=[])
     p.add_argument("--scratch", action="store_true")
+    p.add_argument("--refresh", type=float)
     return p
 
 
@@ -106,11 +129,13 @@ def parse_directives(script: str, *, word: str = "STAGER", job_id: int | str | N
     :class:`DirectiveError` naming the first bad line."""
     job = "0" if job_id is None else str(job_id)
     job_dir = paths.normalize(f"{jobs_dir}/{job}")
-    out = []
+    out: list[Directive] = []
     for number, text in directive_lines(script, word):
         where = f"line {number}: #{word} {text}"
         try:
             out.append(_one(text, number, job, job_dir))
+            if [d.kind for d in out].count("capacity") > 1:
+                raise DirectiveError("a second capacity=: a job has one")
         except DirectiveError as exc:
             raise DirectiveError(f"{where}: {exc.message}") from None
         except ValueError as exc:           # shlex: an unclosed quote
@@ -123,6 +148,8 @@ def _one(text: str, number: int, job: str, job_dir: str) -> Directive:
     if not words:
         raise DirectiveError(f"empty directive: expected one of {', '.join(KINDS)}")
     kind, rest = words[0], words[1:]
+    if "=" in kind:
+        return _capacity(words, number, job_dir)
     if kind not in KINDS:
         raise DirectiveError(f"unknown directive {kind!r}: expected one of {', '.join(KINDS)}")
     try:
@@ -131,20 +158,65 @@ def _one(text: str, number: int, job: str, job_dir: str) -> Directive:
         raise DirectiveError(str(exc)) from None
     if extra:
         raise DirectiveError(f"unexpected {' '.join(extra)!r}: {kind} SRC DST "
-                             "[--include GLOB] [--exclude GLOB] [--scratch]")
-    if kind == "stage_in":
-        src, dst = args.src, _stager_path(args.dst, job_dir)
-    else:
-        if args.include or args.exclude or args.scratch:
-            raise DirectiveError("stage_out takes no --include/--exclude/--scratch")
+                             f"{_FLAGS[kind]}".rstrip())
+    used = {"--include": args.include, "--exclude": args.exclude, "--scratch": args.scratch,
+            "--refresh": args.refresh is not None}
+    if any(given and flag not in _FLAGS[kind] for flag, given in used.items()):
+        refused = "/".join(flag for flag in used if flag not in _FLAGS[kind])
+        raise DirectiveError(f"{kind} takes no {refused}: {kind} SRC DST "
+                             f"{_FLAGS[kind]}".rstrip())
+    if kind == "stage_out":
         src, dst = _stager_path(args.src, job_dir), args.dst
         if _is_stager(dst):
             raise DirectiveError(f"stage_out's destination {dst!r} must be a URL outside "
                                  "stager (file://, s3://, …)")
-    if kind == "stage_in" and _is_stager(src):
-        raise DirectiveError(f"stage_in's source {src!r} must be a URL outside stager")
+    else:
+        src, dst = args.src, _stager_path(args.dst, job_dir)
+        if _is_stager(src):
+            raise DirectiveError(f"{kind}'s source {src!r} must be a URL outside stager")
+    if kind == "attach":
+        _attach_source(src, args.refresh)
     return Directive(kind, src, dst, number, tuple(args.include), tuple(args.exclude),
-                     args.scratch)
+                     args.scratch, args.refresh)
+
+
+_FLAGS = {"stage_in": "[--include GLOB] [--exclude GLOB] [--scratch]",
+          "stage_out": "",
+          "attach": "[--include GLOB] [--exclude GLOB] [--refresh SECONDS]"}
+
+
+def _attach_source(src: str, refresh: float | None) -> None:
+    """An attach's source: one the servers may read (not with their own rights)."""
+    protocol = src.partition("://")[0]
+    if protocol in SERVER_READ:
+        raise DirectiveError(f"attach's source {src!r}: the stager servers read an "
+                             f"attached source with their own rights, so {protocol}:// is "
+                             "refused; stage_in copies it as the job's owner")
+    try:                                        # the server's own checks, at sbatch
+        AttachRequest.from_json({"source": src, "refresh": refresh})
+    except BadRequest as exc:
+        raise DirectiveError(f"attach: {exc.message}") from None
+
+
+def _capacity(words: list[str], number: int, job_dir: str) -> Directive:
+    """``capacity=SIZE`` (and Slurm's ``pool=NAME``, which stager has one of): the quota
+    of the job's directory."""
+    pairs = dict(w.partition("=")[::2] for w in words)
+    unknown = [w for w in words if w.partition("=")[0] not in ("capacity", "pool")
+               or "=" not in w]
+    if unknown or len(pairs) != len(words):
+        raise DirectiveError(f"unexpected {' '.join(unknown or words)!r}: capacity=SIZE "
+                             "[pool=NAME]")
+    if "capacity" not in pairs:
+        raise DirectiveError("pool=NAME without capacity=SIZE")
+    size = pairs["capacity"]
+    try:
+        nbytes = parse_size(size)
+    except BadRequest:
+        nbytes = 0
+    if nbytes <= 0:
+        raise DirectiveError(f"capacity={size}: a size above 0 (e.g. capacity=200GiB)")
+    return Directive("capacity", "", job_dir, number, capacity=nbytes)
 
 
 def _expand(word: str, job: str) -> str:

@@ -13,9 +13,9 @@ or supplementary group).  A prefix is read-write, or read-only when written
 its own directory, never another job's.
 
 :func:`confine` is the whole policy, a pure function of a job's directives, its
-directory, and the grants of its owner: a ``stage_in`` writes, so its destination
-must be in the job's directory or below a read-write grant; a ``stage_out`` reads,
-so its source may also be below a read-only one.  ``--scratch`` marks a
+directory, and the grants of its owner: a ``stage_in`` or an ``attach`` writes, so its
+destination must be in the job's directory or below a read-write grant; a
+``stage_out`` reads, so its source may also be below a read-only one.  ``--scratch`` marks a
 ``stage_in`` copy outside the job's directory that teardown removes; it goes below a
 grant, never onto the granted prefix itself.  Anything else is refused, naming the
 directive's line and why.  The accesses it returns are exactly what the job's tokens
@@ -139,9 +139,9 @@ def confine(directives: Iterable[Directive], job_dir: str, grants: Sequence[Gran
             raise NotGranted(f"{where}: {path} is outside the job's directory {job_dir} "
                              f"and slurm.toml's [grants] give {owner} nothing there")
         writable = any(g.writable for g in covering)
-        if d.kind == "stage_in" and not writable:
+        if d.writes and not writable:
             raise NotGranted(f"{where}: {path} is granted read-only to {owner} "
-                             f"({', '.join(map(str, covering))}); stage_in writes there")
+                             f"({', '.join(map(str, covering))}); {d.kind} writes there")
         if d.scratch and any(g.prefix == path for g in covering):
             raise NotGranted(f"{where}: --scratch names the granted prefix {path} itself; "
                              "a scratch copy goes below it (teardown removes it)")
