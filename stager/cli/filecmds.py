@@ -192,10 +192,12 @@ def print_status(status: dict[str, Any]) -> None:
               f"{human(t['capacity']):>10} {t['chunks']:>8}  {t['url']}  "
               f"(seen {age:.0f}s ago{lost})")
     from .admin import print_metas, print_reliability
+    from .cachecmds import print_attachments
     from .quotacmds import print_quotas
 
     print_metas(status)
     print_reliability(status)
+    print_attachments(status)
     print_quotas(status)
 
 

@@ -19,7 +19,8 @@ from ..errors import StagerError
 COMMAND_MODULES = ("stager.cli.servers", "stager.cli.up", "stager.cli.filecmds",
                    "stager.cli.bench", "stager.cli.mount", "stager.cli.stage",
                    "stager.cli.admin", "stager.cli.jobcmds", "stager.cli.tokencmds",
-                   "stager.cli.slurmcmds", "stager.cli.jobup", "stager.cli.quotacmds")
+                   "stager.cli.slurmcmds", "stager.cli.jobup", "stager.cli.quotacmds",
+                   "stager.cli.cachecmds")
 
 
 def meta_url(args: argparse.Namespace) -> str:
