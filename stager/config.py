@@ -106,6 +106,15 @@ class Config:
     scrub_rate: int = 64 * MiB       # bytes/s a background scrub pass verifies; 0 = unlimited
     fsck_interval: float = 3600.0    # seconds between background fsck sweeps; 0 = off
     orphan_grace: float = 3600.0     # an unreferenced chunk is deleted once seen this long
+    # the managed cache (stager/meta/cache/): attached directories' filled chunks
+    cache_limit: int = 0             # filled bytes kept under this (0: no limit)
+    cache_policy: str = "plan"       # eviction (stager/eviction.py): "plan" (furthest next
+                                     # use by the registered Loader plans; LRU without
+                                     # one), "lru", "s3fifo"
+    cache_high: float = 0.95         # evict when filled bytes pass this share of the limit
+    cache_low: float = 0.85          # ... down to this share
+    cache_interval: float = 1.0      # seconds between looks at the filled bytes
+    fill_concurrency: int = 16       # source reads in flight on one metadata server
     # loader telemetry (stager/loader/report.py): loaders of a named job report to meta
     job: str = ""                    # job name Loaders report under ("" = no reports)
     report_interval: float = 5.0     # seconds between a Loader's telemetry reports
@@ -142,10 +151,10 @@ class Config:
 
 
 _FIELDS = {f.name: f for f in fields(Config)}
-_CHOICES = {"event_loop": LOOP_KINDS}
+_CHOICES = {"event_loop": LOOP_KINDS, "cache_policy": ("plan", "lru", "s3fifo")}
 _SIZE_FIELDS = {"chunk_size", "max_chunk_size", "max_upload_size", "max_json_body",
                 "max_manifest_size", "manifest_cache_bytes", "capacity", "rebuild_rate",
-                "scrub_rate"}
+                "scrub_rate", "cache_limit"}
 
 
 def _coerce(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from ..protocol.quotas import (
 )
 from ..protocol.routes import route
 from .bulk import WriteItem, upload_gone, write_many
+from .cache import CacheCalls
 from .capabilities import CapabilityBook
 from .cluster import Cluster
 from .fileio import AsyncReadFile, AsyncWriteFile
@@ -45,7 +46,7 @@ from .transfer import get_local, put_local
 KEPT_MANIFESTS = 4         # paths whose last manifest get_manifest keeps to revalidate
 
 
-class AsyncClient:
+class AsyncClient(CacheCalls):
     """Talks to one stager cluster.  Use ``async with AsyncClient(...) as c``.
 
     ``meta_url`` (one URL, several comma-separated, or a sequence: metadata servers
@@ -91,7 +92,8 @@ class AsyncClient:
     def plane(self) -> DataPlane:
         if self._plane is None:
             self._session = make_session(self.options)
-            self._plane = DataPlane(self._session, self.options, credentials=self.capabilities)
+            self._plane = DataPlane(self._session, self.options, credentials=self.capabilities,
+                                    filler=self.fill)
             self._limit = asyncio.Semaphore(self.config.client_concurrency)
         return self._plane
 

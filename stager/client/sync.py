@@ -28,7 +28,8 @@ from .holder import current, new_owner, release
 MIRRORED = ("stat", "exists", "ls", "mkdir", "set_layout", "rename", "rm", "status",
             "targets", "cat", "read_into", "get", "put", "pipe", "put_manifest", "get_manifest",
             "remove_target", "forget_target", "scrub", "fsck", "write_many", "jobs", "create_token",
-            "list_tokens", "revoke_token", "set_quota", "quotas", "pin", "unpin", "pins")
+            "list_tokens", "revoke_token", "set_quota", "quotas", "pin", "unpin", "pins",
+            "attach", "refresh", "detach", "attachments")
 
 
 class Client:

@@ -75,6 +75,7 @@ class _Failover:
         self.untouched = True                # no piece done yet
         self.tried: dict[int, set[str]] = {}
         self.errors: dict[int, list[StagerError]] = {}
+        self.dead: set[int] = set()          # chunks of cached files their fill failed for
 
     def read(self, ids: np.ndarray) -> None:
         self.done[ids] = True
@@ -94,6 +95,8 @@ class _Failover:
         groups: dict[str, list[int]] = {}
         patient: set[int] = set()
         for c in rows:
+            if c in self.dead:
+                continue
             replicas = self.chunks.replicas[c]
             tried = self.tried.get(c)
             left = [t for t in replicas if t not in tried] if tried else replicas
@@ -106,8 +109,16 @@ class _Failover:
 
     def hopeless(self, c: int) -> bool:
         """Every replica answered, each with bad bytes: retrying will not help."""
+        if c in self.dead:
+            return True
         errors = self.errors.get(c, [])
         return bool(errors) and all(isinstance(e, CorruptChunk) for e in errors)
+
+    def give_up(self, rows: Sequence[int], error: StagerError) -> None:
+        """Chunks ``rows`` cannot be read at all (their source failed): ``error`` each."""
+        for c in rows:
+            self.dead.add(c)
+            self.errors[c] = [error]
 
 
 class ReadEngine:
@@ -148,24 +159,59 @@ class ReadEngine:
         first chunk's error, or with ``raise_errors=False`` returns the error of
         each destination that could not be read."""
         state = _Failover(plan)
+        cached = plan.chunks.cached
+        if cached.any():
+            await self._fill(plan, state, np.flatnonzero(cached).tolist())
         kinds = self._route(plan)
-        retries = self.options.retries
-        for attempt in range(retries + 1):
-            await self._round(plan, out, kinds, state, last=attempt == retries)
-            if not state.left:
-                return {}
-            done = state.done
-            stuck = np.unique(plan.chunk[~done]).tolist()
-            if attempt == retries or all(state.hopeless(c) for c in stuck):
-                break
+        await self._rounds(plan, out, kinds, state)
+        stuck = np.unique(plan.chunk[~state.done]).tolist()
+        again = [c for c in stuck if cached[c] and c not in state.dead]
+        if again:       # evicted, or its copies lost, since the fill: fetched anew, once
             state.tried.clear()
-            await asyncio.sleep(0.1 * 2 ** attempt)
+            await self._fill(plan, state, again, again=set(again))
+            await self._rounds(plan, out, kinds, state)
+        done = state.done
+        if not state.left:
+            return {}
         failed = {c: final_error(plan.chunks.name[c], state.errors.get(c, []))
                   for c in np.unique(plan.chunk[~done]).tolist()}
         if raise_errors:
             raise next(iter(failed.values()))
         return {int(d): failed[c] for d, c in zip(plan.dest[~done].tolist(),
                                                    plan.chunk[~done].tolist(), strict=True)}
+
+    async def _rounds(self, plan: ReadPlan, out: list[Any], kinds: list[int],
+                      state: _Failover) -> None:
+        """Rounds over every replica, with a pause between, until each piece is read,
+        the retries are spent, or only hopeless chunks are left."""
+        retries = self.options.retries
+        for attempt in range(retries + 1):
+            await self._round(plan, out, kinds, state, last=attempt == retries)
+            if not state.left:
+                return
+            stuck = np.unique(plan.chunk[~state.done]).tolist()
+            if attempt == retries or all(state.hopeless(c) for c in stuck):
+                return
+            state.tried.clear()
+            await asyncio.sleep(0.1 * 2 ** attempt)
+
+    async def _fill(self, plan: ReadPlan, state: _Failover, rows: list[int],
+                    again: set[int] | frozenset[int] = frozenset()) -> None:
+        """Have chunks ``rows`` of cached files filled, their CRC32Cs learnt; a file
+        whose fill failed (its source down, the file gone) has its chunks given up
+        with that error."""
+        chunks = plan.chunks
+        items = chunks.fill_items(rows, again)
+        answers = await self.plane.fill(items)
+        by_file: dict[str, list[int]] = {}
+        for c in rows:
+            by_file.setdefault(chunks.name[c].rsplit(".", 1)[0], []).append(c)
+        for item, answer in zip(items, answers, strict=True):
+            mine = by_file[item.file_id]
+            if isinstance(answer, StagerError):
+                state.give_up(mine, answer)
+            else:
+                chunks.filled(mine, answer.crc)
 
     def _route(self, plan: ReadPlan) -> list[int]:
         """How each chunk's pieces are read (DIRECT, WHOLE or RANGED), worked out

@@ -13,14 +13,15 @@ caller alike.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..layout import chunk_length, chunk_targets, pieces
-from ..protocol.models import FileInfo, chunk_id
+from ..protocol.cache import FillItem
+from ..protocol.models import FileInfo, chunk_id, parse_chunk_id
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,25 @@ class Chunks:
     crc: list[int | None]            # its committed CRC32C (None: not known)
     known: np.ndarray                # crc is not None
     urls: dict[str, str]             # target id -> URL, for every file of the plan
+    cached: np.ndarray               # of a file of an attached directory: filled first
+
+    def fill_items(self, rows: Sequence[int], again: Collection[int] = ()) -> list[FillItem]:
+        """The fill request for chunks ``rows`` (of cached files): one item per file,
+        ``again`` those of them to fetch anew."""
+        items: dict[str, tuple[list[int], list[int]]] = {}
+        for c in rows:
+            file_id, index = parse_chunk_id(self.name[c])
+            chunks, anew = items.setdefault(file_id, ([], []))
+            chunks.append(index)
+            if c in again:
+                anew.append(index)
+        return [FillItem(f, tuple(c), tuple(a)) for f, (c, a) in items.items()]
+
+    def filled(self, rows: Sequence[int], crc: Sequence[int]) -> None:
+        """Chunks ``rows`` are filled, with these CRC32Cs: reads check against them."""
+        for c, value in zip(rows, crc, strict=True):
+            self.crc[c] = value
+            self.known[c] = True
 
 
 @dataclass(frozen=True)
@@ -94,7 +114,7 @@ class FileTable:
                                     and f.file_id is not None else 0 for f in files],
                                    dtype=np.int64)
         self.size = np.array([f.size for f in files], dtype=np.int64)
-        self._where: dict[int, tuple[str, tuple[str, ...], int, int | None]] = {}
+        self._where: dict[int, tuple[str, tuple[str, ...], int, int | None, bool]] = {}
 
     def file_ids(self, rows: np.ndarray) -> set[str]:
         """The file ids of the files numbered ``rows`` (repeats and all)."""
@@ -102,9 +122,9 @@ class FileTable:
         return {fid for r in np.unique(rows).tolist()
                 if (fid := files[r].file_id) is not None}
 
-    def where(self, key: int) -> tuple[str, tuple[str, ...], int, int | None]:
+    def where(self, key: int) -> tuple[str, tuple[str, ...], int, int | None, bool]:
         """Chunk ``key & 0xFFFFFFFF`` of file number ``key >> 32``: its id,
-        replicas, length and committed CRC32C."""
+        replicas, length, committed CRC32C, and whether its file is cached."""
         where = self._where.get(key)
         if where is None:
             info = self.files[key >> 32]
@@ -114,7 +134,7 @@ class FileTable:
             where = self._where[key] = (
                 chunk_id(info.file_id, index), tuple(chunk_targets(info.layout, index)),
                 chunk_length(info.layout.chunk_size, info.size, index),
-                sums[index] if sums and index < len(sums) else None)
+                sums[index] if sums and index < len(sums) else None, info.layout.cached)
         return where
 
     def plan(self, file: np.ndarray, offset: np.ndarray, length: np.ndarray, *,
@@ -173,7 +193,8 @@ class FileTable:
         crc = [r[3] for r in rows]
         return Chunks([r[0] for r in rows], [r[1] for r in rows],
                       np.array([r[2] for r in rows], dtype=np.int64), crc,
-                      np.array([c is not None for c in crc], dtype=bool), self.urls)
+                      np.array([c is not None for c in crc], dtype=bool), self.urls,
+                      np.array([r[4] for r in rows], dtype=bool))
 
     def _check(self, file: np.ndarray, offset: np.ndarray, length: np.ndarray) -> None:
         """A clear error for an extent of no file, or outside its file."""

@@ -12,7 +12,7 @@ import asyncio
 import json
 import ssl
 import time
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +27,7 @@ from ..config import Config
 from ..errors import (
     TRANSPORT_FAILURES,
     CorruptChunk,
+    InternalError,
     StagerError,
     TargetUnavailable,
     error_from_wire,
@@ -34,6 +35,7 @@ from ..errors import (
 )
 from ..protocol import headers
 from ..protocol.batch import ChunkItem, chunk_batch_head
+from ..protocol.cache import Filled, FillItem
 from ..protocol.messages import ChunkStored, PurgeRequest, ReadRequest, RemoveResult
 from ..protocol.models import ReadItem, parse_chunk_id
 from ..protocol.routes import Route, route
@@ -41,6 +43,7 @@ from . import ack, rawhttp
 from .credentials import Credentials
 
 READ_BUFSIZE = 1 << 20
+Filler = Callable[[Sequence[FillItem]], Awaitable[list[Filled | StagerError]]]
 WRITE_FLOOR_RATE = 8 << 20     # bytes/s below which a chunk write counts as hung
 QUICK_FAILURE = 1.0            # seconds: a write failing faster is retried (a stale
                                # keep-alive connection, a refused connect), a slower one not
@@ -167,6 +170,9 @@ class DataPlane:
     options: PlaneOptions = field(default_factory=PlaneOptions)
     counters: dict[str, TargetCounters] = field(default_factory=dict)
     credentials: Credentials | None = None   # capabilities shown to data servers (auth on)
+    # Asks the metadata server to fill chunks of cached files (route ``fill``): the
+    # client's metadata connection, or the metadata server's own service.
+    filler: Filler | None = None
 
     def counter(self, target: str) -> TargetCounters:
         c = self.counters.get(target)
@@ -231,6 +237,12 @@ class DataPlane:
             files = (parse_chunk_id(chunk)[0],)
         text = await self.credentials.header(access.scope, files, target)
         return {headers.CAPABILITY: text} if text else {}
+
+    async def fill(self, items: Sequence[FillItem]) -> list[Filled | StagerError]:
+        """Each item's chunks filled (see :mod:`stager.protocol.cache`), or its error."""
+        if self.filler is None:
+            raise InternalError("this data plane cannot read cached files: it has no filler")
+        return await self.filler(items)
 
     async def warm(self, op: str, file_ids: Collection[str]) -> None:
         """Have the capabilities for ``op`` on ``file_ids`` at hand before the requests

@@ -70,6 +70,8 @@ class MetaService:
         self.probes = Probes(asker(config.ca_file), self._probed)
         # More sections of `status` (rebuild, scrub, fsck: stager/meta/upkeep/reliability.py).
         self.status_extras: list[Callable[[], dict[str, Any]]] = []
+        # ... and those read from the store (attached directories: stager/meta/cache/).
+        self.status_sources: list[Callable[[], Awaitable[dict[str, Any]]]] = []
         # The metadata servers of the store (stager/meta/presence.py), and when each
         # down target is to be declared lost (stager/meta/upkeep/rebuild.py), for `status`.
         self.meta_servers: Callable[[], list[MetaServer]] = list
@@ -107,8 +109,10 @@ class MetaService:
                          if t in self.targets}
         return FileInfo(path=entry.path, type=entry.kind, size=entry.size, mtime=entry.mtime,
                         file_id=entry.file_id, layout=entry.layout,
-                        default_layout=entry.default_layout, checksums=entry.checksums,
-                        locations=locations)
+                        default_layout=entry.default_layout,
+                        # a cached file's chunks are checked against their fills' CRCs
+                        checksums=None if entry.layout is not None and entry.layout.cached
+                        else entry.checksums, locations=locations)
 
     async def stat(self, path: str) -> FileInfo:
         return self.info(await self.store.stat(paths.normalize(path)))
@@ -402,7 +406,9 @@ class MetaService:
             directories=dirs,
             bytes=size,
             sections={**{k: v for extra in self.status_extras for k, v in extra().items()},
-                      **await self.quotas.status_sections()},
+                      **await self.quotas.status_sections(),
+                      **{k: v for extra in self.status_sources for k, v in
+                         (await extra()).items()}},
             metas=tuple(self.meta_servers()),
             lost_at=self.lost_at(),
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from email.utils import formatdate
 
 from aiohttp import web
@@ -14,10 +14,11 @@ from ...auth.policy import visible
 from ...config import Config
 from ...dataplane import DataPlane, PlaneOptions, make_session
 from ...dataplane.credentials import ServerCredential
-from ...errors import PayloadTooLarge, RangeNotSatisfiable, Unavailable
+from ...errors import PayloadTooLarge, RangeNotSatisfiable, StagerError, Unavailable
 from ...protocol import messages as m
 from ...protocol.authmsg import TargetRegistered
 from ...protocol.batch import CommitItem, CreateItem, parse_items, results_json
+from ...protocol.cache import Filled, FillItem
 from ...protocol.headers import accepts_gzip, etag_matches
 from ...protocol.models import FileInfo, LayoutSpec, TargetInfo, check_file_id
 from ...protocol.ranges import content_range, parse_range, unsatisfied_range
@@ -28,11 +29,13 @@ from ...web.middleware import METRICS_KEY, error_response, json_response
 from ...web.requests import path_arg, query_bool, query_int, read_json
 from ...web.server import add_routes, base_app
 from .. import jobtable, opkey, presence, shared, targetauth, targetstats
+from ..cache.service import CacheService
 from ..service import MetaService
 from ..store.base import Upload
 from ..store.factory import open_store
 from ..upkeep import reliability
 from . import authapp, gauges, quotas, ui
+from . import cache as cachehttp
 from .authapp import check_uploads, read_capability, write_capability
 from .gateway import Gateway
 
@@ -68,6 +71,9 @@ def make_meta_app(config: Config) -> web.Application:
     jobtable.install(app, service.store)    # live loader telemetry (the list_jobs route)
     targetstats.install(app, service)        # per-target rates, from heartbeats
     quotas.install(app, service.quotas)      # directory quotas and pins
+    # attached directories: fills, and the duty holder's refreshes and evictions
+    cachehttp.install(app, CacheService(service, config, lambda: app[GATEWAY].plane))
+    app.cleanup_ctx.append(cachehttp.background(config.cache_interval))
     return app
 
 
@@ -78,8 +84,13 @@ async def _data_plane(app: web.Application) -> AsyncIterator[None]:
     session = make_session(options)
     auth = app.get(authapp.AUTH)
     credentials = ServerCredential(auth.server_capability) if auth is not None else None
-    app[GATEWAY] = Gateway(app[SERVICE], DataPlane(session, options, credentials=credentials),
-                           config)
+    filler = app[cachehttp.CACHE].filler
+
+    async def fill(items: Sequence[FillItem]) -> list[Filled | StagerError]:
+        return await filler.fill(items, lambda path: True)   # the route checked the path
+
+    app[GATEWAY] = Gateway(app[SERVICE], DataPlane(session, options, credentials=credentials,
+                                                   filler=fill), config)
     yield
     await session.close()
     # Closing the store joins its thread and checkpoints the SQLite WAL (an fsync):
@@ -373,5 +384,5 @@ HANDLERS = {
     "get_manifest": get_manifest, "gateway_get": gateway_get,
     "gateway_head": gateway_head, "gateway_put": gateway_put,
     "gateway_delete": gateway_delete, **reliability.HANDLERS, **jobtable.HANDLERS,
-    **ui.HANDLERS, **quotas.HANDLERS,
+    **ui.HANDLERS, **quotas.HANDLERS, **cachehttp.HANDLERS,
 }

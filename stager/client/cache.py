@@ -1,0 +1,66 @@
+"""The client's calls on attached directories (:mod:`stager.protocol.cache`).
+
+:class:`CacheCalls` is mixed into :class:`~stager.client.async_client.AsyncClient`:
+``attach``, ``refresh``, ``detach``, ``attachments``, and ``fill``, which the read
+engine calls (through the data plane's ``filler``) before it reads chunks of a
+cached file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..errors import StagerError
+from ..protocol.batch import MAX_BATCH_ITEMS, batch_body, read_results
+from ..protocol.cache import (
+    Attachment,
+    AttachmentList,
+    AttachRequest,
+    Detached,
+    Filled,
+    FillItem,
+    Refreshed,
+)
+from ..protocol.routes import route
+
+if TYPE_CHECKING:
+    from .metaconn import MetaConnection
+
+
+class CacheCalls:
+    meta: MetaConnection
+
+    async def attach(self, src: str, dst: str, *, refresh: float | None = None,
+                     include: Sequence[str] = (), exclude: Sequence[str] = (),
+                     options: Mapping[str, Any] | None = None) -> Refreshed:
+        """Make directory ``dst`` a view of the fsspec URL ``src`` (admin): listed now,
+        each file's chunks fetched on first read; ``options``: the source's storage
+        options, kept by the metadata server (encrypted), never sent back."""
+        body = AttachRequest(src, refresh, tuple(include), tuple(exclude),
+                             dict(options or {})).to_json()
+        return Refreshed.from_json(await self.meta.request(route("attach"), path=dst,
+                                                           body=body))
+
+    async def refresh(self, dst: str) -> Refreshed:
+        """List ``dst``'s source again: changed files read their new bytes from now on."""
+        return Refreshed.from_json(await self.meta.request(route("refresh_attachment"),
+                                                           path=dst, body={}))
+
+    async def detach(self, dst: str) -> Detached:
+        """Forget the view ``dst`` and free its cached bytes (admin)."""
+        return Detached.from_json(await self.meta.request(route("detach"), path=dst))
+
+    async def attachments(self) -> list[Attachment]:
+        return list(AttachmentList.from_json(
+            await self.meta.request(route("list_attachments"))).attachments)
+
+    async def fill(self, items: Sequence[FillItem]) -> list[Filled | StagerError]:
+        """Each item's chunks filled (fetched from the source where missing): their
+        CRC32Cs, or the item's error."""
+        out: list[Filled | StagerError] = []
+        for start in range(0, len(items), MAX_BATCH_ITEMS):
+            body = batch_body([i.to_json() for i in items[start:start + MAX_BATCH_ITEMS]])
+            answer = await self.meta.request(route("fill"), body=body)
+            out += read_results(answer, Filled.from_json)
+        return out

@@ -1,0 +1,203 @@
+"""Fills: the chunks of cached files fetched from their source, once each.
+
+A reader about to read chunks of a cached file asks for them here (route ``fill``,
+one request per read plan).  A filled chunk answers its CRC32C from the store at
+once, and counts as a hit.  A missing one is fetched by exactly one metadata server:
+
+- on this server, concurrent asks for one chunk share one task (``_flights``);
+- across servers sharing a store, the task first takes the chunk's lease in the
+  store (:meth:`~stager.meta.store.base.Caching.take_fill`); a server that finds
+  it leased waits for the row to be filled (or the lease to run out: its holder
+  died, and the chunk is taken over).
+
+The holder reads the chunk's byte range from the source, writes it to every target
+the layout names for it (as a write from this server, with its own capability),
+and records it filled; at least one copy must be stored.  A source that fails
+fails the fill of that file only, as a :class:`~stager.errors.SourceError` (502)
+naming the source file; other files, and chunks already filled, read on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from ...aio import gather_or_cancel
+from ...checksum import crc32c
+from ...errors import Forbidden, NotFound, SourceError, StagerError, TargetUnavailable
+from ...layout import chunk_length, chunk_targets
+from ...protocol.batch import check_count
+from ...protocol.cache import Filled, FillItem
+from ...protocol.models import chunk_id
+from ..store.base import AttachmentRecord, CachedFile, StoredFile
+
+if TYPE_CHECKING:
+    from ...dataplane import DataPlane
+    from ..service import MetaService
+    from .sources import Sources
+
+log = logging.getLogger(__name__)
+LEASE = 60.0            # seconds a fill may take before another server takes it over
+POLL = 0.05             # seconds between looks at a chunk another server fills
+FILES_KEPT = 4096       # cached files' layouts kept in memory
+
+Key = tuple[str, int]
+
+
+class Filler:
+    def __init__(self, service: MetaService, sources: Sources, plane: Callable[[], DataPlane],
+                 *, holder: str, concurrency: int = 16) -> None:
+        self.service = service
+        self.store = service.store
+        self.sources = sources
+        self.plane = plane
+        self.holder = holder
+        self.limit = asyncio.Semaphore(concurrency)
+        self._flights: dict[Key, asyncio.Task[int]] = {}
+        self._files: OrderedDict[str, StoredFile] = OrderedDict()
+        self.fetches = 0                # source requests made (for /metrics and tests)
+        self.fetched_bytes = 0
+        self.on_access: Callable[[Sequence[Key], Sequence[Key]], None] | None = None
+
+    async def fill(self, items: Sequence[FillItem], may_read: Callable[[str], bool]
+                   ) -> list[Filled | StagerError]:
+        """Each item's CRC32Cs, its chunks filled first where missing; or its error."""
+        check_count(len(items))
+        found = await self.store.find_cached(list({i.file_id for i in items}))
+        answers = await gather_or_cancel([self._item(i, found.get(i.file_id), may_read)
+                                          for i in items])
+        hits: list[Key] = []
+        counts: dict[str, tuple[int, int]] = {}
+        misses: list[Key] = []
+        for item, (answer, missed) in zip(items, answers, strict=True):
+            if isinstance(answer, StagerError):
+                continue
+            cached = found[item.file_id]
+            h, m = counts.get(cached.attachment, (0, 0))
+            counts[cached.attachment] = (h + len(item.chunks) - len(missed), m + len(missed))
+            hits += [(item.file_id, c) for c in item.chunks if c not in missed]
+            misses += [(item.file_id, c) for c in missed]
+        if counts:
+            await self.store.touch_chunks(hits, self.service.clock(), counts)
+        if self.on_access is not None:
+            self.on_access(hits, misses)
+        return [answer for answer, _ in answers]
+
+    async def _item(self, item: FillItem, cached: CachedFile | None,
+                    may_read: Callable[[str], bool]) -> tuple[Filled | StagerError, set[int]]:
+        """One file's chunks: (its answer, the chunks that were missing)."""
+        try:
+            if cached is None:
+                raise NotFound(f"file {item.file_id} is not a file of an attached directory "
+                               "(detached, or changed at its source and refreshed)",
+                               file_id=item.file_id)
+            if not may_read(cached.path):
+                raise Forbidden(f"this token may not read {cached.path}", path=cached.path)
+            filled = await self.store.filled_chunks(item.file_id, item.chunks)
+            again = set(item.again)
+            missing = {c for c in item.chunks if c not in filled or c in again}
+            if again:
+                await self.store.evict_chunks([(item.file_id, c) for c in again])
+            got = await gather_or_cancel([self._chunk(cached, c) for c in sorted(missing)])
+            filled.update(zip(sorted(missing), got, strict=True))
+            return Filled(tuple(filled[c] for c in item.chunks)), missing
+        except StagerError as exc:
+            return exc, set()
+
+    async def _chunk(self, cached: CachedFile, index: int) -> int:
+        """Chunk ``index`` filled (by one task however many ask): its CRC32C."""
+        key = (cached.file_id, index)
+        task = self._flights.get(key)
+        if task is None:
+            task = self._flights[key] = asyncio.ensure_future(self._fill_one(cached, index))
+            task.add_done_callback(lambda _: self._flights.pop(key, None))
+        return await asyncio.shield(task)
+
+    async def _fill_one(self, cached: CachedFile, index: int) -> int:
+        store, file_id = self.store, cached.file_id
+        while True:
+            now = self.service.clock()
+            if await store.take_fill(file_id, index, self.holder, until=now + LEASE, now=now):
+                break
+            filled = await store.filled_chunks(file_id, [index])
+            if index in filled:
+                return filled[index]
+            await asyncio.sleep(POLL)
+        try:
+            size, crc = await self._fetch_and_store(cached, index)
+        except BaseException:
+            await asyncio.shield(store.release_fill(file_id, index, self.holder))
+            raise
+        if not await store.record_fill(file_id, index, size=size, crc=crc,
+                                       now=self.service.clock()):
+            raise NotFound(f"{cached.path} changed or was detached while filling",
+                           path=cached.path)
+        return crc
+
+    async def _fetch_and_store(self, cached: CachedFile, index: int) -> tuple[int, int]:
+        """Read chunk ``index`` of ``cached`` from its source and store every copy."""
+        stored = await self._file(cached.file_id)
+        layout = stored.layout
+        start = index * layout.chunk_size
+        length = chunk_length(layout.chunk_size, stored.size, index)
+        if length <= 0:
+            raise NotFound(f"{cached.path} has no chunk {index}", path=cached.path)
+        record = await self._attachment(cached.attachment)
+        source = await self.sources.open(record)
+        async with self.limit:
+            self.fetches += 1
+            data = await source.read(cached.key, start, start + length)
+            self.fetched_bytes += len(data)
+        if len(data) != length:
+            raise SourceError(f"source {source.name(cached.key)} changed: {len(data)} bytes at "
+                              f"{start}, {length} listed; run stager attach --refresh "
+                              f"{cached.attachment}", url=source.name(cached.key),
+                              path=cached.path)
+        crc = crc32c(data)
+        await self._store_copies(chunk_id(cached.file_id, index),
+                                 chunk_targets(layout, index), data, crc)
+        return length, crc
+
+    async def _store_copies(self, chunk: str, targets: list[str], data: bytes,
+                            crc: int) -> None:
+        """Write the chunk to each of its targets; at least one must take it."""
+        plane, known = self.plane(), self.service.targets
+
+        async def put(target: str) -> StagerError | None:
+            info = known.get(target)
+            if info is None or not info.up:
+                return TargetUnavailable(f"target {target} is down", target=target)
+            try:
+                await plane.put_chunk(target, info.url, chunk, data, crc)
+            except StagerError as exc:
+                return exc
+            return None
+
+        errors = await asyncio.gather(*(put(t) for t in targets))
+        if all(e is not None for e in errors):
+            first = next(e for e in errors if e is not None)
+            raise TargetUnavailable(f"no target of chunk {chunk} took it: {first}",
+                                    chunk=chunk, targets=targets)
+        for target, error in zip(targets, errors, strict=True):
+            if error is not None:
+                log.info("fill of %s: copy on %s not stored: %s", chunk, target, error)
+
+    async def _file(self, file_id: str) -> StoredFile:
+        stored = self._files.get(file_id)
+        if stored is None:
+            stored = await self.store.file_by_id(file_id)
+            if stored is None:
+                raise NotFound(f"file {file_id} is gone", file_id=file_id)
+            self._files[file_id] = stored
+            while len(self._files) > FILES_KEPT:
+                self._files.popitem(last=False)
+        return stored
+
+    async def _attachment(self, path: str) -> AttachmentRecord:
+        for record in await self.store.attachments():
+            if record.path == path:
+                return record
+        raise NotFound(f"{path} is no longer attached", path=path)
