@@ -2,9 +2,10 @@
 
 No build step and nothing fetched from elsewhere: the script (``dashboard.js``)
 polls the JSON API the CLI uses (``/v1/status``, ``/v1/jobs``) every two seconds
-and draws the targets, the rebuild and scrub, and the training jobs.  With auth
-on it asks for a token and keeps it in the tab's ``sessionStorage``.  The files
-are public; the data behind them needs a token like any other request.
+and draws the targets, the rebuild and scrub, the attached directories, the
+quotas and pins, and the training jobs.  With auth on it asks for a token and
+keeps it in the tab's ``sessionStorage``.  The files are public; the data behind
+them needs a token like any other request.
 ``/ui/config.json`` tells the page whether to ask for one.
 """
 

@@ -92,7 +92,8 @@ async function api(path) {
 // "in 4 min" until a clock time (seconds), for a down target's "lost at"
 function until(at) {
   const s = Math.max(0, at - Date.now() / 1000);
-  return s < 90 ? `in ${s.toFixed(0)} s` : `in ${(s / 60).toFixed(0)} min`;
+  if (s < 90) return `in ${s.toFixed(0)} s`;
+  return s < 5400 ? `in ${(s / 60).toFixed(0)} min` : `in ${(s / 3600).toFixed(1)} h`;
 }
 
 function drawHealth(status) {
@@ -236,6 +237,52 @@ function drawScrub(status) {
   $("scrub").replaceChildren(...items);
 }
 
+// a table body's rows, or one muted row saying there are none
+function fill(table, rows, none) {
+  const width = $(table).tHead.rows[0].cells.length;
+  $(table).tBodies[0].replaceChildren(...(rows.length ? rows : [
+    el("tr", { class: "none" }, el("td", { class: "muted", colSpan: width }, none))]));
+}
+
+function drawAttachments(status) {
+  const now = Date.now() / 1000;
+  fill("attachments", (status.attachments || []).map((a) => {
+    const cached = a.bytes ? a.cached_bytes / a.bytes : 0;
+    return el("tr", { "data-attachment": a.path },
+      el("td", { class: "mono" }, a.path),
+      el("td", { class: "mono" }, a.source),
+      el("td", { class: "num" }, a.files.toLocaleString()),
+      el("td", {}, bar(cached, `${bytes(a.cached_bytes)} / ${bytes(a.bytes)}`)),
+      el("td", { class: "num" }, a.hit_ratio === null || a.hit_ratio === undefined
+        ? "–" : pct(a.hit_ratio)),
+      el("td", { class: "num" }, a.listed ? ago(now - a.listed) : "never"));
+  }), "nothing attached (stager attach SRC DST)");
+}
+
+function limit(used, max, show) {
+  return max === null || max === undefined ? `${show(used)} (no limit)`
+                                           : `${show(used)} / ${show(max)}`;
+}
+
+function drawQuotas(status) {
+  const count = (n) => n.toLocaleString();
+  fill("quotas", (status.quotas || []).map((q) => {
+    const used = q.bytes ? q.used_bytes / q.bytes : 0;
+    return el("tr", { "data-quota": q.path },
+      el("td", { class: "mono" }, q.path),
+      el("td", {}, q.bytes === null || q.bytes === undefined
+        ? limit(q.used_bytes, null, bytes)
+        : bar(used, limit(q.used_bytes, q.bytes, bytes),
+              used > 0.9 ? "bad" : used > 0.75 ? "warn" : "")),
+      el("td", { class: "num" }, limit(q.used_files, q.files, count)));
+  }), "no quota (stager quota set PATH --bytes N)");
+  fill("pins", (status.pins || []).map((p) => el("tr", { "data-pin": p.path },
+    el("td", { class: "mono" }, p.path),
+    el("td", {}, p.expires === null || p.expires === undefined ? "until unpinned"
+      : `${new Date(p.expires * 1000).toLocaleString()} (${until(p.expires)})`))),
+  "no pin (stager pin PATH)");
+}
+
 function slowest(entry) {
   const t = (entry.targets || [])[0];
   if (!t) return "–";
@@ -291,6 +338,8 @@ async function refresh() {
     drawMetas(status);
     drawRebuild(status);
     drawScrub(status);
+    drawAttachments(status);
+    drawQuotas(status);
     drawJobs(jobs);
     $("updated").textContent = "updated " + new Date().toLocaleTimeString();
   } catch (err) {
