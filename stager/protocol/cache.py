@@ -189,16 +189,19 @@ class FillItem:
 
 @dataclass(frozen=True)
 class Filled:
-    """The CRC32C of each chunk asked for, in the order asked."""
+    """The CRC32C of each chunk asked for, in the order asked; ``fetched``: those of
+    them (indexes) that were not cached and came from the source for this request."""
 
     crc: tuple[int, ...]
+    fetched: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"crc": [f"{c:08x}" for c in self.crc]}
+        return {"crc": [f"{c:08x}" for c in self.crc], "fetched": list(self.fetched)}
 
     @classmethod
     def from_json(cls, obj: Any) -> Filled:
-        return cls(tuple(int(c, 16) for c in field_of(obj, "crc", list)))
+        return cls(tuple(int(c, 16) for c in field_of(obj, "crc", list)),
+                   tuple(int(c) for c in field_of(obj, "fetched", list, [])))
 
 
 # -- OpenAPI schemas (merged into stager.protocol.openapi.SCHEMAS) ---------------------------

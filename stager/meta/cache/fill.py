@@ -103,7 +103,7 @@ class Filler:
                 await self.store.evict_chunks([(item.file_id, c) for c in again])
             got = await gather_or_cancel([self._chunk(cached, c) for c in sorted(missing)])
             filled.update(zip(sorted(missing), got, strict=True))
-            return Filled(tuple(filled[c] for c in item.chunks)), missing
+            return Filled(tuple(filled[c] for c in item.chunks), tuple(sorted(missing))), missing
         except StagerError as exc:
             return exc, set()
 
