@@ -43,18 +43,63 @@ class Accesses:
         return Uses(self.key)
 
 
-def plan_accesses(chunk_of_sample: np.ndarray, *, block_starts: np.ndarray, batch_size: int,
-                  world_size: int, epochs: Sequence[int], window: int, seed: int = 0,
-                  order: str = "window_of_blocks", partition: str = "interleaved",
-                  drop_last: bool = True, cursor: int = 0) -> Accesses:
+class SampleChunks:
+    """Which chunks each sample reads: sample ``i`` reads chunk keys
+    ``keys[starts[i]:starts[i + 1]]`` (integers; none for a sample of no bytes).
+
+    A sample of a tar shard lies in one chunk or across two, a parquet row
+    group's or a zarr row's in several: the reads of a batch are the union.
+    """
+
+    def __init__(self, starts: np.ndarray, keys: np.ndarray) -> None:
+        self.starts = np.asarray(starts, dtype=np.int64)
+        self.keys = np.asarray(keys, dtype=np.int64)
+        if (self.starts.ndim != 1 or len(self.starts) == 0 or self.starts[0] != 0
+                or self.starts[-1] != len(self.keys) or np.any(np.diff(self.starts) < 0)):
+            raise ValueError("sample starts must run from 0 to the number of keys, "
+                             "never decreasing")
+
+    @classmethod
+    def one_each(cls, chunk_of_sample: np.ndarray) -> SampleChunks:
+        """Sample ``i`` reads chunk ``chunk_of_sample[i]`` alone."""
+        keys = np.asarray(chunk_of_sample, dtype=np.int64)
+        return cls(np.arange(len(keys) + 1, dtype=np.int64), keys)
+
+    def __len__(self) -> int:
+        return len(self.starts) - 1
+
+    def of(self, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(how many chunks each of ``samples`` reads, their keys one after another)."""
+        first = self.starts[samples]
+        counts = self.starts[samples + 1] - first
+        total = int(counts.sum())
+        offset = np.repeat(first - (np.cumsum(counts) - counts), counts)
+        return counts, self.keys[offset + np.arange(total, dtype=np.int64)]
+
+
+def epoch_steps(total: int, cursor: int, world_size: int, batch_size: int, *,
+                partition: str = "interleaved", drop_last: bool = True) -> int:
+    """Global steps of an epoch of ``total`` samples from ``cursor``: the most
+    batches any rank has (a rank with fewer sits the last step out)."""
+    return max(len(PARTITIONS[partition](total, cursor, world_size, rank, batch_size,
+                                         drop_last)) for rank in range(world_size))
+
+
+def plan_accesses(chunk_of_sample: np.ndarray | SampleChunks, *, block_starts: np.ndarray,
+                  batch_size: int, world_size: int, epochs: Sequence[int], window: int,
+                  seed: int = 0, order: str = "window_of_blocks",
+                  partition: str = "interleaved", drop_last: bool = True,
+                  cursor: int = 0) -> Accesses:
     """Every rank's chunk reads over ``epochs`` of a plan.
 
     ``chunk_of_sample[i]`` is the key (an integer) of the chunk holding sample
-    ``i``; ``cursor`` is where the first epoch starts (a resumed job), the
-    others start at 0.  The other parameters are the Loader's.
+    ``i``, or a :class:`SampleChunks` where samples read several chunks;
+    ``cursor`` is where the first epoch starts (a resumed job), the others
+    start at 0.  The other parameters are the Loader's.
     """
-    chunk_of_sample = np.asarray(chunk_of_sample, dtype=np.int64)
-    n = len(chunk_of_sample)
+    chunks = (chunk_of_sample if isinstance(chunk_of_sample, SampleChunks)
+              else SampleChunks.one_each(chunk_of_sample))
+    n = len(chunks)
     blocks = np.asarray(block_starts, dtype=np.int64)
     orders: list[np.ndarray] = []
     starts: list[np.ndarray] = []       # per batch: first position (in the joined orders)
@@ -78,21 +123,22 @@ def plan_accesses(chunk_of_sample: np.ndarray, *, block_starts: np.ndarray, batc
     if not starts:
         empty = np.zeros(0, dtype=np.int64)
         return Accesses(empty, empty, empty)
-    return _reads(chunk_of_sample[np.concatenate(orders)], np.concatenate(starts),
+    return _reads(chunks, np.concatenate(orders), np.concatenate(starts),
                   np.concatenate(stops), np.concatenate(steps), np.concatenate(ranks))
 
 
-def _reads(chunk_at: np.ndarray, start: np.ndarray, stop: np.ndarray, step: np.ndarray,
-           rank: np.ndarray) -> Accesses:
-    """The chunk reads of batches (``chunk_at[p]``: the chunk read at position ``p``)."""
+def _reads(chunks: SampleChunks, sample_at: np.ndarray, start: np.ndarray, stop: np.ndarray,
+           step: np.ndarray, rank: np.ndarray) -> Accesses:
+    """The chunk reads of batches (``sample_at[p]``: the sample read at position ``p``)."""
     batches = np.lexsort((rank, step))              # time order: by step, then rank
     start, stop, step, rank = start[batches], stop[batches], step[batches], rank[batches]
     length = stop - start
     total = int(length.sum())
-    batch = np.repeat(np.arange(len(length), dtype=np.int64), length)
     first = np.cumsum(length) - length
     position = np.repeat(start - first, length) + np.arange(total, dtype=np.int64)
-    key = chunk_at[position]
+    counts, key = chunks.of(sample_at[position])
+    batch = np.repeat(np.repeat(np.arange(len(length), dtype=np.int64), length), counts)
+    total = len(key)
     # each chunk once per batch, where the batch first reads it
     by_pair = np.lexsort((np.arange(total), key, batch))
     new = np.ones(total, dtype=bool)
