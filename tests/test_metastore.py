@@ -10,11 +10,12 @@ import pytest
 from stager.meta.store.base import MetaStore, NodeEntry
 from stager.meta.store.postgres.store import PostgreSQLStore
 from stager.meta.store.sqlite.store import SQLiteStore
+from stager.testing.cachestore import CacheStoreTests
 from stager.testing.metastore import MetaStoreTests, commit_one, upload
 from stager.testing.quotastore import QuotaStoreTests
 
 
-class TestMetaStore(MetaStoreTests, QuotaStoreTests):
+class TestMetaStore(MetaStoreTests, QuotaStoreTests, CacheStoreTests):
     @pytest.fixture(params=["sqlite", "postgresql"])
     def open_store(self, request: pytest.FixtureRequest,
                    tmp_path: Path) -> Callable[[], MetaStore]:

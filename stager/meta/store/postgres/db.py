@@ -40,7 +40,7 @@ Op = Callable[[asyncpg.Connection], Awaitable[R]]
 CONFLICT_RETRIES = 50        # serialization failures and deadlocks, per transaction
 RECONNECTS = 3               # connections found dead before the transaction began
 ROOT_ID = 1
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 # Each migration takes the schema from version N-1 to N; applied in order, each in
 # the transaction that records its number.  Names sort bytewise (COLLATE "C"), as in
@@ -147,7 +147,41 @@ CREATE TABLE pins (
     expires   DOUBLE PRECISION,
     created   DOUBLE PRECISION NOT NULL
 );
-""" + QUOTA_COMMIT_FUNCTION}
+""" + QUOTA_COMMIT_FUNCTION, 10: """
+-- the managed cache (.postgres.cache): a chunk row without a crc is a fill leased to
+-- holder until until
+CREATE TABLE IF NOT EXISTS attachments (
+    path      TEXT COLLATE "C" PRIMARY KEY,
+    source    TEXT NOT NULL,
+    options   BYTEA NOT NULL,
+    refresh   DOUBLE PRECISION,
+    include   TEXT[] NOT NULL,
+    exclude   TEXT[] NOT NULL,
+    listed    DOUBLE PRECISION NOT NULL,
+    created   DOUBLE PRECISION NOT NULL,
+    hits      BIGINT NOT NULL DEFAULT 0,
+    misses    BIGINT NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS cached_files (
+    file_id    TEXT COLLATE "C" PRIMARY KEY,
+    attachment TEXT COLLATE "C" NOT NULL,
+    path       TEXT COLLATE "C" NOT NULL,
+    key        TEXT NOT NULL,
+    version    TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS cached_files_attachment ON cached_files (attachment);
+CREATE TABLE IF NOT EXISTS cache_chunks (
+    file_id   TEXT COLLATE "C" NOT NULL,
+    idx       BIGINT NOT NULL,
+    size      BIGINT NOT NULL DEFAULT 0,
+    crc       BIGINT,
+    filled    DOUBLE PRECISION NOT NULL DEFAULT 0,
+    used      DOUBLE PRECISION NOT NULL DEFAULT 0,
+    holder    TEXT,
+    until     DOUBLE PRECISION,
+    PRIMARY KEY (file_id, idx)
+);
+"""}
 
 # Errors after which the connection is gone or the server cannot serve: the
 # database is unavailable (the pool reconnects once it is back).

@@ -29,6 +29,9 @@ from ....protocol.authmsg import TokenInfo
 from ....protocol.models import Layout, LayoutSpec, TargetInfo
 from ....protocol.quotas import Pin, Quota
 from ..base import (
+    AttachmentRecord,
+    CachedChunk,
+    CachedFile,
     CommitArgs,
     CreateCheck,
     EntryRecord,
@@ -41,6 +44,7 @@ from ..base import (
     Upload,
 )
 from . import answers as answers
+from . import cache as cache
 from . import copy as copies
 from . import files as files
 from . import namespace as ns
@@ -325,6 +329,59 @@ class PostgreSQLStore(MetaStore):
 
     async def pins(self, now: float) -> list[Pin]:
         return list(await self._write(lambda c: quotas.pins(c, now)))
+
+    # -- the managed cache (.postgres.cache) --------------------------------------------
+    async def put_attachment(self, record: AttachmentRecord) -> None:
+        await self._write(lambda c: cache.put_attachment(c, record))
+
+    async def attachments(self) -> list[AttachmentRecord]:
+        return list(await self._read(cache.attachments))
+
+    async def drop_attachment(self, path: str) -> list[CachedFile]:
+        return list(await self._write(lambda c: cache.drop_attachment(c, path)))
+
+    async def put_cached_files(self, files: Sequence[CachedFile]) -> None:
+        await self._write(lambda c: cache.put_cached_files(c, files))
+
+    async def cached_files(self, attachment: str) -> list[CachedFile]:
+        return list(await self._read(lambda c: cache.cached_files(c, attachment)))
+
+    async def find_cached(self, file_ids: Sequence[str]) -> dict[str, CachedFile]:
+        return dict(await self._read(lambda c: cache.find_cached(c, file_ids)))
+
+    async def drop_cached_files(self, file_ids: Sequence[str]) -> None:
+        await self._write(lambda c: cache.drop_cached_files(c, file_ids))
+
+    async def filled_chunks(self, file_id: str, indexes: Sequence[int]) -> dict[int, int]:
+        return dict(await self._read(lambda c: cache.filled_chunks(c, file_id, indexes)))
+
+    async def take_fill(self, file_id: str, index: int, holder: str, *, until: float,
+                        now: float) -> bool:
+        self._check_open()      # one statement, exclusive across servers (.postgres.cache)
+        return bool(await self.db.statement(
+            lambda c: cache.take_fill(c, file_id, index, holder, until, now)))
+
+    async def record_fill(self, file_id: str, index: int, *, size: int, crc: int,
+                          now: float) -> bool:
+        return bool(await self._write(
+            lambda c: cache.record_fill(c, file_id, index, size, crc, now)))
+
+    async def release_fill(self, file_id: str, index: int, holder: str) -> None:
+        await self._write(lambda c: cache.release_fill(c, file_id, index, holder))
+
+    async def touch_chunks(self, chunks: Sequence[tuple[str, int]], now: float,
+                           counts: dict[str, tuple[int, int]] | None = None) -> None:
+        await self._write(lambda c: cache.touch_chunks(c, chunks, now, counts))
+
+    async def cache_chunks(self, *, after: tuple[str, int] = ("", -1),
+                           limit: int = 10000) -> list[CachedChunk]:
+        return list(await self._read(lambda c: cache.cache_chunks(c, after, limit)))
+
+    async def evict_chunks(self, chunks: Sequence[tuple[str, int]]) -> None:
+        await self._write(lambda c: cache.evict_chunks(c, chunks))
+
+    async def cache_usage(self) -> dict[str, tuple[int, int, int, int]]:
+        return dict(await self._read(cache.cache_usage, snapshot=True))
 
     # -- idempotency keys -------------------------------------------------------------
     async def recorded_answer(self, key: str) -> tuple[int, bytes] | None:

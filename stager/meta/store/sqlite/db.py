@@ -103,6 +103,39 @@ CREATE TABLE IF NOT EXISTS job_reports (
     body      TEXT NOT NULL,
     expires   REAL NOT NULL
 );
+-- the managed cache (.sqlite.cache): attached directories, their files, and their
+-- chunks filled (a chunk row without a crc is a fill leased to holder until until)
+CREATE TABLE IF NOT EXISTS attachments (
+    path      TEXT PRIMARY KEY,
+    source    TEXT NOT NULL,
+    options   BLOB NOT NULL,
+    refresh   REAL,
+    include   TEXT NOT NULL,
+    exclude   TEXT NOT NULL,
+    listed    REAL NOT NULL,
+    created   REAL NOT NULL,
+    hits      INTEGER NOT NULL DEFAULT 0,
+    misses    INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS cached_files (
+    file_id    TEXT PRIMARY KEY,
+    attachment TEXT NOT NULL,
+    path       TEXT NOT NULL,
+    key        TEXT NOT NULL,
+    version    TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS cached_files_attachment ON cached_files (attachment);
+CREATE TABLE IF NOT EXISTS cache_chunks (
+    file_id   TEXT NOT NULL,
+    idx       INTEGER NOT NULL,
+    size      INTEGER NOT NULL DEFAULT 0,
+    crc       INTEGER,
+    filled    REAL NOT NULL DEFAULT 0,
+    used      REAL NOT NULL DEFAULT 0,
+    holder    TEXT,
+    until     REAL,
+    PRIMARY KEY (file_id, idx)
+);
 """
 
 ROOT_ID = 1

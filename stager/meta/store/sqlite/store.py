@@ -21,6 +21,9 @@ from ....protocol.authmsg import TokenInfo
 from ....protocol.models import Layout, LayoutSpec, TargetInfo
 from ....protocol.quotas import Pin, Quota
 from ..base import (
+    AttachmentRecord,
+    CachedChunk,
+    CachedFile,
     CommitArgs,
     CreateCheck,
     EntryRecord,
@@ -33,6 +36,7 @@ from ..base import (
     Upload,
 )
 from .answers import AnswerSQL
+from .cache import CacheSQL
 from .copy import CopySQL
 from .db import Database
 from .namespace import NamespaceSQL
@@ -56,6 +60,7 @@ class SQLiteStore(MetaStore):
         self.tokens = TokenSQL(self.database)
         self.copies = CopySQL(self.database)
         self.states = SharedSQL(self.database)
+        self.cache = CacheSQL(self.database)
 
         self.answers = AnswerSQL(self.database)
         # Public: its counters say how writes were grouped (tests, benchmarks).
@@ -245,6 +250,58 @@ class SQLiteStore(MetaStore):
 
     async def pins(self, now: float) -> list[Pin]:
         return await self.thread.run(self.namespace.quotas.pins, now)
+
+    # -- the managed cache (.sqlite.cache) ----------------------------------------------
+    async def put_attachment(self, record: AttachmentRecord) -> None:
+        await self.thread.run(self.cache.put_attachment, record)
+
+    async def attachments(self) -> list[AttachmentRecord]:
+        return await self.thread.run(self.cache.attachments)
+
+    async def drop_attachment(self, path: str) -> list[CachedFile]:
+        return await self.thread.run(self.cache.drop_attachment, path)
+
+    async def put_cached_files(self, files: Sequence[CachedFile]) -> None:
+        await self.thread.run(self.cache.put_cached_files, files)
+
+    async def cached_files(self, attachment: str) -> list[CachedFile]:
+        return await self.thread.run(self.cache.cached_files, attachment)
+
+    async def find_cached(self, file_ids: Sequence[str]) -> dict[str, CachedFile]:
+        return await self.thread.run(self.cache.find_cached, file_ids)
+
+    async def drop_cached_files(self, file_ids: Sequence[str]) -> None:
+        await self.thread.run(self.cache.drop_cached_files, file_ids)
+
+    async def filled_chunks(self, file_id: str, indexes: Sequence[int]) -> dict[int, int]:
+        return await self.thread.run(self.cache.filled_chunks, file_id, indexes)
+
+    async def take_fill(self, file_id: str, index: int, holder: str, *, until: float,
+                        now: float) -> bool:
+        return await self.thread.run(self.cache.take_fill, file_id, index, holder, until, now)
+
+    async def record_fill(self, file_id: str, index: int, *, size: int, crc: int,
+                          now: float) -> bool:
+        return await self.thread.run(self.cache.record_fill, file_id, index, size, crc, now)
+
+    async def release_fill(self, file_id: str, index: int, holder: str) -> None:
+        await self.thread.run(self.cache.release_fill, file_id, index, holder)
+
+    async def touch_chunks(self, chunks: Sequence[tuple[str, int]], now: float,
+                           counts: dict[str, tuple[int, int]] | None = None) -> None:
+        # not flushed when alone: a use time or a hit count lost with the machine
+        # costs an eviction choice, never data
+        await self.thread.write(self._unflushed, self.cache.touch_chunks, chunks, now, counts)
+
+    async def cache_chunks(self, *, after: tuple[str, int] = ("", -1),
+                           limit: int = 10000) -> list[CachedChunk]:
+        return await self.thread.run(self.cache.cache_chunks, after, limit)
+
+    async def evict_chunks(self, chunks: Sequence[tuple[str, int]]) -> None:
+        await self.thread.run(self.cache.evict_chunks, chunks)
+
+    async def cache_usage(self) -> dict[str, tuple[int, int, int, int]]:
+        return await self.thread.run(self.cache.cache_usage)
 
     # -- idempotency keys -------------------------------------------------------------
     async def recorded_answer(self, key: str) -> tuple[int, bytes] | None:
