@@ -71,6 +71,57 @@ def shot(browser: Any, path: Path) -> Path:
     return path
 
 
+def cells(browser: Any, table: str) -> dict[str, list[str]]:
+    """A table's rows as the page shows them now: its key (the row's first cell) → the
+    text of every cell."""
+    return {r[0]: r for r in browser.execute_script(
+        f"return Array.from(document.querySelectorAll('#{table} tbody tr:not(.none)'))"
+        ".map(r => Array.from(r.cells).map(c => c.textContent))")}
+
+
+def test_attached_directories_quotas_and_pins_are_shown(
+        browser: Any, cluster: ProcessCluster, tmp_path: Path) -> None:
+    """Issue 28: an attached directory with its source, files, bytes cached of the total
+    and hit ratio; a quota with its use; a pin with its end (first in this module: the
+    next test kills a data server)."""
+    from stager import Client
+
+    source = tmp_path / "source"
+    source.mkdir()
+    for name, kib in (("a.bin", 100), ("b.bin", 50), ("c.bin", 10)):
+        (source / name).write_bytes((name.encode() * kib * 1024)[:kib * 1024])
+    with Client(cluster.meta_url) as client:
+        client.attach(f"file://{source}", "/dash-attached")
+        assert client.cat("/dash-attached/a.bin") == (source / "a.bin").read_bytes()
+        client.pipe("/dash-quota/x.bin", b"q" * 3000)
+        client.set_quota("/dash-quota", max_bytes=1 << 20, max_files=10)
+        client.pipe("/dash-pinned/p.bin", b"p")
+        client.pin("/dash-pinned/p.bin", ttl=3 * 3600)
+        status = client.status()
+    browser.get(cluster.meta_url + "/ui/")
+    attached = wait_for(lambda: cells(browser, "attachments").get("/dash-attached"),
+                        2 * REFRESH + 3, "the attached directory")
+    mine = next(a for a in status["attachments"] if a["path"] == "/dash-attached")
+    assert (mine["files"], mine["bytes"], mine["cached_bytes"]) == (3, 160 << 10, 100 << 10)
+    assert attached[1:4] == [f"file://{source}", "3", "100.0 KiB / 160.0 KiB"], attached
+    ratio = mine["hit_ratio"]
+    assert attached[4] == ("–" if ratio is None else f"{100 * ratio:.1f}%"), (attached, mine)
+
+    assert cells(browser, "quotas")["/dash-quota"] == [
+        "/dash-quota", "2.93 KiB / 1.00 MiB", "1 / 10"]
+    pinned = cells(browser, "pins")["/dash-pinned/p.bin"]
+    assert pinned[1].endswith("(in 3.0 h)"), pinned
+    shot(browser, tmp_path / "cache.png")
+
+    with Client(cluster.meta_url) as client:        # gone from the page once detached
+        client.detach("/dash-attached")
+        client.unpin("/dash-pinned/p.bin")
+    wait_for(lambda: "/dash-attached" not in cells(browser, "attachments")
+             and not cells(browser, "pins"), 2 * REFRESH + 3, "detached and unpinned")
+    assert "no pin" in browser.find_element("id", "pins").text
+    assert console_errors(browser) == []
+
+
 def test_every_target_listed_and_a_killed_one_shown_down(
         browser: Any, cluster: ProcessCluster, tmp_path: Path) -> None:
     browser.get(cluster.meta_url + "/ui/")
