@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 from stager.meta.store.base import MetaStore, NodeEntry
 from stager.meta.store.postgres.store import PostgreSQLStore
 from stager.meta.store.sqlite.store import SQLiteStore
-from stager.testing.cachestore import CacheStoreTests
+from stager.testing.cachestore import CacheStoreTests, attachment, cached
 from stager.testing.metastore import MetaStoreTests, commit_one, upload
 from stager.testing.quotastore import QuotaStoreTests
 
@@ -47,5 +48,21 @@ async def test_sqlite_flushes_every_commit_but_a_lone_upload_or_answer(tmp_path:
         assert isinstance(await commit_one(store, u.file_id), NodeEntry)
         await store.mkdir("/d", parents=False, exist_ok=False, now=1.0)
         assert seen == [] and synchronous() == 2
+    finally:
+        store.close()
+
+
+async def test_a_sqlite_file_made_before_the_cache_gets_its_tables(tmp_path: Path) -> None:
+    path = tmp_path / "meta.sqlite3"
+    SQLiteStore(path).close()
+    with sqlite3.connect(path) as db:
+        db.executescript("DROP TABLE attachments; DROP TABLE cached_files; "
+                         "DROP TABLE cache_chunks;")
+    store = SQLiteStore(path)
+    try:
+        await store.put_attachment(attachment("/a"))
+        await store.put_cached_files([cached("f".ljust(32, "0"), "/a", "x")])
+        assert await store.take_fill("f".ljust(32, "0"), 0, "s1", until=2.0, now=1.0)
+        assert [a.path for a in await store.attachments()] == ["/a"]
     finally:
         store.close()

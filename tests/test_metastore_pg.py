@@ -24,6 +24,7 @@ from stager.meta.store.base import NodeEntry
 from stager.meta.store.postgres.db import SCHEMA_VERSION
 from stager.meta.store.postgres.store import PostgreSQLStore
 from stager.testing import ThreadCluster
+from stager.testing.cachestore import attachment, cached
 from stager.testing.metastore import commit_one, upload
 from stager.testing.postgres import PostgresServer
 
@@ -57,6 +58,30 @@ async def test_the_schema_is_versioned_and_a_newer_one_refused(
             await newer.stat("/kept")
     finally:
         newer.close()
+
+
+async def test_a_schema_9_database_gets_the_cache_tables(postgres: PostgresServer,
+                                                         pg_url: str) -> None:
+    """Migration 10 on a database made before the managed cache: its data kept."""
+    store = PostgreSQLStore(pg_url)
+    try:
+        file_id = await put(store, "m1", "/old/f")
+    finally:
+        store.close()
+    database = pg_url.rsplit("/", 1)[1]
+    postgres.sql("DROP TABLE attachments; DROP TABLE cached_files; DROP TABLE cache_chunks; "
+                 "UPDATE stager_schema SET version = 9", database)
+    again = PostgreSQLStore(pg_url)
+    try:
+        assert (await again.stat("/old/f")).file_id == file_id
+        await again.put_attachment(attachment("/old"))
+        await again.put_cached_files([cached(file_id, "/old", "f")])
+        assert await again.take_fill(file_id, 0, "s1", until=2.0, now=1.0)
+        assert await again.record_fill(file_id, 0, size=3, crc=9, now=1.0)
+        assert await again.cache_usage() == {"/old": (1, 3, 1, 3)}
+    finally:
+        again.close()
+    assert postgres.sql("SELECT version FROM stager_schema", database) == str(SCHEMA_VERSION)
 
 
 async def test_queued_writes_share_one_transaction_and_fail_alone(pg_url: str) -> None:
