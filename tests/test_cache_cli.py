@@ -108,3 +108,44 @@ def test_attach_refuses_with_a_clear_error(cluster: ThreadCluster, source: Path,
     assert code == 1 and out == ""
     assert err.startswith("stager: error: ") and says.format(ns=ns) in err, err
     assert "Traceback" not in err
+
+
+def test_warm_fills_the_tree_with_a_progress_bar_and_a_second_run_fetches_nothing(
+        cluster: ThreadCluster, client: Client, source: Path, ns: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    dst = f"{ns}/view"
+    assert run(cluster, capsys, "attach", f"file://{source}", dst)[0] == 0
+    client.cat(f"{dst}/f1.bin")                                  # 40 KiB cached already
+    code, out, err = run(cluster, capsys, "warm", dst, "--parallel", "2", "--progress",
+                         "always")
+    assert code == 0 and out == ""
+    assert f"warm {dst}" in err and "244.0/244.0 KiB" in err, err      # the bar, at its end
+    assert err.splitlines()[-1] == (f"warmed {dst}: 4 files, 4 chunks, 244.0 KiB: fetched "
+                                    "204.0 KiB, 40.0 KiB cached already"), err
+    [a] = [a for a in client.attachments() if a.path == dst]
+    assert a.cached_bytes == a.bytes == 244 * KiB
+
+    code, out, err = run(cluster, capsys, "warm", dst, "--json")  # resumable: nothing left
+    assert code == 0
+    assert json.loads(out) == {"path": dst, "files": 4, "chunks": 4, "bytes_fetched": 0,
+                               "bytes_cached_before": 244 * KiB}
+    assert err == (f"warmed {dst}: 4 files, 4 chunks, 244.0 KiB: all cached already, "
+                   "nothing fetched\n"), err
+    with Client(cluster.meta_url) as fresh:
+        assert fresh.cat(f"{dst}/sub/g.txt") == b"g" * 4 * KiB
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["{ns}/view", "--plan", "seed=1,world=0,epoch=0"], "world and batch must be at least 1"),
+    (["{ns}/view", "--plan", "seed=1,moon=2"], "expected seed=S,world=W,epoch=E"),
+    (["{ns}/view", "--parallel", "0"], "--parallel must be at least 1"),
+    (["{ns}/nothing-here"], "no such file or directory: {ns}"),
+    (["{ns}/plain"], "{ns}/plain holds no file of an attached directory"),
+])
+def test_warm_refuses_with_a_clear_error(cluster: ThreadCluster, client: Client, ns: str,
+                                         capsys: pytest.CaptureFixture[str],
+                                         argv: list[str], says: str) -> None:
+    client.pipe(f"{ns}/plain/staged.bin", b"written here, not cached")
+    code, out, err = run(cluster, capsys, "warm", *(a.format(ns=ns) for a in argv))
+    assert code == 1 and out == ""
+    assert err.startswith("stager: error: ") and says.format(ns=ns) in err, err
