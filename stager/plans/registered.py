@@ -198,18 +198,35 @@ def registered_accesses(plan: Plan, dataset: Dataset) -> Accesses:
 
 
 class PlanUses:
-    """When a registered plan reads each cached chunk: ``uses((file_id, chunk), step)``
-    is the first global step at or after ``step`` whose batches read the chunk
-    (``math.inf``: never again in the plan)."""
+    """When a registered plan reads each cached chunk, in steps: ``uses((file_id,
+    chunk), step)`` is the first global step at or after ``step`` whose batches
+    read the chunk (``math.inf``: never again in the plan).
 
-    def __init__(self, accesses: Accesses, dataset: Dataset) -> None:
+    Ranks run side by side, so a step's batches are one moment to the server;
+    :meth:`after` tells them apart (rank ``r`` of ``W`` reads at ``step + r / W``)
+    for a replay of the reads one at a time.
+    """
+
+    def __init__(self, accesses: Accesses, dataset: Dataset, world_size: int) -> None:
         self.accesses = accesses
-        self._uses = Uses(accesses.key, accesses.step)
+        self._world = world_size
+        self._uses = Uses(accesses.key, accesses.step * world_size + accesses.rank)
         self._key = {dataset.name(k): k for k in np.unique(accesses.key).tolist()}
 
     def __call__(self, key: ChunkKey, step: int) -> float:
         number = self._key.get(key)
-        return math.inf if number is None else self._uses(number, step - 1)
+        if number is None:
+            return math.inf
+        t = self._uses(number, step * self._world - 1)
+        return t if t == math.inf else t // self._world
+
+    def after(self, key: ChunkKey, step: int, rank: int) -> float:
+        """The first read of ``key`` after rank ``rank``'s batch of ``step``, at
+        ``step + rank / world_size`` (``math.inf``: none)."""
+        number = self._key.get(key)
+        if number is None:
+            return math.inf
+        return self._uses(number, step * self._world + rank) / self._world
 
 
 def plan_uses(plan: Mapping[str, Any] | Plan, dataset: Dataset) -> PlanUses:
@@ -217,7 +234,7 @@ def plan_uses(plan: Mapping[str, Any] | Plan, dataset: Dataset) -> PlanUses:
     it, or a :class:`Plan`) over ``dataset``."""
     if not isinstance(plan, Plan):
         plan = Plan.from_dict(plan, dataset.samples)
-    return PlanUses(registered_accesses(plan, dataset), dataset)
+    return PlanUses(registered_accesses(plan, dataset), dataset, plan.world_size)
 
 
 def soonest(plans: Sequence[tuple[PlanUses, int]], key: ChunkKey) -> float:
