@@ -28,6 +28,7 @@ from stager.protocol.authmsg import TokenInfo
 from stager.protocol.manifest import Manifest, ManifestFile
 from stager.protocol.models import LayoutSpec, TargetInfo
 from stager.testing import ThreadCluster
+from stager.testing.cachestore import attachment, cached
 from stager.testing.metastore import commit_one, upload
 
 
@@ -67,6 +68,12 @@ async def fill(store: MetaStore) -> None:
     await store.revoke_token("a" * 32, now=50)
     await store.set_quota("/later", max_bytes=1 << 20, max_files=None)
     await store.pin("/later/moved", expires=None, now=8.0)
+    f3 = (await store.stat("/later/moved/f3")).file_id
+    assert f3 is not None
+    await store.put_attachment(attachment("/later/moved", hits=4, misses=2))
+    await store.put_cached_files([cached(f3, "/later/moved", "f3")])
+    assert await store.take_fill(f3, 0, "s1", until=20.0, now=10.0)
+    assert await store.record_fill(f3, 0, size=30, crc=1, now=10.0)
 
 
 async def everything(store: MetaStore) -> dict[str, Any]:
@@ -74,6 +81,8 @@ async def everything(store: MetaStore) -> dict[str, Any]:
             "manifests": await store.dump_manifests(after=0, limit=10_000),
             "targets": await store.list_targets(), "tokens": await store.list_tokens(),
             "quotas": await store.list_quotas(), "pins": await store.pins(0.0),
+            "attachments": await store.attachments(),
+            "cached_files": await store.cached_files("/later/moved"),
             "counts": await store.counts()}
 
 
@@ -87,8 +96,11 @@ async def test_a_store_is_copied_exactly(open_kind: Callable[[str, str], MetaSto
         report = await migrate(source, target, page=2)       # small pages: paging is used
         assert report.to_json() == {"directories": 4, "files": 4, "bytes": 100,
                                     "manifests": 1, "targets": 1, "tokens": 1, "quotas": 1,
-                                    "pins": 1, "garbage": 1, "uploads_dropped": 1}
+                                    "pins": 1, "attachments": 1, "cached_files": 1,
+                                    "garbage": 1, "uploads_dropped": 1}
         assert await everything(target) == await everything(source)
+        assert await source.cache_usage() == {"/later/moved": (1, 30, 1, 30)}
+        assert await target.cache_usage() == {"/later/moved": (1, 30, 0, 0)}   # cold
         assert (await target.stat("/later/moved/f2")).checksums == (2, 2)
         # the removed file and the pending upload both wait to be purged
         garbage = {g.file_id[:2] for g in await target.take_garbage(10)}

@@ -9,6 +9,12 @@ Chunks stay where they are: file ids and layouts are kept, so the data servers
 need nothing, and a metadata server started on the new store serves the same
 files from the same targets.
 
+Attached directories go across with their files' rows (source key and version), but
+not which of their chunks are filled: a migrated cache starts cold.  The bytes already
+fetched stay on the data servers under the same file ids and are written over by the
+first read's fill (or purged with the file on a detach), so nothing is served that
+was not fetched again.
+
 Uploads in progress are not copied: a writer that was mid-file when its server
 stopped cannot commit on the new store.  Their chunks are not lost track of
 either: each becomes garbage in the new store, which the new server purges.
@@ -50,6 +56,8 @@ class MigrationReport:
     tokens: int = 0
     quotas: int = 0
     pins: int = 0
+    attachments: int = 0
+    cached_files: int = 0
     garbage: int = 0
     uploads_dropped: int = 0
 
@@ -74,6 +82,7 @@ async def emptiness(store: MetaStore) -> list[str]:
                         ("tokens", await store.list_tokens()),
                         ("quotas", await store.list_quotas()),
                         ("pins", await store.pins(time.time())),
+                        ("attached directories", await store.attachments()),
                         ("uploads in progress", await store.expired_uploads(math.inf)),
                         ("files waiting to be purged", await store.take_garbage(1))):
         if found:
@@ -150,6 +159,13 @@ async def migrate(source: MetaStore, target: MetaStore, *, page: int = PAGE,
     for pin in await source.pins(time.time()):
         await target.pin(pin.path, expires=pin.expires, now=pin.created)
         report.pins += 1
+    for attachment in await source.attachments():      # the cache starts cold
+        await target.put_attachment(attachment)
+        files = await source.cached_files(attachment.path)
+        for i in range(0, len(files), page):
+            await target.put_cached_files(files[i:i + page])
+        report.attachments += 1
+        report.cached_files += len(files)
     await _copy_garbage(source, target, page, report)
     expected = await source.counts()
     copied = await target.counts()
