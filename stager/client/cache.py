@@ -39,17 +39,21 @@ class CacheCalls:
         options, kept by the metadata server (encrypted), never sent back."""
         body = AttachRequest(src, refresh, tuple(include), tuple(exclude),
                              dict(options or {})).to_json()
+        self.meta.forget(dst)
         return Refreshed.from_json(await self.meta.request(route("attach"), path=dst,
                                                            body=body))
 
     async def refresh(self, dst: str) -> Refreshed:
         """List ``dst``'s source again: changed files read their new bytes from now on."""
-        return Refreshed.from_json(await self.meta.request(route("refresh_attachment"),
-                                                           path=dst, body={}))
+        answer = await self.meta.request(route("refresh_attachment"), path=dst, body={})
+        self.meta.forget(dst)       # a changed file has a new id: stat it again
+        return Refreshed.from_json(answer)
 
     async def detach(self, dst: str) -> Detached:
         """Forget the view ``dst`` and free its cached bytes (admin)."""
-        return Detached.from_json(await self.meta.request(route("detach"), path=dst))
+        answer = await self.meta.request(route("detach"), path=dst)
+        self.meta.forget(dst)
+        return Detached.from_json(answer)
 
     async def attachments(self) -> list[Attachment]:
         return list(AttachmentList.from_json(

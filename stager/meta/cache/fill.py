@@ -10,7 +10,8 @@ once, and counts as a hit.  A missing one is fetched by exactly one metadata ser
   it leased waits for the row to be filled (or the lease to run out: its holder
   died, and the chunk is taken over).
 
-The holder reads the chunk's byte range from the source, writes it to every target
+The holder reads the chunk's byte range from the source, checks that the file is
+still the version listed (else the bytes might mix two versions), writes it to every target
 the layout names for it (as a write from this server, with its own capability),
 and records it filled; at least one copy must be stored.  A source that fails
 fails the fill of that file only, as a :class:`~stager.errors.SourceError` (502)
@@ -33,6 +34,7 @@ from ...protocol.batch import check_count
 from ...protocol.cache import Filled, FillItem
 from ...protocol.models import chunk_id
 from ..store.base import AttachmentRecord, CachedFile, StoredFile
+from .attach import version_of
 
 if TYPE_CHECKING:
     from ...dataplane import DataPlane
@@ -151,11 +153,14 @@ class Filler:
             self.fetches += 1
             data = await source.read(cached.key, start, start + length)
             self.fetched_bytes += len(data)
-        if len(data) != length:
-            raise SourceError(f"source {source.name(cached.key)} changed: {len(data)} bytes at "
-                              f"{start}, {length} listed; run stager attach --refresh "
-                              f"{cached.attachment}", url=source.name(cached.key),
-                              path=cached.path)
+            # the file must still be the version listed, else these bytes may be of
+            # another version than the chunks filled before: never mixed
+            now = version_of(await source.info(cached.key))
+        if len(data) != length or now != cached.version:
+            raise SourceError(f"source {source.name(cached.key)} changed since it was listed "
+                              f"({len(data)} bytes at {start}, {length} expected); run: "
+                              f"stager attach --refresh {cached.attachment}",
+                              url=source.name(cached.key), path=cached.path)
         crc = crc32c(data)
         await self._store_copies(chunk_id(cached.file_id, index),
                                  chunk_targets(layout, index), data, crc)
