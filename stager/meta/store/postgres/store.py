@@ -4,8 +4,9 @@
 call is a coroutine that waits on the database without a thread.  The
 connection pool, the schema and its migrations, and the retries of conflicted
 transactions live in :mod:`.postgres.db`; the SQL in :mod:`.postgres.namespace` (paths,
-directories, manifests), :mod:`.postgres.uploads` (writes, batches, garbage) and
-:mod:`.postgres.files` (files by id, tokens, targets).  Writes of uploads that queue
+directories, manifests), :mod:`.postgres.uploads` (writes, batches, garbage),
+:mod:`.postgres.files` (files by id, tokens, targets) and :mod:`.postgres.cache`
+(attached directories and their filled chunks).  Writes of uploads that queue
 up while one is under way share one transaction (:mod:`.postgres.group`), as the
 SQLite store's do; everything else runs in a transaction of its own, several at
 once over the pool.

@@ -4,7 +4,8 @@
 SQL on one thread (:mod:`.sqlite.thread`), so the event loop never waits on SQLite
 or on an fsync.  The SQL itself lives in helper objects over one connection
 (:mod:`.sqlite.db`): the namespace, uploads and targets (:mod:`.sqlite.namespace`),
-and the files as rebuild, repair and fsck see them (:mod:`.sqlite.reliability`).
+the files as rebuild, repair and fsck see them (:mod:`.sqlite.reliability`), and the
+managed cache's attachments and filled chunks (:mod:`.sqlite.cache`).
 Writes of uploads that queue up while the thread is busy share one transaction
 (group commit); everything else runs alone.
 """
