@@ -19,4 +19,5 @@ side with stager in the same run, so the ratios hold even on a busy machine.
 # found by file name: a helper module (``bench_metadata_pg.py``, the store rows of
 # ``metadata``) is never taken for a benchmark.
 BENCHMARKS = ("striping", "loopback", "small_samples", "metadata", "writes", "write_failover",
-              "memory", "auth", "jobcluster", "jobstart", "loader", "mount", "stage")
+              "memory", "auth", "jobcluster", "jobstart", "loader", "mount", "stage",
+              "cache")

@@ -1,53 +1,146 @@
 """Eviction policies on issue 28's scenario, simulated: ``python -m bench.sim_eviction``.
 
 A simulation of the policies (:mod:`stager.eviction`), not a measurement of the
-servers, hence not one of :data:`bench.BENCHMARKS`.  The scenario: a dataset
+servers; ``python -m bench cache`` reports it (:mod:`bench.bench_cache`), and
+this module's command prints it for other sizes.  The scenario: tar shards
 1.5x the cache, read for two shuffled epochs by a Loader with world size 2 and
-the default order (``window_of_blocks``, a block per chunk as the tar format
-gives, the Loader's default window of 8 blocks).  The trace is every rank's
-chunk reads in step order (each chunk once per batch), derived from the plan by
-:func:`stager.plans.accesses.plan_accesses`; ``plan`` evicts by that plan's
-next uses, ``belady`` by the trace's own (the offline optimum).
+the default order (``window_of_blocks``, a shuffle block per chunk of a shard
+as the tar format gives, the Loader's default window of 8 blocks).  Samples
+vary in size and many cross a chunk boundary, so a batch reads the chunks of
+its samples' extents.
 
-Printed per policy: the hit ratio of chunk reads and the source fetches, over
+The trace is every rank's chunk reads in step order (each chunk once per
+batch), derived as the metadata server derives them: from the plan's
+parameters as a Loader registers them and the dataset's sample extents
+(:mod:`stager.plans.registered`).  ``plan`` evicts by that registered plan's
+next uses (:class:`~stager.plans.registered.PlanUses`), ``belady`` by the
+trace's own (the offline optimum), ``lru`` and ``s3fifo`` by the past.
+
+Printed per policy: the hit ratio of chunk reads and the source requests, over
 both epochs and over the second alone (the first fetches every chunk once
-whatever the policy), then plan/belady and plan/lru.  A chunk is read by about
-eight batches of its shuffle window in a row, and all but the first of those
-reads hit under every policy, so the hit ratios sit close together; the
-policies differ in the second epoch's source fetches.
+whatever the policy).
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from stager.eviction import Simulated, Uses, simulate
-from stager.plans.accesses import plan_accesses
-from stager.plans.order import regular_blocks
+from stager.plans.accesses import Accesses
+from stager.plans.registered import Dataset, Plan, plan_uses, registered_accesses
 
 MiB = 1 << 20
 POLICIES = ("lru", "s3fifo", "plan", "belady")
 
 
-def scenario(chunks: int, per_chunk: int, world: int, batch: int, seed: int
-             ) -> tuple[np.ndarray, int]:
-    """(the trace of chunk keys, where the second epoch starts in it)."""
-    samples = chunks * per_chunk
-    accesses = plan_accesses(np.arange(samples) // per_chunk,
-                             block_starts=regular_blocks(samples, per_chunk),
-                             batch_size=batch, world_size=world, epochs=(0, 1),
-                             window=8 * per_chunk, seed=seed)
-    steps_per_epoch = samples // (world * batch)
-    return accesses.key, int(np.searchsorted(accesses.step, steps_per_epoch))
+@dataclass(frozen=True, eq=False)
+class Scenario:
+    """A dataset, the plan a Loader registers for it, and the cache it is read through."""
+
+    dataset: Dataset
+    plan: dict[str, Any]            # as a request body has it
+    sizes: dict[int, int]           # chunk key -> bytes
+    capacity: int                   # bytes
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.sizes.values())
 
 
-def row(name: str, whole: Simulated, first: Simulated, seconds: float) -> list[str]:
-    hits, misses = whole.hits - first.hits, whole.misses - first.misses
-    return [name, f"{whole.hit_ratio:.3f}", f"{whole.misses}",
-            f"{hits / max(1, hits + misses):.3f}", f"{misses}", f"{seconds:.2f}"]
+def tar_shards(chunks: int, per_chunk: int, *, shard_chunks: int = 64,
+               chunk_size: int = 4 * MiB, seed: int = 0) -> tuple[Dataset, np.ndarray,
+                                                                  dict[int, int]]:
+    """``chunks`` chunks of tar-like shards of ``shard_chunks`` chunks each, about
+    ``per_chunk`` samples a chunk (sizes 0.5-1.5x the mean, end to end).
+    Returns (the dataset, its shuffle blocks, bytes of each chunk key)."""
+    rng = np.random.default_rng(seed)
+    mean = chunk_size // per_chunk
+    files: list[str] = []
+    sample_file: list[np.ndarray] = []
+    offsets: list[np.ndarray] = []
+    lengths: list[np.ndarray] = []
+    sizes: dict[int, int] = {}
+    for shard, first in enumerate(range(0, chunks, shard_chunks)):
+        size = min(shard_chunks, chunks - first) * chunk_size
+        length = rng.integers(mean // 2, mean * 3 // 2, 2 * size // mean + 2)
+        length = length[:np.searchsorted(np.cumsum(length), size, side="right")]
+        files.append(f"shard-{shard:05d}")
+        sample_file.append(np.full(len(length), shard))
+        offsets.append(np.cumsum(length) - length)
+        lengths.append(length)
+        for c in range(-(-size // chunk_size)):
+            sizes[shard << 32 | c] = min(chunk_size, size - c * chunk_size)
+    file, offset = np.concatenate(sample_file), np.concatenate(offsets)
+    n = len(file)
+    data = Dataset(tuple(files), (chunk_size,) * len(files), n, sample=np.arange(n),
+                   file=file, offset=offset, length=np.concatenate(lengths))
+    # a block is the samples starting in one chunk of one shard (the tar format's)
+    first = offset // chunk_size
+    change = (np.diff(file) != 0) | (np.diff(first) != 0)
+    blocks = np.concatenate(([0], np.nonzero(change)[0] + 1)).astype(np.int64)
+    return data, blocks, sizes
+
+
+def scenario(chunks: int, per_chunk: int = 32, *, world: int = 2, batch: int = 32,
+             seed: int = 0, ratio: float = 1.5) -> Scenario:
+    """Issue 28's scenario: two shuffled epochs of a dataset ``ratio`` x the cache."""
+    data, blocks, sizes = tar_shards(chunks, per_chunk, seed=seed)
+    window = max(1, round(8 * data.samples / len(blocks)))    # the Loader's default
+    plan = {"seed": seed, "epoch": 0, "epochs": 2, "world_size": world, "batch_size": batch,
+            "window": window, "blocks": blocks.tolist()}
+    return Scenario(data, plan, sizes, int(sum(sizes.values()) / ratio))
+
+
+@dataclass(frozen=True)
+class Compared:
+    """What each policy did over both epochs (``whole``) and the first alone."""
+
+    reads: int
+    second: int                     # where the second epoch starts in the trace
+    whole: dict[str, Simulated]
+    first: dict[str, Simulated]
+    seconds: dict[str, float]       # simulation time of ``whole``
+
+    def second_epoch(self, policy: str) -> tuple[float, int]:
+        """(hit ratio, source requests) of the second epoch alone."""
+        whole, first = self.whole[policy], self.first[policy]
+        hits, misses = whole.hits - first.hits, whole.misses - first.misses
+        return hits / max(1, hits + misses), misses
+
+
+def trace_of(s: Scenario) -> tuple[Accesses, int]:
+    """The plan's chunk reads and where its second epoch starts among them."""
+    plan = Plan.from_dict(s.plan, s.dataset.samples)
+    accesses = registered_accesses(plan, s.dataset)
+    return accesses, int(np.searchsorted(accesses.step, plan.steps(s.dataset.samples, True)))
+
+
+def compare(s: Scenario, policies: tuple[str, ...] = POLICIES) -> Compared:
+    """Each policy over the scenario's trace, through a cache of ``s.capacity``."""
+    accesses, second = trace_of(s)
+    trace = accesses.key
+    # plan: the next uses the metadata server derives from the registered parameters
+    registered = plan_uses(s.plan, s.dataset)
+    step, rank, name = accesses.step.tolist(), accesses.rank.tolist(), s.dataset.name
+
+    def by_plan(key: int, now: int) -> float:
+        return registered.after(name(key), step[now], rank[now])
+
+    uses = {"plan": by_plan, "belady": Uses(trace)}
+    whole, first, seconds = {}, {}, {}
+    for policy in policies:
+        start = time.perf_counter()
+        whole[policy] = simulate(trace, s.sizes, s.capacity, policy,
+                                 next_use=uses.get(policy))
+        seconds[policy] = time.perf_counter() - start
+        first[policy] = simulate(trace[:second], s.sizes, s.capacity, policy,
+                                 next_use=uses.get(policy))
+    return Compared(len(trace), second, whole, first, seconds)
 
 
 def main() -> None:
@@ -59,40 +152,20 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ratio", type=float, default=1.5, help="dataset / cache")
     args = parser.parse_args()
-
-    trace, second = scenario(args.chunks, args.per_chunk, args.world, args.batch, args.seed)
-    sizes = np.full(args.chunks, 4 * MiB, dtype=np.int64)
-    capacity = int(args.chunks / args.ratio) * 4 * MiB
-    uses = Uses(trace)          # plan's uses and the trace's are the same list here
-    print(f"{args.chunks} chunks of 4 MiB ({args.chunks * 4 / 1024:.1f} GiB), cache "
-          f"{capacity / (1 << 30):.1f} GiB, world {args.world}, batch {args.batch}, "
-          f"2 epochs: {len(trace)} chunk reads (epoch 2 from read {second})")
-    columns = ["policy", "hit ratio", "source fetches", "epoch 2 hit ratio",
-               "epoch 2 fetches", "sim s"]
-    rows, results = [], {}
-    for name in POLICIES:
-        next_use = uses if name in ("plan", "belady") else None
-        start = time.perf_counter()
-        whole = simulate(trace, sizes, capacity, name, next_use=next_use)
-        seconds = time.perf_counter() - start
-        first = simulate(trace[:second], sizes, capacity, name, next_use=next_use)
-        results[name] = (whole, first)
-        rows.append(row(name, whole, first, seconds))
-    print("| " + " | ".join(columns) + " |")
-    print("|" + " --- |" + " ---: |" * (len(columns) - 1))
-    for r in rows:
-        print("| " + " | ".join(r) + " |")
-
-    def ratio(a: str, b: str) -> str:
-        (wa, fa), (wb, fb) = results[a], results[b]
-        second_a = (wa.hits - fa.hits) / max(1, wa.hits - fa.hits + wa.misses - fa.misses)
-        second_b = (wb.hits - fb.hits) / max(1, wb.hits - fb.hits + wb.misses - fb.misses)
-        fetch_a, fetch_b = wa.misses - fa.misses, wb.misses - fb.misses
-        return (f"{a}/{b}: hit ratio {wa.hit_ratio / wb.hit_ratio:.3f}, epoch 2 hit ratio "
-                f"{second_a / max(second_b, 1e-9):.3f}; epoch 2 source fetches {fetch_a} vs "
-                f"{fetch_b} ({fetch_b / max(1, fetch_a):.2f}x as many for {b})")
-    print(ratio("plan", "belady"))
-    print(ratio("plan", "lru"))
+    s = scenario(args.chunks, args.per_chunk, world=args.world, batch=args.batch,
+                 seed=args.seed, ratio=args.ratio)
+    got = compare(s)
+    print(f"{len(s.sizes)} chunks ({s.nbytes / (1 << 30):.2f} GiB, "
+          f"{s.dataset.samples} samples), cache {s.capacity / (1 << 30):.2f} GiB, world "
+          f"{args.world}, batch {args.batch}, 2 epochs: {got.reads} chunk reads (epoch 2 "
+          f"from read {got.second})")
+    print("| policy | hit ratio | source requests | epoch 2 hit ratio | epoch 2 requests |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for policy in POLICIES:
+        whole = got.whole[policy]
+        ratio, requests = got.second_epoch(policy)
+        print(f"| {policy} | {whole.hit_ratio:.3f} | {whole.misses} | {ratio:.3f} | "
+              f"{requests} |")
 
 
 if __name__ == "__main__":
