@@ -281,7 +281,7 @@ class Uses:
         order = np.lexsort((times, keys))
         self._times: list[int] = times[order].tolist()
         unique, first = np.unique(keys[order], return_index=True)
-        last = np.append(first[1:], len(keys))
+        last = np.append(first[1:], len(keys))[:len(first)]     # none for no keys
         self._span = dict(zip(unique.tolist(), zip(first.tolist(), last.tolist(),
                                                    strict=True), strict=True))
 

@@ -209,6 +209,7 @@ def test_uses_answer_the_first_use_after_now() -> None:
     uses = Uses([7, 8, 7, 7], [3, 4, 9, 12])
     assert [uses(7, t) for t in (0, 3, 9, 12)] == [3, 9, 12, math.inf]
     assert uses(9, 0) == math.inf
+    assert Uses([])(7, 0) == math.inf           # a plan of no reads
 
 
 @pytest.mark.parametrize("policy", sorted(EVICTION))

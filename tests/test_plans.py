@@ -212,3 +212,12 @@ def test_a_plan_that_is_not_an_object_or_extents_out_of_range_are_bad_requests()
                 length=[1, 1])
     with pytest.raises(BadRequest, match="chunk size"):
         Dataset(FILES, (100, 0, 100), 1, sample=[0], file=[0], offset=[0], length=[1])
+
+
+def test_a_dataset_of_no_samples_or_empty_samples_is_read_by_no_plan() -> None:
+    empty = Dataset(FILES, CHUNK_SIZES, 0, sample=[], file=[], offset=[], length=[])
+    uses = plan_uses(params(), empty)
+    assert len(uses.accesses) == 0 and uses(("f-a", 0), 0) == math.inf
+    hollow = Dataset(FILES, CHUNK_SIZES, 64, sample=np.arange(64), file=np.zeros(64),
+                     offset=np.arange(64), length=np.zeros(64))
+    assert len(plan_uses(params(), hollow).accesses) == 0
