@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from conftest import Reply, raw_http
@@ -80,6 +82,10 @@ class World:
 
     def __init__(self, cluster: ThreadCluster) -> None:
         self.cluster = cluster
+        # a source directory to attach (outside the cluster's root: refused there)
+        self.source_dir = tempfile.TemporaryDirectory(prefix="stager-src-")
+        (Path(self.source_dir.name) / "s.bin").write_bytes(b"s" * 1000)
+        self.source = f"file://{self.source_dir.name}"
         self.urls = {"meta": cluster.meta_url, "data": cluster.data[0].url}  # type: ignore[union-attr]
         self.key = load_key(cluster.root / "meta" / "auth" / KEY_FILE)
         self.fresh = itertools.count()
@@ -179,6 +185,16 @@ class World:
 
     def stat(self, path: str, cred: str) -> dict[str, Any]:
         return dict(self.admin("GET", route("stat").target(path=path), cred=cred).json())
+
+    def attach(self) -> str:
+        """A new attached directory under ``/m`` (of :attr:`source`)."""
+        path = self.name("at")
+        self.admin("PUT", route("attach").target(path=path), as_json({"source": self.source}))
+        return path
+
+    def cached_file(self) -> str:
+        """The file id of a file of a new attached directory."""
+        return str(self.stat(f"{self.attach()}/s.bin", "read_m")["file_id"])
 
     def fake_target(self) -> str:
         """A registered target no server serves (its credential in :attr:`creds` as
@@ -328,6 +344,15 @@ CASES: dict[str, Case] = {
     "pin": Case(lambda w: Sent("PUT", route("pin").target(path=w.mkdir("pn")),
                                as_json({"ttl": 60})), **WRITE_M),
     "unpin": Case(_unpin, **WRITE_M),
+    # metadata server: attached directories
+    "list_attachments": Case(lambda w: get("list_attachments"), "read_m", scope="write"),
+    "attach": Case(lambda w: Sent("PUT", route("attach").target(path=w.name("at")),
+                                  as_json({"source": w.source})), **ADMIN),
+    "refresh_attachment": Case(lambda w: post("refresh_attachment", {}, path=w.attach()),
+                               **WRITE_M),
+    "detach": Case(lambda w: get("detach", path=w.attach()), **ADMIN),
+    "fill": Case(lambda w: post("fill", {"items": [{"file_id": w.cached_file(), "chunks": [0]}]}),
+                 **READ_M),
     # metadata server: tokens and capabilities
     "create_token": Case(lambda w: post("create_token", TokenRequest(
         ("read",), ("/m",), 60, "made").to_json()), **ADMIN),

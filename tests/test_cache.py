@@ -296,8 +296,7 @@ def test_fill_is_refused_to_a_token_that_may_not_read_the_file(
             body = json.dumps({"items": [{"file_id": file_id, "chunks": [0]}]}).encode()
             reply = raw_http(c.meta_url, "POST", "/v1/fill", body, headers={
                 "Authorization": f"Bearer {team_b}", "Content-Type": "application/json"})
-            assert reply.status == 200, reply.body
-            assert reply.json()["results"][0]["error"] == "forbidden"
+            assert reply.status == 403 and reply.json()["error"] == "forbidden", reply.body
             with pytest.raises(Forbidden):          # attaching takes an admin token
                 other.attach(f"file://{src}", "/team-b/view")
         finally:

@@ -20,6 +20,7 @@ from stager.errors import (
     error_from_wire,
     unreachable,
 )
+from stager.protocol import cache
 from stager.protocol import cluster as c
 from stager.protocol import jobreport as j
 from stager.protocol import messages as m
@@ -139,6 +140,10 @@ async def test_odd_names_travel_whole(aclient: AsyncClient, ns: str) -> None:
 
 
 # -- models --------------------------------------------------------------------------------
+_ATTACHMENT = cache.Attachment("/d", "https://h/data/", None, ("*.tar",), (), 5.0, 3, 30, 10,
+                               2, 4, 1)
+
+
 def _answers() -> dict[str, object]:
     """An example of each answer model of the cluster, maintenance and jobs routes."""
     target = TargetInfo("t0", "n0", "http://h:1", capacity=10, used=2, state="up")
@@ -161,6 +166,10 @@ def _answers() -> dict[str, object]:
         "Pin": q.Pin("/d", 12.5, 2.0),
         "PinList": q.PinList((q.Pin("/d", None, 2.0),)),
         "Unpinned": q.Unpinned("/d"),
+        "Attachment": _ATTACHMENT,
+        "AttachmentList": cache.AttachmentList((_ATTACHMENT,)),
+        "Refreshed": cache.Refreshed(_ATTACHMENT, 1, 2, 3, 4),
+        "Detached": cache.Detached("/d", 3, 7),
         "JobList": j.JobList((j.JobStatus("job", {"worst_stall_fraction": 0.5},
                                           ({"job": "job", "rank": 0, "worker": None},)),)),
     }
@@ -249,6 +258,8 @@ def _examples() -> dict[str, object]:
         "FsckRequest": m.FsckRequest(True),
         "QuotaRequest": q.QuotaRequest(1 << 30, 10),
         "PinRequest": q.PinRequest(60.0),
+        "AttachRequest": cache.AttachRequest("s3://bucket/data", 60.0, ("*.tar",), ("*.log",),
+                                             {"endpoint_url": "http://h:1"}),
         "Listing": m.Listing("/d", (), "x"),
         "MkdirRequest": m.MkdirRequest("/d", True, True, LayoutSpec(replicas=1)),
         "SetLayoutRequest": m.SetLayoutRequest("/d", LayoutSpec(replicas=1)),
@@ -292,7 +303,8 @@ def test_the_openapi_schema_names_every_field_of_its_model(name: str) -> None:
 def test_every_json_request_body_has_a_model() -> None:
     bodies = {r.body for r in ROUTES if r.body not in (None, "binary")}
     parsed_elsewhere = {"Target", "Manifest", "JobReport",
-                        "CreateRequest", "CommitRequest", "AbortRequest"}   # batches
+                        "CreateRequest", "CommitRequest", "AbortRequest",
+                        "FillRequest"}   # batches
     assert bodies - parsed_elsewhere <= set(_examples())
 
 
@@ -302,5 +314,5 @@ def test_every_json_answer_has_a_model() -> None:
     shaped_elsewhere = {"object",           # /openapi.json: the document itself
                         "Target", "FileInfo", "Manifest", "CreateResult",
                         "CommitResult", "AbortResult",
-                        "CapabilityResult"}     # a batch answer (results_json)
+                        "CapabilityResult", "FillResults"}  # batch answers (results_json)
     assert answers - shaped_elsewhere <= set(_examples())

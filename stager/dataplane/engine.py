@@ -45,6 +45,7 @@ FAILOVER_ERRORS = (TargetUnavailable, CorruptChunk, ChunkNotFound, StorageError)
 _SHIFT = 40            # chunk row << _SHIFT + offset: one sortable position
 RANGED, WHOLE, DIRECT = 0, 1, 2    # how a chunk's pieces are read (ReadEngine._kind)
 FEW_CHUNKS = 4         # up to this many, routed on plain ints (ReadEngine._route)
+FILL_WINDOW = 16       # chunks of cached files filled, then read, at a time
 
 Buffer = bytes | bytearray | memoryview
 Outcome = tuple[np.ndarray, StagerError | None]     # the pieces a request served, its error
@@ -158,15 +159,20 @@ class ReadEngine:
         ``None`` where the piece is ``alone``: it becomes ``bytes``).  Raises the
         first chunk's error, or with ``raise_errors=False`` returns the error of
         each destination that could not be read."""
-        state = _Failover(plan)
         cached = plan.chunks.cached
+        if cached.any() and len(cached) > FILL_WINDOW:
+            return await self._run_parts(plan, out, raise_errors)
+        state = _Failover(plan)
         if cached.any():
             await self._fill(plan, state, np.flatnonzero(cached).tolist())
         kinds = self._route(plan)
         await self._rounds(plan, out, kinds, state)
-        stuck = np.unique(plan.chunk[~state.done]).tolist()
-        again = [c for c in stuck if cached[c] and c not in state.dead]
-        if again:       # evicted, or its copies lost, since the fill: fetched anew, once
+        for _ in range(self.options.retries):
+            stuck = np.unique(plan.chunk[~state.done]).tolist()
+            again = [c for c in stuck if cached[c] and c not in state.dead]
+            if not again:
+                break
+            # evicted, or its copies lost, since the fill: fetched anew
             state.tried.clear()
             await self._fill(plan, state, again, again=set(again))
             await self._rounds(plan, out, kinds, state)
@@ -179,6 +185,20 @@ class ReadEngine:
             raise next(iter(failed.values()))
         return {int(d): failed[c] for d, c in zip(plan.dest[~done].tolist(),
                                                    plan.chunk[~done].tolist(), strict=True)}
+
+    async def _run_parts(self, plan: ReadPlan, out: list[Any], raise_errors: bool
+                         ) -> dict[int, StagerError]:
+        """A plan touching many chunks of cached files, run ``FILL_WINDOW`` chunks at a
+        time: each part filled, then read, before the next is filled (a plan larger
+        than the cache would otherwise evict its own first chunks before reading them)."""
+        failed: dict[int, StagerError] = {}
+        n = len(plan.chunks.name)
+        for a in range(0, n, FILL_WINDOW):
+            got = await self.run(plan.part(a, min(n, a + FILL_WINDOW)), out,
+                                 raise_errors=raise_errors)
+            for d, error in got.items():
+                failed.setdefault(d, error)
+        return failed
 
     async def _rounds(self, plan: ReadPlan, out: list[Any], kinds: list[int],
                       state: _Failover) -> None:

@@ -98,6 +98,17 @@ class ReadPlan:
     def __len__(self) -> int:
         return len(self.chunk)
 
+    def part(self, a: int, b: int) -> ReadPlan:
+        """The pieces of chunks ``a`` to ``b - 1`` only, as a plan of their own (into
+        the same destinations)."""
+        lo, hi = int(self.bounds[a]), int(self.bounds[b])
+        c = self.chunks
+        return ReadPlan(self.chunk[lo:hi] - a, self.offset[lo:hi], self.length[lo:hi],
+                        self.dest[lo:hi], self.at[lo:hi], self.alone[lo:hi],
+                        self.bounds[a:b + 1] - lo,
+                        Chunks(c.name[a:b], c.replicas[a:b], c.full[a:b], c.crc[a:b],
+                               c.known[a:b], c.urls, c.cached[a:b]))
+
 
 class FileTable:
     """The files a reader plans against; remembers each chunk's id, replicas,

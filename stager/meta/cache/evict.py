@@ -4,8 +4,9 @@ Every ``cache_interval`` the duty holder (the one metadata server that collects
 garbage) sums the filled bytes; past ``cache_high`` of the limit it frees down to
 ``cache_low``.  Candidates are filled chunks only: written files, staged files and
 every file outside an attached directory have no chunk rows and are never touched;
-a chunk of a pinned path is never a victim; a chunk read in the last ``GRACE``
-seconds is spared while another will do (its reader may be on its way to it).
+a chunk of a pinned path is never a victim; a chunk handed to a reader in the last
+``GRACE`` seconds is spared while another will do (its reader is on its way to it): a
+fill that needs room waits for such chunks to age rather than evict them at once.
 
 The victims are chosen by the named policy of :mod:`stager.eviction` (``cache_policy``),
 fed the chunks in the order they were last used: ``lru`` takes the least recently
@@ -17,12 +18,14 @@ on every target of its layout.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ...dataplane.admin import delete_chunk
-from ...errors import StagerError
+from ...errors import InsufficientStorage, StagerError
 from ...eviction import EVICTION, NextUse
 from ...layout import chunk_targets
 from ...protocol import paths
@@ -34,7 +37,8 @@ if TYPE_CHECKING:
     from ..service import MetaService
 
 log = logging.getLogger(__name__)
-GRACE = 5.0             # seconds a chunk just read is spared
+GRACE = 1.0             # seconds a chunk just handed to a reader is spared
+POLL = 0.05             # seconds between looks while a fill waits for room
 PAGE = 10000
 
 
@@ -46,6 +50,9 @@ class Evictor:
         self.plane = plane
         self.next_use: Callable[[], NextUse | None] = lambda: None   # from registered plans
         self.evicted = 0                # chunks evicted by this server (for status, tests)
+        self.filled: int | None = None  # filled bytes, as last counted plus fills since
+        self.inflight = 0               # bytes of fills reserved and not yet recorded
+        self._room = asyncio.Lock()
 
     async def round(self) -> int:
         """One look at the filled bytes; evicts past the high watermark.  Returns the
@@ -53,13 +60,59 @@ class Evictor:
         limit = self.config.cache_limit
         if limit <= 0:
             return 0
-        usage = await self.store.cache_usage()
-        filled = sum(u[3] for u in usage.values())
-        if filled <= limit * self.config.cache_high:
-            return 0
-        chunks = await self._all_chunks()
-        victims = await self._victims(chunks, filled - int(limit * self.config.cache_low))
+        async with self._room:
+            self.filled = await self._filled_total()
+            if self.filled <= limit * self.config.cache_high:
+                return 0
+            return await self._free(self.filled - int(limit * self.config.cache_low))
+
+    async def reserve(self, size: int) -> None:
+        """Room for a fill of ``size`` bytes under the limit, evicting first if need be
+        (a fill never takes the cache past ``cache_limit``; the rounds keep it under
+        the high watermark); the fill then calls :meth:`filled_one`.
+        InsufficientStorage when only pinned chunks are left."""
+        limit = self.config.cache_limit
+        if limit <= 0:
+            return
+        async with self._room:
+            if self.filled is None or self.filled + self.inflight + size > limit:
+                self.filled = await self._filled_total()     # other servers fill too
+            wanted = self.filled + self.inflight + size
+            if wanted > limit:
+                await self._free(wanted - int(limit * self.config.cache_low),
+                                 patience=2 * GRACE)
+            if self.filled + self.inflight + size > limit:
+                raise InsufficientStorage(
+                    f"the cache limit of {limit} bytes is taken by pinned or in-flight "
+                    f"chunks ({self.filled + self.inflight} bytes): nothing can be evicted "
+                    "for this fill", limit=limit, used=self.filled + self.inflight)
+            self.inflight += size
+
+    def filled_one(self, size: int, ok: bool) -> None:
+        """A reserved fill ended: recorded (``ok``), or failed."""
+        if self.config.cache_limit > 0:
+            self.inflight -= size
+            if ok and self.filled is not None:
+                self.filled += size
+
+    async def _filled_total(self) -> int:
+        return sum(u[3] for u in (await self.store.cache_usage()).values())
+
+    async def _free(self, need: int, *, patience: float = 0.0) -> int:
+        """Evict at least ``need`` bytes if it can be done: sparing the chunks just
+        handed to readers (they are on their way to read them) for up to ``patience``
+        seconds, then not; never a pinned one.  The number of chunks evicted."""
+        deadline = time.monotonic() + patience
+        while True:
+            chunks = await self._all_chunks()
+            last = time.monotonic() >= deadline
+            victims = await self._victims(chunks, need, spare_recent=not last)
+            if last or sum(c.size for c in victims) >= need:
+                break
+            await asyncio.sleep(POLL)
         await self._evict(victims)
+        assert self.filled is not None
+        self.filled -= sum(c.size for c in victims)
         return len(victims)
 
     async def _all_chunks(self) -> list[CachedChunk]:
@@ -72,11 +125,15 @@ class Evictor:
                 return out
             after = (page[-1].file_id, page[-1].index)
 
-    async def _victims(self, chunks: list[CachedChunk], need: int) -> list[CachedChunk]:
+    async def _victims(self, chunks: list[CachedChunk], need: int, *, spare_recent: bool
+                       ) -> list[CachedChunk]:
+        """The chunks to drop to free ``need`` bytes, by the policy; never a pinned one,
+        and with ``spare_recent`` none handed to a reader in the last ``GRACE`` seconds."""
         now = self.service.clock()
         pins = await self.store.pins(now)
-        pinned = {(c.file_id, c.index) for c in chunks
-                  if any(paths.is_within(c.path, p.path) for p in pins)}
+        spared = {(c.file_id, c.index) for c in chunks
+                  if any(paths.is_within(c.path, p.path) for p in pins)
+                  or (spare_recent and c.used > now - GRACE)}
         # fed in order of last use: their recency, as the policy would have seen it
         chunks = sorted(chunks, key=lambda c: (c.used, c.file_id, c.index))
         next_use = self.next_use()
@@ -84,16 +141,10 @@ class Evictor:
         if policy == "plan" and next_use is None:
             policy = "lru"
         by_key = {(c.file_id, c.index): c for c in chunks}
-        out: list[CachedChunk] = []
-        for spared in (pinned | {k for k, c in by_key.items() if c.used > now - GRACE},
-                       pinned):
-            state = EVICTION[policy](sum(c.size for c in chunks), next_use)
-            for i, c in enumerate(chunks):
-                state.admit((c.file_id, c.index), c.size, i)
-            out = [by_key[k] for k in state.victims(need, len(chunks), spared)]
-            if sum(c.size for c in out) >= need:
-                break
-        return out
+        state = EVICTION[policy](sum(c.size for c in chunks), next_use)
+        for i, c in enumerate(chunks):
+            state.admit((c.file_id, c.index), c.size, i)
+        return [by_key[k] for k in state.victims(need, len(chunks), spared)]
 
     async def _evict(self, victims: list[CachedChunk]) -> None:
         if not victims:

@@ -38,7 +38,10 @@ from .attach import version_of
 
 if TYPE_CHECKING:
     from ...dataplane import DataPlane
+    from ...protocol.models import Layout
+    from ...sources.source import Source
     from ..service import MetaService
+    from .evict import Evictor
     from .sources import Sources
 
 log = logging.getLogger(__name__)
@@ -51,11 +54,12 @@ Key = tuple[str, int]
 
 class Filler:
     def __init__(self, service: MetaService, sources: Sources, plane: Callable[[], DataPlane],
-                 *, holder: str, concurrency: int = 16) -> None:
+                 room: Evictor, *, holder: str, concurrency: int = 16) -> None:
         self.service = service
         self.store = service.store
         self.sources = sources
         self.plane = plane
+        self.room = room                # keeps filled bytes under cache_limit
         self.holder = holder
         self.limit = asyncio.Semaphore(concurrency)
         self._flights: dict[Key, asyncio.Task[int]] = {}
@@ -69,8 +73,10 @@ class Filler:
         """Each item's CRC32Cs, its chunks filled first where missing; or its error."""
         check_count(len(items))
         found = await self.store.find_cached(list({i.file_id for i in items}))
-        answers = await gather_or_cancel([self._item(i, found.get(i.file_id), may_read)
-                                          for i in items])
+        for cached in found.values():       # every path the body names, before acting
+            if not may_read(cached.path):
+                raise Forbidden(f"this token may not read {cached.path}", path=cached.path)
+        answers = await gather_or_cancel([self._item(i, found.get(i.file_id)) for i in items])
         hits: list[Key] = []
         counts: dict[str, tuple[int, int]] = {}
         misses: list[Key] = []
@@ -88,16 +94,14 @@ class Filler:
             self.on_access(hits, misses)
         return [answer for answer, _ in answers]
 
-    async def _item(self, item: FillItem, cached: CachedFile | None,
-                    may_read: Callable[[str], bool]) -> tuple[Filled | StagerError, set[int]]:
+    async def _item(self, item: FillItem, cached: CachedFile | None
+                    ) -> tuple[Filled | StagerError, set[int]]:
         """One file's chunks: (its answer, the chunks that were missing)."""
         try:
             if cached is None:
                 raise NotFound(f"file {item.file_id} is not a file of an attached directory "
                                "(detached, or changed at its source and refreshed)",
                                file_id=item.file_id)
-            if not may_read(cached.path):
-                raise Forbidden(f"this token may not read {cached.path}", path=cached.path)
             filled = await self.store.filled_chunks(item.file_id, item.chunks)
             again = set(item.again)
             missing = {c for c in item.chunks if c not in filled or c in again}
@@ -133,8 +137,12 @@ class Filler:
         except BaseException:
             await asyncio.shield(store.release_fill(file_id, index, self.holder))
             raise
-        if not await store.record_fill(file_id, index, size=size, crc=crc,
-                                       now=self.service.clock()):
+        try:
+            recorded = await store.record_fill(file_id, index, size=size, crc=crc,
+                                               now=self.service.clock())
+        finally:
+            self.room.filled_one(size, ok=True)
+        if not recorded:
             raise NotFound(f"{cached.path} changed or was detached while filling",
                            path=cached.path)
         return crc
@@ -149,6 +157,15 @@ class Filler:
             raise NotFound(f"{cached.path} has no chunk {index}", path=cached.path)
         record = await self._attachment(cached.attachment)
         source = await self.sources.open(record)
+        await self.room.reserve(length)
+        try:
+            return await self._fetch(cached, source, index, start, length, layout)
+        except BaseException:
+            self.room.filled_one(length, ok=False)
+            raise
+
+    async def _fetch(self, cached: CachedFile, source: Source, index: int, start: int,
+                     length: int, layout: Layout) -> tuple[int, int]:
         async with self.limit:
             self.fetches += 1
             data = await source.read(cached.key, start, start + length)

@@ -31,9 +31,9 @@ class CacheService:
         self.sources = Sources(OptionsBox.under(auth_dir), [config.root, auth_dir])
         self.attachments = Attachments(service, self.sources)
         holder = f"{config.public_url}#{secrets.token_hex(4)}"
-        self.filler = Filler(service, self.sources, plane, holder=holder,
-                             concurrency=config.fill_concurrency)
         self.evictor = Evictor(service, plane)
+        self.filler = Filler(service, self.sources, plane, self.evictor, holder=holder,
+                             concurrency=config.fill_concurrency)
         self.service = service
 
     async def status_sections(self) -> dict[str, Any]:
