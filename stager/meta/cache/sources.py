@@ -20,6 +20,7 @@ class Sources:
         self.box = box
         self.forbidden = tuple(forbidden)    # local directories no source may show
         self._open: dict[str, tuple[str, Source]] = {}
+        self._forgotten: list[Source] = []      # closed at shutdown: a fill may read one
 
     async def open(self, record: AttachmentRecord) -> Source:
         """The source of ``record`` (opened again when the attachment changed)."""
@@ -33,10 +34,14 @@ class Sources:
         return source
 
     def forget(self, path: str) -> None:
-        """Drop the source of ``path`` (closed when its reads are done: by the GC)."""
-        self._open.pop(path, None)
+        """Drop the source of ``path``; closed with the rest by :meth:`close` (a fill
+        may still read it; left to the GC, an http session warns it was not closed)."""
+        kept = self._open.pop(path, None)
+        if kept is not None:
+            self._forgotten.append(kept[1])
 
     async def close(self) -> None:
-        for _, source in self._open.values():
+        for source in [s for _, s in self._open.values()] + self._forgotten:
             await source.close()
         self._open.clear()
+        self._forgotten.clear()
