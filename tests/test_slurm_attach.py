@@ -5,10 +5,20 @@ Slurm)."""
 
 from __future__ import annotations
 
+import os
+import pwd
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
+from stager import Client
 from stager.stage.directives import Directive, DirectiveError, parse_directives
 from stager.stage.grants import Access, Grants, NotGranted, Owner, confine
+from stager.testing import ThreadCluster
+from stager.testing.httpserver import HttpServer
 
 
 def parsed(*lines: str, job: int = 5) -> list[Directive]:
@@ -96,3 +106,108 @@ def test_an_attach_reaches_where_a_stage_in_may_write_and_nowhere_else() -> None
             reach("stage_in https://h/d in", line)
         assert str(err.value).startswith(f"line 4: {line}"), err.value
         assert says in str(err.value), err.value
+
+
+# -- the hooks, as processes, against a real cluster with auth ------------------------------
+KiB = 1024
+NOBODY = pwd.getpwnam("nobody")      # a job's owner: data_in drops root for it
+
+
+def run_hook(settings: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "stager", "slurm", args[0], "--config",
+                           str(settings), *args[1:]], capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[tuple[ThreadCluster, Path, str]]:
+    """A cluster with auth, the hooks' settings (its admin token, root's), and a dataset
+    over HTTP: the cluster, the settings file, the dataset's URL."""
+    data = tmp_path / "www" / "ds"
+    data.mkdir(parents=True)
+    for name, kib in (("a.bin", 40), ("b.bin", 80), ("notes.txt", 1)):
+        (data / name).write_bytes(os.urandom(kib * KiB))
+    with ThreadCluster(tmp_path / "c", data_servers=2, auth=True) as cluster, \
+            HttpServer(tmp_path / "www") as http:
+        admin = tmp_path / "admin.token"
+        admin.write_text(cluster.admin_token)
+        admin.chmod(0o600)
+        settings = tmp_path / "slurm.toml"
+        settings.write_text(f'meta_url = "{cluster.meta_url}"\njobs_dir = "/bbjobs"\n'
+                            f'state_dir = "{tmp_path / "state"}"\ntoken_file = "{admin}"\n'
+                            'job_token_ttl = 3600\n')
+        yield cluster, settings, f"{http.url}/ds"
+
+
+@pytest.mark.slow
+def test_attach_warms_before_the_job_and_teardown_detaches_with_tokens_of_its_own(
+        world: tuple[ThreadCluster, Path, str], tmp_path: Path) -> None:
+    """setup sets the job directory's quota (capacity=); data_in attaches and warms with
+    an admin token on exactly the attached directory; the job reads it with its own
+    token; teardown detaches it, removes the job's directory and revokes every token."""
+    cluster, settings, url = world
+    script = tmp_path / "job.sh"
+    script.write_text(f"#!/bin/sh\n#STAGER attach {url} view --include '*.bin'\n"
+                      "#STAGER capacity=1MiB\n")
+    done = run_hook(settings, "job_process", str(script))
+    assert (done.returncode, done.stdout) == (0, "2 stager directive(s)\n")
+    owner = (str(NOBODY.pw_uid), str(NOBODY.pw_gid))
+    done = run_hook(settings, "setup", "11", *owner, "stager", "0", str(script))
+    assert done.returncode == 0, done.stdout
+    assert done.stdout.rstrip().endswith("; quota of /bbjobs/11: 1048576 bytes"), done.stdout
+    done = run_hook(settings, "data_in", "11", str(script))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout == (f"{url} -> /bbjobs/11/view: attached, 2 files, {120 * KiB} bytes, "
+                           f"{120 * KiB} bytes fetched\n"), done.stdout
+    env = tmp_path / "env"
+    assert run_hook(settings, "paths", "11", str(script), str(env)).returncode == 0
+    token = dict(line.split("=", 1) for line in env.read_text().splitlines())["STAGER_TOKEN"]
+
+    with Client(cluster.meta_url, token=cluster.admin_token) as admin:
+        [view] = [a for a in admin.attachments() if a.path == "/bbjobs/11/view"]
+        assert (view.source, view.files, view.cached_bytes) == (url, 2, 120 * KiB)  # warm
+        [quota] = [q for q in admin.quotas() if q.path == "/bbjobs/11"]
+        assert quota.bytes == 1 << 20
+        with Client(cluster.meta_url, token=token) as job:
+            for name in ("a.bin", "b.bin"):
+                assert job.cat(f"/bbjobs/11/view/{name}") == \
+                    (tmp_path / "www" / "ds" / name).read_bytes()
+            assert not job.exists("/bbjobs/11/view/notes.txt")        # --include
+        done = run_hook(settings, "teardown", "11", str(script), "false")
+        assert done.returncode == 0, done.stdout
+        assert done.stdout.startswith("detached /bbjobs/11/view (2 files, "), done.stdout
+        assert "removed /bbjobs/11" in done.stdout and "token(s) revoked" in done.stdout
+        assert "/bbjobs/11/view" not in {a.path for a in admin.attachments()}
+        assert not admin.exists("/bbjobs/11")
+        assert "/bbjobs/11" not in {q.path for q in admin.quotas()}
+        minted = {t.name: t for t in admin.list_tokens() if t.name.startswith("slurm-job-11")}
+    assert {n: (t.scopes, t.prefixes) for n, t in minted.items()} == {
+        "slurm-job-11": (("read", "write"), ("/bbjobs/11",)),
+        "slurm-job-11-capacity": (("admin",), ("/bbjobs/11",)),
+        "slurm-job-11-attach": (("admin",), ("/bbjobs/11/view",)),
+        "slurm-job-11-stage-in": (("read", "write"), ("/bbjobs/11",)),
+        "slurm-job-11-detach": (("admin",), ("/bbjobs/11/view",)),
+        "slurm-job-11-teardown": (("read", "write"), ("/bbjobs/11",)),
+    }
+    assert all(t.revoked for t in minted.values())
+
+
+@pytest.mark.slow
+def test_an_attach_whose_source_fails_holds_the_job_naming_the_line(
+        world: tuple[ThreadCluster, Path, str], tmp_path: Path) -> None:
+    cluster, settings, url = world
+    script = tmp_path / "job.sh"
+    script.write_text(f"#!/bin/sh\n#STAGER attach {url}/../no-such-dataset view\n")
+    owner = (str(NOBODY.pw_uid), str(NOBODY.pw_gid))
+    assert run_hook(settings, "setup", "12", *owner, "stager", "0", str(script)
+                    ).returncode == 0
+    done = run_hook(settings, "data_in", "12", str(script))
+    assert done.returncode == 1
+    assert done.stdout.startswith("attach (line 2) "), done.stdout
+    assert "no-such-dataset" in done.stdout and "Traceback" not in done.stdout, done.stdout
+    done = run_hook(settings, "teardown", "12", str(script), "false")
+    assert done.returncode == 0, done.stdout
+    assert "removed /bbjobs/12 " in done.stdout, done.stdout
+    with Client(cluster.meta_url, token=cluster.admin_token) as admin:
+        assert "/bbjobs/12/view" not in {a.path for a in admin.attachments()}
+        assert not admin.exists("/bbjobs/12")

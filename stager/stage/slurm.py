@@ -13,16 +13,18 @@ job_process    at sbatch time, quick: parse the directives, check every URL's
                granted to its owner; a bad line rejects the job
 setup          check the grants again, record the job's owner (uid, gid) under
                ``state_dir``; with auth, mint the job its own token (read and
-               write on its directory and its read-write paths only)
-data_in        ``stage_in`` each source into the cluster, as the job's owner,
-               with a token on exactly its destinations
+               write on its directory and its read-write paths only);
+               ``capacity=SIZE``: the job directory's quota
+data_in        ``attach`` each source and warm it, with an admin token on exactly
+               the attached directories; ``stage_in`` each source into the
+               cluster, as the job's owner, with a token on exactly its destinations
 paths          ``STAGER_META_URL``, ``STAGER_JOB_DIR`` (and the job's
                ``STAGER_TOKEN``) into the job's environment
 data_out       ``stage_out`` each result, as the job's owner, with a read token
                on exactly its sources
-teardown       remove ``/jobs/<id>`` and the job's ``--scratch`` copies, revoke
-               every token minted for it, drop the record (also for a
-               cancelled job)
+teardown       detach the job's attached directories, remove ``/jobs/<id>`` and
+               the job's ``--scratch`` copies, revoke every token minted for it,
+               drop the record (also for a cancelled job)
 =============  ===========================================================
 
 Where a job may reach is :mod:`stager.stage.grants`' policy: its directory, and the
@@ -129,7 +131,9 @@ def job_process(settings: SlurmSettings, script: str, uid: str | None = None,
     starts."""
     directives = read_directives(script, settings)
     for d in directives:
-        url = d.src if d.kind == "stage_in" else d.dst
+        url = {"stage_in": d.src, "attach": d.src, "stage_out": d.dst}.get(d.kind)
+        if url is None:
+            continue
         try:
             filesystem_class(url)
         except BadRequest as exc:
@@ -166,7 +170,24 @@ def setup(settings: SlurmSettings, job_id: str, uid: str, gid: str,
                 token = _mint(settings, job_id, kind, scopes, reach_mode)
                 _write_private(state / f"{job_id}.{kind or 'job'}-token", token.token + "\n")
                 said += f"; {kind or 'job'} token {token.info.id} on {' '.join(reach_mode)}"
+    capacity = next((d.capacity for d in directives if d.capacity is not None), None)
+    if capacity is not None:
+        said += "; " + _set_capacity(settings, job_id, capacity)
     return said
+
+
+def _set_capacity(settings: SlurmSettings, job_id: str, nbytes: int) -> str:
+    """``capacity=SIZE``: the job directory's quota, set with a token of its own (admin
+    on exactly that directory: a quota is an admin's to set)."""
+    job_dir = settings.job_dir(job_id)
+    config = _scoped(settings, job_id, "capacity", ("admin",), [job_dir])
+
+    async def work(client: AsyncClient) -> str:
+        await client.mkdir(job_dir)
+        quota = await client.set_quota(job_dir, max_bytes=nbytes)
+        return f"quota of {job_dir}: {quota.bytes} bytes"
+
+    return _with_client(config, work)
 
 
 def accesses(settings: SlurmSettings, directives: list[Directive], job_dir: str,
@@ -210,11 +231,13 @@ def _write_private(path: Path, text: str) -> None:
 
 
 def data_in(settings: SlurmSettings, job_id: str, script: str) -> str:
-    """Stage each ``stage_in`` in, as the job's owner, with a token on exactly its
-    destinations and the job's directory.  A ``--scratch`` destination must be new:
-    this hook makes it (and records it for teardown) before anything is staged."""
+    """Attach and warm each ``attach`` (:func:`attach_in`), then stage each
+    ``stage_in`` in, as the job's owner, with a token on exactly its destinations and
+    the job's directory.  A ``--scratch`` destination must be new: this hook makes it
+    (and records it for teardown) before anything is staged."""
     record = _record(settings, job_id)
     directives = _checked(settings, job_id, script, record)
+    attached = attach_in(settings, job_id, [d for d in directives if d.kind == "attach"])
     ins = [d for d in directives if d.kind == "stage_in"]
     job_dir = settings.job_dir(job_id)
     config = _scoped(settings, job_id, "stage-in", ("read", "write"),
@@ -236,7 +259,36 @@ def data_in(settings: SlurmSettings, job_id: str, script: str) -> str:
             options = StageOptions(include=d.include, exclude=d.exclude, progress=False)
             report = await _step(d, stage(client, d.src, d.dst, options))
             done.append(f"{d.src} -> {d.dst}: {report.summary()}")
-        return "; ".join(done) or "nothing to stage in"
+        return "; ".join(attached + done) or "nothing to stage in"
+
+    return _with_client(config, work)
+
+
+def attach_in(settings: SlurmSettings, job_id: str, attaches: list[Directive]) -> list[str]:
+    """Attach each directory to its source and warm it, with a token of its own: admin
+    (attaching is an admin's) on exactly the attached directories.  The servers read
+    the source, not this process, so nothing here runs as the job's owner; each
+    directory is recorded for teardown's detach before it is attached."""
+    if not attaches:
+        return []
+    for d in attaches:
+        _remember(settings, job_id, "attached", d.dst)
+    config = _scoped(settings, job_id, "attach", ("admin",),
+                     prefixes([Access(d.dst, True) for d in attaches]))
+
+    async def work(client: AsyncClient) -> list[str]:
+        from ..client.warm import warm
+
+        done = []
+        for d in attaches:
+            listed = await _step(d, client.attach(d.src, d.dst, refresh=d.refresh,
+                                                  include=d.include, exclude=d.exclude))
+            files = listed.attachment.files
+            warmed = await _step(d, warm(client, d.dst)) if files else None
+            fetched = f", {warmed.bytes_fetched} bytes fetched" if warmed else ""
+            done.append(f"{d.src} -> {d.dst}: attached, {files} files, "
+                        f"{listed.attachment.bytes} bytes{fetched}")
+        return done
 
     return _with_client(config, work)
 
@@ -289,10 +341,11 @@ def teardown(settings: SlurmSettings, job_id: str) -> str:
     except NotFound:
         record = {}
     scratch = [str(p) for p in record.get("scratch", [])]
+    attached = [str(p) for p in record.get("attached", [])]
+    said = [_detach_all(settings, job_id, attached)] if attached else []
     config = _scoped(settings, job_id, "teardown", ("read", "write"), [job_dir, *scratch])
 
     async def work(client: AsyncClient) -> str:
-        said = []
         for path in (job_dir, *scratch):
             try:
                 removed = await client.rm(path, recursive=True)
@@ -309,6 +362,27 @@ def teardown(settings: SlurmSettings, job_id: str) -> str:
     for name in (f"{job_id}.job-token", f"{job_id}.read-token", f"{job_id}.json"):
         Path(settings.state_dir, name).unlink(missing_ok=True)
     return message
+
+
+def _detach_all(settings: SlurmSettings, job_id: str, attached: list[str]) -> str:
+    """Detach the job's attached directories (their cached bytes freed; one never
+    attached, as when the source failed, is nothing to do), with a token of its own:
+    admin on exactly those."""
+    config = _scoped(settings, job_id, "detach", ("admin",),
+                     prefixes([Access(p, True) for p in attached]))
+
+    async def work(client: AsyncClient) -> str:
+        said = []
+        for path in attached:
+            try:
+                gone = await client.detach(path)
+                said.append(f"detached {path} ({gone.files} files, {gone.chunks} cached "
+                            "chunks freed)")
+            except NotFound:
+                pass
+        return "; ".join(said) or "nothing attached"
+
+    return _with_client(config, work)
 
 
 async def _revoke(client: AsyncClient, token_ids: list[str]) -> None:
