@@ -10,75 +10,27 @@ never a mix; a vanished file answers 404; a source that is down fails that file 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import fsspec
 import pytest
-from aiohttp import web
 from conftest import raw_http, start_cluster
 
 from stager import Client, Loader
 from stager.config import load_config
 from stager.errors import AlreadyExists, BadRequest, Forbidden, NotFound, SourceError
 from stager.testing import ThreadCluster
-from stager.testing.httpserver import make_app
+from stager.testing.countingsource import CountingSource
 from stager.testing.mount import Mounted, fuse_unavailable
-from stager.web.server import start_sites, stop_sites
 
 KiB = 1024
 CHUNK = 64 * KiB
-
-
-class CountingSource:
-    """The test HTTP file server (stager/testing/httpserver.py) in a thread of its own,
-    counting the ranged GETs of each file: what a fill costs the source."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.gets: Counter[str] = Counter()
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.runner: web.AppRunner | None = None
-        self.url = ""
-
-    def start(self) -> CountingSource:
-        self.thread.start()
-
-        @web.middleware
-        async def count(request: web.Request, handler):  # type: ignore[no-untyped-def]
-            if request.method == "GET" and "Range" in request.headers:
-                self.gets[request.path.lstrip("/")] += 1
-            return await handler(request)
-
-        async def begin() -> None:
-            app = make_app(self.root)
-            app.middlewares.append(count)
-            self.runner = web.AppRunner(app)
-            await self.runner.setup()
-            self.sockets = await start_sites(self.runner, "127.0.0.1", 0)
-            self.url = f"http://127.0.0.1:{self.sockets[0].getsockname()[1]}"
-
-        asyncio.run_coroutine_threadsafe(begin(), self.loop).result(10)
-        return self
-
-    def stop(self) -> None:
-        if self.runner is not None:
-            asyncio.run_coroutine_threadsafe(stop_sites(self.runner, self.sockets),
-                                             self.loop).result(10)
-            self.runner = None
-
-    def close(self) -> None:
-        self.stop()
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
 
 
 @pytest.fixture(scope="module")
