@@ -36,7 +36,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         root=Path(args.root) if args.root else default_root(job),
         host=node_address(job.node, args.host), run_dir=run_dir(args.run_dir),
         auth=not args.insecure, meta_port=args.meta_port, data_port=args.data_port,
-        replicas=args.replicas, chunk_size=args.chunk_size,
+        replicas=args.replicas, chunk_size=args.chunk_size, cache_limit=args.cache_limit,
         stage_in=tuple((src, dst) for src, dst in args.stage_in or ()),
         timeout=args.timeout, foreground=args.foreground)
     say = (lambda line: print(line, file=sys.stderr, flush=True)) if not args.quiet \
@@ -117,6 +117,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--data-port", type=int, default=0, help="data server port (default: any)")
     p.add_argument("--replicas", type=int, default=1, help="default replicas (default: 1)")
     p.add_argument("--chunk-size", help="default chunk size (default: 4MiB)")
+    p.add_argument("--cache-limit", metavar="BYTES",
+                   help="keep the bytes filled into attached directories under this "
+                        "(e.g. 200GiB; default: no limit)")
     p.add_argument("--stage-in", nargs=2, action="append", metavar=("SRC", "DST"),
                    help="stage SRC (any fsspec URL on the shared tier) into DST, every "
                         "node copying its share; may be repeated")

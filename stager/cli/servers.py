@@ -52,6 +52,7 @@ def run_meta(args: argparse.Namespace) -> int:
     from ..meta.presence import announcer
 
     config = server_config(args, 7070, chunk_size=args.chunk_size,
+                           cache_limit=args.cache_limit,
                            stripe_count=args.stripe_count, replicas=args.replicas,
                            auth_dir=args.auth_dir, admin_token_file=args.admin_token_file,
                            meta_store=args.store)
@@ -103,6 +104,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("meta", help="run one metadata server")
     add_server_flags(p, 7070)
     p.add_argument("--chunk-size", help="default chunk size (e.g. 4MiB)")
+    p.add_argument("--cache-limit", metavar="BYTES",
+                   help="keep filled (re-fetchable) bytes of attached directories under "
+                        "this (e.g. 2GiB; default: no limit)")
     p.add_argument("--stripe-count", type=int, help="default stripe count (0 = all, max 8)")
     p.add_argument("--replicas", type=int, help="default replicas")
     p.add_argument("--store", help="where the namespace lives: postgresql://USER@HOST:PORT/DB "

@@ -32,7 +32,7 @@ from typing import Any
 from ..auth.keys import write_secret
 from ..auth.tls import client_context, ensure_cluster_tls, tls_pair
 from ..client import AsyncClient
-from ..config import Config, load_config
+from ..config import Config, load_config, parse_size
 from ..errors import StagerError
 from ..meta.auth import ADMIN_TOKEN_FILE, AUTH_DIR
 from ..protocol.authmsg import MAX_TTL
@@ -142,6 +142,8 @@ def start_cluster(args: argparse.Namespace, started: list[Server]
                      "--port", str(port), "--replicas", str(args.replicas), *tls]
         if args.chunk_size:
             meta_argv += ["--chunk-size", args.chunk_size]
+        if args.cache_limit:
+            meta_argv += ["--cache-limit", args.cache_limit]
         if args.meta_store:
             meta_argv += ["--store", args.meta_store]
         if args.auth:
@@ -235,6 +237,8 @@ def run_up(args: argparse.Namespace) -> int:
         refuse_exposed(Config(host=args.host, auth=args.auth, insecure=args.insecure))
         if args.meta_servers < 1:
             raise RuntimeError("--meta-servers must be 1 or more")
+        if args.cache_limit:
+            parse_size(args.cache_limit)        # said here, not in a server's log
         if args.meta_servers > 1 and not args.meta_store:
             raise RuntimeError("--meta-servers above 1 needs --meta-store postgresql://… "
                                "(SQLite serves one metadata server)")
@@ -319,6 +323,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
     p.add_argument("--replicas", type=int, default=1, help="default replicas (default: 1)")
     p.add_argument("--chunk-size", help="default chunk size (default: 4MiB)")
+    p.add_argument("--cache-limit", metavar="BYTES",
+                   help="keep the bytes filled into attached directories under this "
+                        "(e.g. 2GiB; default: no limit; docs/cache.md)")
     p.add_argument("--meta-store", metavar="URL",
                    help="the metadata servers' store: postgresql://USER@HOST:PORT/DB "
                         "(default: SQLite under ROOT/meta)")

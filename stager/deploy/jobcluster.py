@@ -68,6 +68,7 @@ class JobOptions:
     data_port: int = 0
     replicas: int = 1
     chunk_size: str | None = None
+    cache_limit: str | None = None      # the metadata server's --cache-limit
     stage_in: tuple[tuple[str, str], ...] = ()
     timeout: float = 120.0
     foreground: bool = False
@@ -304,6 +305,8 @@ class NodeUp:
                 str(self.opts.replicas), *_exposure(self.opts)]
         if self.opts.chunk_size:
             argv += ["--chunk-size", self.opts.chunk_size]
+        if self.opts.cache_limit:
+            argv += ["--cache-limit", self.opts.cache_limit]
         if self.opts.auth:
             argv += ["--admin-token-file", str(root / "admin.token")]
         url = self._spawn_server("meta", argv)

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -236,12 +236,14 @@ class ProcessCluster:
     def __init__(self, root: str | os.PathLike[str], data_servers: int = 3,
                  replicas: int = 1, env: dict[str, str] | None = None,
                  fast: bool = True, restart: bool = False, auth: bool = False,
-                 tls: bool = False, meta_store: str = "", meta_servers: int = 1) -> None:
+                 tls: bool = False, meta_store: str = "", meta_servers: int = 1,
+                 up_args: Sequence[str] = ()) -> None:
         """``fast`` shortens heartbeats and timeouts, for tests; ``restart`` runs
         ``stager up --restart``, which starts a killed server again; ``auth`` runs
         ``stager up --auth`` (its admin token: :attr:`admin_token`); ``tls``:
         ``stager up --tls`` (HTTPS, its CA in :attr:`ca_file`); ``meta_store`` and
-        ``meta_servers``: ``--meta-store URL --meta-servers N`` (:attr:`meta_urls`)."""
+        ``meta_servers``: ``--meta-store URL --meta-servers N`` (:attr:`meta_urls`);
+        ``up_args``: more flags of ``stager up`` (``["--cache-limit", "2MiB"]``)."""
         self.root = Path(root)
         self.auth = auth
         self.n = data_servers
@@ -249,7 +251,8 @@ class ProcessCluster:
         self.restart = restart
         self.tls = tls
         self.meta_args = ([f"--meta-store={meta_store}"] if meta_store else []) + \
-            (["--meta-servers", str(meta_servers)] if meta_servers != 1 else [])
+            (["--meta-servers", str(meta_servers)] if meta_servers != 1 else []) + \
+            list(up_args)
         tuned = {f"STAGER_{k.upper()}": str(v) for k, v in FAST.items()} if fast else {}
         self.env = {**os.environ, **tuned, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
