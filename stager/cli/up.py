@@ -146,9 +146,11 @@ def start_cluster(args: argparse.Namespace, started: list[Server]
             meta_argv += ["--cache-limit", args.cache_limit]
         if args.meta_store:
             meta_argv += ["--store", args.meta_store]
+        # One auth directory for them all, also without --auth: it holds the key that
+        # seals attached sources' storage options, which every server must open.
+        meta_argv += ["--auth-dir", str(root / AUTH_DIR)]
         if args.auth:
-            meta_argv += ["--auth-dir", str(root / AUTH_DIR),
-                          "--admin-token-file", str(root / ADMIN_TOKEN_FILE)]
+            meta_argv += ["--admin-token-file", str(root / ADMIN_TOKEN_FILE)]
         server = _spawn("meta", mroot, meta_argv + exposure, mroot / "server.log")
         started.append(server)
         metas.append(server)
