@@ -80,6 +80,10 @@ class Source(ABC):
         return unquote(rel) if self._quoted else rel
 
     async def info(self, path: str) -> dict[str, Any]:
+        """``path`` as the source tells it now, never from a listing kept since (s3fs
+        answers from its cached listing: a fill checking a file's version by it read
+        a rewritten object's new bytes after the old ones, unnoticed)."""
+        self.fs.invalidate_cache(path)
         return dict(await self._guard(path, self._call("info", path)))
 
     async def listing(self) -> dict[str, dict[str, Any]]:
@@ -264,6 +268,11 @@ class AsyncSource(Source):
         s3 = getattr(self.fs, "_s3creator", None)
         if s3 is not None:
             await s3.__aexit__(None, None, None)
+        # fsspec's http filesystem: its aiohttp session (else closed by a finalizer,
+        # after a warning that it was not)
+        session = getattr(self.fs, "_session", None)
+        if session is not None and not session.closed:
+            await session.close()
         for value in list(vars(self.fs).values()):   # http, gcs: an aiohttp session
             if isinstance(value, aiohttp.ClientSession) and not value.closed:
                 await value.close()
