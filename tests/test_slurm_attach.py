@@ -5,6 +5,7 @@ Slurm)."""
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import subprocess
@@ -211,3 +212,25 @@ def test_an_attach_whose_source_fails_holds_the_job_naming_the_line(
     with Client(cluster.meta_url, token=cluster.admin_token) as admin:
         assert "/bbjobs/12/view" not in {a.path for a in admin.attachments()}
         assert not admin.exists("/bbjobs/12")
+
+
+@pytest.mark.slow
+def test_the_pool_slurm_draws_capacity_from_is_the_clusters_free_bytes(
+        world: tuple[ThreadCluster, Path, str], tmp_path: Path) -> None:
+    cluster, settings, _ = world
+    done = run_hook(settings, "pools")
+    assert done.returncode == 0, done.stdout
+    [pool] = json.loads(done.stdout)["pools"]
+    with Client(cluster.meta_url, token=cluster.admin_token) as admin:
+        targets = admin.status()["targets"]
+        free = sum(t["capacity"] - t["used"] for t in targets)
+        assert pool == {"id": "stager", "quantity": pytest.approx(free, rel=0.01),
+                        "granularity": 1}
+        [status_token] = [t for t in admin.list_tokens() if t.name == "slurm-status"]
+        assert status_token.revoked is not None               # its own, revoked at once
+    down = tmp_path / "down.toml"
+    down.write_text('meta_url = "http://127.0.0.1:9"\n')
+    done = run_hook(down, "pools")                            # no cluster: no room
+    assert done.returncode == 0
+    assert json.loads(done.stdout) == {"pools": [{"id": "stager", "quantity": 0,
+                                                  "granularity": 1}]}

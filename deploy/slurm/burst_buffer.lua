@@ -7,6 +7,8 @@ script then asks for staging in its leading comment block:
     #STAGER stage_in  https://host/imagenet  /jobs/$SLURM_JOB_ID/in  [--include GLOB]
     #STAGER stage_out /jobs/$SLURM_JOB_ID/out  file:///project/results
     #STAGER stage_in  s3://bucket/vocab  /datasets/team-a/tmp-$SLURM_JOB_ID  --scratch
+    #STAGER attach    s3://bucket/laion  /jobs/$SLURM_JOB_ID/laion  [--refresh SECONDS]
+    #STAGER pool=stager capacity=200GiB
 
 (the word is burst_buffer.conf's Directive=). Each hook runs `stager slurm HOOK ARGS`,
 where the work is done (stager/stage/slurm.py); its exit status becomes slurm.SUCCESS
@@ -92,9 +94,14 @@ function slurm_bb_job_process(job_script, uid, gid)
 	return rc, out
 end
 
--- Slurm needs a non-empty pool list; stager's capacity is the cluster's, not Slurm's.
+-- One pool, "stager": the cluster's free bytes, so that a job's `#STAGER pool=stager
+-- capacity=SIZE` waits until that much is free. Slurm asks again now and then.
 function slurm_bb_pools()
-	return slurm.SUCCESS, '{"pools":[{"id":"stager","quantity":1000000,"granularity":1}]}'
+	local rc, out = stager("pools")
+	if rc ~= slurm.SUCCESS then       -- stager itself did not run: no room, but a pool
+		return slurm.SUCCESS, '{"pools":[{"id":"stager","quantity":0,"granularity":1}]}'
+	end
+	return rc, out
 end
 
 function slurm_bb_setup(job_id, uid, gid, pool, bb_size, job_script)

@@ -30,6 +30,7 @@ HOOKS: dict[str, tuple[tuple[str, ...], Callable[..., str]]] = {
     "data_out": (("job_id", "script"), lambda s, a: hooks.data_out(s, a.job_id, a.script)),
     "teardown": (("job_id", "script", "hurry"), lambda s, a: hooks.teardown(s, a.job_id)),
     "status": ((), lambda s, a: hooks.status(s)),
+    "pools": ((), lambda s, a: hooks.pools(s)),
 }
 
 

@@ -397,14 +397,7 @@ STATUS_TOKEN_TTL = 120         # seconds: the status hook's own read token, revo
 
 
 def status(settings: SlurmSettings) -> str:
-    """``scontrol show bbstat``: the cluster's health and the jobs' directories, read
-    with a token of its own (read on ``jobs_dir``, revoked at once), not the admin's."""
-    config = settings.client_config()
-    made: TokenCreated | None = None
-    if settings.token_file:
-        made = _with_client(config, lambda c: c.create_token(
-            ("read",), [settings.jobs_dir], STATUS_TOKEN_TTL, "slurm-status"))
-        config = config.replace(token=made.token)
+    """``scontrol show bbstat``: the cluster's health and the jobs' directories."""
 
     async def work(client: AsyncClient) -> str:
         report = await client.status()
@@ -417,6 +410,40 @@ def status(settings: SlurmSettings) -> str:
         return (f"stager {settings.meta_url}: {up}/{len(targets)} targets up; "
                 f"{len(jobs)} job dir(s) under {settings.jobs_dir}: {' '.join(jobs) or '-'}")
 
+    return _reading(settings, work)
+
+
+POOL = "stager"
+
+
+def pools(settings: SlurmSettings) -> str:
+    """``slurm_bb_pools``: one pool whose quantity is the cluster's free bytes now (its
+    targets that are up: capacity less used), so Slurm starts no more ``capacity=``
+    than fits and a job that asks for more waits.  Slurm subtracts what its running
+    jobs hold of the pool; their bytes already written count twice then, erring on
+    the side of waiting.  A cluster that does not answer has no free bytes: jobs that
+    ask for a capacity wait, the others do not."""
+
+    async def work(client: AsyncClient) -> int:
+        targets = (await client.status()).get("targets", [])
+        return sum(max(0, t["capacity"] - t["used"]) for t in targets if t["state"] == "up")
+
+    try:
+        free = _reading(settings, work)
+    except (StagerError, OSError, ValueError):
+        free = 0
+    return json.dumps({"pools": [{"id": POOL, "quantity": free, "granularity": 1}]})
+
+
+def _reading(settings: SlurmSettings, work: Callable[[AsyncClient], Awaitable[T]]) -> T:
+    """``work`` with a token of its own (read on ``jobs_dir``, revoked at once), not
+    the admin's: the status and pools hooks."""
+    config = settings.client_config()
+    made: TokenCreated | None = None
+    if settings.token_file:
+        made = _with_client(config, lambda c: c.create_token(
+            ("read",), [settings.jobs_dir], STATUS_TOKEN_TTL, "slurm-status"))
+        config = config.replace(token=made.token)
     try:
         return _with_client(config, work)
     finally:

@@ -116,6 +116,73 @@ def test_a_three_node_job_reads_its_staged_dataset_once_and_stages_results_out(
     wait_gone(admin, f"/jobs/{job}")                         # teardown: the job's dir goes
 
 
+def test_a_job_reads_an_attached_and_warmed_dataset_and_teardown_detaches_it(
+        slurm: SlurmCluster, persistent: ThreadCluster, admin: Client,
+        source: tuple[str, dict[str, str]]) -> None:
+    """Issue 28: ``#STAGER attach`` instead of a copy: attached and warmed before the
+    job starts (every byte cached), read by a 3-node job's Loader, detached after it;
+    ``capacity=`` is the job directory's quota while it runs."""
+    url, digests = source
+    results = slurm.work / "attach-results"
+    results.mkdir()
+    os.chown(results, slurm.uid, slurm.gid)
+    (slurm.work / "train.py").write_text(TRAIN)
+    script = job_script(slurm, "attached", f"""
+#STAGER attach {url}/ds /jobs/$SLURM_JOB_ID/in --include '*.bin'
+#STAGER pool=stager capacity=1MiB
+#STAGER stage_out /jobs/$SLURM_JOB_ID/out file://{results}
+""", f"sleep 5\nsrun -n 3 {sys.executable} {slurm.work}/train.py")
+    job = slurm.sbatch(script)
+    running = slurm.wait_job(job, until=lambda r: r["JobState"] not in ("PENDING",
+                                                                         "CONFIGURING"),
+                             timeout=120)
+    assert running["JobState"] == "RUNNING", (running, slurm.log_tails())
+    [view] = [a for a in admin.attachments() if a.path == f"/jobs/{job}/in"]
+    assert (view.files, view.cached_bytes) == (len(digests), view.bytes), view    # warm
+    assert {q.path: q.bytes for q in admin.quotas()}.get(f"/jobs/{job}") == 1 << 20
+    record = slurm.wait_job(job, timeout=180)
+    output = slurm.work / f"attached-{job}.out"
+    assert record["JobState"] == "COMPLETED", (record, output.read_text() if output.exists()
+                                               else "", slurm.log_tails())
+    deadline = time.monotonic() + 60
+    while len(list(results.glob("rank*.json"))) < 3:
+        assert time.monotonic() < deadline, (slurm.job(job), slurm.log_tails())
+        time.sleep(0.3)
+    read = [tuple(item) for r in range(3)
+            for item in json.loads((results / f"rank{r}.json").read_text())["read"]]
+    assert len(read) == len(digests) and dict(read) == digests      # once each, exact
+    wait_gone(admin, f"/jobs/{job}")
+    assert f"/jobs/{job}/in" not in {a.path for a in admin.attachments()}
+    minted = {t.name: t for t in admin.list_tokens() if t.name.startswith(f"slurm-job-{job}")}
+    assert minted[f"slurm-job-{job}-attach"].scopes == ("admin",)
+    assert minted[f"slurm-job-{job}-attach"].prefixes == (f"/jobs/{job}/in",)
+    deadline = time.monotonic() + 30
+    while not all(t.revoked for t in minted.values()):
+        assert time.monotonic() < deadline, minted
+        time.sleep(0.3)
+        minted = {t.name: t for t in admin.list_tokens()
+                  if t.name.startswith(f"slurm-job-{job}")}
+
+
+def test_a_job_asking_more_capacity_than_is_free_waits(
+        slurm: SlurmCluster, persistent: ThreadCluster, admin: Client) -> None:
+    """The pool Slurm draws ``capacity=`` from is the cluster's free bytes
+    (``slurm_bb_pools``): a job that asks for more waits, and never starts staging."""
+    free = sum(t["capacity"] - t["used"] for t in admin.status()["targets"])
+    script = job_script(slurm, "huge", f"#STAGER pool=stager capacity={2 * free}",
+                        "echo ran")
+    job = slurm.sbatch(script)
+    try:
+        record = slurm.wait_job(job, until=lambda r: r.get("Reason") == "BurstBufferResources",
+                                timeout=60)
+        time.sleep(3)
+        record = slurm.job(job)
+        assert (record["JobState"], record["Reason"]) == ("PENDING", "BurstBufferResources")
+        assert not admin.exists(f"/jobs/{job}")                  # nothing set up for it
+    finally:
+        slurm.command(["scancel", str(job)])
+
+
 def test_a_malformed_directive_rejects_the_job_naming_its_line(slurm: SlurmCluster,
                                                                 persistent: ThreadCluster
                                                                 ) -> None:
