@@ -10,25 +10,55 @@ of the benchmark gives rows of the same columns, one per policy:
   ``lru`` and ``s3fifo`` by the past, ``belady`` by the recorded trace's own
   future (the offline optimum).  A simulation of the decisions, no servers.
 
-The second part, the same dataset attached from a source capped with ``tc`` and
-read by a real Loader against a cluster with ``--cache-limit`` (source requests
-counted at the source, Loader samples/s against the line rate), is not written
-yet: it joins :data:`PARTS` as a function of the same shape.
+* ``cluster_epochs``: on a real cluster (:mod:`bench.cache_cluster`), a dataset
+  attached from an HTTP source behind a link capped with ``tc`` in a network
+  namespace: the Loader's first epoch against the link's line rate, its second
+  beside the same dataset staged with ``stager stage``, and the second epoch's
+  stall the plain way.
+* ``cluster_policies``: on a real cluster per policy, a dataset 1.5x
+  ``--cache-limit`` attached from the same source and read for two shuffled
+  epochs by a Loader of world size 2: source requests counted at the source,
+  the cache's hit ratio.  ``plan`` joins them once the Loader registers its plan
+  with the metadata server (without a registered plan the setting is LRU).
+
+A part leaves the columns it does not measure empty.  At the quick size the
+cluster parts run on loopback with an uncapped source (no root needed), tiny.
 """
 
 from __future__ import annotations
 
+import os
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from .common import GiB, KiB, MiB, aim, r2
+from stager.eviction import Uses, simulate
+from stager.protocol.routes import ROUTES
+from stager.testing.cluster import ProcessCluster
+
+from .cache_cluster import (
+    DATA_SERVERS,
+    PACED,
+    SOURCE_SAMPLE,
+    Epoch,
+    lake,
+    policy_run,
+    throughput,
+    write_samples,
+)
+from .common import MB, GiB, KiB, MiB, aim, median, r2, scratch
 from .sim_eviction import POLICIES, compare, scenario
 
-COLUMNS = ["policy", "hit ratio", "source requests", "source GiB", "epoch 2 hit ratio",
-           "epoch 2 source requests"]
+COLUMNS = ["case", "hit ratio", "source requests", "source GiB", "epoch 2 hit ratio",
+           "epoch 2 source requests", "samples/s", "MB/s", "stall %"]
 AIM_OF_OPTIMUM = 0.95           # plan's hit ratio / belady's
 AIM_OVER_LRU = 1.5              # plan's hit ratio / lru's
 PER_CHUNK = 32                  # samples a 4 MiB chunk holds on average
+CAP_MBIT = 400                  # the attached source's link
+SAMPLE = MiB                    # bytes of a sample of the cluster epochs
+AIM_OF_LINE = 0.9               # attached epoch 1's MB/s / the link's line rate
+AIM_OF_STAGED = 0.9             # attached epoch 2's samples/s / the staged copy's
+AIM_STALL = 0.01                # attached epoch 2's plain stall
 
 
 def trace_comparison(quick: bool) -> dict[str, Any]:
@@ -41,8 +71,10 @@ def trace_comparison(quick: bool) -> dict[str, Any]:
     for policy in POLICIES:
         whole = got.whole[policy]
         ratio, requests = got.second_epoch(policy)
-        rows.append([f"{policy} (simulated)", round(whole.hit_ratio, 4), whole.misses,
-                     r2(whole.fetched / GiB), round(ratio, 4), requests])
+        rows.append(_row(f"{policy} (simulated)", **{
+            "hit ratio": round(whole.hit_ratio, 4), "source requests": whole.misses,
+            "source GiB": r2(whole.fetched / GiB), "epoch 2 hit ratio": round(ratio, 4),
+            "epoch 2 source requests": requests}))
     hit = {p: got.whole[p].hit_ratio for p in POLICIES}
     second = {p: got.second_epoch(p) for p in POLICIES}
     of_optimum, over_lru = hit["plan"] / hit["belady"], hit["plan"] / hit["lru"]
@@ -65,9 +97,8 @@ def trace_comparison(quick: bool) -> dict[str, Any]:
         f"lru {second['lru'][1]:,}, plan {second['plan'][1]:,}). By hit ratio the "
         f"optimum itself reaches {hit['belady'] / hit['lru']:.2f}x LRU's here, the most "
         f"any policy can: the {AIM_OVER_LRU}x aim is out of reach by this measure.",
-        "Not measured yet: the cluster run (the dataset attached from a tc-capped "
-        "source, read by a Loader under --cache-limit: source requests counted at the "
-        "source, samples/s against the line rate). These rows are a simulation only.",
+        "The (simulated) rows are a simulation of the decisions only; the (cluster) "
+        "rows below measure the servers.",
     ]
     return {
         "rows": rows,
@@ -89,9 +120,188 @@ def trace_comparison(quick: bool) -> dict[str, Any]:
     }
 
 
+def _row(case: str, **cells: Any) -> list[Any]:
+    """A row of :data:`COLUMNS` with ``cells`` by column name, the rest left empty."""
+    return [case, *(cells.get(c, "") for c in COLUMNS[1:])]
+
+
+def cluster_epochs(quick: bool) -> dict[str, Any]:
+    """Part two: an attached dataset's first and second epochs on a real cluster,
+    beside the same dataset staged, and the second epoch's plain stall."""
+    files, batch, rounds = (24, 4, 1) if quick else (512, 16, 3)
+    with scratch("cache") as tmp:
+        data = tmp / "lake" / "data"
+        write_samples(data, files, SAMPLE)
+        os.sync()       # the new files' writeback must not compete with the timed runs
+        with lake(tmp / "lake", None if quick else CAP_MBIT) as (source, uncapped), \
+                ProcessCluster(tmp / "cluster", DATA_SERVERS) as cluster:
+            got = throughput(cluster.meta_url, source, data, tmp, batch, rounds)
+    where = (f"source capped at {CAP_MBIT} Mbit/s" if uncapped is None
+             else "source on loopback, uncapped")
+    cold, paced = got["cold"], got["paced"]
+    staged_rate = median([f["rate"] for f in got["staged"]])
+    warm_rate = median([w.figures["rate"] for w in got["warm"]])
+    warm = Epoch({"rate": warm_rate}, sum((w.source for w in got["warm"]), Counter()),
+                 sum(w.hits for w in got["warm"]), sum(w.misses for w in got["warm"]))
+
+    def speed(rate: float) -> dict[str, Any]:
+        return {"samples/s": r2(rate), "MB/s": r2(rate * SAMPLE / MB)}
+
+    def costs(e: Epoch) -> dict[str, Any]:
+        return {"hit ratio": round(e.hit_ratio, 4), "source requests": e.source["ranged GET"],
+                "source GiB": r2(e.source["ranged bytes"] / GiB)}
+
+    rows = [
+        _row("cluster: staged copy (stager stage), epoch 1",
+             **speed(got["staged first"]["rate"])),
+        _row(f"cluster: staged copy (stager stage), epoch 2 (median of {rounds})",
+             **speed(staged_rate)),
+        _row(f"cluster: attached, epoch 1 ({where})", **costs(cold),
+             **speed(cold.figures["rate"])),
+        _row(f"cluster: attached, epoch 2 (median of {rounds}; requests of all)",
+             **costs(warm), **speed(warm_rate)),
+        _row(f"cluster: attached, epoch 2 again paced at {PACED:.0%} (plain stall)",
+             **costs(paced), **speed(paced.figures["rate"]),
+             **{"stall %": r2(100 * paced.figures["stall"])}),
+        _row(f"source alone: fsspec get of {SOURCE_SAMPLE} files ({where})",
+             **{"MB/s": r2(got["source"] / MB)}),
+    ]
+    cold_mb = cold.figures["rate"] * SAMPLE / MB
+    of_staged = warm_rate / staged_rate
+    of_source = cold_mb / (got["source"] / MB)
+    stall = paced.figures["stall"]
+    ratios = {"cluster: attached epoch 2 / staged epoch 2, samples/s": r2(of_staged),
+              "cluster: attached epoch 1 / the source alone (fsspec get), MB/s": r2(of_source)}
+    aims = {"cluster: attached epoch 2 vs staged epoch 2, samples/s": aim(
+                of_staged, f">= {AIM_OF_STAGED}", of_staged >= AIM_OF_STAGED),
+            "cluster: attached epoch 2 stall (plain method)": aim(
+                stall, f"< {AIM_STALL}", stall < AIM_STALL)}
+    line = CAP_MBIT / 8                     # MB/s
+    if uncapped is None:
+        of_line = cold_mb / line
+        ratios["cluster: attached epoch 1 / line rate, MB/s"] = r2(of_line)
+        aims["cluster: attached epoch 1 vs the source's line rate"] = aim(
+            of_line, f">= {AIM_OF_LINE}", of_line >= AIM_OF_LINE)
+    heads = cold.source["HEAD"]
+    notes = [
+        f"Cluster epochs: {files} files of {SAMPLE // MiB} MiB (a file per sample: a tar "
+        "shard is indexed by reading every member's header, which over an attached shard "
+        "fills every chunk before the first batch), served by an aiohttp HTTP source "
+        f"(bench/cache_source.py, counting what it is asked) with its {where}; stager up "
+        f"with {DATA_SERVERS} data servers on loopback, uncapped, 4 MiB chunks, 1 replica, "
+        "no --cache-limit.  One Loader (world size 1, batch "
+        f"{batch}, the loader benchmark's prefetch settings); samples/s as "
+        "bench/training_loop.py counts them (after the first batch).",
+        "Staged copy: stager stage file:// of the same files into the same cluster, then "
+        "a Loader's epoch 1 over it.  Attached: stager attach of the source's URL, then a "
+        "Loader's epoch 1 (every chunk fetched from the source through the metadata "
+        f"server).  Then the second epoch (epoch 2's order, by a fresh Loader) of the "
+        f"staged and of the attached copy in turn, {rounds} rounds, their medians "
+        "compared.  The plain stall: a fresh Loader reads the attached epoch 2 again, "
+        f"sleeping after each batch for batch / ({PACED} x its median rate) = "
+        f"{got['step'] * 1000:.0f} ms, as bench/plain_stall.py does.",
+        "Source requests are the ranged GETs counted at the source; the first epoch's "
+        f"fills also sent {heads:,} HEADs (the metadata server checks that each fetched "
+        "chunk's file is still the version listed with an info call, a HEAD over HTTP).",
+    ]
+    if uncapped is None:
+        notes.append(f"The line rate is the tc tbf cap, {CAP_MBIT} Mbit/s = {line:g} MB/s "
+                     "(tbf counts IP bytes, so HTTP payload tops out a few % under it).")
+    else:
+        notes.append(f"The capped source is skipped here ({uncapped}): no line-rate aim.  "
+                     "It needs network namespaces (root and iproute2) and the full size.")
+    return {"rows": rows, "ratios": ratios, "aims": aims, "notes": notes}
+
+
+def cluster_policy_names() -> tuple[str, ...]:
+    """The policies a real cluster can be compared by: ``plan`` only where a Loader
+    registers its plan with the metadata server (a route for it exists)."""
+    plans = any("plan" in r.op for r in ROUTES)
+    return ("lru", "s3fifo", "plan") if plans else ("lru", "s3fifo")
+
+
+def cluster_policies(quick: bool) -> dict[str, Any]:
+    """Part two: each policy on a real cluster over a dataset 1.5x ``--cache-limit``."""
+    files, size, batch = (48, 128 * KiB, 8) if quick else (576, 512 * KiB, 16)
+    limit = int(files * size / 1.5)
+    policies = cluster_policy_names()
+    with scratch("cache-policies") as tmp:
+        data = tmp / "lake" / "data"
+        crcs = write_samples(data, files, size, seed=1)
+        os.sync()
+        with lake(tmp / "lake", None if quick else CAP_MBIT) as (source, uncapped):
+            runs = {p: policy_run(source, data, crcs, tmp, policy=p, limit=limit,
+                                  batch=batch) for p in policies}
+    rows, hit, requests = [], {}, {}
+    for policy, run in runs.items():
+        first, second = run.epochs
+        hits, reads = first.hits + second.hits, first.hits + first.misses + second.hits \
+            + second.misses
+        hit[policy] = hits / max(1, reads)
+        requests[policy] = first.source["ranged GET"] + second.source["ranged GET"]
+        rows.append(_row(f"{policy} (cluster)", **{
+            "hit ratio": round(hit[policy], 4), "source requests": requests[policy],
+            "source GiB": r2((first.source["ranged bytes"] + second.source["ranged bytes"])
+                             / GiB),
+            "epoch 2 hit ratio": round(second.hit_ratio, 4),
+            "epoch 2 source requests": second.source["ranged GET"]}))
+    # the offline optimum of the first policy's recorded trace, at the full limit
+    run = runs[policies[0]]
+    sizes = [size] * files
+    whole = simulate(run.trace, sizes, limit, "belady", next_use=Uses(run.trace))
+    before = simulate(run.trace[:run.second], sizes, limit, "belady",
+                      next_use=Uses(run.trace[:run.second]))
+    hit["belady"] = whole.hit_ratio
+    again = whole.misses - before.misses
+    rows.append(_row(f"belady (offline optimum of the {policies[0]} run's trace)", **{
+        "hit ratio": round(whole.hit_ratio, 4), "source requests": whole.misses,
+        "source GiB": r2(whole.fetched / GiB),
+        "epoch 2 hit ratio": round((whole.hits - before.hits) / max(
+            1, whole.hits - before.hits + again), 4),
+        "epoch 2 source requests": again}))
+    ratios = {"cluster: lru / s3fifo, source requests": r2(
+        requests["lru"] / max(1, requests["s3fifo"]))}
+    aims: dict[str, Any] = {}
+    where = (f"capped at {CAP_MBIT} Mbit/s" if uncapped is None
+             else f"on loopback, uncapped ({uncapped})")
+    notes = [
+        f"Cluster policies: {files} files of {size // KiB} KiB ({files * size / MiB:.0f} "
+        f"MiB, one chunk each) from the counting HTTP source {where}, attached to a fresh "
+        f"stager up per policy with --cache-limit {limit / MiB:.0f} MiB (the dataset 1.5x "
+        "it) and cache_policy set; two shuffled epochs by a Loader of world size 2 (two "
+        f"ranks on threads, batch {batch}, seed 7, no reading ahead into the next epoch), "
+        "every sample checked against its CRC-32, the cached bytes under the limit at "
+        "each epoch's end.  Hit ratio: the attachment's chunk hits over its chunk reads "
+        "(stager status counts them); source requests: ranged GETs counted at the source.",
+    ]
+    notes.append("belady: the samples as the ranks received them in the "
+                 f"{policies[0]} run (both ranks merged by time, one chunk each), replayed "
+                 "through stager.eviction's belady at the full limit.  The servers evict "
+                 "from 95% down to 85% of the limit and fetch what the Loader reads ahead, "
+                 "so the optimum here is a bound no server run can reach exactly.")
+    if "plan" in runs:
+        of_lru = hit["plan"] / max(1e-9, hit["lru"])
+        of_optimum = hit["plan"] / max(1e-9, hit["belady"])
+        ratios["cluster: plan / lru, hit ratio"] = r2(of_lru)
+        ratios["cluster: plan / belady, hit ratio"] = r2(of_optimum)
+        aims["cluster: plan / lru, hit ratio"] = aim(of_lru, f">= {AIM_OVER_LRU}",
+                                                     of_lru >= AIM_OVER_LRU)
+        aims["cluster: plan / belady, hit ratio"] = aim(
+            of_optimum, f">= {AIM_OF_OPTIMUM}", of_optimum >= AIM_OF_OPTIMUM)
+    else:
+        notes.append("Not measured: plan-aware eviction on the real cluster.  The Loader "
+                     "does not register its plan with the metadata server yet (no plan "
+                     "route in stager/protocol/routes.py), and cache_policy = plan with no "
+                     "registered plan is LRU (stager/meta/cache/evict.py): only lru and "
+                     "s3fifo run here.  The (simulated) plan row above is the decisions "
+                     "the server would take from a registered plan.")
+    return {"rows": rows, "ratios": ratios, "aims": aims, "notes": notes}
+
+
 #: the parts of the benchmark, in order: each ``(quick) -> {rows (COLUMNS), ratios,
 #: aims, notes}``
-PARTS: tuple[Callable[[bool], dict[str, Any]], ...] = (trace_comparison,)
+PARTS: tuple[Callable[[bool], dict[str, Any]], ...] = (trace_comparison, cluster_policies,
+                                                       cluster_epochs)
 
 
 def run(quick: bool) -> dict[str, Any]:
@@ -106,14 +316,15 @@ def run(quick: bool) -> dict[str, Any]:
         aims |= got["aims"]
         notes += got["notes"]
     return {
-        "title": "The cache: eviction policies on a dataset 1.5x the cache, two epochs",
+        "title": "The cache: eviction policies on a dataset 1.5x the cache, two epochs; "
+                 "an attached dataset's epochs",
         "command": "python -m bench cache" + (" --quick" if quick else ""),
         "columns": COLUMNS,
         "rows": rows,
         "ratios": ratios,
         "aims": aims,
         "notes": notes,
-        "plot": {"kind": "barh", "x": "policy", "y": ["source requests",
+        "plot": {"kind": "barh", "x": "case", "y": ["source requests",
                                                       "epoch 2 source requests"],
                  "ylabel": "chunks fetched from the source"},
     }

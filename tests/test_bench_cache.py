@@ -1,29 +1,42 @@
-"""``python -m bench cache`` at its quick size: the trace comparison's figures (pure, fast).
+"""``python -m bench cache`` at its quick size: what its figures must say.
 
 The whole quick suite (tests/test_bench_quick.py) runs it as a user does; this
-checks what its figures must say: every policy side by side in one run, plan-aware
-eviction by the registered plan at the offline optimum, LRU fetching more.
+checks each part.  The trace comparison (pure, fast): every policy side by side,
+plan-aware eviction by the registered plan at the offline optimum, LRU fetching
+more.  The cluster parts (real ``stager up`` clusters, a real HTTP source that
+counts what it is asked, on loopback at this size): one source request per chunk
+in a first epoch, none in a cached second epoch, every policy's run byte-exact
+under the limit.
 """
 
 from __future__ import annotations
 
+import json
+import urllib.request
+from pathlib import Path
+
 from bench import BENCHMARKS, bench_cache
+from bench.cache_source import CountingSource, ranged_bytes
 from bench.runner import check_result
 from bench.sim_eviction import compare, scenario
 
 
+def _rows(part: dict) -> dict[str, dict[str, object]]:
+    return {row[0]: dict(zip(bench_cache.COLUMNS, row, strict=True)) for row in part["rows"]}
+
+
 def test_cache_is_a_benchmark_with_every_policy_side_by_side() -> None:
     assert "cache" in BENCHMARKS
-    result = check_result("cache", bench_cache.run(True))
-    rows = {row[0]: dict(zip(result["columns"], row, strict=True)) for row in result["rows"]}
+    part = bench_cache.trace_comparison(True)
+    rows = _rows(part)
     assert sorted(rows) == sorted(f"{p} (simulated)" for p in ("lru", "s3fifo", "plan",
                                                                 "belady"))
     plan, belady, lru = (rows[f"{p} (simulated)"] for p in ("plan", "belady", "lru"))
     assert plan["hit ratio"] >= 0.95 * belady["hit ratio"]
     assert plan["source requests"] < lru["source requests"]
     assert plan["epoch 2 source requests"] * 2 < lru["epoch 2 source requests"]
-    assert result["aims"]["simulated: plan / belady, hit ratio"]["met"] is True
-    assert any("Not measured yet" in note for note in result["notes"])
+    assert part["aims"]["simulated: plan / belady, hit ratio"]["met"] is True
+    assert all(row["samples/s"] == "" for row in rows.values())     # not this part's
 
 
 def test_the_scenario_is_the_issues_and_plan_fetches_each_chunk_once_in_epoch_one() -> None:
@@ -36,3 +49,73 @@ def test_the_scenario_is_the_issues_and_plan_fetches_each_chunk_once_in_epoch_on
     assert got.first["lru"].misses > len(s.sizes)     # chunks shared by two windows
     fetched_again = got.whole["plan"].misses - len(s.sizes)
     assert fetched_again <= len(s.sizes) - s.capacity // (4 << 20) + 1
+
+
+def test_the_source_counts_file_requests_by_method(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.bin").write_bytes(bytes(range(256)) * 40)     # 10240 bytes
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with CountingSource(tmp_path) as source:
+        ranged = urllib.request.Request(f"{source.url}/d/a.bin",
+                                        headers={"Range": "bytes=100-1123"})
+        assert direct.open(ranged).read() == (bytes(range(256)) * 40)[100:1124]
+        assert direct.open(urllib.request.Request(f"{source.url}/d/a.bin",
+                                                  method="HEAD")).status == 200
+        assert b"a.bin" in direct.open(f"{source.url}/d/").read()
+        source.counts()                                 # a look is not counted
+        got = source.counts()
+    assert got == {"GET": 1, "ranged GET": 1, "ranged bytes": 1024, "HEAD": 1,
+                   "listing": 1}
+    assert json.loads(json.dumps(got)) == got
+
+
+def test_ranged_bytes_are_bounded_by_the_file() -> None:
+    assert ranged_bytes("bytes=0-1023", 4096) == 1024
+    assert ranged_bytes("bytes=4000-8191", 4096) == 96
+    assert ranged_bytes("bytes=100-", 4096) == 3996
+    assert ranged_bytes("items=1-2", 4096) == 0
+
+
+def test_the_attached_epochs_on_a_cluster_cost_one_request_per_chunk_once() -> None:
+    part = bench_cache.cluster_epochs(True)
+    rows = _rows(part)
+    def one(start: str) -> dict[str, object]:
+        [row] = [r for name, r in rows.items() if name.startswith(start)]
+        return row
+
+    first, second = one("cluster: attached, epoch 1"), one("cluster: attached, epoch 2 (")
+    paced = one("cluster: attached, epoch 2 again paced")
+    assert first["source requests"] == 24               # one 1 MiB file, one chunk, each
+    assert second["source requests"] == 0 and second["hit ratio"] == 1.0
+    assert paced["source requests"] == 0 and isinstance(paced["stall %"], float)
+    for row in rows.values():
+        assert isinstance(row["MB/s"], float) and row["MB/s"] > 0
+    assert "cluster: attached epoch 2 / staged epoch 2, samples/s" in part["ratios"]
+    assert not any("line rate" in k for k in part["aims"])     # uncapped at this size
+    assert any("capped source is skipped" in n for n in part["notes"])
+
+
+def test_every_policy_runs_on_a_cluster_under_the_limit() -> None:
+    part = bench_cache.cluster_policies(True)
+    rows = _rows(part)
+    policies = bench_cache.cluster_policy_names()
+    optimum = f"belady (offline optimum of the {policies[0]} run's trace)"
+    assert sorted(rows) == sorted([f"{p} (cluster)" for p in policies] + [optimum])
+    for row in rows.values():
+        # 48 one-chunk files, 1.5x the limit: each fetched once in the first epoch,
+        # and some again in the second (the trace: two epochs of 48 samples)
+        assert row["source requests"] > 48 and row["epoch 2 source requests"] > 0
+        assert 0 < row["hit ratio"] < 1
+    # even the optimum keeps at most 32 of the 48 files (the limit) for the second epoch
+    assert rows[optimum]["epoch 2 source requests"] >= 16
+    if "plan" not in policies:
+        assert any("Not measured: plan-aware eviction" in n for n in part["notes"])
+
+
+def test_the_result_has_every_part_in_the_columns() -> None:
+    parts = [bench_cache.trace_comparison(True)]
+    result = {"title": "t", "columns": bench_cache.COLUMNS,
+              "rows": [r for p in parts for r in p["rows"]]}
+    assert check_result("cache", result) is result
+    assert bench_cache.PARTS[0] is bench_cache.trace_comparison
+    assert {bench_cache.cluster_epochs, bench_cache.cluster_policies} <= set(bench_cache.PARTS)
