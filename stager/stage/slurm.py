@@ -30,7 +30,8 @@ teardown       detach the job's attached directories, remove ``/jobs/<id>`` and
 Where a job may reach is :mod:`stager.stage.grants`' policy: its directory, and the
 prefixes ``slurm.toml``'s ``[grants]`` give its Unix user or groups.  The admin
 token of the settings only mints and revokes; each hook's stager requests carry a
-token minted for that hook and job on exactly the paths it touches.
+token minted for that hook and job on exactly the paths it touches.  The settings,
+the job's record between hooks and those tokens are :mod:`stager.stage.slurmjob`'s.
 
 The hooks run as root (inside ``slurmctld``); anything that reads a source or
 writes a destination runs as the job's owner, so a job cannot stage in a file
@@ -39,84 +40,40 @@ its user could not read, nor write one out where its user could not.
 
 from __future__ import annotations
 
-import asyncio
-import grp
 import json
-import os
-import pwd
-import tomllib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..config import DEFAULT_META_URL, Config, load_config
-from ..errors import AlreadyExists, BadRequest, NotFound, SourceError, StagerError
+from ..errors import AlreadyExists, BadRequest, NotFound, StagerError
 from ..protocol import paths
 from ..sources.open import filesystem_class
 from . import StageOptions, stage
-from .directives import Directive, DirectiveError, parse_directives
-from .grants import Access, Grants, Owner, confine, prefixes
+from .directives import Directive, DirectiveError
+from .grants import Access, Owner, confine, prefixes
+from .slurmjob import (
+    DEFAULT_SETTINGS,
+    PENDING_JOB,
+    SlurmSettings,
+    become_owner,
+    job_record,
+    mint,
+    owner_of,
+    read_directives,
+    remember,
+    scoped,
+    step,
+    with_client,
+    write_private,
+)
 
 if TYPE_CHECKING:
     from ..client import AsyncClient
     from ..protocol.authmsg import TokenCreated
 
+__all__ = ["DEFAULT_SETTINGS", "SlurmSettings", "data_in", "data_out", "job_process",
+           "paths_file", "pools", "setup", "status", "teardown"]
 T = TypeVar("T")
-DEFAULT_SETTINGS = "/etc/stager/slurm.toml"
-PENDING_JOB = "0"       # the job id directives are read with before the job has one
-
-
-@dataclass(frozen=True)
-class SlurmSettings:
-    """What the hooks need to know: the cluster, and where jobs live in it."""
-
-    meta_url: str = DEFAULT_META_URL
-    token_file: str = ""                # read as root, before the hooks drop privileges
-    ca_file: str = ""
-    jobs_dir: str = "/jobs"             # each job's directory: JOBS_DIR/<job id>
-    state_dir: str = "/var/lib/stager/slurm"   # each job's owner, between hooks
-    directive: str = "STAGER"           # the word of burst_buffer.conf's Directive=
-    job_token_ttl: int = 7 * 86400      # with auth: the life of a job's tokens, at
-                                        # most (teardown revokes them when the job ends)
-    grants: Grants = field(default_factory=Grants)   # [grants]: who may reach where
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str] | None) -> SlurmSettings:
-        """From a TOML file of these keys (a missing default file: the defaults)."""
-        if path is None and not Path(DEFAULT_SETTINGS).exists():
-            return cls()
-        with open(path or DEFAULT_SETTINGS, "rb") as fh:
-            data = tomllib.load(fh)
-        where = path or DEFAULT_SETTINGS
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise BadRequest(f"{where}: unknown setting(s) "
-                             f"{', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        kinds = {f.name: f.type for f in fields(cls)}
-        raw_grants = data.pop("grants", {})
-        try:
-            settings = cls(**{k: int(v) if kinds[k] in (int, "int") else str(v)
-                              for k, v in data.items()})
-            return replace(settings, grants=Grants.parse(raw_grants, settings.jobs_dir))
-        except ValueError as exc:
-            raise BadRequest(f"{where}: {getattr(exc, 'message', exc)}") from None
-
-    def job_dir(self, job_id: str) -> str:
-        return paths.normalize(f"{self.jobs_dir}/{job_id}")
-
-    def client_config(self) -> Config:
-        """The clients' configuration, the token already read (the file may be root's)."""
-        config = load_config({"meta_url": self.meta_url, "ca_file": self.ca_file,
-                              "token_file": self.token_file}, env={})
-        return config.replace(token=config.bearer_token() or "", token_file="")
-
-
-def read_directives(script: str | os.PathLike[str], settings: SlurmSettings,
-                    job_id: str | None = None) -> list[Directive]:
-    return parse_directives(Path(script).read_text(errors="replace"), word=settings.directive,
-                            job_id=job_id, jobs_dir=settings.jobs_dir)
 
 
 # -- the hooks --------------------------------------------------------------------------
@@ -157,18 +114,18 @@ def setup(settings: SlurmSettings, job_id: str, uid: str, gid: str,
     state = Path(settings.state_dir)
     state.mkdir(parents=True, exist_ok=True, mode=0o700)
     try:
-        record = _record(settings, job_id)      # setup again: keep the tokens to revoke
+        record = job_record(settings, job_id)      # setup again: keep the tokens to revoke
     except NotFound:
         record = {}
-    _write_private(state / f"{job_id}.json",
+    write_private(state / f"{job_id}.json",
                    json.dumps({**record, "uid": int(uid), "gid": int(gid)}))
     said = f"job {job_id} of {owner}"
     if settings.token_file:
         for kind, scopes, writable in (("", ("read", "write"), True), ("read", ("read",), False)):
             reach_mode = prefixes(reach, writable=writable)
             if reach_mode:
-                token = _mint(settings, job_id, kind, scopes, reach_mode)
-                _write_private(state / f"{job_id}.{kind or 'job'}-token", token.token + "\n")
+                token = mint(settings, job_id, kind, scopes, reach_mode)
+                write_private(state / f"{job_id}.{kind or 'job'}-token", token.token + "\n")
                 said += f"; {kind or 'job'} token {token.info.id} on {' '.join(reach_mode)}"
     capacity = next((d.capacity for d in directives if d.capacity is not None), None)
     if capacity is not None:
@@ -180,14 +137,14 @@ def _set_capacity(settings: SlurmSettings, job_id: str, nbytes: int) -> str:
     """``capacity=SIZE``: the job directory's quota, set with a token of its own (admin
     on exactly that directory: a quota is an admin's to set)."""
     job_dir = settings.job_dir(job_id)
-    config = _scoped(settings, job_id, "capacity", ("admin",), [job_dir])
+    config = scoped(settings, job_id, "capacity", ("admin",), [job_dir])
 
     async def work(client: AsyncClient) -> str:
         await client.mkdir(job_dir)
         quota = await client.set_quota(job_dir, max_bytes=nbytes)
         return f"quota of {job_dir}: {quota.bytes} bytes"
 
-    return _with_client(config, work)
+    return with_client(config, work)
 
 
 def accesses(settings: SlurmSettings, directives: list[Directive], job_dir: str,
@@ -196,51 +153,17 @@ def accesses(settings: SlurmSettings, directives: list[Directive], job_dir: str,
     return confine(directives, job_dir, settings.grants.of(owner), owner)
 
 
-def owner_of(uid: int, gid: int | None) -> Owner:
-    """The user of ``uid`` and the names of its groups (``gid``, else its primary group,
-    and its supplementary ones); a uid without a name matches no user grant."""
-    try:
-        user = pwd.getpwuid(uid)
-    except KeyError:
-        return Owner(f"#{uid}", frozenset(_group_names([] if gid is None else [gid])))
-    name, gid = user.pw_name, user.pw_gid if gid is None else gid
-    try:
-        gids = os.getgrouplist(name, gid)
-    except OSError:
-        gids = [gid]
-    return Owner(name, frozenset(_group_names(gids)))
-
-
-def _group_names(gids: list[int]) -> list[str]:
-    names = []
-    for g in gids:
-        try:
-            names.append(grp.getgrgid(g).gr_name)
-        except KeyError:
-            pass
-    return names
-
-
-def _write_private(path: Path, text: str) -> None:
-    """``text`` into ``path`` (0600), whole or not at all."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    tmp.rename(path)
-
-
 def data_in(settings: SlurmSettings, job_id: str, script: str) -> str:
     """Attach and warm each ``attach`` (:func:`attach_in`), then stage each
     ``stage_in`` in, as the job's owner, with a token on exactly its destinations and
     the job's directory.  A ``--scratch`` destination must be new: this hook makes it
     (and records it for teardown) before anything is staged."""
-    record = _record(settings, job_id)
+    record = job_record(settings, job_id)
     directives = _checked(settings, job_id, script, record)
     attached = attach_in(settings, job_id, [d for d in directives if d.kind == "attach"])
     ins = [d for d in directives if d.kind == "stage_in"]
     job_dir = settings.job_dir(job_id)
-    config = _scoped(settings, job_id, "stage-in", ("read", "write"),
+    config = scoped(settings, job_id, "stage-in", ("read", "write"),
                      prefixes([Access(job_dir, True), *(Access(d.dst, True) for d in ins)]))
     scratch = [d.dst for d in ins if d.scratch and not paths.is_within(d.dst, job_dir)]
 
@@ -252,16 +175,16 @@ def data_in(settings: SlurmSettings, job_id: str, script: str) -> str:
             except AlreadyExists:
                 raise AlreadyExists(f"--scratch {path} exists already: a scratch copy "
                                     "must be new (teardown removes it)", path=path) from None
-            _remember(settings, job_id, "scratch", path)
+            remember(settings, job_id, "scratch", path)
         become_owner(record)
         done = []
         for d in ins:
             options = StageOptions(include=d.include, exclude=d.exclude, progress=False)
-            report = await _step(d, stage(client, d.src, d.dst, options))
+            report = await step(d, stage(client, d.src, d.dst, options))
             done.append(f"{d.src} -> {d.dst}: {report.summary()}")
         return "; ".join(attached + done) or "nothing to stage in"
 
-    return _with_client(config, work)
+    return with_client(config, work)
 
 
 def attach_in(settings: SlurmSettings, job_id: str, attaches: list[Directive]) -> list[str]:
@@ -272,8 +195,8 @@ def attach_in(settings: SlurmSettings, job_id: str, attaches: list[Directive]) -
     if not attaches:
         return []
     for d in attaches:
-        _remember(settings, job_id, "attached", d.dst)
-    config = _scoped(settings, job_id, "attach", ("admin",),
+        remember(settings, job_id, "attached", d.dst)
+    config = scoped(settings, job_id, "attach", ("admin",),
                      prefixes([Access(d.dst, True) for d in attaches]))
 
     async def work(client: AsyncClient) -> list[str]:
@@ -281,16 +204,16 @@ def attach_in(settings: SlurmSettings, job_id: str, attaches: list[Directive]) -
 
         done = []
         for d in attaches:
-            listed = await _step(d, client.attach(d.src, d.dst, refresh=d.refresh,
+            listed = await step(d, client.attach(d.src, d.dst, refresh=d.refresh,
                                                   include=d.include, exclude=d.exclude))
             files = listed.attachment.files
-            warmed = await _step(d, warm(client, d.dst)) if files else None
+            warmed = await step(d, warm(client, d.dst)) if files else None
             fetched = f", {warmed.bytes_fetched} bytes fetched" if warmed else ""
             done.append(f"{d.src} -> {d.dst}: attached, {files} files, "
                         f"{listed.attachment.bytes} bytes{fetched}")
         return done
 
-    return _with_client(config, work)
+    return with_client(config, work)
 
 
 def paths_file(settings: SlurmSettings, job_id: str, path_file: str) -> str:
@@ -311,11 +234,11 @@ def paths_file(settings: SlurmSettings, job_id: str, path_file: str) -> str:
 def data_out(settings: SlurmSettings, job_id: str, script: str) -> str:
     """Stage each ``stage_out`` out, as the job's owner, with a read token on exactly
     its sources."""
-    record = _record(settings, job_id)
+    record = job_record(settings, job_id)
     outs = [d for d in _checked(settings, job_id, script, record) if d.kind == "stage_out"]
     if not outs:
         return "nothing to stage out"
-    config = _scoped(settings, job_id, "stage-out", ("read",),
+    config = scoped(settings, job_id, "stage-out", ("read",),
                      prefixes([Access(d.src, False) for d in outs]))
 
     async def work(client: AsyncClient) -> str:
@@ -323,11 +246,11 @@ def data_out(settings: SlurmSettings, job_id: str, script: str) -> str:
         done = []
         for d in outs:
             options = StageOptions(progress=False, manifest=False)
-            report = await _step(d, stage(client, f"stager://{d.src}", d.dst, options))
+            report = await step(d, stage(client, f"stager://{d.src}", d.dst, options))
             done.append(f"{d.src} -> {d.dst}: {report.summary()}")
         return "; ".join(done)
 
-    return _with_client(config, work)
+    return with_client(config, work)
 
 
 def teardown(settings: SlurmSettings, job_id: str) -> str:
@@ -337,13 +260,13 @@ def teardown(settings: SlurmSettings, job_id: str) -> str:
     cancelled before setup)."""
     job_dir = settings.job_dir(job_id)
     try:
-        record = _record(settings, job_id)
+        record = job_record(settings, job_id)
     except NotFound:
         record = {}
     scratch = [str(p) for p in record.get("scratch", [])]
     attached = [str(p) for p in record.get("attached", [])]
     said = [_detach_all(settings, job_id, attached)] if attached else []
-    config = _scoped(settings, job_id, "teardown", ("read", "write"), [job_dir, *scratch])
+    config = scoped(settings, job_id, "teardown", ("read", "write"), [job_dir, *scratch])
 
     async def work(client: AsyncClient) -> str:
         for path in (job_dir, *scratch):
@@ -354,10 +277,10 @@ def teardown(settings: SlurmSettings, job_id: str) -> str:
             said.append(f"removed {path} ({removed} entries)")
         return "; ".join(said)
 
-    message = _with_client(config, work)
-    tokens = _record(settings, job_id).get("tokens", []) if settings.token_file else []
+    message = with_client(config, work)
+    tokens = job_record(settings, job_id).get("tokens", []) if settings.token_file else []
     if tokens:
-        _with_client(settings.client_config(), lambda c: _revoke(c, tokens))
+        with_client(settings.client_config(), lambda c: _revoke(c, tokens))
         message += f"; {len(tokens)} token(s) revoked"
     for name in (f"{job_id}.job-token", f"{job_id}.read-token", f"{job_id}.json"):
         Path(settings.state_dir, name).unlink(missing_ok=True)
@@ -368,7 +291,7 @@ def _detach_all(settings: SlurmSettings, job_id: str, attached: list[str]) -> st
     """Detach the job's attached directories (their cached bytes freed; one never
     attached, as when the source failed, is nothing to do), with a token of its own:
     admin on exactly those."""
-    config = _scoped(settings, job_id, "detach", ("admin",),
+    config = scoped(settings, job_id, "detach", ("admin",),
                      prefixes([Access(p, True) for p in attached]))
 
     async def work(client: AsyncClient) -> str:
@@ -382,7 +305,7 @@ def _detach_all(settings: SlurmSettings, job_id: str, attached: list[str]) -> st
                 pass
         return "; ".join(said) or "nothing attached"
 
-    return _with_client(config, work)
+    return with_client(config, work)
 
 
 async def _revoke(client: AsyncClient, token_ids: list[str]) -> None:
@@ -441,58 +364,15 @@ def _reading(settings: SlurmSettings, work: Callable[[AsyncClient], Awaitable[T]
     config = settings.client_config()
     made: TokenCreated | None = None
     if settings.token_file:
-        made = _with_client(config, lambda c: c.create_token(
+        made = with_client(config, lambda c: c.create_token(
             ("read",), [settings.jobs_dir], STATUS_TOKEN_TTL, "slurm-status"))
         config = config.replace(token=made.token)
     try:
-        return _with_client(config, work)
+        return with_client(config, work)
     finally:
         if made is not None:
             token_id = made.info.id
-            _with_client(settings.client_config(), lambda c: c.revoke_token(token_id))
-
-
-# -- helpers ----------------------------------------------------------------------------
-def become_owner(record: dict[str, Any]) -> None:
-    """Drop root for the job's owner (recorded by :func:`setup`) before touching any
-    source or destination.  Not root: nothing to drop."""
-    if os.geteuid() != 0:
-        return
-    uid, gid = int(record["uid"]), int(record["gid"])
-    if uid == 0:
-        raise BadRequest("a root job may not stage (Slurm forbids root burst buffers)")
-    try:
-        name = pwd.getpwuid(uid).pw_name
-        groups = os.getgrouplist(name, gid)
-    except KeyError:
-        groups = [gid]
-    os.setgroups(groups)
-    os.setgid(gid)
-    os.setuid(uid)
-    os.environ["HOME"] = _home(uid)
-
-
-def _record(settings: SlurmSettings, job_id: str) -> dict[str, Any]:
-    """What :func:`setup` and the later hooks recorded of the job (root's, 0600)."""
-    path = Path(settings.state_dir, f"{job_id}.json")
-    try:
-        return dict(json.loads(path.read_text()))
-    except FileNotFoundError:
-        raise NotFound(f"no owner recorded for job {job_id} ({path}): slurm_bb_setup "
-                       "did not run for it") from None
-
-
-def _remember(settings: SlurmSettings, job_id: str, key: str, value: str) -> None:
-    """Add ``value`` to the record's list ``key`` (a token to revoke, a scratch copy to
-    remove), at once: a hook killed later leaves nothing teardown cannot find."""
-    path = Path(settings.state_dir, f"{job_id}.json")
-    try:
-        record = json.loads(path.read_text())
-    except FileNotFoundError:
-        Path(settings.state_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
-        record = {}
-    record.setdefault(key, []).append(value)
-    _write_private(path, json.dumps(record))
+            with_client(settings.client_config(), lambda c: c.revoke_token(token_id))
 
 
 def _checked(settings: SlurmSettings, job_id: str, script: str,
@@ -504,51 +384,3 @@ def _checked(settings: SlurmSettings, job_id: str, script: str,
     return directives
 
 
-def _mint(settings: SlurmSettings, job_id: str, purpose: str, scopes: tuple[str, ...],
-          reach: list[str]) -> TokenCreated:
-    """A token for the job (``purpose`` in its name), minted with the admin token and
-    recorded for teardown's revocation the moment it exists."""
-    name = f"slurm-job-{job_id}" + (f"-{purpose}" if purpose else "")
-    created = _with_client(settings.client_config(), lambda c: c.create_token(
-        scopes, reach, settings.job_token_ttl, name))
-    _remember(settings, job_id, "tokens", created.info.id)
-    return created
-
-
-def _scoped(settings: SlurmSettings, job_id: str, purpose: str, scopes: tuple[str, ...],
-            reach: list[str]) -> Config:
-    """The clients' configuration for one hook's work: with auth, a token of its own on
-    exactly ``reach``, never the admin's; without, the settings' as they are."""
-    config = settings.client_config()
-    if not settings.token_file:
-        return config
-    return config.replace(token=_mint(settings, job_id, purpose, scopes, reach).token)
-
-
-def _home(uid: int) -> str:
-    try:
-        home = pwd.getpwuid(uid).pw_dir
-    except KeyError:
-        return "/"
-    return home if os.path.isdir(home) else "/"
-
-
-async def _step(d: Directive, work: Awaitable[T]) -> T:
-    """``work`` for directive ``d``; its failure names the directive's line."""
-    where = f"{d.kind} (line {d.line}) {d.src} -> {d.dst}"
-    try:
-        return await work
-    except StagerError as exc:
-        raise type(exc)(f"{where}: {exc.message}", **exc.details) from exc
-    except (OSError, ValueError) as exc:        # a backend's own error
-        raise SourceError(f"{where}: {type(exc).__name__}: {exc}") from exc
-
-
-def _with_client(config: Config, work: Callable[[AsyncClient], Awaitable[T]]) -> T:
-    from ..client import AsyncClient
-
-    async def run() -> T:
-        async with AsyncClient(config.meta_url, config=config) as client:
-            return await work(client)
-
-    return asyncio.run(run())
