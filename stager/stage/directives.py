@@ -8,7 +8,7 @@
     #STAGER stage_out /jobs/$SLURM_JOB_ID/out file:///project/results
     #STAGER stage_in  s3://bucket/vocab  /datasets/team-a/tmp-$SLURM_JOB_ID  --scratch
     #STAGER attach    s3://bucket/laion  /jobs/$SLURM_JOB_ID/laion  --refresh 3600
-    #STAGER capacity=200GiB
+    #STAGER pool=stager capacity=200GiB
 
 Read the way Slurm's ``burst_buffer/lua`` plugin reads them, so that both agree
 on which lines are directives: only the script's leading comment block counts
@@ -27,9 +27,10 @@ anyway).  Where a job may reach at all is :mod:`stager.stage.grants`' question.
 instead of a copy: the hooks attach and warm it before the job starts and detach it
 at teardown.  Its source is read by the stager servers, not as the job's owner, so a
 ``file://`` (or ``memory://``) source is refused: it would be read with the servers'
-rights; ``stage_in`` copies a local source as its owner.  ``capacity=SIZE`` (the
-word Slurm itself reads for a burst buffer's size) becomes the quota of the job's
-directory.
+rights; ``stage_in`` copies a local source as its owner.  ``capacity=SIZE`` becomes
+the quota of the job's directory.  Slurm reads that word itself, for the job's
+share of a burst-buffer pool, and wants the pool named with it: ``pool=stager``
+(whose size is the cluster's free bytes, :func:`stager.stage.slurm.pools`).
 """
 
 from __future__ import annotations
