@@ -424,3 +424,28 @@ def test_job_down_as_root_removes_only_what_the_user_could(tmp_path: Path) -> No
         assert Path("/etc/passwd").exists()
     finally:
         shutil.rmtree(base)
+
+
+def test_job_up_attach_warms_a_cached_view_instead_of_a_copy(tmp_path: Path) -> None:
+    """``--attach SRC DST`` (issue 28): node 0 attaches DST to SRC and warms it before the
+    cluster is ready; every byte then reads from the cache, exact."""
+    src = tmp_path / "shared" / "dataset"
+    data = _dataset(src, files=6)
+    with EmulatedJob(tmp_path / "job", nodes=2, mode="loopback", job_id="2802") as job:
+        job.step(["job", "up", "--attach", f"file://{src}", "/view", "--chunk-size", "1MiB"])
+        try:
+            [attached] = job.cluster()["attach"]
+            total = sum(len(b) for b in data.values())
+            assert attached == {"source": f"file://{src}", "destination": "/view",
+                                "files": 6, "bytes": total, "fetched": total}
+            with _client(job) as client:
+                [view] = client.attachments()
+                assert (view.path, view.cached_bytes, view.bytes) == ("/view", total, total)
+                for rel, body in data.items():
+                    assert client.cat(f"/view/{rel}") == body, rel
+                [view] = client.attachments()
+                # warm's fills were the misses; the reads after it, hits all
+                assert (view.cached_bytes, view.misses, view.hits) == (total, 6, 6), view
+        finally:
+            job.step(["job", "down", "--quiet"])
+        assert job.leftovers() == ([], [])

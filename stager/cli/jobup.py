@@ -38,6 +38,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         auth=not args.insecure, meta_port=args.meta_port, data_port=args.data_port,
         replicas=args.replicas, chunk_size=args.chunk_size, cache_limit=args.cache_limit,
         stage_in=tuple((src, dst) for src, dst in args.stage_in or ()),
+        attach=tuple((src, dst) for src, dst in args.attach or ()),
         timeout=args.timeout, foreground=args.foreground)
     say = (lambda line: print(line, file=sys.stderr, flush=True)) if not args.quiet \
         else (lambda line: None)
@@ -123,6 +124,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--stage-in", nargs=2, action="append", metavar=("SRC", "DST"),
                    help="stage SRC (any fsspec URL on the shared tier) into DST, every "
                         "node copying its share; may be repeated")
+    p.add_argument("--attach", nargs=2, action="append", metavar=("SRC", "DST"),
+                   help="attach DST to SRC (any fsspec URL: a cached view, each chunk "
+                        "fetched on first read) and warm it, instead of copying; may be "
+                        "repeated")
     p.add_argument("--insecure", action="store_true",
                    help="no tokens: anyone who reaches the nodes' ports may read and write "
                         "(default: --auth, the admin token in the job directory, 0600)")

@@ -13,7 +13,9 @@ directory, a directory on the shared file system (``$SLURM_SUBMIT_DIR/
 4. with ``--stage-in SRC DST`` every node copies its share of ``SRC`` (file *i* of
    the sorted listing goes to node *i mod N*), so the copy runs from all nodes at
    once; node 0 then makes one resuming pass that only records the manifest;
-5. node 0 writes ``cluster.json`` and ``env`` (``STAGER_META_URL``,
+5. with ``--attach SRC DST`` node 0 attaches ``DST`` to ``SRC`` (a cached view: the
+   metadata server fetches each chunk on first read) and warms it;
+6. node 0 writes ``cluster.json`` and ``env`` (``STAGER_META_URL``,
    ``STAGER_TOKEN_FILE``); every node returns once ``cluster.json`` exists, so the
    ``srun`` step ends when the cluster is ready and the data staged.
 
@@ -43,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from ..client import AsyncClient
+from ..client.warm import warm
 from ..config import load_config
 from ..errors import StagerError
 from ..protocol.authmsg import MAX_TTL
@@ -70,6 +73,7 @@ class JobOptions:
     chunk_size: str | None = None
     cache_limit: str | None = None      # the metadata server's --cache-limit
     stage_in: tuple[tuple[str, str], ...] = ()
+    attach: tuple[tuple[str, str], ...] = ()    # node 0: attached and warmed
     timeout: float = 120.0
     foreground: bool = False
 
@@ -264,10 +268,14 @@ class NodeUp:
             raise JobClusterError(f"stage-in failed: {exc}") from exc
         if not job.first:
             return _wait_file(files.cluster, files, self.deadline, "node 0's cluster.json")
+        try:
+            attached = asyncio.run(self._attach(meta_url)) if self.opts.attach else []
+        except (StagerError, OSError) as exc:
+            raise JobClusterError(f"attach failed: {exc}") from exc
         cluster = {"job_id": job.job_id, "meta": {"url": meta_url}, "nodes": list(job.nodes),
                    "auth": self.opts.auth, "ready_seconds": round(ready, 3),
                    "up_seconds": round(time.monotonic() - self.started, 3),
-                   "stage_in": staged}
+                   "stage_in": staged, "attach": attached}
         if self.opts.auth:
             cluster["token_file"] = str(files.admin_token)
             cluster["admin_token_file"] = str(files.admin_token)
@@ -377,6 +385,22 @@ class NodeUp:
                             "seconds": max(p["seconds"] for p in parts),
                             "recopied": whole.copied})
             return out
+
+
+    async def _attach(self, meta_url: str) -> list[dict[str, Any]]:
+        """Node 0: attach each ``--attach`` and warm it (the metadata server fetches
+        from the source; the bytes never pass through here)."""
+        out = []
+        async with _client(meta_url, self.token) as client:
+            for src, dst in self.opts.attach:
+                listed = (await client.attach(src, dst)).attachment
+                warmed = await warm(client, dst) if listed.files else None
+                fetched = warmed.bytes_fetched if warmed else 0
+                self.say(f"node {self.job.node}: {src} attached at {dst}: {listed.files} "
+                         f"files, {listed.bytes} bytes, {fetched} fetched")
+                out.append({"source": src, "destination": dst, "files": listed.files,
+                            "bytes": listed.bytes, "fetched": fetched})
+        return out
 
 
 def env_lines(cluster: dict[str, Any]) -> str:
