@@ -128,21 +128,20 @@ def _row(case: str, **cells: Any) -> list[Any]:
 def cluster_epochs(quick: bool) -> dict[str, Any]:
     """Part two: an attached dataset's first and second epochs on a real cluster,
     beside the same dataset staged, and the second epoch's plain stall."""
-    files, batch, rounds = (24, 4, 1) if quick else (512, 16, 3)
+    files, batch, rounds = (24, 4, 1) if quick else (512, 16, 2)
     with scratch("cache") as tmp:
         data = tmp / "lake" / "data"
         write_samples(data, files, SAMPLE)
         os.sync()       # the new files' writeback must not compete with the timed runs
         with lake(tmp / "lake", None if quick else CAP_MBIT) as (source, uncapped), \
                 ProcessCluster(tmp / "cluster", DATA_SERVERS) as cluster:
-            got = throughput(cluster.meta_url, source, data, tmp, batch, rounds)
+            got = throughput(cluster, source, data, tmp, batch, rounds)
     where = (f"source capped at {CAP_MBIT} Mbit/s" if uncapped is None
              else "source on loopback, uncapped")
-    cold, paced = got["cold"], got["paced"]
+    paced = got["paced"]
     staged_rate = median([f["rate"] for f in got["staged"]])
-    warm_rate = median([w.figures["rate"] for w in got["warm"]])
-    warm = Epoch({"rate": warm_rate}, sum((w.source for w in got["warm"]), Counter()),
-                 sum(w.hits for w in got["warm"]), sum(w.misses for w in got["warm"]))
+    cold, warm = _median_epoch(got["cold"]), _median_epoch(got["warm"])
+    source_mb = median(got["source"]) / MB
 
     def speed(rate: float) -> dict[str, Any]:
         return {"samples/s": r2(rate), "MB/s": r2(rate * SAMPLE / MB)}
@@ -156,19 +155,19 @@ def cluster_epochs(quick: bool) -> dict[str, Any]:
              **speed(got["staged first"]["rate"])),
         _row(f"cluster: staged copy (stager stage), epoch 2 (median of {rounds})",
              **speed(staged_rate)),
-        _row(f"cluster: attached, epoch 1 ({where})", **costs(cold),
-             **speed(cold.figures["rate"])),
-        _row(f"cluster: attached, epoch 2 (median of {rounds}; requests of all)",
-             **costs(warm), **speed(warm_rate)),
+        _row(f"cluster: attached, epoch 1 ({where}; median of {rounds}, requests of all)",
+             **costs(cold), **speed(cold.figures["rate"])),
+        _row(f"cluster: attached, epoch 2 (median of {rounds}, requests of all)",
+             **costs(warm), **speed(warm.figures["rate"])),
         _row(f"cluster: attached, epoch 2 again paced at {PACED:.0%} (plain stall)",
              **costs(paced), **speed(paced.figures["rate"]),
              **{"stall %": r2(100 * paced.figures["stall"])}),
-        _row(f"source alone: fsspec get of {SOURCE_SAMPLE} files ({where})",
-             **{"MB/s": r2(got["source"] / MB)}),
+        _row(f"source alone: fsspec get of {SOURCE_SAMPLE} files ({where}; median of "
+             f"{rounds})", **{"MB/s": r2(source_mb)}),
     ]
     cold_mb = cold.figures["rate"] * SAMPLE / MB
-    of_staged = warm_rate / staged_rate
-    of_source = cold_mb / (got["source"] / MB)
+    of_staged = warm.figures["rate"] / staged_rate
+    of_source = cold_mb / source_mb
     stall = paced.figures["stall"]
     ratios = {"cluster: attached epoch 2 / staged epoch 2, samples/s": r2(of_staged),
               "cluster: attached epoch 1 / the source alone (fsspec get), MB/s": r2(of_source)}
@@ -193,24 +192,47 @@ def cluster_epochs(quick: bool) -> dict[str, Any]:
         f"{batch}, the loader benchmark's prefetch settings); samples/s as "
         "bench/training_loop.py counts them (after the first batch).",
         "Staged copy: stager stage file:// of the same files into the same cluster, then "
-        "a Loader's epoch 1 over it.  Attached: stager attach of the source's URL, then a "
-        "Loader's epoch 1 (every chunk fetched from the source through the metadata "
-        f"server).  Then the second epoch (epoch 2's order, by a fresh Loader) of the "
-        f"staged and of the attached copy in turn, {rounds} rounds, their medians "
-        "compared.  The plain stall: a fresh Loader reads the attached epoch 2 again, "
+        f"a Loader's epoch 1 over it.  Then {rounds} rounds of: fsspec get of "
+        f"{SOURCE_SAMPLE} files (the source alone), stager attach of the source's URL to "
+        "a fresh directory (the last one detached) and a Loader's epoch 1 over it (every "
+        "chunk fetched from the source through the metadata server).  Then "
+        f"{rounds} rounds of the second epoch (epoch 2's order, by a fresh Loader) of the "
+        "staged and of the attached copy in turn.  Medians compared.  The plain stall: "
+        "a fresh Loader reads the attached epoch 2 again, "
         f"sleeping after each batch for batch / ({PACED} x its median rate) = "
         f"{got['step'] * 1000:.0f} ms, as bench/plain_stall.py does.",
-        "Source requests are the ranged GETs counted at the source; the first epoch's "
+        "Hit ratio: the attachment's chunk hits over its chunk reads, as stager status "
+        "counts them; a first-epoch hit is a chunk already filled when the Loader's read "
+        f"asked for it ({cold.source['ranged GET']:,} source requests for {rounds} first "
+        f"epochs of {files:,} one-chunk files).  "
+        "Source requests are the ranged GETs counted at the source; the first epochs' "
         f"fills also sent {heads:,} HEADs (the metadata server checks that each fetched "
         "chunk's file is still the version listed with an info call, a HEAD over HTTP).",
     ]
+    gb = files * SAMPLE / 1e9
+    notes.append("The metadata server's CPU seconds per GB read (its process, from /proc; "
+                 f"median of {rounds}): staged epoch 2 "
+                 f"{median([f['meta cpu'] for f in got['staged']]) / gb:.2f}, attached "
+                 f"epoch 1 {cold.figures['meta cpu'] / gb:.2f}, attached epoch 2 "
+                 f"{warm.figures['meta cpu'] / gb:.2f}: a read of a cached file asks the "
+                 "metadata server for its chunks first (the fill route: which are filled, "
+                 "their checksums, a touch of each for eviction), a read of a staged file "
+                 "does not.")
     if uncapped is None:
         notes.append(f"The line rate is the tc tbf cap, {CAP_MBIT} Mbit/s = {line:g} MB/s "
                      "(tbf counts IP bytes, so HTTP payload tops out a few % under it).")
     else:
-        notes.append(f"The capped source is skipped here ({uncapped}): no line-rate aim.  "
-                     "It needs network namespaces (root and iproute2) and the full size.")
+        why = "at the quick size" if quick else f"here ({uncapped})"
+        notes.append(f"The capped source is skipped {why}: no line-rate aim.  It needs "
+                     "network namespaces (root and iproute2) and the full size.")
     return {"rows": rows, "ratios": ratios, "aims": aims, "notes": notes}
+
+
+def _median_epoch(runs: list[Epoch]) -> Epoch:
+    """The median rate and metadata CPU of ``runs``; the costs of them all."""
+    return Epoch({k: median([r.figures[k] for r in runs]) for k in ("rate", "meta cpu")},
+                 sum((r.source for r in runs), Counter()), sum(r.hits for r in runs),
+                 sum(r.misses for r in runs))
 
 
 def cluster_policy_names() -> tuple[str, ...]:

@@ -43,7 +43,7 @@ from stager.testing.netns import NetnsFabric, netns_unavailable
 
 from .bench_stage import stage
 from .cache_source import CountingSource
-from .common import random_blocks
+from .common import cpu_seconds, random_blocks
 from .plain_stall import LOADER
 from .training_loop import drive
 
@@ -139,38 +139,53 @@ class Counted:
         return Epoch(figures, now[0] - c0, now[1] - h0, now[2] - m0)
 
 
-def throughput(meta_url: str, source: CountingSource, data: Path, tmp: Path, batch: int,
-               rounds: int) -> dict[str, Any]:
+def throughput(cluster: ProcessCluster, source: CountingSource, data: Path, tmp: Path,
+               batch: int, rounds: int) -> dict[str, Any]:
     """The attached dataset's epochs beside the staged copy's, in one cluster.
 
-    The first epochs once each (the attached one is the cold read); the second
-    epoch of each copy by a fresh Loader, ``rounds`` times in turn (their medians
-    compared, so a pause of the shared machine spoils one run, not the ratio);
-    then the plain stall of the attached copy's second epoch."""
+    ``rounds`` times in turn (medians compared, so a pause of the shared machine
+    spoils one run, not a ratio): the source read alone, then a first epoch over a
+    fresh attachment of it (the cold read; the earlier attachment detached); then
+    the second epoch of the staged and of the attached copy by fresh Loaders; then
+    the plain stall of the attached copy's second epoch.  Each epoch's figures
+    carry the metadata server's CPU seconds (``meta cpu``)."""
+    meta_url, meta = cluster.meta_url, cluster.meta_pid()
+
+    def run(it: Loader, number: int, step: float = 0.0) -> dict[str, float]:
+        before = cpu_seconds(meta)
+        figures = epoch(it, number, step)
+        return figures | {"meta cpu": cpu_seconds(meta) - before}
+
     url = f"{source.url}/{data.name}"
     names = sorted(p.name for p in data.iterdir())
-    own = source_rate(url, names[:SOURCE_SAMPLE], tmp)
     seconds, copied = stage(meta_url, f"file://{data}", "/staged")
     assert copied == len(names), (copied, len(names))
     with loader(meta_url, "/staged", batch) as it:
-        staged_first = epoch(it, 0)
+        staged_first = run(it, 0)
+    own: list[float] = []
+    cold: list[Epoch] = []
     with Client(meta_url, config=load_config(env={})) as client:
-        client.attach(url + "/", "/attached")
-        counted = Counted(source, client, "/attached")
-        with loader(meta_url, "/attached", batch) as it:
-            cold = counted.epoch(epoch(it, 0))
+        for k in range(rounds):
+            own.append(source_rate(url, names[:SOURCE_SAMPLE], tmp))
+            if k:
+                client.detach(f"/attached-{k - 1}")
+            attached = f"/attached-{k}"
+            client.attach(url + "/", attached)
+            counted = Counted(source, client, attached)
+            with loader(meta_url, attached, batch) as it:
+                cold.append(counted.epoch(run(it, 0)))
         staged: list[dict[str, float]] = []
         warm: list[Epoch] = []
         for _ in range(rounds):
             with loader(meta_url, "/staged", batch) as it:
-                staged.append(epoch(it, 1))
-            with loader(meta_url, "/attached", batch) as it:
-                warm.append(counted.epoch(epoch(it, 1)))
+                staged.append(run(it, 1))
+            with loader(meta_url, attached, batch) as it:
+                warm.append(counted.epoch(run(it, 1)))
         # the plain stall: the second epoch's maximum rate (above), then the second
         # epoch again, a sleep after each batch sized to consume PACED of that rate
         step = batch / (PACED * statistics.median(w.figures["rate"] for w in warm))
-        with loader(meta_url, "/attached", batch) as it:
-            paced = counted.epoch(epoch(it, 1, step))
+        with loader(meta_url, attached, batch) as it:
+            paced = counted.epoch(run(it, 1, step))
     return {"source": own, "stage seconds": seconds, "staged first": staged_first,
             "staged": staged, "cold": cold, "warm": warm, "paced": paced, "step": step}
 
