@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import itertools
 import json
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from conftest import Reply, raw_http
@@ -32,6 +30,7 @@ from stager.auth import KEY_FILE, Capability, Token, load_key, sign
 from stager.auth.tokens import ANY_FILE, CLUSTER
 from stager.checksum import crc32c, to_hex
 from stager.errors import InsufficientStorage
+from stager.plans.registered import plan_id
 from stager.protocol import headers as H
 from stager.protocol.authmsg import TokenRequest
 from stager.protocol.batch import ChunkItem, CommitItem, CreateItem, chunk_batch_head
@@ -82,10 +81,11 @@ class World:
 
     def __init__(self, cluster: ThreadCluster) -> None:
         self.cluster = cluster
-        # a source directory to attach (outside the cluster's root: refused there)
-        self.source_dir = tempfile.TemporaryDirectory(prefix="stager-src-")
-        (Path(self.source_dir.name) / "s.bin").write_bytes(b"s" * 1000)
-        self.source = f"file://{self.source_dir.name}"
+        # a source directory to attach (outside the metadata server's root: refused there)
+        source = cluster.root / "attach-source"
+        source.mkdir(exist_ok=True)
+        (source / "s.bin").write_bytes(b"s" * 1000)
+        self.source = f"file://{source}"
         self.urls = {"meta": cluster.meta_url, "data": cluster.data[0].url}  # type: ignore[union-attr]
         self.key = load_key(cluster.root / "meta" / "auth" / KEY_FILE)
         self.fresh = itertools.count()
@@ -196,6 +196,14 @@ class World:
         """The file id of a file of a new attached directory."""
         return str(self.stat(f"{self.attach()}/s.bin", "read_m")["file_id"])
 
+    def plan_body(self) -> tuple[bytes, dict[str, str]]:
+        """A plan registration over a file of a new attached directory."""
+        dataset = {"files": [self.cached_file()], "chunk_sizes": [4 << 20], "samples": 1,
+                   "sample": [0], "file": [0], "offset": [0], "length": [1000]}
+        body = {"plan": {"seed": 1, "epoch": 0, "world_size": 1, "batch_size": 1,
+                         "window": 1}, "dataset": dataset, "epoch": 0, "cursor": 0}
+        return as_json(body), {"Content-Type": "application/json"}
+
     def fake_target(self) -> str:
         """A registered target no server serves (its credential in :attr:`creds` as
         ``fake``); removed again by :meth:`tidy`."""
@@ -263,6 +271,14 @@ def _unpin(w: World) -> Sent:
     path = w.mkdir("up")
     w.admin("PUT", route("pin").target(path=path), as_json({}))
     return get("unpin", path=path)
+
+
+def _plan_position(w: World) -> Sent:
+    """A position of a plan ``read_m`` registered (the one token it answers)."""
+    pid = plan_id(next(w.fresh))
+    body, headers = w.plan_body()
+    w.admin("PUT", route("register_plan").target(plan_id=pid), body, cred="read_m")
+    return post("plan_position", {"epoch": 0, "cursor": 1}, plan_id=pid)
 
 
 def _heartbeat(w: World) -> Sent:
@@ -353,6 +369,9 @@ CASES: dict[str, Case] = {
     "detach": Case(lambda w: get("detach", path=w.attach()), **ADMIN),
     "fill": Case(lambda w: post("fill", {"items": [{"file_id": w.cached_file(), "chunks": [0]}]}),
                  **READ_M),
+    "register_plan": Case(lambda w: Sent("PUT", route("register_plan").target(
+        plan_id=plan_id(next(w.fresh))), *w.plan_body()), **READ_M),
+    "plan_position": Case(_plan_position, **READ_M),
     # metadata server: tokens and capabilities
     "create_token": Case(lambda w: post("create_token", TokenRequest(
         ("read",), ("/m",), 60, "made").to_json()), **ADMIN),

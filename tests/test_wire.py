@@ -170,6 +170,7 @@ def _answers() -> dict[str, object]:
         "AttachmentList": cache.AttachmentList((_ATTACHMENT,)),
         "Refreshed": cache.Refreshed(_ATTACHMENT, 1, 2, 3, 4),
         "Detached": cache.Detached("/d", 3, 7),
+        "PlanRegistered": cache.PlanRegistered("a" * 32, 2, 5.0),
         "JobList": j.JobList((j.JobStatus("job", {"worst_stall_fraction": 0.5},
                                           ({"job": "job", "rank": 0, "worker": None},)),)),
     }
@@ -258,6 +259,8 @@ def _examples() -> dict[str, object]:
         "FsckRequest": m.FsckRequest(True),
         "QuotaRequest": q.QuotaRequest(1 << 30, 10),
         "PinRequest": q.PinRequest(60.0),
+        "PlanRequest": cache.PlanRequest({"seed": 1}, {"files": []}, cache.PlanPosition(1, 2)),
+        "PlanPosition": cache.PlanPosition(1, 2),
         "AttachRequest": cache.AttachRequest("s3://bucket/data", 60.0, ("*.tar",), ("*.log",),
                                              {"endpoint_url": "http://h:1"}),
         "Listing": m.Listing("/d", (), "x"),

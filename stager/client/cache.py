@@ -20,6 +20,9 @@ from ..protocol.cache import (
     Detached,
     Filled,
     FillItem,
+    PlanPosition,
+    PlanRegistered,
+    PlanRequest,
     Refreshed,
 )
 from ..protocol.routes import route
@@ -68,3 +71,14 @@ class CacheCalls:
             answer = await self.meta.request(route("fill"), body=body)
             out += read_results(answer, Filled.from_json)
         return out
+
+    async def register_plan(self, plan_id: str, request: PlanRequest) -> PlanRegistered:
+        """Register a Loader's epoch plan over cached files (see
+        :mod:`stager.meta.cache.plans`): eviction then keeps what it reads soonest."""
+        return PlanRegistered.from_json(await self.meta.request(
+            route("register_plan"), plan_id=plan_id, body=request.to_json()))
+
+    async def plan_position(self, plan_id: str, epoch: int, cursor: int) -> None:
+        """Where the job of a registered plan is now."""
+        PlanPosition.from_json(await self.meta.request(
+            route("plan_position"), plan_id=plan_id, body=PlanPosition(epoch, cursor).to_json()))

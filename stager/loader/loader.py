@@ -42,6 +42,7 @@ from .fetch import Fetcher
 from .memory import keep_freed_memory
 from .options import group_options
 from .pipeline import Pipeline
+from .planreg import PlanRegistrar
 from .report import Reporter
 from .stats import Counters, copy_counters
 
@@ -163,6 +164,7 @@ class Loader:
         self._targets: dict[str, Any] = {}        # the client's live per-target counters
         self._targets_base: dict[str, Any] = {}
         self._reporter: Reporter | None = None
+        self._registrar: PlanRegistrar | None = None    # plan-aware eviction (planreg.py)
 
     def _check_process(self) -> None:
         if self._process is not current():
@@ -220,6 +222,18 @@ class Loader:
         return len(self._plan(self._next_pass()[1]))
 
     # -- state ------------------------------------------------------------------------
+    def io_position(self) -> tuple[int, int]:
+        """Where this rank's reads are: the next batch's ``(epoch, cursor)`` moved on by
+        the batches the prefetch has started beyond it (plan-aware eviction's now)."""
+        epoch, cursor = self._next_pass()
+        stream = self._active
+        if stream is None:
+            return epoch, cursor
+        ahead = max(0, stream.pipeline.launching - (stream.next + self._steps))
+        n = len(self.index)
+        cursor += ahead * self.world_size * self.batch_size
+        return (epoch, cursor) if cursor < n else (epoch + 1, min(n, cursor - n))
+
     def fingerprint(self) -> str:
         """Identifies the order: format, sample count, blocks, window, policy."""
         h = hashlib.sha256(f"{self.format}:{len(self.index)}:{self.window}:{self.order}:"
@@ -263,6 +277,9 @@ class Loader:
     # -- iteration --------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         self.begin_pass()
+        if self._registrar is None:
+            self._registrar = PlanRegistrar(self, self._client)
+        self._registrar.begin(self._epoch, self._cursor)
         if self.telemetry.job is not None and self._reporter is None:
             # here, not in __init__: only a process that reads reports (not the main
             # process of a DataLoader whose workers read)
@@ -319,6 +336,8 @@ class Loader:
                 # batch resumes after it
                 self._steps += 1
                 self._finished = j + 1 == len(batches)
+                if self._registrar is not None:
+                    self._registrar.at()
                 yield box.pop()
             completed = True
         finally:
@@ -430,6 +449,8 @@ class Loader:
                 self._pool = None
             if self._reporter is not None:
                 self._reporter.close()      # the final report, with everything counted
+            if self._registrar is not None:
+                self._registrar.close()
             # A copy in a forked worker closes that process's own session.
             if self._owns_client or self._origin is not current():
                 self._client.close()

@@ -78,6 +78,11 @@ class Pipeline:
     def start(self) -> None:
         self._main = asyncio.run_coroutine_threadsafe(self._run(), self.loop)
 
+    @property
+    def launching(self) -> int:
+        """The batch whose reads are being started now (the I/O's frontier)."""
+        return self._launching
+
     def get(self, j: int) -> Any:
         """Batch ``j``; blocks until it is ready.  Call in order, each ``j`` once."""
         slot = self._slot(j)

@@ -17,6 +17,8 @@ are compared by steps from now (:func:`soonest`).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -241,3 +243,9 @@ def soonest(plans: Sequence[tuple[PlanUses, int]], key: ChunkKey) -> float:
     """Steps from now until any of ``plans`` (each with the step its job is at)
     reads ``key`` (``math.inf``: none will): furthest-next-use across jobs."""
     return min((uses(key, now) - now for uses, now in plans), default=math.inf)
+
+
+def plan_id(*parts: Any) -> str:
+    """The id a job's plan is registered under, from what identifies it (a Loader: its
+    dataset path and fingerprint, seed, world size, batch size): 32 hex digits."""
+    return hashlib.sha256(json.dumps([str(p) for p in parts]).encode()).hexdigest()[:32]

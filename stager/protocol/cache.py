@@ -11,6 +11,7 @@ are stored encrypted and never sent back.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -204,6 +205,73 @@ class Filled:
                    tuple(int(c) for c in field_of(obj, "fetched", list, [])))
 
 
+MAX_PLAN_TTL = 86400.0          # seconds a plan registration lives unless renewed
+PLAN_ID_RE = re.compile(r"[0-9a-f]{8,64}")
+
+
+def check_plan_id(text: str) -> str:
+    if not PLAN_ID_RE.fullmatch(text):
+        raise BadRequest(f"invalid plan id {text!r}: 8 to 64 hex digits")
+    return text
+
+
+@dataclass(frozen=True)
+class PlanPosition:
+    """Where a registered plan's job is: the next batch comes from ``cursor`` of
+    ``epoch`` (a Loader's ``state_dict()`` position)."""
+
+    epoch: int
+    cursor: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "cursor": self.cursor}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> PlanPosition:
+        return cls(count_of(obj, "epoch"), count_of(obj, "cursor"))
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """A Loader's epoch plan as parameters (``plan``: see
+    :meth:`stager.plans.registered.Plan.from_dict`) with its dataset as the Loader
+    reads it (``dataset``: file ids, their chunk sizes, and each sample's extents as
+    parallel lists), where the job is now, and how long the registration lives
+    unless registered again (``ttl``)."""
+
+    plan: dict[str, Any]
+    dataset: dict[str, Any]
+    position: PlanPosition
+    ttl: float = 600.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"plan": self.plan, "dataset": self.dataset, **self.position.to_json(),
+                "ttl": self.ttl}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> PlanRequest:
+        ttl = field_of(obj, "ttl", _NUMBER, 600.0)
+        if not 0 < ttl <= MAX_PLAN_TTL:
+            raise BadRequest(f"field 'ttl' must be above 0 and at most {MAX_PLAN_TTL}")
+        return cls(field_of(obj, "plan", dict), field_of(obj, "dataset", dict),
+                   PlanPosition.from_json(obj), float(ttl))
+
+
+@dataclass(frozen=True)
+class PlanRegistered:
+    plan_id: str
+    files: int                      # cached files of the dataset (the others are ignored)
+    expires: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"plan_id": self.plan_id, "files": self.files, "expires": self.expires}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> PlanRegistered:
+        return cls(field_of(obj, "plan_id", str), count_of(obj, "files"),
+                   float(field_of(obj, "expires", _NUMBER)))
+
+
 # -- OpenAPI schemas (merged into stager.protocol.openapi.SCHEMAS) ---------------------------
 _STR = {"type": "string"}
 _COUNT = {"type": "integer", "minimum": 0}
@@ -238,6 +306,16 @@ SCHEMAS: dict[str, Any] = {
                                              "properties": {
             "file_id": _STR, "chunks": {"type": "array", "items": _INDEX},
             "again": {"type": "array", "items": _INDEX}}}}}},
+    "PlanRequest": {"type": "object", "required": ["plan", "dataset", "epoch", "cursor"],
+                    "properties": {"plan": {"type": "object"}, "dataset": {"type": "object"},
+                                   "epoch": _COUNT, "cursor": _COUNT,
+                                   "ttl": {"type": "number", "exclusiveMinimum": 0,
+                                           "maximum": MAX_PLAN_TTL}}},
+    "PlanPosition": {"type": "object", "required": ["epoch", "cursor"],
+                     "properties": {"epoch": _COUNT, "cursor": _COUNT}},
+    "PlanRegistered": {"type": "object", "required": ["plan_id", "files", "expires"],
+                       "properties": {"plan_id": _STR, "files": _COUNT,
+                                      "expires": {"type": "number"}}},
     "FillResults": {"type": "object", "required": ["results"], "properties": {
         "results": {"type": "array", "items": {"type": "object"}}}},
 }

@@ -126,6 +126,8 @@ P_RANGE = Param("Range", "header", description="a single bytes=START-END range (
 P_CHUNK = Param("chunk", "path", description="chunk id: FILE_ID.INDEX", required=True,
                 bounds=(("pattern", CHUNK_ID_RE.pattern),))
 P_TARGET = Param("target_id", "path", required=True, bounds=(("pattern", TARGET_ID_RE.pattern),))
+P_PLAN = Param("plan_id", "path", description="a registered plan: 8 to 64 hex digits",
+               required=True, bounds=(("pattern", "^[0-9a-f]{8,64}$"),))
 LAYOUT_Q = (
     Param("chunk_size", type="integer", description="bytes per chunk",
           bounds=tuple(CHUNK_SIZE_BOUNDS.items())),
@@ -278,6 +280,13 @@ ROUTES: tuple[Route, ...] = (
           "the CRC32C of chunks of cached files about to be read, each fetched from its "
           "source first when missing (one fetch per chunk however many readers)", "meta",
           body="FillRequest", responses={200: "FillResults", **ERR}),
+    Route("PUT", "/v1/plans/{plan_id}", "register_plan",
+          "register a Loader's epoch plan over cached files (parameters, not the list): "
+          "eviction keeps what it reads soonest, fills run ahead of it", "meta",
+          params=(P_PLAN,), body="PlanRequest", responses={200: "PlanRegistered", **ERR}),
+    Route("POST", "/v1/plans/{plan_id}/position", "plan_position",
+          "where a registered plan's job is now (its registrant only)", "meta",
+          params=(P_PLAN,), body="PlanPosition", responses={200: "PlanPosition", **ERR}),
     # metadata server: whole-file gateway for plain HTTP clients
     Route("GET", "/v1/files/{path:.*}", "gateway_get",
           "read a whole file (Range honoured) or list a directory", "meta",
@@ -367,7 +376,8 @@ ACCESS: dict[str, Access] = {
     "list_pins": Access("read", "none"), "pin": WRITE_PATH, "unpin": WRITE_PATH,
     "list_attachments": Access("read", "none"), "attach": Access("admin", "path"),
     "refresh_attachment": WRITE_PATH, "detach": Access("admin", "path"),
-    "fill": Access("read", "body"),
+    "fill": Access("read", "body"), "register_plan": Access("read", "body"),
+    "plan_position": Access("read", "none"),
     "gateway_get": Access("read", "visible"), "gateway_head": READ_PATH,
     "gateway_put": WRITE_PATH, "gateway_delete": WRITE_PATH,
     # auth

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from ...dataplane.admin import delete_chunk
@@ -43,12 +43,13 @@ PAGE = 10000
 
 
 class Evictor:
-    def __init__(self, service: MetaService, plane: Callable[[], DataPlane]) -> None:
+    def __init__(self, service: MetaService, plane: Callable[[], DataPlane],
+                 next_use: Callable[[], Awaitable[NextUse | None]]) -> None:
         self.service = service
         self.store = service.store
         self.config = service.config
         self.plane = plane
-        self.next_use: Callable[[], NextUse | None] = lambda: None   # from registered plans
+        self.next_use = next_use        # from the registered plans (None: there are none)
         self.evicted = 0                # chunks evicted by this server (for status, tests)
         self.filled: int | None = None  # filled bytes, as last counted plus fills since
         self.inflight = 0               # bytes of fills reserved and not yet recorded
@@ -131,15 +132,17 @@ class Evictor:
         and with ``spare_recent`` none handed to a reader in the last ``GRACE`` seconds."""
         now = self.service.clock()
         pins = await self.store.pins(now)
+        policy = self.config.cache_policy
+        next_use = await self.next_use() if policy == "plan" else None
+        if policy == "plan" and next_use is None:
+            policy = "lru"
+        # the plans know which chunks are about to be read: no grace needed
+        spare_recent = spare_recent and next_use is None
         spared = {(c.file_id, c.index) for c in chunks
                   if any(paths.is_within(c.path, p.path) for p in pins)
                   or (spare_recent and c.used > now - GRACE)}
         # fed in order of last use: their recency, as the policy would have seen it
         chunks = sorted(chunks, key=lambda c: (c.used, c.file_id, c.index))
-        next_use = self.next_use()
-        policy = self.config.cache_policy
-        if policy == "plan" and next_use is None:
-            policy = "lru"
         by_key = {(c.file_id, c.index): c for c in chunks}
         state = EVICTION[policy](sum(c.size for c in chunks), next_use)
         for i, c in enumerate(chunks):

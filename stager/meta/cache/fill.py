@@ -68,9 +68,11 @@ class Filler:
         self.fetched_bytes = 0
         self.on_access: Callable[[Sequence[Key], Sequence[Key]], None] | None = None
 
-    async def fill(self, items: Sequence[FillItem], may_read: Callable[[str], bool]
-                   ) -> list[Filled | StagerError]:
-        """Each item's CRC32Cs, its chunks filled first where missing; or its error."""
+    async def fill(self, items: Sequence[FillItem], may_read: Callable[[str], bool], *,
+                   touch: bool = True) -> list[Filled | StagerError]:
+        """Each item's CRC32Cs, its chunks filled first where missing; or its error.
+        ``touch``: a reader's request (counted as hits and misses, and as a use of
+        each chunk); not the plans' prefetch."""
         check_count(len(items))
         found = await self.store.find_cached(list({i.file_id for i in items}))
         for cached in found.values():       # every path the body names, before acting
@@ -88,7 +90,7 @@ class Filler:
             counts[cached.attachment] = (h + len(item.chunks) - len(missed), m + len(missed))
             hits += [(item.file_id, c) for c in item.chunks if c not in missed]
             misses += [(item.file_id, c) for c in missed]
-        if counts:
+        if counts and touch:
             await self.store.touch_chunks(hits, self.service.clock(), counts)
         if self.on_access is not None:
             self.on_access(hits, misses)
@@ -119,8 +121,20 @@ class Filler:
         task = self._flights.get(key)
         if task is None:
             task = self._flights[key] = asyncio.ensure_future(self._fill_one(cached, index))
-            task.add_done_callback(lambda _: self._flights.pop(key, None))
+            task.add_done_callback(lambda t: self._landed(key, t))
         return await asyncio.shield(task)
+
+    def _landed(self, key: Key, task: asyncio.Task[int]) -> None:
+        self._flights.pop(key, None)
+        if not task.cancelled():
+            task.exception()    # retrieved: its waiters may all have gone (a shutdown)
+
+    async def close(self) -> None:
+        """Stop the fills under way (at shutdown, before the sources close)."""
+        tasks = list(self._flights.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _fill_one(self, cached: CachedFile, index: int) -> int:
         store, file_id = self.store, cached.file_id

@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import StagerError
+from ...protocol.cache import Filled, FillItem
 from ..auth import AUTH_DIR
 from .attach import Attachments
 from .evict import Evictor
 from .fill import Filler
+from .plans import PlanBook
 from .secrets import OptionsBox
 from .sources import Sources
 
@@ -22,6 +24,8 @@ if TYPE_CHECKING:
     from ..service import MetaService
 
 log = logging.getLogger(__name__)
+PREFETCH_STEPS = 8          # steps of the registered plans filled ahead of their jobs
+PREFETCH_CHUNKS = 64        # at most this many chunks looked at a round
 
 
 class CacheService:
@@ -31,7 +35,8 @@ class CacheService:
         self.sources = Sources(OptionsBox.under(auth_dir), [config.root, auth_dir])
         self.attachments = Attachments(service, self.sources)
         holder = f"{config.public_url}#{secrets.token_hex(4)}"
-        self.evictor = Evictor(service, plane)
+        self.plans = PlanBook(service)
+        self.evictor = Evictor(service, plane, self.plans.next_use)
         self.filler = Filler(service, self.sources, plane, self.evictor, holder=holder,
                              concurrency=config.fill_concurrency)
         self.service = service
@@ -49,6 +54,23 @@ class CacheService:
                 log.warning("refresh of %s from %s failed: %s", record.path, record.source,
                             exc)
         await self.evictor.round()
+        await self.prefetch()
+
+    async def prefetch(self) -> int:
+        """Fill what the registered plans read in their next ``PREFETCH_STEPS`` steps
+        (at most ``PREFETCH_CHUNKS`` chunks a round): chunks filled already cost a
+        look in the store; the others are fetched once, as a reader's fill would be
+        (a reader asking meanwhile waits for the same fetch).  Chunks fetched."""
+        keys = (await self.plans.ahead(PREFETCH_STEPS))[:PREFETCH_CHUNKS]
+        if not keys:
+            return 0
+        items: dict[str, list[int]] = {}
+        for file_id, index in keys:
+            items.setdefault(file_id, []).append(index)
+        answers = await self.filler.fill([FillItem(f, tuple(c)) for f, c in items.items()],
+                                         lambda path: True, touch=False)
+        return sum(len(a.fetched) for a in answers if isinstance(a, Filled))
 
     async def close(self) -> None:
+        await self.filler.close()
         await self.sources.close()

@@ -19,7 +19,15 @@ from aiohttp import web
 from ...auth.policy import allows
 from ...errors import StagerError
 from ...protocol.batch import parse_items, results_json
-from ...protocol.cache import AttachmentList, AttachRequest, Detached, FillItem
+from ...protocol.cache import (
+    AttachmentList,
+    AttachRequest,
+    Detached,
+    FillItem,
+    PlanPosition,
+    PlanRequest,
+    check_plan_id,
+)
 from ...web.authmw import token_of
 from ...web.middleware import json_response
 from ...web.requests import path_arg, read_json
@@ -97,5 +105,27 @@ async def fill(request: web.Request) -> web.Response:
     return json_response(results_json(results, lambda r: r.to_json()))
 
 
+def _owner(request: web.Request) -> str | None:
+    token = token_of(request)
+    return None if token is None else token.id
+
+
+async def register_plan(request: web.Request) -> web.Response:
+    cache = request.app[CACHE]
+    req = PlanRequest.from_json(await read_json(request, cache.service.config.max_json_body))
+    done = await cache.plans.register(check_plan_id(request.match_info["plan_id"]), req,
+                                      owner=_owner(request),
+                                      may_read=lambda p: _readable(request, p))
+    return json_response(done.to_json())
+
+
+async def plan_position(request: web.Request) -> web.Response:
+    at = PlanPosition.from_json(await read_json(request, MAX_BODY))
+    await request.app[CACHE].plans.position(check_plan_id(request.match_info["plan_id"]), at,
+                                            owner=_owner(request))
+    return json_response(at.to_json())
+
+
 HANDLERS = {"list_attachments": list_attachments, "attach": attach,
-            "refresh_attachment": refresh_attachment, "detach": detach, "fill": fill}
+            "refresh_attachment": refresh_attachment, "detach": detach, "fill": fill,
+            "register_plan": register_plan, "plan_position": plan_position}

@@ -1,0 +1,146 @@
+"""Registered Loader plans: what eviction looks ahead at, and what fills run ahead of.
+
+A Loader reading cached files registers its plan (route ``register_plan``): the
+parameters of its order and partition and its dataset's sample extents, not the
+list of reads.  From them :func:`stager.plans.registered.plan_uses` derives, with
+the Loader's own functions, when each cached chunk is read next; the job's
+position (route ``plan_position``, sent by the Loader as it goes) says where
+"now" is.  Registrations live in the store's shared reports (every metadata
+server sees them; the duty holder evicts by them) and expire with their ``ttl``
+unless registered again: a job that died stops steering eviction.
+
+Two uses:
+
+- :meth:`PlanBook.next_use`: for plan-aware eviction (``cache_policy = plan``), the
+  steps until any live plan reads a chunk (never: ``inf``), soonest across jobs;
+- :meth:`PlanBook.ahead`: the chunks the plans read in the next few steps, which the
+  duty holder fills before the ranks ask (a first epoch over an attached dataset is
+  then fed at the source's rate rather than a round trip behind it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ...errors import BadRequest, Forbidden, NotFound
+from ...eviction import NextUse
+from ...plans.registered import ChunkKey, Dataset, Plan, PlanUses, plan_uses, soonest
+from ...protocol.cache import PlanPosition, PlanRegistered, PlanRequest
+
+if TYPE_CHECKING:
+    from ..service import MetaService
+
+PREFIX, AT = "plan:", "plan-at:"         # shared report keys: the plan, its position
+KEPT = 16                                # derived tables kept in memory
+MAX_EXTENTS = 4_000_000                  # extents one registration may name
+
+
+def dataset_of(obj: dict[str, Any]) -> Dataset:
+    """The dataset of a registration body (BadRequest naming what is wrong)."""
+    try:
+        files = tuple(obj["files"])
+        sizes = tuple(int(c) for c in obj["chunk_sizes"])
+        arrays = [np.asarray(obj[k], dtype=np.int64)
+                  for k in ("sample", "file", "offset", "length")]
+        samples = int(obj["samples"])
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        raise BadRequest(f"a plan's dataset needs files, chunk_sizes, samples and the "
+                         f"sample, file, offset and length of each extent: {exc}") from None
+    if not all(isinstance(f, str) for f in files) or samples < 0:
+        raise BadRequest("a plan's dataset: files are file ids, samples a count")
+    if len(arrays[0]) > MAX_EXTENTS:
+        raise BadRequest(f"a plan's dataset may name at most {MAX_EXTENTS} extents")
+    return Dataset(files, sizes, samples, *arrays)
+
+
+class PlanBook:
+    def __init__(self, service: MetaService) -> None:
+        self.service = service
+        self.store = service.store
+        self._derived: dict[str, tuple[str, Plan, Dataset, PlanUses]] = {}
+
+    async def register(self, plan_id: str, request: PlanRequest, *, owner: str | None,
+                       may_read: Callable[[str], bool]) -> PlanRegistered:
+        """Record the plan (BadRequest for a plan or dataset that does not parse;
+        Forbidden when the token may not read a cached file it names)."""
+        dataset = dataset_of(request.dataset)
+        Plan.from_dict(request.plan, dataset.samples)       # checked before it is kept
+        cached = await self.store.find_cached(list(set(dataset.files)))
+        for f in cached.values():
+            if not may_read(f.path):
+                raise Forbidden(f"this token may not read {f.path}", path=f.path)
+        old = (await self._live()).get(plan_id)
+        if old is not None and old[0].get("owner") != owner:
+            raise Forbidden(f"plan {plan_id} is another token's", plan_id=plan_id)
+        expires = self.service.clock() + request.ttl
+        body = {"plan": request.plan, "dataset": request.dataset, "owner": owner,
+                "ttl": request.ttl}
+        await self.store.put_report(PREFIX + plan_id, body, expires=expires)
+        await self.store.put_report(AT + plan_id, request.position.to_json(), expires=expires)
+        return PlanRegistered(plan_id, len(cached), expires)
+
+    async def position(self, plan_id: str, at: PlanPosition, *, owner: str | None) -> None:
+        live = (await self._live()).get(plan_id)
+        if live is None:
+            raise NotFound(f"no plan {plan_id} is registered (or it expired)", plan_id=plan_id)
+        body, _ = live
+        if body.get("owner") != owner:
+            raise Forbidden(f"plan {plan_id} is another token's", plan_id=plan_id)
+        await self.store.put_report(AT + plan_id, at.to_json(),
+                                    expires=self.service.clock() + float(body["ttl"]))
+        # the registration lives as long as its job says where it is
+        await self.store.put_report(PREFIX + plan_id, body,
+                                    expires=self.service.clock() + float(body["ttl"]))
+
+    async def _live(self) -> dict[str, tuple[dict[str, Any], dict[str, Any] | None]]:
+        reports = await self.store.live_reports(self.service.clock())
+        return {key[len(PREFIX):]: (body, reports.get(AT + key[len(PREFIX):]))
+                for key, body in reports.items() if key.startswith(PREFIX)}
+
+    async def current(self) -> list[tuple[PlanUses, int, Plan, Dataset]]:
+        """Each live plan's next-use table and the step its job is at."""
+        out = []
+        live = await self._live()
+        for plan_id, (body, at) in sorted(live.items()):
+            digest = hashlib.sha256(json.dumps([body["plan"], body["dataset"]],
+                                               sort_keys=True).encode()).hexdigest()
+            kept = self._derived.get(plan_id)
+            if kept is None or kept[0] != digest:
+                dataset = dataset_of(body["dataset"])
+                plan = Plan.from_dict(body["plan"], dataset.samples)
+                kept = self._derived[plan_id] = (digest, plan, dataset,
+                                                 plan_uses(plan, dataset))
+                while len(self._derived) > KEPT:
+                    self._derived.pop(next(iter(self._derived)))
+            _, plan, dataset, uses = kept
+            where = at or {"epoch": plan.epoch, "cursor": plan.cursor}
+            step = plan.step_at(dataset.samples, int(where["epoch"]), int(where["cursor"]))
+            out.append((uses, step, plan, dataset))
+        return out
+
+    async def next_use(self) -> NextUse | None:
+        """Steps until a live plan reads a chunk, soonest across jobs; ``None`` when no
+        plan is registered (the policy falls back to LRU)."""
+        plans = [(uses, step) for uses, step, _, _ in await self.current()]
+        if not plans:
+            return None
+        return lambda key, _now: soonest(plans, key)
+
+    async def ahead(self, steps: int) -> list[ChunkKey]:
+        """The chunks the live plans read in their next ``steps`` steps, soonest first
+        (each once)."""
+        found: dict[ChunkKey, float] = {}
+        for uses, step, _, dataset in await self.current():
+            a = uses.accesses
+            window = (a.step >= step) & (a.step < step + steps)
+            for key, when in zip(a.key[window].tolist(), a.step[window].tolist(), strict=True):
+                name = dataset.name(key)
+                found[name] = min(found.get(name, math.inf), when - step)
+        return sorted(found, key=lambda k: (found[k], k))
+
