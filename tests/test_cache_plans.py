@@ -15,9 +15,13 @@ from pathlib import Path
 
 import pytest
 from conftest import raw_http, start_cluster
+from fsspec.asyn import sync
 
 from stager import Client, Loader
+from stager.cli.main import main
+from stager.client.warm import PlanSpec
 from stager.config import load_config
+from stager.loader.warmplan import plan_order
 from stager.meta.http.cache import CACHE
 from stager.plans.registered import plan_id
 from stager.testing import ThreadCluster
@@ -125,3 +129,26 @@ def test_a_plan_is_checked_and_is_its_registrants_own(tmp_path: Path) -> None:
         status, body = send("PUT", f"/v1/plans/{pid}", {**good, "dataset": {"files": 3}}, mine)
         assert status == 400 and body["error"] == "bad_request"
         assert send("PUT", "/v1/plans/not-hex", good, mine)[0] == 400
+
+
+def test_warm_by_a_plan_fills_first_what_the_loader_reads_first(
+        tmp_path: Path, source: tuple[CountingSource, dict[str, bytes]]) -> None:
+    server, files = source
+    with ThreadCluster(tmp_path / "c", 2, chunk_size=CHUNK) as c:
+        client = Client(c.meta_url, config=load_config(env={}))
+        client.attach(server.url + "/", "/data")
+        spec = PlanSpec.parse("seed=5,world=2,epoch=1,batch=3")
+        order = sync(client.loop, plan_order, client.aio, "/data", spec)
+        assert sorted(f.name for f, _ in order) == sorted(files)     # each chunk once
+        first: list[str] = []
+        for r in (0, 1):
+            with Loader("/data", meta_url=c.meta_url, batch_size=3, rank=r, world_size=2,
+                        seed=5, drop_last=False, index_cache=tmp_path / f"i{r}") as loader:
+                loader.set_epoch(1)
+                first += [s["__key__"] for s in next(iter(loader))]
+        assert {f.name for f, _ in order[:6]} == set(first)
+        done = main(["--meta", c.meta_url, "warm", "/data", "--plan",
+                     "seed=5,world=2,epoch=1,batch=3", "--progress", "never"])
+        assert done == 0
+        assert [a.cached_bytes for a in client.attachments()] == [FILES * CHUNK]
+        client.close()

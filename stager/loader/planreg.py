@@ -27,6 +27,7 @@ from ..protocol.cache import PlanPosition, PlanRequest
 
 if TYPE_CHECKING:
     from ..client import Client
+    from .formats.base import Index
     from .loader import Loader
 
 log = logging.getLogger("stager.loader")
@@ -36,10 +37,9 @@ PLAN_TTL = 600.0            # a registration outlives its last report by this mu
 CLOSE_TIMEOUT = 1.0         # close() waits at most this long for reports in flight
 
 
-def dataset_extents(loader: Loader) -> dict[str, Any] | None:
+def dataset_extents(index: Index) -> dict[str, Any] | None:
     """The dataset as the metadata server's plan book reads it: file ids, chunk
     sizes, and each sample's extents (``None`` when it is too large to register)."""
-    index = loader.index
     n = len(index)
     units = np.asarray(index.units_of(np.arange(n, dtype=np.int64)), dtype=np.int64)
     distinct = np.unique(units)
@@ -80,7 +80,7 @@ class PlanRegistrar:
         if not self.enabled or self._failed:
             return
         if self._dataset is None:
-            self._dataset = dataset_extents(self.loader)
+            self._dataset = dataset_extents(self.loader.index)
             if self._dataset is None:
                 log.info("loader: dataset too large to register its plan; eviction of %s "
                          "falls back to the cache's policy without it", self.loader.source)
