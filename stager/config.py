@@ -115,6 +115,9 @@ class Config:
     cache_low: float = 0.85          # ... down to this share
     cache_interval: float = 1.0      # seconds between looks at the filled bytes
     fill_concurrency: int = 16       # source reads in flight on one metadata server
+    attach_sources: str = ""         # URL prefixes an attachment's source must start with,
+                                     # comma-separated ("" = any): the hosts and buckets
+                                     # the metadata server may be told to read
     # loader telemetry (stager/loader/report.py): loaders of a named job report to meta
     job: str = ""                    # job name Loaders report under ("" = no reports)
     report_interval: float = 5.0     # seconds between a Loader's telemetry reports

@@ -254,3 +254,20 @@ def test_fill_is_refused_to_a_token_that_may_not_read_the_file(
         finally:
             for x in (admin, reader, other):
                 x.close()
+
+
+def test_attach_reads_only_the_sources_the_operator_allows(
+        tmp_path: Path, tree: tuple[Path, dict[str, bytes]]) -> None:
+    src, files = tree
+    with ThreadCluster(tmp_path / "c", 2, attach_sources=f"file://{src}/,https://data.example/"
+                       ) as c:
+        client = Client(c.meta_url, config=load_config(env={}))
+        try:
+            with pytest.raises(Forbidden, match="attach_sources"):
+                client.attach(f"file://{tmp_path}", "/elsewhere")
+            with pytest.raises(Forbidden):
+                client.attach("http://127.0.0.1:1/", "/web")
+            client.attach(f"file://{src}/", "/ok")
+            assert client.cat("/ok/b.bin") == files["b.bin"]
+        finally:
+            client.close()

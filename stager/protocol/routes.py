@@ -268,18 +268,19 @@ ROUTES: tuple[Route, ...] = (
     Route("PUT", "/v1/attachments/{path:.*}", "attach",
           "make a directory a view of a source URL: listed now, each file's chunks fetched "
           "on first read and kept", "meta",
-          params=(P_PATH,), body="AttachRequest", responses={200: "Refreshed", **ERR}),
+          params=(P_PATH,), body="AttachRequest",
+          responses={200: "Refreshed", **ERR, 502: "Error"}),
     Route("POST", "/v1/refresh/{path:.*}", "refresh_attachment",
           "list an attached directory's source again: changed files' cached bytes are "
           "dropped, vanished files go", "meta",
-          params=(P_PATH,), responses={200: "Refreshed", **ERR}),
+          params=(P_PATH,), responses={200: "Refreshed", **ERR, 502: "Error"}),
     Route("DELETE", "/v1/attachments/{path:.*}", "detach",
           "forget an attached directory's view and free its cached bytes", "meta",
           params=(P_PATH,), responses={200: "Detached", **ERR}),
     Route("POST", "/v1/fill", "fill",
           "the CRC32C of chunks of cached files about to be read, each fetched from its "
           "source first when missing (one fetch per chunk however many readers)", "meta",
-          body="FillRequest", responses={200: "FillResults", **ERR}),
+          body="FillRequest", responses={200: "FillResults", **ERR, 502: "Error"}),
     Route("PUT", "/v1/plans/{plan_id}", "register_plan",
           "register a Loader's epoch plan over cached files (parameters, not the list): "
           "eviction keeps what it reads soonest, fills run ahead of it", "meta",
@@ -291,7 +292,8 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/v1/files/{path:.*}", "gateway_get",
           "read a whole file (Range honoured) or list a directory", "meta",
           params=(P_PATH, P_RANGE, LIMIT_Q, Param("after")),
-          responses={200: "binary", 206: "binary", 404: "Error", 416: "Error", 503: "Error"}),
+          responses={200: "binary", 206: "binary", 404: "Error", 416: "Error", 502: "Error",
+                     503: "Error"}),
     Route("HEAD", "/v1/files/{path:.*}", "gateway_head", "size and type of a file", "meta",
           params=(P_PATH,), responses={200: "binary", 404: "Error"}),
     Route("PUT", "/v1/files/{path:.*}", "gateway_put", "write a whole file from the body", "meta",

@@ -23,7 +23,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ...errors import AlreadyExists, BadRequest, NotFound, StagerError
+from ...errors import AlreadyExists, BadRequest, Forbidden, NotFound, StagerError
 from ...protocol import paths
 from ...protocol.batch import MAX_BATCH_ITEMS
 from ...protocol.cache import Attachment, AttachRequest, Refreshed
@@ -54,6 +54,15 @@ def wanted(rel: str, include: Sequence[str], exclude: Sequence[str]) -> bool:
     return not any(fnmatch.fnmatchcase(rel, g) for g in exclude)
 
 
+def check_allowed(url: str, allowed: str) -> None:
+    """``url`` must start with one of the ``attach_sources`` prefixes (when set): an
+    admin of the namespace names only the sources the operator let the servers read."""
+    prefixes = [p.strip() for p in allowed.split(",") if p.strip()]
+    if prefixes and not any(url.startswith(p) for p in prefixes):
+        raise Forbidden(f"source {url} is not among this cluster's attach_sources "
+                        f"({', '.join(prefixes)})", source=url)
+
+
 def check_local_source(url: str, forbidden: Sequence[str]) -> None:
     """A ``file://`` source must not show the metadata server's own files (its
     store, its keys): an admin of the namespace is not an admin of the host."""
@@ -81,6 +90,7 @@ class Attachments:
         path = paths.normalize(path)
         if path == "/":
             raise BadRequest("the root cannot be attached", path=path)
+        check_allowed(request.source, self.service.config.attach_sources)
         check_local_source(request.source, self.sources.forbidden)
         old = {a.path: a for a in await self.store.attachments()}
         for other in old:
