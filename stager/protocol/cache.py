@@ -132,16 +132,21 @@ class Refreshed:
     changed: int = 0
     removed: int = 0
     unchanged: int = 0
+    refused: int = 0                # files that could not be shown (a quota, a user's file)
+    errors: tuple[str, ...] = ()    # why, for the first few of them
 
     def to_json(self) -> dict[str, Any]:
         return {"attachment": self.attachment.to_json(), "added": self.added,
-                "changed": self.changed, "removed": self.removed, "unchanged": self.unchanged}
+                "changed": self.changed, "removed": self.removed, "unchanged": self.unchanged,
+                "refused": self.refused, "errors": list(self.errors)}
 
     @classmethod
     def from_json(cls, obj: Any) -> Refreshed:
         return cls(Attachment.from_json(field_of(obj, "attachment", dict)),
                    count_of(obj, "added", 0), count_of(obj, "changed", 0),
-                   count_of(obj, "removed", 0), count_of(obj, "unchanged", 0))
+                   count_of(obj, "removed", 0), count_of(obj, "unchanged", 0),
+                   count_of(obj, "refused", 0),
+                   tuple(str(e) for e in field_of(obj, "errors", list, [])))
 
 
 @dataclass(frozen=True)
@@ -298,7 +303,8 @@ SCHEMAS: dict[str, Any] = {
         "attachments": {"type": "array", "items": _ref("Attachment")}}},
     "Refreshed": {"type": "object", "required": ["attachment"], "properties": {
         "attachment": _ref("Attachment"), "added": _COUNT, "changed": _COUNT,
-        "removed": _COUNT, "unchanged": _COUNT}},
+        "removed": _COUNT, "unchanged": _COUNT, "refused": _COUNT,
+        "errors": {"type": "array", "items": _STR}}},
     "Detached": {"type": "object", "required": ["path", "files", "chunks"], "properties": {
         "path": _STR, "files": _COUNT, "chunks": _COUNT}},
     "FillRequest": {"type": "object", "required": ["items"], "properties": {

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 MAX_ATTACHED_FILES = 1_000_000      # files one attachment may list
+MAX_ERRORS_SHOWN = 10               # reasons a listing's answer gives for files not shown
 
 
 def version_of(info: dict[str, Any]) -> str:
@@ -189,7 +190,8 @@ class Attachments:
             log.warning("attach %s: %d files not shown: %s", record.path, len(errors), errors[0])
         usage = (await self.store.cache_usage()).get(record.path, (0, 0, 0, 0))
         return Refreshed(_shown(dataclasses.replace(record, listed=now), usage),
-                         len(fresh) - changed - len(errors), changed, len(gone), unchanged)
+                         len(fresh) - changed - len(errors), changed, len(gone), unchanged,
+                         len(errors), tuple(str(e) for e in errors[:MAX_ERRORS_SHOWN]))
 
     async def _commit(self, record: AttachmentRecord,
                       fresh: list[tuple[str, str, str, dict[str, Any]]]) -> list[StagerError]:
