@@ -282,3 +282,12 @@ def test_files_a_quota_keeps_out_of_the_view_are_counted_and_explained(
     got = client.attach(f"file://{src}", f"{ns}/q/view")
     assert (got.added, got.refused) == (1, 1)
     assert "quota" in got.errors[0] and f"{ns}/q" in got.errors[0]
+
+
+def test_fsck_counts_no_unfilled_or_evicted_chunk_as_missing(
+        client: Client, tree: tuple[Path, dict[str, bytes]], ns: str) -> None:
+    src, files = tree
+    client.attach(f"file://{src}", f"{ns}/view")
+    assert client.cat(f"{ns}/view/a.bin", 0, 10) == files["a.bin"][:10]   # one chunk of six
+    result = client.fsck()
+    assert result["missing"] == 0 and result["orphans"] == 0, result

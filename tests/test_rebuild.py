@@ -22,6 +22,7 @@ from stager.meta.store.sqlite.store import SQLiteStore
 from stager.meta.upkeep.copier import ChunkCopier
 from stager.meta.upkeep.rebuild import Rebuilder
 from stager.protocol.models import FileInfo, LayoutSpec, TargetInfo
+from stager.testing import ThreadCluster
 
 pytestmark = pytest.mark.slow      # processes: not in make check
 
@@ -347,3 +348,37 @@ async def test_status_says_when_a_down_target_will_be_lost(tmp_path: Path,
         assert f"{cluster.meta_url:<30} up    duties  sqlite:" in out.stdout, out.stdout
     finally:
         cluster.stop()
+
+
+async def test_a_cached_file_on_a_lost_target_is_placed_anew_and_filled_again(
+        tmp_path: Path, slow_callbacks) -> None:
+    """Issue 28: rebuild copies nothing of a cached file (its source has the bytes):
+    its layout leaves the lost target, its chunks are forgotten, and a read fills them
+    again on the targets left."""
+    src = tmp_path / "src"
+    src.mkdir()
+    body = os.urandom(3 * SMALL + 7)
+    (src / "a.bin").write_bytes(body)
+    cluster = start_cluster(tmp_path / "c", 3, replicas=1, target_lost_after=0.5,
+                            fsck_interval=0, chunk_size=SMALL)
+    try:
+        async with AsyncClient(cluster.meta_url, config=load_config(env={})) as c:
+            await c.attach(f"file://{src}", "/view")
+            assert await c.cat("/view/a.bin") == body
+            before = await c.stat("/view/a.bin", cached=False)
+            assert before.layout is not None and before.layout.cached
+            victim = before.layout.targets[0]
+            await asyncio.to_thread(cluster.stop_data, cluster_index(cluster, victim))
+            status = await wait_rebuilt(c)
+            assert status["rebuild"]["files_done"] >= 1
+            after = await c.stat("/view/a.bin", cached=False)
+            assert after.layout is not None and victim not in after.layout.targets
+            assert after.layout.cached and after.file_id == before.file_id
+            assert await c.cat("/view/a.bin") == body
+            assert (await c.fsck())["missing"] == 0
+    finally:
+        cluster.stop()
+
+
+def cluster_index(cluster: ThreadCluster, target: str) -> int:
+    return next(i for i in range(cluster.n) if cluster.target_id(i) == target)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -47,7 +46,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 LEASE = 60.0            # seconds a fill may take before another server takes it over
 POLL = 0.05             # seconds between looks at a chunk another server fills
-FILES_KEPT = 4096       # cached files' layouts kept in memory
 
 Key = tuple[str, int]
 
@@ -63,7 +61,6 @@ class Filler:
         self.holder = holder
         self.limit = asyncio.Semaphore(concurrency)
         self._flights: dict[Key, asyncio.Task[int]] = {}
-        self._files: OrderedDict[str, StoredFile] = OrderedDict()
         self.fetches = 0                # source requests made (for /metrics and tests)
         self.fetched_bytes = 0
         self.on_access: Callable[[Sequence[Key], Sequence[Key]], None] | None = None
@@ -222,14 +219,10 @@ class Filler:
                 log.info("fill of %s: copy on %s not stored: %s", chunk, target, error)
 
     async def _file(self, file_id: str) -> StoredFile:
-        stored = self._files.get(file_id)
+        """The file's size and layout as stored now (a rebuild may have moved it)."""
+        stored = await self.store.file_by_id(file_id)
         if stored is None:
-            stored = await self.store.file_by_id(file_id)
-            if stored is None:
-                raise NotFound(f"file {file_id} is gone", file_id=file_id)
-            self._files[file_id] = stored
-            while len(self._files) > FILES_KEPT:
-                self._files.popitem(last=False)
+            raise NotFound(f"file {file_id} is gone", file_id=file_id)
         return stored
 
     async def _attachment(self, path: str) -> AttachmentRecord:

@@ -224,6 +224,14 @@ class Rebuilder:
         if new is None:
             p.files_deferred += 1        # no up target to copy to
             return "deferred"
+        if f.layout.cached:
+            # a cached file's chunks come from its source again: new places, no copies
+            if not await self.store.replace_layout(file_id, f.layout, new):
+                return "skipped"
+            await self.store.evict_chunks([(file_id, i)
+                                           for i in range(f.layout.chunk_count(f.size))])
+            p.files_done += 1
+            return "done"
         copies = copies_needed(f.layout, new, f.size, gone)
         for c in copies:                 # before the copies: the next file weighs them
             self._placed[c.dest] = self._placed.get(c.dest, 0) + c.length
