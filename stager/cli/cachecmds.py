@@ -170,12 +170,8 @@ def cmd_warm(args: argparse.Namespace) -> int:
     async def run(client: AsyncClient) -> WarmResult:
         order = None
         if plan is not None:
-            try:
-                from ..loader.warmplan import plan_order
-            except ImportError:
-                raise BadRequest("stager warm --plan: this stager cannot work out a Loader "
-                                 "plan's order yet; warm the whole tree without --plan"
-                                 ) from None
+            from ..loader.warmplan import plan_order
+
             order = await plan_order(client, args.path, plan)
         with WarmBar(show, args.path) as bar:
             return await warm(client, args.path, parallel=args.parallel, order=order,
