@@ -109,16 +109,26 @@ def epoch(it: Loader, number: int, step: float = 0.0) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class Epoch:
-    """One epoch of a Loader: its figures (``drive``'s), and what it cost the source
-    and the cache (differences of the counters across the epoch)."""
+    """One epoch of a Loader: its figures (``drive``'s), the chunk reads it made (a
+    sample is a one-chunk file), and what it cost the source and the cache
+    (differences of the counters across the epoch)."""
 
     figures: dict[str, float]
+    reads: int
     source: Counter[str]
     hits: int
     misses: int
 
     @property
     def hit_ratio(self) -> float:
+        """The reads the source did not serve: 1 - its ranged GETs / the reads (a
+        trace simulation's hit ratio, whatever fetched the chunk first)."""
+        return 1 - self.source["ranged GET"] / max(1, self.reads)
+
+    @property
+    def status_hit_ratio(self) -> float:
+        """As ``stager status`` counts: reads that found their chunk filled, which
+        includes a chunk the metadata server filled ahead of a registered plan."""
         return self.hits / max(1, self.hits + self.misses)
 
 
@@ -133,10 +143,10 @@ class Counted:
         a = attachment(self.client, self.path)
         return self.source.counts(), a.hits, a.misses
 
-    def epoch(self, figures: dict[str, float]) -> Epoch:
+    def epoch(self, figures: dict[str, float], reads: int) -> Epoch:
         (c0, h0, m0), now = self.last, self._now()
         self.last = now
-        return Epoch(figures, now[0] - c0, now[1] - h0, now[2] - m0)
+        return Epoch(figures, reads, now[0] - c0, now[1] - h0, now[2] - m0)
 
 
 def throughput(cluster: ProcessCluster, source: CountingSource, data: Path, tmp: Path,
@@ -156,6 +166,9 @@ def throughput(cluster: ProcessCluster, source: CountingSource, data: Path, tmp:
         figures = epoch(it, number, step)
         return figures | {"meta cpu": cpu_seconds(meta) - before}
 
+    def reads(figures: dict[str, float]) -> int:
+        return int(figures["batches"]) * batch          # whole batches (drop_last)
+
     url = f"{source.url}/{data.name}"
     names = sorted(p.name for p in data.iterdir())
     seconds, copied = stage(meta_url, f"file://{data}", "/staged")
@@ -173,19 +186,19 @@ def throughput(cluster: ProcessCluster, source: CountingSource, data: Path, tmp:
             client.attach(url + "/", attached)
             counted = Counted(source, client, attached)
             with loader(meta_url, attached, batch) as it:
-                cold.append(counted.epoch(run(it, 0)))
+                cold.append(counted.epoch(figures := run(it, 0), reads(figures)))
         staged: list[dict[str, float]] = []
         warm: list[Epoch] = []
         for _ in range(rounds):
             with loader(meta_url, "/staged", batch) as it:
                 staged.append(run(it, 1))
             with loader(meta_url, attached, batch) as it:
-                warm.append(counted.epoch(run(it, 1)))
+                warm.append(counted.epoch(figures := run(it, 1), reads(figures)))
         # the plain stall: the second epoch's maximum rate (above), then the second
         # epoch again, a sleep after each batch sized to consume PACED of that rate
         step = batch / (PACED * statistics.median(w.figures["rate"] for w in warm))
         with loader(meta_url, attached, batch) as it:
-            paced = counted.epoch(run(it, 1, step))
+            paced = counted.epoch(figures := run(it, 1, step), reads(figures))
     return {"source": own, "stage seconds": seconds, "staged first": staged_first,
             "staged": staged, "cold": cold, "warm": warm, "paced": paced, "step": step}
 
@@ -222,7 +235,8 @@ def policy_run(source: CountingSource, data: Path, crcs: dict[str, int], tmp: Pa
 
         def between() -> None:           # the last rank to finish an epoch runs this
             now = time.perf_counter()
-            epochs.append(counted.epoch({"seconds": now - started[0]}))
+            reads = len(received) - (marks[-1] if marks else 0)
+            epochs.append(counted.epoch({"seconds": now - started[0]}, reads))
             at_end.append(attachment(client, "/lake").cached_bytes)
             marks.append(len(received))
             started[0] = time.perf_counter()
