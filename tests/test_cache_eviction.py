@@ -80,9 +80,11 @@ def test_two_shuffled_epochs_of_a_dataset_larger_than_the_cache(
     seen: dict[int, dict[str, bytes]] = {0: {}, 1: {}}
 
     def rank(r: int) -> None:
+        # a prefetch window well inside the cache, as a real cache is to a real window
+        # (two ranks' default windows would be the whole 2 MiB cache here)
         with Loader(f"{ns}/data", meta_url=cluster.meta_url, batch_size=4, rank=r,
-                    world_size=2, seed=7, drop_last=False, index_cache=tmp_path / f"i{r}"
-                    ) as loader:
+                    world_size=2, seed=7, drop_last=False, index_cache=tmp_path / f"i{r}",
+                    prefetch_batches=2, prefetch_bytes=8 * CHUNK) as loader:
             for epoch in (0, 1):
                 loader.set_epoch(epoch)
                 for batch in loader:

@@ -78,7 +78,9 @@ class CacheCalls:
         return PlanRegistered.from_json(await self.meta.request(
             route("register_plan"), plan_id=plan_id, body=request.to_json()))
 
-    async def plan_position(self, plan_id: str, epoch: int, cursor: int) -> None:
-        """Where the job of a registered plan is now."""
+    async def plan_position(self, plan_id: str, epoch: int, cursor: int, rank: int = 0
+                            ) -> None:
+        """Where rank ``rank`` of the job of a registered plan reads now."""
         PlanPosition.from_json(await self.meta.request(
-            route("plan_position"), plan_id=plan_id, body=PlanPosition(epoch, cursor).to_json()))
+            route("plan_position"), plan_id=plan_id,
+            body=PlanPosition(epoch, cursor, rank).to_json()))

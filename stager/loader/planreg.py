@@ -5,10 +5,11 @@ reads, which the metadata server derives from the plan's parameters and the
 dataset's sample extents with the same order and partition functions
 (:mod:`stager.plans`).  Rank 0 (worker 0) of a Loader whose dataset has files of an
 attached directory registers them at the start of each pass (covering that epoch
-and the next) and then sends where its reads are (:meth:`~.loader.Loader.io_position`) every
-``POSITION_EVERY`` seconds at most.  All of it runs
-on the client's I/O loop and never in the training loop's way: a refusal or a
-metadata server that is down costs a log line, not an exception.
+and the next); every rank then sends where its reads are
+(:meth:`~.loader.Loader.io_position`), the job about 100 times a second in all (the
+slowest rank is the plan's now).  All of it runs on the client's I/O loop and never
+in the training loop's way: a refusal or a metadata server that is down costs a log
+line, not an exception.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ if TYPE_CHECKING:
     from .loader import Loader
 
 log = logging.getLogger("stager.loader")
-POSITION_EVERY = 0.05       # seconds between position reports (rank 0 only)
+POSITION_EVERY = 0.01       # seconds between one rank's position reports, per rank of
+                            # the job (a job sends about 100 a second), at least 0.05
 MAX_EXTENTS = 4_000_000     # a larger dataset is not registered (the server's limit)
 PLAN_TTL = 600.0            # a registration outlives its last report by this much
 CLOSE_TIMEOUT = 1.0         # close() waits at most this long for reports in flight
@@ -65,9 +67,12 @@ class PlanRegistrar:
     def __init__(self, loader: Loader, client: Client) -> None:
         self.loader = loader
         self.client = client
-        self.enabled = (loader.rank == 0 and loader.workers[0] == 0
+        # every rank says where it reads (the slowest is the plan's now); rank 0
+        # registers the plan.  A DataLoader's workers: worker 0 speaks for the rank.
+        self.enabled = (loader.workers[0] == 0
                         and any(f.layout is not None and f.layout.cached
                                 for f in loader.index.files))
+        self.registers = loader.rank == 0
         self.id = plan_id(loader.source, loader.fingerprint(), loader.world_size,
                           loader.batch_size)
         self._dataset: dict[str, Any] | None = None
@@ -76,8 +81,14 @@ class PlanRegistrar:
         self._pending: list[cf.Future[Any]] = []
 
     def begin(self, epoch: int, cursor: int) -> None:
-        """A pass starts at ``(epoch, cursor)``: register the plan of it and the next."""
+        """A pass starts at ``(epoch, cursor)``: register the plan of it and the next
+        (rank 0), or say where this rank starts (the others)."""
         if not self.enabled or self._failed:
+            return
+        if not self.registers:
+            self._last = time.monotonic()
+            self._send(self.client.aio.plan_position(self.id, epoch, cursor,
+                                                     self.loader.rank))
             return
         if self._dataset is None:
             self._dataset = dataset_extents(self.loader.index)
@@ -98,11 +109,12 @@ class PlanRegistrar:
 
     def at(self) -> None:
         """The consumer took a batch: say where the job is (every ``POSITION_EVERY`` s)."""
-        if not self.enabled or self._failed or time.monotonic() - self._last < POSITION_EVERY:
+        every = max(0.05, POSITION_EVERY * self.loader.world_size)
+        if not self.enabled or self._failed or time.monotonic() - self._last < every:
             return
         self._last = time.monotonic()
         epoch, cursor = self.loader.io_position()
-        self._send(self.client.aio.plan_position(self.id, epoch, cursor))
+        self._send(self.client.aio.plan_position(self.id, epoch, cursor, self.loader.rank))
 
     def close(self) -> None:
         """Wait a moment for the reports in flight (a report sent after the client

@@ -222,18 +222,22 @@ def check_plan_id(text: str) -> str:
 
 @dataclass(frozen=True)
 class PlanPosition:
-    """Where a registered plan's job is: the next batch comes from ``cursor`` of
-    ``epoch`` (a Loader's ``state_dict()`` position)."""
+    """Where rank ``rank`` of a registered plan's job reads: the batch at ``cursor`` of
+    ``epoch`` (a Loader's position, moved on by its prefetch)."""
 
     epoch: int
     cursor: int
+    rank: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "cursor": self.cursor}
+        return {"epoch": self.epoch, "cursor": self.cursor, "rank": self.rank}
 
     @classmethod
     def from_json(cls, obj: Any) -> PlanPosition:
-        return cls(count_of(obj, "epoch"), count_of(obj, "cursor"))
+        rank = count_of(obj, "rank", 0)
+        if rank >= 1 << 20:
+            raise BadRequest("field 'rank' must be below 2**20")
+        return cls(count_of(obj, "epoch"), count_of(obj, "cursor"), rank)
 
 
 @dataclass(frozen=True)
@@ -318,7 +322,8 @@ SCHEMAS: dict[str, Any] = {
                                    "ttl": {"type": "number", "exclusiveMinimum": 0,
                                            "maximum": MAX_PLAN_TTL}}},
     "PlanPosition": {"type": "object", "required": ["epoch", "cursor"],
-                     "properties": {"epoch": _COUNT, "cursor": _COUNT}},
+                     "properties": {"epoch": _COUNT, "cursor": _COUNT,
+                                    "rank": {**_COUNT, "maximum": (1 << 20) - 1}}},
     "PlanRegistered": {"type": "object", "required": ["plan_id", "files", "expires"],
                        "properties": {"plan_id": _STR, "files": _COUNT,
                                       "expires": {"type": "number"}}},

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from ..service import MetaService
 
 log = logging.getLogger(__name__)
-GRACE = 1.0             # seconds a chunk just handed to a reader is spared
+GRACE = 0.5             # seconds a chunk just handed to a reader is spared
 POLL = 0.05             # seconds between looks while a fill waits for room
 PAGE = 10000
 
@@ -136,8 +136,6 @@ class Evictor:
         next_use = await self.next_use() if policy == "plan" else None
         if policy == "plan" and next_use is None:
             policy = "lru"
-        # the plans know which chunks are about to be read: no grace needed
-        spare_recent = spare_recent and next_use is None
         spared = {(c.file_id, c.index) for c in chunks
                   if any(paths.is_within(c.path, p.path) for p in pins)
                   or (spare_recent and c.used > now - GRACE)}

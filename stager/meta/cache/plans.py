@@ -4,8 +4,8 @@ A Loader reading cached files registers its plan (route ``register_plan``): the
 parameters of its order and partition and its dataset's sample extents, not the
 list of reads.  From them :func:`stager.plans.registered.plan_uses` derives, with
 the Loader's own functions, when each cached chunk is read next; the job's
-position (route ``plan_position``, sent by the Loader as it goes) says where
-"now" is.  Registrations live in the store's shared reports (every metadata
+positions (route ``plan_position``, sent by each rank's Loader as it goes) say where
+"now" is: at the slowest rank.  Registrations live in the store's shared reports (every metadata
 server sees them; the duty holder evicts by them) and expire with their ``ttl``
 unless registered again: a job that died stops steering eviction.
 
@@ -36,7 +36,7 @@ from ...protocol.cache import PlanPosition, PlanRegistered, PlanRequest
 if TYPE_CHECKING:
     from ..service import MetaService
 
-PREFIX, AT = "plan:", "plan-at:"         # shared report keys: the plan, its position
+PREFIX, AT = "plan:", "plan-at:"         # shared report keys: the plan, a rank's position
 KEPT = 16                                # derived tables kept in memory
 MAX_EXTENTS = 4_000_000                  # extents one registration may name
 
@@ -82,26 +82,38 @@ class PlanBook:
         body = {"plan": request.plan, "dataset": request.dataset, "owner": owner,
                 "ttl": request.ttl}
         await self.store.put_report(PREFIX + plan_id, body, expires=expires)
-        await self.store.put_report(AT + plan_id, request.position.to_json(), expires=expires)
+        await self.store.put_report(f"{AT}{plan_id}:0", request.position.to_json(),
+                                    expires=expires)
         return PlanRegistered(plan_id, len(cached), expires)
 
-    async def position(self, plan_id: str, at: PlanPosition, *, owner: str | None) -> None:
+    async def position(self, plan_id: str, at: PlanPosition, *, owner: str | None,
+                       rank: int = 0) -> None:
+        """Where rank ``rank`` of the plan's job reads now (the slowest rank is the
+        plan's now: a chunk a lagging rank has yet to read is not in its past)."""
         live = (await self._live()).get(plan_id)
         if live is None:
             raise NotFound(f"no plan {plan_id} is registered (or it expired)", plan_id=plan_id)
         body, _ = live
         if body.get("owner") != owner:
             raise Forbidden(f"plan {plan_id} is another token's", plan_id=plan_id)
-        await self.store.put_report(AT + plan_id, at.to_json(),
+        await self.store.put_report(f"{AT}{plan_id}:{rank}", at.to_json(),
                                     expires=self.service.clock() + float(body["ttl"]))
         # the registration lives as long as its job says where it is
         await self.store.put_report(PREFIX + plan_id, body,
                                     expires=self.service.clock() + float(body["ttl"]))
 
-    async def _live(self) -> dict[str, tuple[dict[str, Any], dict[str, Any] | None]]:
+    async def _live(self) -> dict[str, tuple[dict[str, Any], list[dict[str, Any]]]]:
+        """Each live plan's registration and its ranks' positions."""
         reports = await self.store.live_reports(self.service.clock())
-        return {key[len(PREFIX):]: (body, reports.get(AT + key[len(PREFIX):]))
-                for key, body in reports.items() if key.startswith(PREFIX)}
+        out: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {
+            key[len(PREFIX):]: (body, []) for key, body in reports.items()
+            if key.startswith(PREFIX)}
+        for key, at in reports.items():
+            if key.startswith(AT):
+                plan_id = key[len(AT):].rsplit(":", 1)[0]
+                if plan_id in out:
+                    out[plan_id][1].append(at)
+        return out
 
     async def current(self) -> list[tuple[PlanUses, int, Plan, Dataset]]:
         """Each live plan's next-use table and the step its job is at."""
@@ -119,8 +131,9 @@ class PlanBook:
                 while len(self._derived) > KEPT:
                     self._derived.pop(next(iter(self._derived)))
             _, plan, dataset, uses = kept
-            where = at or {"epoch": plan.epoch, "cursor": plan.cursor}
-            step = plan.step_at(dataset.samples, int(where["epoch"]), int(where["cursor"]))
+            where = at or [{"epoch": plan.epoch, "cursor": plan.cursor}]
+            step = min(plan.step_at(dataset.samples, int(w["epoch"]), int(w["cursor"]))
+                       for w in where)
             out.append((uses, step, plan, dataset))
         return out
 
