@@ -21,8 +21,10 @@ from pathlib import Path
 import fsspec
 import pytest
 from conftest import raw_http, start_cluster
+from fsspec.asyn import sync
 
 from stager import Client, Loader
+from stager.client.warm import warm
 from stager.config import load_config
 from stager.errors import AlreadyExists, BadRequest, Forbidden, NotFound, SourceError
 from stager.testing import ThreadCluster
@@ -291,3 +293,24 @@ def test_fsck_counts_no_unfilled_or_evicted_chunk_as_missing(
     assert client.cat(f"{ns}/view/a.bin", 0, 10) == files["a.bin"][:10]   # one chunk of six
     result = client.fsck()
     assert result["missing"] == 0 and result["orphans"] == 0, result
+
+
+def test_an_attach_whose_source_cannot_be_listed_leaves_nothing(
+        client: Client, tmp_path: Path, ns: str) -> None:
+    with pytest.raises(NotFound):
+        client.attach(f"file://{tmp_path}/no-such-dir", f"{ns}/none")
+    assert f"{ns}/none" not in [a.path for a in client.attachments()]
+    assert not client.exists(f"{ns}/none")
+
+
+def test_warm_fills_ahead_without_counting_hits_or_misses(
+        client: Client, tree: tuple[Path, dict[str, bytes]], ns: str) -> None:
+    src, files = tree
+    client.attach(f"file://{src}", f"{ns}/warm")
+    got = sync(client.loop, warm, client.aio, f"{ns}/warm")
+    assert got.bytes_fetched == sum(len(v) for v in files.values())
+    [a] = [a for a in client.attachments() if a.path == f"{ns}/warm"]
+    assert (a.hits, a.misses, a.cached_bytes) == (0, 0, got.bytes_fetched)
+    assert client.cat(f"{ns}/warm/a.bin") == files["a.bin"]
+    [a] = [a for a in client.attachments() if a.path == f"{ns}/warm"]
+    assert (a.hits, a.misses, a.hit_ratio) == (6, 0, 1.0)

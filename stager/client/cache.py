@@ -62,12 +62,16 @@ class CacheCalls:
         return list(AttachmentList.from_json(
             await self.meta.request(route("list_attachments"))).attachments)
 
-    async def fill(self, items: Sequence[FillItem]) -> list[Filled | StagerError]:
+    async def fill(self, items: Sequence[FillItem], *, warm: bool = False
+                   ) -> list[Filled | StagerError]:
         """Each item's chunks filled (fetched from the source where missing): their
-        CRC32Cs, or the item's error."""
+        CRC32Cs, or the item's error.  ``warm``: ahead of a job, not a read (counted
+        neither as hits nor as misses)."""
         out: list[Filled | StagerError] = []
         for start in range(0, len(items), MAX_BATCH_ITEMS):
             body = batch_body([i.to_json() for i in items[start:start + MAX_BATCH_ITEMS]])
+            if warm:
+                body["warm"] = True
             answer = await self.meta.request(route("fill"), body=body)
             out += read_results(answer, Filled.from_json)
         return out

@@ -112,7 +112,7 @@ async def warm(client: AsyncClient, path: str, *, parallel: int = 8,
             items.setdefault(f.file_id, []).append((f, i))
         async with limit:
             answers = await client.fill([FillItem(fid, tuple(i for _, i in got))
-                                         for fid, got in items.items()])
+                                         for fid, got in items.items()], warm=True)
         for got, answer in zip(items.values(), answers, strict=True):
             if isinstance(answer, StagerError):
                 errors.append(answer)

@@ -254,8 +254,8 @@ class PlanRequest:
     ttl: float = 600.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"plan": self.plan, "dataset": self.dataset, **self.position.to_json(),
-                "ttl": self.ttl}
+        return {"plan": self.plan, "dataset": self.dataset, "epoch": self.position.epoch,
+                "cursor": self.position.cursor, "ttl": self.ttl}
 
     @classmethod
     def from_json(cls, obj: Any) -> PlanRequest:
@@ -312,6 +312,7 @@ SCHEMAS: dict[str, Any] = {
     "Detached": {"type": "object", "required": ["path", "files", "chunks"], "properties": {
         "path": _STR, "files": _COUNT, "chunks": _COUNT}},
     "FillRequest": {"type": "object", "required": ["items"], "properties": {
+        "warm": {"type": "boolean"},
         "items": {"type": "array", "items": {"type": "object", "required": ["file_id", "chunks"],
                                              "properties": {
             "file_id": _STR, "chunks": {"type": "array", "items": _INDEX},

@@ -107,7 +107,12 @@ class Attachments:
         self.sources.forget(path)
         source = await self.sources.open(record)        # fails here on a bad URL or options
         await self.store.put_attachment(record)
-        return await self._sync(record, source)
+        try:
+            return await self._sync(record, source)
+        except StagerError:
+            if path not in old:         # a new attachment whose source cannot be listed
+                await self.detach(path)
+            raise
 
     async def refresh(self, path: str) -> Refreshed:
         record = await self.record(path)

@@ -66,10 +66,10 @@ class Filler:
         self.on_access: Callable[[Sequence[Key], Sequence[Key]], None] | None = None
 
     async def fill(self, items: Sequence[FillItem], may_read: Callable[[str], bool], *,
-                   touch: bool = True) -> list[Filled | StagerError]:
+                   touch: bool = True, count: bool = True) -> list[Filled | StagerError]:
         """Each item's CRC32Cs, its chunks filled first where missing; or its error.
-        ``touch``: a reader's request (counted as hits and misses, and as a use of
-        each chunk); not the plans' prefetch."""
+        ``touch``: the chunks count as used now (not for the plans' prefetch);
+        ``count``: they count as hits and misses (a reader's, not a warm's)."""
         check_count(len(items))
         found = await self.store.find_cached(list({i.file_id for i in items}))
         for cached in found.values():       # every path the body names, before acting
@@ -87,8 +87,8 @@ class Filler:
             counts[cached.attachment] = (h + len(item.chunks) - len(missed), m + len(missed))
             hits += [(item.file_id, c) for c in item.chunks if c not in missed]
             misses += [(item.file_id, c) for c in missed]
-        if counts and touch:
-            await self.store.touch_chunks(hits, self.service.clock(), counts)
+        if touch and (hits or counts):
+            await self.store.touch_chunks(hits, self.service.clock(), counts if count else {})
         if self.on_access is not None:
             self.on_access(hits, misses)
         return [answer for answer, _ in answers]

@@ -28,6 +28,7 @@ from ...protocol.cache import (
     PlanRequest,
     check_plan_id,
 )
+from ...protocol.models import field_of
 from ...web.authmw import token_of
 from ...web.middleware import json_response
 from ...web.requests import path_arg, read_json
@@ -99,9 +100,10 @@ async def detach(request: web.Request) -> web.Response:
 
 async def fill(request: web.Request) -> web.Response:
     cache = request.app[CACHE]
-    items = parse_items(await read_json(request, cache.service.config.max_json_body),
-                        FillItem.from_json)
-    results = await cache.filler.fill(items, lambda p: _readable(request, p))
+    body = await read_json(request, cache.service.config.max_json_body)
+    items = parse_items(body, FillItem.from_json)
+    warm = field_of(body, "warm", bool, False)      # stager warm: no hits or misses
+    results = await cache.filler.fill(items, lambda p: _readable(request, p), count=not warm)
     return json_response(results_json(results, lambda r: r.to_json()))
 
 
