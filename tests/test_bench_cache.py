@@ -15,6 +15,8 @@ import json
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from bench import BENCHMARKS, bench_cache
 from bench.cache_source import CountingSource, ranged_bytes
 from bench.runner import check_result
@@ -95,6 +97,7 @@ def test_the_attached_epochs_on_a_cluster_cost_one_request_per_chunk_once() -> N
     assert any("capped source is skipped" in n for n in part["notes"])
 
 
+@pytest.mark.slow       # a cluster per policy: about 45 s beside the rest of make check
 def test_every_policy_runs_on_a_cluster_under_the_limit() -> None:
     part = bench_cache.cluster_policies(True)
     rows = _rows(part)
