@@ -78,6 +78,7 @@ def test_ranged_bytes_are_bounded_by_the_file() -> None:
     assert ranged_bytes("items=1-2", 4096) == 0
 
 
+@pytest.mark.slow       # stager up (pyproject's markers: not in make check)
 def test_the_attached_epochs_on_a_cluster_cost_one_request_per_chunk_once() -> None:
     part = bench_cache.cluster_epochs(True)
     rows = _rows(part)
@@ -97,7 +98,7 @@ def test_the_attached_epochs_on_a_cluster_cost_one_request_per_chunk_once() -> N
     assert any("capped source is skipped" in n for n in part["notes"])
 
 
-@pytest.mark.slow       # a cluster per policy: about 45 s beside the rest of make check
+@pytest.mark.slow       # stager up per policy: about 45 s beside the rest of make check
 def test_every_policy_runs_on_a_cluster_under_the_limit() -> None:
     part = bench_cache.cluster_policies(True)
     rows = _rows(part)
