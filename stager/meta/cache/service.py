@@ -61,7 +61,7 @@ class CacheService:
         (at most ``PREFETCH_CHUNKS`` chunks a round): chunks filled already cost a
         look in the store; the others are fetched once, as a reader's fill would be
         (a reader asking meanwhile waits for the same fetch).  Chunks fetched."""
-        keys = (await self.plans.ahead(PREFETCH_STEPS))[:PREFETCH_CHUNKS]
+        keys = (await self.plans.ahead(PREFETCH_STEPS))[:self._prefetch_chunks()]
         if not keys:
             return 0
         items: dict[str, list[int]] = {}
@@ -70,6 +70,15 @@ class CacheService:
         answers = await self.filler.fill([FillItem(f, tuple(c)) for f, c in items.items()],
                                          lambda path: True, touch=False)
         return sum(len(a.fetched) for a in answers if isinstance(a, Filled))
+
+    def _prefetch_chunks(self) -> int:
+        """Chunks a prefetch round may look at: ``PREFETCH_CHUNKS``, and under a cache
+        limit no more than a quarter of it (in chunks of the configured size), so that
+        filling ahead never pushes out what the ranks are reading now."""
+        limit = self.service.config.cache_limit
+        if limit <= 0:
+            return PREFETCH_CHUNKS
+        return max(0, min(PREFETCH_CHUNKS, limit // 4 // self.service.config.chunk_size))
 
     async def close(self) -> None:
         await self.filler.close()
