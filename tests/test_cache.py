@@ -126,6 +126,7 @@ def test_sixteen_readers_on_four_clients_cost_one_source_request_per_chunk(
     _, files = tree
     admin = Client(cluster.meta_url, config=load_config(env={}))
     admin.attach(http_source.url + "/", f"{ns}/web")
+    listed = sum(http_source.others.values())          # the listing: an index, HEADs
     clients = [Client(cluster.meta_url, config=load_config(env={})) for _ in range(4)]
     start = threading.Barrier(16)
 
@@ -138,6 +139,8 @@ def test_sixteen_readers_on_four_clients_cost_one_source_request_per_chunk(
             got = list(pool.map(read, range(16)))
         assert all(g == files["a.bin"] for g in got)
         assert http_source.gets["a.bin"] == 6          # 5 chunks and a bit: 6 chunks
+        # and nothing else: the 206's ETag and size prove each chunk's version
+        assert sum(http_source.others.values()) == listed, http_source.others
         # read again, whole and in pieces: the source is never asked again
         assert clients[0].cat(f"{ns}/web/a.bin", 3, 4 * CHUNK) == files["a.bin"][3:4 * CHUNK]
         assert clients[1].cat(f"{ns}/web/a.bin") == files["a.bin"]

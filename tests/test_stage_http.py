@@ -212,7 +212,7 @@ async def test_a_file_changed_after_its_listing_is_an_error(
                     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1000))
 
             src.after = alter
-            with pytest.raises(SourceError, match=f"{name} changed while staging"):
+            with pytest.raises(SourceError, match=f"{name} changed since it was listed"):
                 await stage(aclient, src.url + "/", f"{ns}/{name}", include=[name],
                                     **OPTIONS)
             assert not await aclient.exists(f"{ns}/{name}/{name}")     # nothing half-visible

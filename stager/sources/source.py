@@ -141,6 +141,15 @@ class Source(ABC):
         out[:n] = memoryview(data)[:n]
         return len(data)
 
+    async def read_as_listed(self, path: str, start: int, length: int, *,
+                             etag: str | None, size: int) -> tuple[bytes, bool]:
+        """``length`` bytes from ``start`` (fewer at the end), and whether the read's
+        own answer proved the file still the listed version (its ETag and size, as a
+        raw HTTP read tells them; :class:`SourceError` when they differ): when not,
+        a caller that must not mix versions asks the source again."""
+        data = await self.read(path, start, start + length)
+        return data, False
+
     async def read_all(self, path: str) -> bytes:
         return bytes(await self._guard(path, self._call("cat_file", path)))
 
@@ -153,7 +162,7 @@ class Source(ABC):
         return data
 
     def changed(self, path: str, how: str) -> SourceError:
-        return SourceError(f"source {self.name(path)} changed while staging: {how}",
+        return SourceError(f"source {self.name(path)} changed since it was listed: {how}",
                            url=self.name(path))
 
     async def stream(self, path: str, piece: int) -> AsyncIterator[bytes]:
@@ -228,6 +237,17 @@ class AsyncSource(Source):
                 self._check(path, got, etag, size)
                 return len(out)
         return await super().read_into(path, start, out)
+
+    async def read_as_listed(self, path: str, start: int, length: int, *,
+                             etag: str | None, size: int) -> tuple[bytes, bool]:
+        if self._raw is not None and length:
+            buf = bytearray(length)
+            got = await self._guard(path, self._raw.read_into(path, start, memoryview(buf)))
+            if got is not None:
+                self._check(path, got, etag, size)
+                return bytes(buf), etag is not None and got.etag is not None \
+                    and got.total is not None
+        return await super().read_as_listed(path, start, length, etag=etag, size=size)
 
     async def read_listed(self, path: str, size: int, etag: str | None) -> bytes:
         if self._raw is None or not size:

@@ -34,6 +34,7 @@ class CountingSource:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.gets: Counter[str] = Counter()     # ranged GETs by path below the root
+        self.others: Counter[str] = Counter()   # every other request ("HEAD /a.bin", ...)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.runner: web.AppRunner | None = None
@@ -47,6 +48,8 @@ class CountingSource:
         async def count(request: web.Request, handler: Handler) -> web.StreamResponse:
             if request.method == "GET" and "Range" in request.headers:
                 self.gets[request.path.lstrip("/")] += 1
+            else:
+                self.others[f"{request.method} {request.path}"] += 1
             return await handler(request)
 
         async def begin() -> None:

@@ -37,7 +37,6 @@ from .attach import version_of
 
 if TYPE_CHECKING:
     from ...dataplane import DataPlane
-    from ...protocol.models import Layout
     from ...sources.source import Source
     from ..service import MetaService
     from .evict import Evictor
@@ -170,20 +169,24 @@ class Filler:
         source = await self.sources.open(record)
         await self.room.reserve(length)
         try:
-            return await self._fetch(cached, source, index, start, length, layout)
+            return await self._fetch(cached, source, index, start, length, stored)
         except BaseException:
             self.room.filled_one(length, ok=False)
             raise
 
     async def _fetch(self, cached: CachedFile, source: Source, index: int, start: int,
-                     length: int, layout: Layout) -> tuple[int, int]:
+                     length: int, stored: StoredFile) -> tuple[int, int]:
+        layout = stored.layout
+        etag = cached.version[len("etag:"):] if cached.version.startswith("etag:") else None
         async with self.limit:
             self.fetches += 1
-            data = await source.read(cached.key, start, start + length)
+            data, proven = await source.read_as_listed(cached.key, start, length, etag=etag,
+                                                       size=stored.size)
             self.fetched_bytes += len(data)
             # the file must still be the version listed, else these bytes may be of
-            # another version than the chunks filled before: never mixed
-            now = version_of(await source.info(cached.key))
+            # another version than the chunks filled before: never mixed (a raw HTTP
+            # read's answer names its ETag and size; other sources are asked again)
+            now = cached.version if proven else version_of(await source.info(cached.key))
         if len(data) != length or now != cached.version:
             raise SourceError(f"source {source.name(cached.key)} changed since it was listed "
                               f"({len(data)} bytes at {start}, {length} expected); run: "
