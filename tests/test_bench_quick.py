@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_bench_cache import check_quick_cluster_rows
 
 from bench import BENCHMARKS
 
@@ -73,6 +74,8 @@ def test_the_readme_quick_command_runs_every_benchmark(tmp_path: Path) -> None:
         assert machine["cores"] >= 1 and machine["kernel"] and machine["python"]
         assert machine["packages"]["aiohttp"] and machine["date"]
         assert (out / "plots" / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+    # the cache benchmark's cluster parts, checked here rather than run again
+    check_quick_cluster_rows(json.loads((out / "results" / "cache.json").read_text()))
     md = (out / "RESULTS.md").read_text()
     for name in BENCHMARKS:
         assert f'<a id="{name}"></a>' in md
