@@ -199,12 +199,6 @@ def test_a_foreground_job_up_stops_its_node_on_sigterm(tmp_path: Path) -> None:
         assert job.leftovers() == ([], [])
 
 
-# A known race, cause not found (closing note of this stop): run alone it passes; in all
-# four fresh-clone CI runs under xdist it failed once, each time differently (a server
-# SIGTERMed while starting and naming itself in `failed`, or one server left running
-# after the failed step).  Not strict, so it still runs and reports XPASS/XFAIL.
-@pytest.mark.xfail(reason="per-job cluster race under parallel load: a failed stage-in "
-                   "may leave a server or hide its cause", strict=False)
 @pytest.mark.parametrize("cleanup", ["job down", "epilog"])
 def test_a_node_that_fails_stops_the_others_and_its_logs_stay(
         tmp_path: Path, cleanup: str, monkeypatch: pytest.MonkeyPatch) -> None:
