@@ -18,6 +18,8 @@ from stager import Client, Loader
 from stager.config import load_config
 from stager.testing import ThreadCluster
 
+pytestmark = pytest.mark.slow      # two Loaders for two epochs: not in make check
+
 KiB = 1024
 CHUNK = 64 * KiB
 LIMIT = 2048 * KiB

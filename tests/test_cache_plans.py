@@ -27,6 +27,8 @@ from stager.plans.registered import plan_id
 from stager.testing import ThreadCluster
 from stager.testing.countingsource import CountingSource
 
+pytestmark = pytest.mark.slow      # a cluster per policy, a Loader a rank: not in make check
+
 KiB = 1024
 CHUNK = 64 * KiB
 FILES = 48
