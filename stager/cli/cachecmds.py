@@ -16,6 +16,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BadRequest
+from ..stage.progress import make_progress
 from .filecmds import human, with_client
 from .stage import storage_options
 
@@ -119,46 +120,6 @@ def warm_summary(path: str, r: WarmResult) -> str:
             f"{human(r.bytes_fetched)}, {human(r.bytes_cached_before)} cached already")
 
 
-class WarmBar:
-    """warm's progress: bytes filled of the total, a rich bar on stderr as ``stager
-    stage`` shows one (on a terminal, or when asked); nothing otherwise."""
-
-    def __init__(self, show: bool | None, path: str) -> None:
-        self._bar: Any = None
-        if show or (show is None and sys.stderr.isatty()):
-            from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                DownloadColumn,
-                TextColumn,
-                TimeRemainingColumn,
-                TransferSpeedColumn,
-            )
-            from rich.progress import Progress as Bar
-
-            self._bar = Bar(TextColumn("[bold]{task.description}"), BarColumn(),
-                            DownloadColumn(binary_units=True), TransferSpeedColumn(),
-                            TimeRemainingColumn(), console=Console(stderr=True))
-            self._task = self._bar.add_task(f"warm {path}", total=None)
-
-    def __enter__(self) -> WarmBar:
-        if self._bar is not None:
-            self._bar.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-
-    def total(self, nbytes: int) -> None:
-        if self._bar is not None:
-            self._bar.update(self._task, total=nbytes)
-
-    def advance(self, nbytes: int) -> None:
-        if self._bar is not None:
-            self._bar.update(self._task, advance=nbytes)
-
-
 def cmd_warm(args: argparse.Namespace) -> int:
     from ..client.warm import PlanSpec, warm
 
@@ -173,9 +134,13 @@ def cmd_warm(args: argparse.Namespace) -> int:
             from ..loader.warmplan import plan_order
 
             order = await plan_order(client, args.path, plan)
-        with WarmBar(show, args.path) as bar:
+        bar = make_progress(show, args.path, label=f"warm {args.path}", files=False)
+        bar.start(0, 0)
+        try:
             return await warm(client, args.path, parallel=args.parallel, order=order,
-                              on_bytes=bar.advance, on_total=bar.total)
+                              on_bytes=bar.advance, on_total=bar.add_total)
+        finally:
+            bar.stop()
 
     result = with_client(args, run)
     if args.json:

@@ -41,7 +41,7 @@ class Progress:
 class RichProgress(Progress):
     """A rich progress bar on stderr: files done/total, bytes, rate and ETA."""
 
-    def __init__(self, description: str) -> None:
+    def __init__(self, description: str, *, files: bool = True) -> None:
         super().__init__()
         from rich.console import Console
         from rich.progress import (
@@ -53,8 +53,8 @@ class RichProgress(Progress):
         )
         from rich.progress import Progress as Bar
 
-        self._bar = Bar(TextColumn("[bold]{task.description}"), BarColumn(),
-                        TextColumn("{task.fields[files]} files"),
+        counted = [TextColumn("{task.fields[files]} files")] if files else []
+        self._bar = Bar(TextColumn("[bold]{task.description}"), BarColumn(), *counted,
                         DownloadColumn(binary_units=True), TransferSpeedColumn(),
                         TimeRemainingColumn(), console=Console(stderr=True), transient=False)
         self._description = description
@@ -83,11 +83,13 @@ class RichProgress(Progress):
         self._bar.stop()
 
 
-def make_progress(show: bool | None, url: str) -> Progress:
-    """``show=None`` means: a bar when stderr is a terminal."""
+def make_progress(show: bool | None, url: str, *, label: str | None = None,
+                  files: bool = True) -> Progress:
+    """``show=None`` means: a bar when stderr is a terminal.  ``label``: the bar's text
+    (else the end of ``url``); ``files``: whether it counts files too."""
     if show is None:
         show = sys.stderr.isatty()
-    return RichProgress(_short(url)) if show else Progress()
+    return RichProgress(label or _short(url), files=files) if show else Progress()
 
 
 def _short(url: str, width: int = 24) -> str:
