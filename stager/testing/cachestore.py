@@ -19,7 +19,8 @@ from dataclasses import replace
 import pytest
 
 from ..errors import NotFound
-from ..meta.store.base import AttachmentRecord, CachedChunk, CachedFile, MetaStore
+from ..meta.store.base import MetaStore
+from ..meta.store.caching import AttachmentRecord, CachedChunk, CachedFile
 
 CRC = 0xFFFFFFFF                # the largest CRC32C: stored without a sign
 

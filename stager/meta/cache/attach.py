@@ -29,7 +29,8 @@ from ...protocol.batch import MAX_BATCH_ITEMS
 from ...protocol.cache import Attachment, AttachRequest, Refreshed
 from ...protocol.models import LayoutSpec
 from ...sources.source import Source, source_etag, source_mtime
-from ..store.base import AttachmentRecord, CachedFile, Upload
+from ..store.base import Upload
+from ..store.caching import AttachmentRecord, CachedFile
 from ..writes import new_upload
 
 if TYPE_CHECKING:

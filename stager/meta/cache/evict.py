@@ -30,7 +30,7 @@ from ...eviction import EVICTION, NextUse
 from ...layout import chunk_targets
 from ...protocol import paths
 from ...protocol.models import chunk_id
-from ..store.base import CachedChunk
+from ..store.caching import CachedChunk
 
 if TYPE_CHECKING:
     from ...dataplane import DataPlane

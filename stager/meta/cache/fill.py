@@ -32,7 +32,8 @@ from ...layout import chunk_length, chunk_targets
 from ...protocol.batch import check_count
 from ...protocol.cache import Filled, FillItem
 from ...protocol.models import chunk_id
-from ..store.base import AttachmentRecord, CachedFile, StoredFile
+from ..store.base import StoredFile
+from ..store.caching import AttachmentRecord, CachedFile
 from .attach import version_of
 
 if TYPE_CHECKING:

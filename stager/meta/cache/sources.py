@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from ...sources.open import open_source
 from ...sources.source import Source
-from ..store.base import AttachmentRecord
+from ..store.caching import AttachmentRecord
 from .secrets import OptionsBox
 
 

@@ -18,7 +18,7 @@ import asyncpg
 
 from ....errors import NotFound
 from ....protocol import paths
-from ..base import AttachmentRecord, CachedChunk, CachedFile
+from ..caching import AttachmentRecord, CachedChunk, CachedFile
 from ..sqlite.cache import chunk_of, file_of, usage_of
 
 _ATTACHMENT = ("path, source, options, refresh, include, exclude, listed, created, "

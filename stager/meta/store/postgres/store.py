@@ -30,9 +30,6 @@ from ....protocol.authmsg import TokenInfo
 from ....protocol.models import Layout, LayoutSpec, TargetInfo
 from ....protocol.quotas import Pin, Quota
 from ..base import (
-    AttachmentRecord,
-    CachedChunk,
-    CachedFile,
     CommitArgs,
     CreateCheck,
     EntryRecord,
@@ -44,6 +41,7 @@ from ..base import (
     StoredFile,
     Upload,
 )
+from ..caching import AttachmentRecord, CachedChunk, CachedFile
 from . import answers as answers
 from . import cache as cache
 from . import copy as copies

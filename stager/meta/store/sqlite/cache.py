@@ -20,7 +20,7 @@ from typing import Any
 
 from ....errors import NotFound
 from ....protocol import paths
-from ..base import AttachmentRecord, CachedChunk, CachedFile
+from ..caching import AttachmentRecord, CachedChunk, CachedFile
 from .db import Database
 
 _ATTACHMENT = ("path, source, options, refresh, include, exclude, listed, created, "

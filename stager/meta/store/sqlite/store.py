@@ -22,9 +22,6 @@ from ....protocol.authmsg import TokenInfo
 from ....protocol.models import Layout, LayoutSpec, TargetInfo
 from ....protocol.quotas import Pin, Quota
 from ..base import (
-    AttachmentRecord,
-    CachedChunk,
-    CachedFile,
     CommitArgs,
     CreateCheck,
     EntryRecord,
@@ -36,6 +33,7 @@ from ..base import (
     StoredFile,
     Upload,
 )
+from ..caching import AttachmentRecord, CachedChunk, CachedFile
 from .answers import AnswerSQL
 from .cache import CacheSQL
 from .copy import CopySQL
