@@ -50,7 +50,6 @@ class Evictor:
         self.config = service.config
         self.plane = plane
         self.next_use = next_use        # from the registered plans (None: there are none)
-        self.evicted = 0                # chunks evicted by this server (for status, tests)
         self.filled: int | None = None  # filled bytes, as last counted plus fills since
         self.inflight = 0               # bytes of fills reserved and not yet recorded
         self._room = asyncio.Lock()
@@ -151,7 +150,6 @@ class Evictor:
         if not victims:
             return
         await self.store.evict_chunks([(c.file_id, c.index) for c in victims])
-        self.evicted += len(victims)
         plane, targets = self.plane(), self.service.targets
         layouts = {}
         for c in victims:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ...aio import gather_or_cancel
@@ -48,6 +48,7 @@ LEASE = 60.0            # seconds a fill may take before another server takes it
 POLL = 0.05             # seconds between looks at a chunk another server fills
 
 Key = tuple[str, int]
+Records = Callable[[str], Awaitable[AttachmentRecord]]   # an attachment by its path
 
 
 class Filler:
@@ -61,9 +62,6 @@ class Filler:
         self.holder = holder
         self.limit = asyncio.Semaphore(concurrency)
         self._flights: dict[Key, asyncio.Task[int]] = {}
-        self.fetches = 0                # source requests made (for /metrics and tests)
-        self.fetched_bytes = 0
-        self.on_access: Callable[[Sequence[Key], Sequence[Key]], None] | None = None
 
     async def fill(self, items: Sequence[FillItem], may_read: Callable[[str], bool], *,
                    touch: bool = True, count: bool = True) -> list[Filled | StagerError]:
@@ -75,10 +73,11 @@ class Filler:
         for cached in found.values():       # every path the body names, before acting
             if not may_read(cached.path):
                 raise Forbidden(f"this token may not read {cached.path}", path=cached.path)
-        answers = await gather_or_cancel([self._item(i, found.get(i.file_id)) for i in items])
+        record = self._records()
+        answers = await gather_or_cancel([self._item(i, found.get(i.file_id), record)
+                                          for i in items])
         hits: list[Key] = []
         counts: dict[str, tuple[int, int]] = {}
-        misses: list[Key] = []
         for item, (answer, missed) in zip(items, answers, strict=True):
             if isinstance(answer, StagerError):
                 continue
@@ -86,14 +85,11 @@ class Filler:
             h, m = counts.get(cached.attachment, (0, 0))
             counts[cached.attachment] = (h + len(item.chunks) - len(missed), m + len(missed))
             hits += [(item.file_id, c) for c in item.chunks if c not in missed]
-            misses += [(item.file_id, c) for c in missed]
         if touch and (hits or counts):
             await self.store.touch_chunks(hits, self.service.clock(), counts if count else {})
-        if self.on_access is not None:
-            self.on_access(hits, misses)
         return [answer for answer, _ in answers]
 
-    async def _item(self, item: FillItem, cached: CachedFile | None
+    async def _item(self, item: FillItem, cached: CachedFile | None, record: Records
                     ) -> tuple[Filled | StagerError, set[int]]:
         """One file's chunks: (its answer, the chunks that were missing)."""
         try:
@@ -106,18 +102,19 @@ class Filler:
             missing = {c for c in item.chunks if c not in filled or c in again}
             if again:
                 await self.store.evict_chunks([(item.file_id, c) for c in again])
-            got = await gather_or_cancel([self._chunk(cached, c) for c in sorted(missing)])
+            got = await gather_or_cancel([self._chunk(cached, c, record) for c in sorted(missing)])
             filled.update(zip(sorted(missing), got, strict=True))
             return Filled(tuple(filled[c] for c in item.chunks), tuple(sorted(missing))), missing
         except StagerError as exc:
             return exc, set()
 
-    async def _chunk(self, cached: CachedFile, index: int) -> int:
+    async def _chunk(self, cached: CachedFile, index: int, record: Records) -> int:
         """Chunk ``index`` filled (by one task however many ask): its CRC32C."""
         key = (cached.file_id, index)
         task = self._flights.get(key)
         if task is None:
-            task = self._flights[key] = asyncio.ensure_future(self._fill_one(cached, index))
+            task = self._flights[key] = asyncio.ensure_future(self._fill_one(cached, index,
+                                                                                record))
             task.add_done_callback(lambda t: self._landed(key, t))
         return await asyncio.shield(task)
 
@@ -133,7 +130,7 @@ class Filler:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _fill_one(self, cached: CachedFile, index: int) -> int:
+    async def _fill_one(self, cached: CachedFile, index: int, record: Records) -> int:
         store, file_id = self.store, cached.file_id
         while True:
             now = self.service.clock()
@@ -144,7 +141,7 @@ class Filler:
                 return filled[index]
             await asyncio.sleep(POLL)
         try:
-            size, crc = await self._fetch_and_store(cached, index)
+            size, crc = await self._fetch_and_store(cached, index, record)
         except BaseException:
             await asyncio.shield(store.release_fill(file_id, index, self.holder))
             raise
@@ -158,7 +155,8 @@ class Filler:
                            path=cached.path)
         return crc
 
-    async def _fetch_and_store(self, cached: CachedFile, index: int) -> tuple[int, int]:
+    async def _fetch_and_store(self, cached: CachedFile, index: int, record: Records
+                               ) -> tuple[int, int]:
         """Read chunk ``index`` of ``cached`` from its source and store every copy."""
         stored = await self._file(cached.file_id)
         layout = stored.layout
@@ -166,8 +164,7 @@ class Filler:
         length = chunk_length(layout.chunk_size, stored.size, index)
         if length <= 0:
             raise NotFound(f"{cached.path} has no chunk {index}", path=cached.path)
-        record = await self._attachment(cached.attachment)
-        source = await self.sources.open(record)
+        source = await self.sources.open(await record(cached.attachment))
         await self.room.reserve(length)
         try:
             return await self._fetch(cached, source, index, start, length, stored)
@@ -180,10 +177,8 @@ class Filler:
         layout = stored.layout
         etag = cached.version[len("etag:"):] if cached.version.startswith("etag:") else None
         async with self.limit:
-            self.fetches += 1
             data, proven = await source.read_as_listed(cached.key, start, length, etag=etag,
                                                        size=stored.size)
-            self.fetched_bytes += len(data)
             # the file must still be the version listed, else these bytes may be of
             # another version than the chunks filled before: never mixed (a raw HTTP
             # read's answer names its ETag and size; other sources are asked again)
@@ -229,8 +224,17 @@ class Filler:
             raise NotFound(f"file {file_id} is gone", file_id=file_id)
         return stored
 
-    async def _attachment(self, path: str) -> AttachmentRecord:
-        for record in await self.store.attachments():
-            if record.path == path:
-                return record
-        raise NotFound(f"{path} is no longer attached", path=path)
+    def _records(self) -> Records:
+        """The attachment at a path, for one fill request: the store is asked once, and
+        only when a chunk is missing (not once per chunk fetched)."""
+        listing: asyncio.Future[list[AttachmentRecord]] | None = None
+
+        async def record(path: str) -> AttachmentRecord:
+            nonlocal listing
+            if listing is None:
+                listing = asyncio.ensure_future(self.store.attachments())
+            for r in await asyncio.shield(listing):
+                if r.path == path:
+                    return r
+            raise NotFound(f"{path} is no longer attached", path=path)
+        return record
