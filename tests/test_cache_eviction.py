@@ -17,6 +17,7 @@ from conftest import start_cluster
 from stager import Client, Loader
 from stager.config import load_config
 from stager.testing import ThreadCluster
+from stager.testing.cachewatch import FilledWatch
 
 pytestmark = pytest.mark.slow      # two Loaders for two epochs: not in make check
 
@@ -39,31 +40,6 @@ def client(cluster: ThreadCluster) -> Iterator[Client]:
     c = Client(cluster.meta_url, config=load_config(env={}))
     yield c
     c.close()
-
-
-class Watch:
-    """Polls the attachment's filled bytes while a test reads: the most it saw."""
-
-    def __init__(self, client: Client, path: str) -> None:
-        self.client, self.path = client, path
-        self.most = 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self.stop.is_set():
-            for a in self.client.attachments():
-                if a.path == self.path:
-                    self.most = max(self.most, a.cached_bytes)
-            time.sleep(0.02)
-
-    def __enter__(self) -> Watch:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(5)
 
 
 def test_two_shuffled_epochs_of_a_dataset_larger_than_the_cache(
@@ -95,7 +71,7 @@ def test_two_shuffled_epochs_of_a_dataset_larger_than_the_cache(
                                                       "written.bin": written})[s["__key__"]]
                         seen[epoch][s["__key__"]] = s["data"]
 
-    with Watch(client, f"{ns}/data") as watch:
+    with FilledWatch(client, f"{ns}/data") as watch:
         threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
         for t in threads:
             t.start()
@@ -122,7 +98,7 @@ def test_a_cold_read_past_the_limit_evicts_down_to_the_low_watermark(
     big = os.urandom(40 * CHUNK)
     (src / "big.bin").write_bytes(big)
     client.attach(f"file://{src}", f"{ns}/one")
-    with Watch(client, f"{ns}/one") as watch:
+    with FilledWatch(client, f"{ns}/one") as watch:
         for _ in range(2):
             assert client.cat(f"{ns}/one/big.bin") == big
     assert watch.most <= LIMIT

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 from stager import Client
 from stager.config import load_config
 from stager.testing import ProcessCluster
+from stager.testing.cachewatch import FilledWatch
 from stager.testing.jobnodes import EmulatedJob
 
 # `stager up` and `stager job up` in subprocesses; the job's module group, as
@@ -30,30 +30,6 @@ KiB = 1024
 CHUNK = 64 * KiB
 LIMIT = 1024 * KiB
 FILES = 24                      # one-chunk files: 1.5 MiB, 1.5 times the limit
-
-
-class Watch:
-    """Polls the filled bytes of every attached directory while a test reads: the most
-    it saw."""
-
-    def __init__(self, client: Client) -> None:
-        self.client = client
-        self.most = 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self.stop.is_set():
-            self.most = max(self.most, sum(a.cached_bytes for a in self.client.attachments()))
-            time.sleep(0.02)
-
-    def __enter__(self) -> Watch:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(5)
 
 
 def dataset(root: Path) -> dict[str, bytes]:
@@ -68,7 +44,7 @@ def read_twice_under_the_limit(client: Client, src: Path, files: dict[str, bytes
     """Attach ``src``, read every file twice: byte-exact, the filled bytes never past
     the limit, and the second pass fetched again what the first evicted."""
     client.attach(f"file://{src}", "/ds")
-    with Watch(client) as watch:
+    with FilledWatch(client) as watch:
         for _ in range(2):
             for name, data in files.items():
                 assert client.cat(f"/ds/{name}") == data, name
