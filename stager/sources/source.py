@@ -231,32 +231,37 @@ class AsyncSource(Source):
 
     async def read_into(self, path: str, start: int, out: memoryview, *,
                         etag: str | None = None, size: int | None = None) -> int:
-        if self._raw is not None:
-            got = await self._guard(path, self._raw.read_into(path, start, out))
-            if got is not None:
-                self._check(path, got, etag, size)
-                return len(out)
+        if await self._raw_read(path, start, out, etag, size) is not None:
+            return len(out)
         return await super().read_into(path, start, out)
+
+    async def _raw_read(self, path: str, start: int, out: memoryview, etag: str | None,
+                        size: int | None) -> Got | None:
+        """A raw HTTP read into ``out``, its answer checked against the listed size and
+        ETag; ``None`` where there is no raw reader or it did not take the answer."""
+        if self._raw is None:
+            return None
+        got = await self._guard(path, self._raw.read_into(path, start, out))
+        if got is not None:
+            self._check(path, got, etag, size)
+        return got
 
     async def read_as_listed(self, path: str, start: int, length: int, *,
                              etag: str | None, size: int) -> tuple[bytes, bool]:
-        if self._raw is not None and length:
-            buf = bytearray(length)
-            got = await self._guard(path, self._raw.read_into(path, start, memoryview(buf)))
-            if got is not None:
-                self._check(path, got, etag, size)
-                return bytes(buf), etag is not None and got.etag is not None \
-                    and got.total is not None
+        buf = bytearray(length if self._raw is not None else 0)
+        got = await self._raw_read(path, start, memoryview(buf), etag, size) if buf else None
+        if got is not None:
+            return bytes(buf), etag is not None and got.etag is not None \
+                and got.total is not None
         return await super().read_as_listed(path, start, length, etag=etag, size=size)
 
     async def read_listed(self, path: str, size: int, etag: str | None) -> bytes:
         if self._raw is None or not size:
             return await super().read_listed(path, size, etag)
         buf = bytearray(size)
-        got = await self._guard(path, self._raw.read_into(path, 0, memoryview(buf)))
-        if got is None:         # fewer bytes, say, or no ranges: fsspec tells which
+        if await self._raw_read(path, 0, memoryview(buf), etag, size) is None:
+            # fewer bytes, say, or no ranges: fsspec tells which
             return await super().read_listed(path, size, etag)
-        self._check(path, got, etag, size)
         return bytes(buf)
 
     def _check(self, path: str, got: Got, etag: str | None, size: int | None) -> None:
