@@ -31,13 +31,14 @@ import numpy as np
 from ...errors import BadRequest, Forbidden, NotFound
 from ...eviction import NextUse
 from ...plans.registered import ChunkKey, Dataset, Plan, PlanUses, plan_uses, soonest
-from ...protocol.cache import PlanPosition, PlanRegistered, PlanRequest
+from ...protocol.cache import MAX_PLAN_TTL, PlanPosition, PlanRegistered, PlanRequest
 
 if TYPE_CHECKING:
     from ..service import MetaService
 
 PREFIX, AT = "plan:", "plan-at:"         # shared report keys: the plan, a rank's position
 KEPT = 16                                # derived tables kept in memory
+_UNKNOWN = object()
 MAX_EXTENTS = 4_000_000                  # extents one registration may name
 
 
@@ -64,6 +65,10 @@ class PlanBook:
         self.service = service
         self.store = service.store
         self._derived: dict[str, tuple[str, Plan, Dataset, PlanUses]] = {}
+        # each plan's registrant and ttl as this server last read them (a position
+        # report checks against them without reading every registration back)
+        self._owners: dict[str, str | None] = {}
+        self._ttls: dict[str, float] = {}
 
     async def register(self, plan_id: str, request: PlanRequest, *, owner: str | None,
                        may_read: Callable[[str], bool]) -> PlanRegistered:
@@ -79,28 +84,40 @@ class PlanBook:
         if old is not None and old[0].get("owner") != owner:
             raise Forbidden(f"plan {plan_id} is another token's", plan_id=plan_id)
         expires = self.service.clock() + request.ttl
+        # the registration's digest, made once: each eviction and prefetch round tells
+        # a plan it has derived already by it, not by hashing the dataset again
+        digest = hashlib.sha256(json.dumps([request.plan, request.dataset],
+                                           sort_keys=True).encode()).hexdigest()
         body = {"plan": request.plan, "dataset": request.dataset, "owner": owner,
+                "digest": digest,
                 "ttl": request.ttl}
-        await self.store.put_report(PREFIX + plan_id, body, expires=expires)
+        # the registration is kept a long while; it is live while a rank's position is
+        # (each expires ``ttl`` after its report), so a position report, 100 a second
+        # per job, never writes the registration's dataset again
+        await self.store.put_report(PREFIX + plan_id, body,
+                                    expires=self.service.clock() + MAX_PLAN_TTL)
         await self.store.put_report(f"{AT}{plan_id}:0", request.position.to_json(),
                                     expires=expires)
+        self._owners[plan_id], self._ttls[plan_id] = owner, request.ttl
         return PlanRegistered(plan_id, len(cached), expires)
 
     async def position(self, plan_id: str, at: PlanPosition, *, owner: str | None,
                        rank: int = 0) -> None:
         """Where rank ``rank`` of the plan's job reads now (the slowest rank is the
         plan's now: a chunk a lagging rank has yet to read is not in its past)."""
-        live = (await self._live()).get(plan_id)
-        if live is None:
-            raise NotFound(f"no plan {plan_id} is registered (or it expired)", plan_id=plan_id)
-        body, _ = live
-        if body.get("owner") != owner:
+        known = self._owners.get(plan_id, _UNKNOWN)
+        ttl = self._ttls.get(plan_id)
+        if known is _UNKNOWN or ttl is None or known != owner:   # as stored now
+            live = (await self._live()).get(plan_id)
+            if live is None:
+                raise NotFound(f"no plan {plan_id} is registered (or it expired)",
+                               plan_id=plan_id)
+            known, ttl = live[0].get("owner"), float(live[0]["ttl"])
+            self._owners[plan_id], self._ttls[plan_id] = known, ttl
+        if known != owner:
             raise Forbidden(f"plan {plan_id} is another token's", plan_id=plan_id)
         await self.store.put_report(f"{AT}{plan_id}:{rank}", at.to_json(),
-                                    expires=self.service.clock() + float(body["ttl"]))
-        # the registration lives as long as its job says where it is
-        await self.store.put_report(PREFIX + plan_id, body,
-                                    expires=self.service.clock() + float(body["ttl"]))
+                                    expires=self.service.clock() + ttl)
 
     async def _live(self) -> dict[str, tuple[dict[str, Any], list[dict[str, Any]]]]:
         """Each live plan's registration and its ranks' positions."""
@@ -113,15 +130,15 @@ class PlanBook:
                 plan_id = key[len(AT):].rsplit(":", 1)[0]
                 if plan_id in out:
                     out[plan_id][1].append(at)
-        return out
+        # a registration none of whose ranks has reported within its ttl is a job gone
+        return {plan_id: live for plan_id, live in out.items() if live[1]}
 
     async def current(self) -> list[tuple[PlanUses, int, Plan, Dataset]]:
         """Each live plan's next-use table and the step its job is at."""
         out = []
         live = await self._live()
         for plan_id, (body, at) in sorted(live.items()):
-            digest = hashlib.sha256(json.dumps([body["plan"], body["dataset"]],
-                                               sort_keys=True).encode()).hexdigest()
+            digest = body["digest"]
             kept = self._derived.get(plan_id)
             if kept is None or kept[0] != digest:
                 dataset = dataset_of(body["dataset"])
