@@ -210,6 +210,20 @@ class Filled:
                    tuple(int(c) for c in field_of(obj, "fetched", list, [])))
 
 
+@dataclass(frozen=True)
+class ReadsCounted:
+    """The answer to a report of reads (route ``cache_reads``): the chunks counted."""
+
+    chunks: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"chunks": self.chunks}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> ReadsCounted:
+        return cls(count_of(obj, "chunks"))
+
+
 MAX_PLAN_TTL = 86400.0          # seconds a plan registration lives unless renewed
 PLAN_ID_RE = re.compile(r"[0-9a-f]{8,64}")
 
@@ -328,6 +342,8 @@ SCHEMAS: dict[str, Any] = {
     "PlanRegistered": {"type": "object", "required": ["plan_id", "files", "expires"],
                        "properties": {"plan_id": _STR, "files": _COUNT,
                                       "expires": {"type": "number"}}},
+    "ReadsCounted": {"type": "object", "required": ["chunks"],
+                     "properties": {"chunks": _COUNT}},
     "FillResults": {"type": "object", "required": ["results"], "properties": {
         "results": {"type": "array", "items": {"type": "object"}}}},
 }

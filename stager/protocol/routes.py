@@ -281,6 +281,11 @@ ROUTES: tuple[Route, ...] = (
           "the CRC32C of chunks of cached files about to be read, each fetched from its "
           "source first when missing (one fetch per chunk however many readers)", "meta",
           body="FillRequest", responses={200: "FillResults", **ERR, 502: "Error"}),
+    Route("POST", "/v1/cache/reads", "cache_reads",
+          "count reads of filled chunks that a client read straight from the data servers "
+          "(their CRC32Cs learnt from an earlier fill) as hits, and mark them used for "
+          "eviction; fetches nothing", "meta",
+          body="FillRequest", responses={200: "ReadsCounted", **ERR}),
     Route("PUT", "/v1/plans/{plan_id}", "register_plan",
           "register a Loader's epoch plan over cached files (parameters, not the list): "
           "eviction keeps what it reads soonest, fills run ahead of it", "meta",
@@ -378,7 +383,8 @@ ACCESS: dict[str, Access] = {
     "list_pins": Access("read", "none"), "pin": WRITE_PATH, "unpin": WRITE_PATH,
     "list_attachments": Access("read", "none"), "attach": Access("admin", "path"),
     "refresh_attachment": WRITE_PATH, "detach": Access("admin", "path"),
-    "fill": Access("read", "body"), "register_plan": Access("read", "body"),
+    "fill": Access("read", "body"), "cache_reads": Access("read", "body"),
+    "register_plan": Access("read", "body"),
     "plan_position": Access("read", "none"),
     "gateway_get": Access("read", "visible"), "gateway_head": READ_PATH,
     "gateway_put": WRITE_PATH, "gateway_delete": WRITE_PATH,

@@ -1,8 +1,11 @@
 """Fills: the chunks of cached files fetched from their source, once each.
 
 A reader about to read chunks of a cached file asks for them here (route ``fill``,
-one request per read plan).  A filled chunk answers its CRC32C from the store at
-once, and counts as a hit.  A missing one is fetched by exactly one metadata server:
+one request per read plan), unless it learnt their CRC32Cs from an earlier fill: then
+it reads them straight from the data servers, asks here only on a miss, and reports
+those reads in bulk afterwards (route ``cache_reads``: :meth:`Filler.count_reads`).
+A filled chunk answers its CRC32C from the store at once, and counts as a hit.  A
+missing one is fetched by exactly one metadata server:
 
 - on this server, concurrent asks for one chunk share one task (``_flights``);
 - across servers sharing a store, the task first takes the chunk's lease in the
@@ -88,6 +91,31 @@ class Filler:
         if touch and (hits or counts):
             await self.store.touch_chunks(hits, self.service.clock(), counts if count else {})
         return [answer for answer, _ in answers]
+
+    async def count_reads(self, items: Sequence[FillItem], may_read: Callable[[str], bool]
+                          ) -> int:
+        """Reads of chunks a client read straight from the data servers (it had their
+        CRC32Cs from an earlier fill), reported in bulk after the fact: each counts as a
+        hit of its attachment and marks its chunk used now, as a fill of a filled chunk
+        would (a chunk evicted since is not marked).  Fetches nothing.  The chunks
+        counted (those of files still cached)."""
+        check_count(len(items))
+        found = await self.store.find_cached(list({i.file_id for i in items}))
+        for cached in found.values():
+            if not may_read(cached.path):
+                raise Forbidden(f"this token may not read {cached.path}", path=cached.path)
+        hits: list[Key] = []
+        counts: dict[str, tuple[int, int]] = {}
+        for item in items:
+            cached = found.get(item.file_id)
+            if cached is None:
+                continue                # detached, or refreshed: nothing to count
+            hits += [(item.file_id, c) for c in item.chunks]
+            h, _ = counts.get(cached.attachment, (0, 0))
+            counts[cached.attachment] = (h + len(item.chunks), 0)
+        if hits:
+            await self.store.touch_chunks(hits, self.service.clock(), counts)
+        return len(hits)
 
     async def _item(self, item: FillItem, cached: CachedFile | None, record: Records
                     ) -> tuple[Filled | StagerError, set[int]]:

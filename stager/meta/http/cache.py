@@ -26,6 +26,7 @@ from ...protocol.cache import (
     FillItem,
     PlanPosition,
     PlanRequest,
+    ReadsCounted,
     check_plan_id,
 )
 from ...protocol.models import field_of
@@ -107,6 +108,14 @@ async def fill(request: web.Request) -> web.Response:
     return json_response(results_json(results, lambda r: r.to_json()))
 
 
+async def cache_reads(request: web.Request) -> web.Response:
+    cache = request.app[CACHE]
+    body = await read_json(request, cache.service.config.max_json_body)
+    items = parse_items(body, FillItem.from_json)
+    counted = await cache.filler.count_reads(items, lambda p: _readable(request, p))
+    return json_response(ReadsCounted(counted).to_json())
+
+
 def _owner(request: web.Request) -> str | None:
     token = token_of(request)
     return None if token is None else token.id
@@ -130,4 +139,5 @@ async def plan_position(request: web.Request) -> web.Response:
 
 HANDLERS = {"list_attachments": list_attachments, "attach": attach,
             "refresh_attachment": refresh_attachment, "detach": detach, "fill": fill,
-            "register_plan": register_plan, "plan_position": plan_position}
+            "cache_reads": cache_reads, "register_plan": register_plan,
+            "plan_position": plan_position}
