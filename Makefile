@@ -7,10 +7,11 @@ BIN     := $(VENV)/bin
 PIP     := $(BIN)/python -m pip
 # Debian packages the tests use (FUSE mounts, nginx baselines, network namespaces,
 # fault injection: fiu-run, the PostgreSQL metadata store's tests: initdb, pg_ctl,
-# a real Slurm with burst buffers: tests/slurm/, the dashboard in a headless browser).
+# a real Slurm with burst buffers: tests/slurm/, the dashboard in a headless browser,
+# rclone against the S3 endpoint: tests/test_s3_rclone.py).
 APT_PACKAGES ?= iproute2 nginx-light iperf3 fuse3 libfuse3-dev pkg-config fio fiu-utils postgresql \
 	slurmctld slurmd slurm-client munge slurm-wlm-basic-plugins \
-	chromium chromium-driver curl systemd docker.io debootstrap
+	chromium chromium-driver curl systemd docker.io debootstrap rclone
 
 # The test runs: modules in parallel (pytest-xdist; a module's tests stay on one worker,
 # modules sharing what cannot run twice name one xdist_group, see tests/conftest.py), on
