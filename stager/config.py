@@ -84,6 +84,8 @@ class Config:
     heartbeat_interval: float = 2.0
     target_timeout: float = 10.0     # a target silent this long is marked down
     upload_grace: float = 3600.0     # abandoned uploads are collected after this
+    multipart_idle: float = 86400.0  # an S3 multipart upload idle this long is collected
+    multipart_min_part: int = 5 * MiB  # S3: every part of a multipart upload but the last
     gc_interval: float = 5.0
     # client
     client_concurrency: int = 16     # chunk requests in flight per client

@@ -8,7 +8,7 @@ lives outside the implementations.  The methods are grouped by role into small
 interfaces that :class:`MetaStore` joins: :class:`Namespace`, :class:`Uploads`,
 :class:`Collection`, :class:`FileIndex`, :class:`TokenStore`, :class:`Registry`,
 :class:`Copying`, :class:`SharedState`, :class:`Answers`, :class:`Quotas`,
-:class:`Pins` and :class:`Caching`; a part of the server
+:class:`Pins`, :class:`Caching` and :class:`Multipart`; a part of the server
 that needs one role takes that role's type.
 
 What every implementation guarantees:
@@ -35,6 +35,7 @@ from ...protocol.authmsg import TokenInfo
 from ...protocol.models import Layout, LayoutSpec, TargetInfo
 from ...protocol.quotas import Pin, Quota
 from .caching import Caching
+from .multipart import Multipart
 
 
 @dataclass(frozen=True)
@@ -469,7 +470,7 @@ class Pins(ABC):
 
 
 class MetaStore(Namespace, Uploads, Collection, FileIndex, TokenStore, Registry, Copying,
-                SharedState, Answers, Quotas, Pins, Caching):
+                SharedState, Answers, Quotas, Pins, Caching, Multipart):
     """Every role above: what a store implements.  A part of the server that needs one
     role takes that role's type (the auth tables take a :class:`TokenStore`).
 

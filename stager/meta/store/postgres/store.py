@@ -52,6 +52,7 @@ from . import shared as share
 from . import uploads as up
 from .db import Database, Op
 from .group import MAX_GROUP, WriteGroups
+from .multipart import PostgresMultipart
 from .shared import DutyLock
 
 SCHEMES = ("postgresql://", "postgres://")
@@ -61,7 +62,7 @@ def is_postgres_url(url: str) -> bool:
     return url.startswith(SCHEMES)
 
 
-class PostgreSQLStore(MetaStore):
+class PostgreSQLStore(PostgresMultipart, MetaStore):
     """The store in the PostgreSQL database at ``url``; connects on first use (then
     creates or migrates its schema), up to ``pool_size`` connections; up to
     ``max_group`` queued upload writes share one transaction (1: none do)."""

@@ -140,8 +140,12 @@ async def replace_upload_layout(conn: asyncpg.Connection, file_id: str, old: Lay
 
 
 async def expired_uploads(conn: asyncpg.Connection, before: float) -> list[Upload]:
+    # a multipart upload's pending file lives by its record's idle limit (multipart.py)
     rows = await conn.fetch(
-        f"SELECT {_UPLOAD_COLS} FROM uploads WHERE created < $1 ORDER BY created", before)
+        f"SELECT {_UPLOAD_COLS} FROM uploads WHERE created < $1" + (
+            "" if before == float("inf") else
+            " AND file_id NOT IN (SELECT file_id FROM multipart_uploads)")
+        + " ORDER BY created", before)
     return [_upload(r) for r in rows]
 
 

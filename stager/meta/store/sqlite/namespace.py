@@ -442,8 +442,11 @@ class NamespaceSQL:
             return cur.rowcount == 1
 
     def expired_uploads(self, before: float) -> list[Upload]:
-        ids = self.db.execute("SELECT file_id FROM uploads WHERE created < ?",
-                              (before,)).fetchall()
+        # a multipart upload's pending file lives by its record's idle limit (multipart.py)
+        ids = self.db.execute("SELECT file_id FROM uploads WHERE created < ?" + (
+            "" if before == float("inf") else
+            " AND file_id NOT IN (SELECT file_id FROM multipart_uploads)"),
+            (before,)).fetchall()
         return [self._upload(r[0]) for r in ids]
 
     def take_garbage(self, limit: int) -> list[Garbage]:

@@ -38,6 +38,7 @@ from .answers import AnswerSQL
 from .cache import CacheSQL
 from .copy import CopySQL
 from .db import Database
+from .multipart import MultipartSQL, SQLiteMultipart
 from .namespace import NamespaceSQL
 from .reliability import ReliabilitySQL
 from .shared import SharedSQL
@@ -47,7 +48,7 @@ from .tokens import TokenSQL
 R = TypeVar("R")
 
 
-class SQLiteStore(MetaStore):
+class SQLiteStore(SQLiteMultipart, MetaStore):
     """The store in one SQLite file at ``path``; up to ``max_group`` queued upload
     writes share one transaction (1: none do)."""
 
@@ -60,6 +61,7 @@ class SQLiteStore(MetaStore):
         self.copies = CopySQL(self.database)
         self.states = SharedSQL(self.database)
         self.cache = CacheSQL(self.database)
+        self.multipart = MultipartSQL(self.database)
 
         self.answers = AnswerSQL(self.database)
         # Public: its counters say how writes were grouped (tests, benchmarks).
