@@ -1,9 +1,12 @@
 """What auth costs: loopback reads and 16 KiB samples with auth off, on, and on with TLS.
 
-Issue 18's aim: tokens and capabilities cost at most 3% of either figure.  One
+Issue 18's aim: tokens and capabilities cost at most 3% of the read and sample
+figures; issue 30's: at most 5% of the Loader's files/s.  One
 cluster per mode, each four data servers as processes (``stager up``, with
 ``--auth`` where it applies), all up at once; every round measures every mode in
-turn, so background load falls on all alike, and the figure is the median.
+turn, so background load falls on all alike.  Each round's ratio to auth off is
+kept; the figure is their median, and an aim is met only when their lower quartile
+reaches it (a spread wider than the cost judged is no result).
 
 - **read GB/s**: one 256 MiB file (4 MiB chunks over the four servers) read
   whole through the client's readahead stream: one capability, ~64 chunk
@@ -24,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -146,22 +150,49 @@ def run(quick: bool) -> dict[str, Any]:
     return _result(figures, big, samples, files, rounds, quick)
 
 
+def paired(on: list[float], off: list[float]) -> list[float]:
+    """Each round's ratio of two modes measured in that round, one after the other."""
+    return [a / b for a, b in zip(on, off, strict=True)]
+
+
+def quartiles(values: list[float]) -> tuple[float, float]:
+    """The lower and upper quartiles (the values themselves under four rounds)."""
+    if len(values) < 4:
+        return min(values), max(values)
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[0], q[2]
+
+
+def judged(ratios: list[float], target: float) -> dict[str, Any]:
+    """An aim ``ratio >= target`` met only when the round-to-round spread cannot
+    account for it: the lower quartile of the paired rounds reaches the target (three
+    rounds in four at or above it), not merely their median."""
+    low, high = quartiles(ratios)
+    return aim(median(ratios), f">= {target} (lower quartile {r2(low)}, "
+               f"spread {r2(low)}-{r2(high)} over {len(ratios)} rounds)", low >= target)
+
+
+AIMS = {"read": 0.97, "samples": 0.97, "files": 0.95}
+
+
 def _result(figures: dict[str, dict[str, list[float]]], big: int, samples: int, files: int,
             rounds: int, quick: bool) -> dict[str, Any]:
-    off = {k: median(v) for k, v in figures["auth off"].items()}
+    off = figures["auth off"]
     rows = []
     ratios: dict[str, float] = {}
+    spreads: list[str] = []
     for name, by in figures.items():
         med = {k: median(v) for k, v in by.items()}
+        each = {k: paired(by[k], off[k]) for k in by}
         rows.append([name, r2(med["read"]), round(med["samples"]), round(med["files"]),
-                     r2(med["read"] / off["read"]), r2(med["samples"] / off["samples"]),
-                     r2(med["files"] / off["files"])])
+                     r2(median(each["read"])), r2(median(each["samples"])),
+                     r2(median(each["files"]))])
         if name != "auth off":
             for key in ("read", "samples", "files"):
-                ratios[f"{name} / auth off, {key}"] = r2(med[key] / off[key])
+                ratios[f"{name} / auth off, {key}"] = r2(median(each[key]))
+                spreads.append(f"{name} / auth off, {key}, every round: "
+                               + " / ".join(f"{r:.3f}" for r in each[key]))
     on = figures["auth on"]
-    read_ratio = median(on["read"]) / off["read"]
-    sample_ratio = median(on["samples"]) / off["samples"]
     return {
         "title": "What auth and TLS cost: loopback reads and 16 KiB samples",
         "command": "python -m bench auth" + (" --quick" if quick else ""),
@@ -170,15 +201,18 @@ def _result(figures: dict[str, dict[str, list[float]]], big: int, samples: int, 
                     "x off (files)"],
         "rows": rows,
         "ratios": ratios,
-        "aims": {
-            "auth on / off, read": aim(read_ratio, ">= 0.97", read_ratio >= 0.97),
-            "auth on / off, 16 KiB samples": aim(sample_ratio, ">= 0.97",
-                                                 sample_ratio >= 0.97),
-        },
+        "aims": {f"auth on / off, {label}": judged(paired(on[key], off[key]), AIMS[key])
+                 for key, label in (("read", "read"), ("samples", "16 KiB samples"),
+                                    ("files", "16 KiB files (Loader)"))},
         "notes": [
             f"{DATA_SERVERS} data servers per mode as processes (`stager up`, `--auth` for "
-            f"auth on), all modes up at once on loopback; median of {rounds} round(s), "
-            "every mode measured in each round, the order reversed every other round.",
+            f"auth on), all modes up at once on loopback; {rounds} round(s), every mode "
+            "measured in each round, the order reversed every other round. The x off "
+            "columns and the aims are the medians of each round's own ratio (the mode over "
+            "auth off measured in the same round); an aim is met only when the lower "
+            "quartile of those rounds reaches it, so a spread wider than the cost judged "
+            "cannot pass for a result.",
+            *spreads,
             f"read: {big // MiB} MiB file, 4 MiB chunks, read whole through the readahead "
             f"stream. samples: {samples} packed 16 KiB samples in shuffled order, {BATCH} "
             f"a batch, one POST /v1/read per data server, {IN_FLIGHT} batches in flight. "
