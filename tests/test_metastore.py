@@ -14,9 +14,10 @@ from stager.meta.store.sqlite.store import SQLiteStore
 from stager.testing.cachestore import CacheStoreTests, attachment, cached
 from stager.testing.metastore import MetaStoreTests, commit_one, upload
 from stager.testing.quotastore import QuotaStoreTests
+from stager.testing.s3keystore import S3KeyStoreTests
 
 
-class TestMetaStore(MetaStoreTests, QuotaStoreTests, CacheStoreTests):
+class TestMetaStore(MetaStoreTests, QuotaStoreTests, CacheStoreTests, S3KeyStoreTests):
     @pytest.fixture(params=["sqlite", "postgresql"])
     def open_store(self, request: pytest.FixtureRequest,
                    tmp_path: Path) -> Callable[[], MetaStore]:

@@ -8,7 +8,7 @@ lives outside the implementations.  The methods are grouped by role into small
 interfaces that :class:`MetaStore` joins: :class:`Namespace`, :class:`Uploads`,
 :class:`Collection`, :class:`FileIndex`, :class:`TokenStore`, :class:`Registry`,
 :class:`Copying`, :class:`SharedState`, :class:`Answers`, :class:`Quotas`,
-:class:`Pins`, :class:`Caching` and :class:`Multipart`; a part of the server
+:class:`Pins`, :class:`Caching`, :class:`Multipart` and :class:`S3Keys`; a part of the server
 that needs one role takes that role's type.
 
 What every implementation guarantees:
@@ -36,6 +36,7 @@ from ...protocol.models import Layout, LayoutSpec, TargetInfo
 from ...protocol.quotas import Pin, Quota
 from .caching import Caching
 from .multipart import Multipart
+from .s3keys import S3Keys
 
 
 @dataclass(frozen=True)
@@ -470,7 +471,7 @@ class Pins(ABC):
 
 
 class MetaStore(Namespace, Uploads, Collection, FileIndex, TokenStore, Registry, Copying,
-                SharedState, Answers, Quotas, Pins, Caching, Multipart):
+                SharedState, Answers, Quotas, Pins, Caching, Multipart, S3Keys):
     """Every role above: what a store implements.  A part of the server that needs one
     role takes that role's type (the auth tables take a :class:`TokenStore`).
 

@@ -53,6 +53,7 @@ from . import uploads as up
 from .db import Database, Op
 from .group import MAX_GROUP, WriteGroups
 from .multipart import PostgresMultipart
+from .s3keys import PostgresS3Keys
 from .shared import DutyLock
 
 SCHEMES = ("postgresql://", "postgres://")
@@ -62,7 +63,7 @@ def is_postgres_url(url: str) -> bool:
     return url.startswith(SCHEMES)
 
 
-class PostgreSQLStore(PostgresMultipart, MetaStore):
+class PostgreSQLStore(PostgresMultipart, PostgresS3Keys, MetaStore):
     """The store in the PostgreSQL database at ``url``; connects on first use (then
     creates or migrates its schema), up to ``pool_size`` connections; up to
     ``max_group`` queued upload writes share one transaction (1: none do)."""

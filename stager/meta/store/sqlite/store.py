@@ -41,6 +41,7 @@ from .db import Database
 from .multipart import MultipartSQL, SQLiteMultipart
 from .namespace import NamespaceSQL
 from .reliability import ReliabilitySQL
+from .s3keys import S3KeySQL, SQLiteS3Keys
 from .shared import SharedSQL
 from .thread import MAX_GROUP, StoreThread
 from .tokens import TokenSQL
@@ -48,7 +49,7 @@ from .tokens import TokenSQL
 R = TypeVar("R")
 
 
-class SQLiteStore(SQLiteMultipart, MetaStore):
+class SQLiteStore(SQLiteMultipart, SQLiteS3Keys, MetaStore):
     """The store in one SQLite file at ``path``; up to ``max_group`` queued upload
     writes share one transaction (1: none do)."""
 
@@ -62,6 +63,7 @@ class SQLiteStore(SQLiteMultipart, MetaStore):
         self.states = SharedSQL(self.database)
         self.cache = CacheSQL(self.database)
         self.multipart = MultipartSQL(self.database)
+        self.s3keys = S3KeySQL(self.database)
 
         self.answers = AnswerSQL(self.database)
         # Public: its counters say how writes were grouped (tests, benchmarks).
