@@ -14,6 +14,7 @@ import aiohttp
 
 from ..config import Config
 from ..dataplane import DataPlane, PlaneOptions, StripedReader, StripedWriter, make_session
+from ..dataplane.learnt import CrcMemory
 from ..dataplane.transport import TargetCounters
 from ..errors import IsADirectory, NotFound, StagerError, Unavailable, UploadNotFound
 from ..protocol import messages as m
@@ -82,6 +83,8 @@ class AsyncClient(CacheCalls):
         await self.close()
 
     async def close(self) -> None:
+        if self._plane is not None and self._plane.learnt is not None:
+            await self._plane.learnt.close()    # the last reads reported, session still open
         if self.capabilities is not None:
             await self.capabilities.close()
         if self._session is not None:
@@ -93,7 +96,7 @@ class AsyncClient(CacheCalls):
         if self._plane is None:
             self._session = make_session(self.options)
             self._plane = DataPlane(self._session, self.options, credentials=self.capabilities,
-                                    filler=self.fill)
+                                    filler=self.fill, learnt=CrcMemory(self.count_reads))
             self._limit = asyncio.Semaphore(self.config.client_concurrency)
         return self._plane
 

@@ -3,7 +3,8 @@
 :class:`CacheCalls` is mixed into :class:`~stager.client.async_client.AsyncClient`:
 ``attach``, ``refresh``, ``detach``, ``attachments``, and ``fill``, which the read
 engine calls (through the data plane's ``filler``) before it reads chunks of a
-cached file.
+cached file whose CRC32Cs it has not learnt, and ``count_reads``, which reports
+the reads it made without asking (through the data plane's ``learnt``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ..protocol.cache import (
     PlanPosition,
     PlanRegistered,
     PlanRequest,
+    ReadsCounted,
     Refreshed,
 )
 from ..protocol.routes import route
@@ -75,6 +77,13 @@ class CacheCalls:
             answer = await self.meta.request(route("fill"), body=body)
             out += read_results(answer, Filled.from_json)
         return out
+
+    async def count_reads(self, items: Sequence[FillItem]) -> ReadsCounted:
+        """Report reads of filled chunks made with CRC32Cs learnt earlier (the data
+        plane's :class:`~stager.dataplane.learnt.CrcMemory` sends these in bulk):
+        counted as hits, their chunks marked used for eviction."""
+        return ReadsCounted.from_json(await self.meta.request(
+            route("cache_reads"), body=batch_body([i.to_json() for i in items])))
 
     async def register_plan(self, plan_id: str, request: PlanRequest) -> PlanRegistered:
         """Register a Loader's epoch plan over cached files (see

@@ -16,6 +16,12 @@ and nowhere else:
   checked block by block on the server; a whole small chunk inside is checked
   here against its committed CRC32C.
 
+Chunks of cached (attached) files are filled first, through the metadata server
+(``DataPlane.fill``), unless the client learnt their CRC32Cs from an earlier fill
+(:mod:`.learnt`): those are read straight from the data servers and reported in bulk
+afterwards.  A target that has not one of them (evicted since) puts those of its
+request in doubt: they are forgotten and filled, then read, at once.
+
 A request that fails (unreachable, corrupt, missing, storage error) hands its
 chunks to their next replica; a silent target is given up after the short
 ``failover_timeout`` while another replica is left.  When every replica failed,
@@ -45,7 +51,8 @@ FAILOVER_ERRORS = (TargetUnavailable, CorruptChunk, ChunkNotFound, StorageError)
 _SHIFT = 40            # chunk row << _SHIFT + offset: one sortable position
 RANGED, WHOLE, DIRECT = 0, 1, 2    # how a chunk's pieces are read (ReadEngine._kind)
 FEW_CHUNKS = 4         # up to this many, routed on plain ints (ReadEngine._route)
-FILL_WINDOW = 16       # chunks of cached files filled, then read, at a time
+FILL_WINDOW = 16       # chunks of cached files filled, then read, at a time (those
+                       # whose CRC32C was learnt earlier are read without a fill)
 
 Buffer = bytes | bytearray | memoryview
 Outcome = tuple[np.ndarray, StagerError | None]     # the pieces a request served, its error
@@ -77,6 +84,8 @@ class _Failover:
         self.tried: dict[int, set[str]] = {}
         self.errors: dict[int, list[StagerError]] = {}
         self.dead: set[int] = set()          # chunks of cached files their fill failed for
+        self.recalled: set[int] = set()      # chunks of cached files read by a learnt CRC32C
+        self.doubt: set[int] = set()         # of those, the ones a target had not: ask again
 
     def read(self, ids: np.ndarray) -> None:
         self.done[ids] = True
@@ -96,7 +105,7 @@ class _Failover:
         groups: dict[str, list[int]] = {}
         patient: set[int] = set()
         for c in rows:
-            if c in self.dead:
+            if c in self.dead or c in self.doubt:
                 continue
             replicas = self.chunks.replicas[c]
             tried = self.tried.get(c)
@@ -114,6 +123,25 @@ class _Failover:
             return True
         errors = self.errors.get(c, [])
         return bool(errors) and all(isinstance(e, CorruptChunk) for e in errors)
+
+    def blame(self, rows: np.ndarray, names: list[str], error: StagerError) -> np.ndarray:
+        """The chunks of a failed request that failed.  A target that misses a chunk
+        answers 404 naming the first one it misses, before sending anything: that one
+        failed; when it was read by a learnt CRC32C, it was likely evicted since, and so
+        may every chunk of the request read that way: all of those are put in doubt
+        (asked of the metadata server again).  The other chunks of the request are not
+        blamed, and are asked for again at once."""
+        named = error.details.get("chunk") if isinstance(error, ChunkNotFound) else None
+        if named is None or not self.recalled:
+            return rows
+        listed = rows.tolist()
+        hit = [c for c in listed if names[c] == named]
+        if not hit:
+            return rows
+        if hit[0] in self.recalled:
+            self.doubt.update(c for c in listed if c in self.recalled)
+            return rows[:0]
+        return np.asarray(hit, dtype=rows.dtype)
 
     def give_up(self, rows: Sequence[int], error: StagerError) -> None:
         """Chunks ``rows`` cannot be read at all (their source failed): ``error`` each."""
@@ -160,13 +188,21 @@ class ReadEngine:
         first chunk's error, or with ``raise_errors=False`` returns the error of
         each destination that could not be read."""
         cached = plan.chunks.cached
-        if cached.any() and len(cached) > FILL_WINDOW:
-            return await self._run_parts(plan, out, raise_errors)
         state = _Failover(plan)
         if cached.any():
-            await self._fill(plan, state, np.flatnonzero(cached).tolist())
+            rows = np.flatnonzero(cached).tolist()
+            state.recalled = self._recall(plan.chunks, rows)
+            unknown = [c for c in rows if c not in state.recalled]
+            if len(unknown) > FILL_WINDOW:
+                return await self._run_parts(plan, out, raise_errors)
+            if unknown:
+                await self._fill(plan, state, unknown)
         kinds = self._route(plan)
         await self._rounds(plan, out, kinds, state)
+        while state.doubt:      # read by a learnt CRC32C, and missing: evicted since?
+            await self._ask_again(plan, out, kinds, state)
+        if state.recalled:
+            self._report(plan, state)
         for _ in range(self.options.retries):
             stuck = np.unique(plan.chunk[~state.done]).tolist()
             again = [c for c in stuck if cached[c] and c not in state.dead]
@@ -185,6 +221,42 @@ class ReadEngine:
             raise next(iter(failed.values()))
         return {int(d): failed[c] for d, c in zip(plan.dest[~done].tolist(),
                                                    plan.chunk[~done].tolist(), strict=True)}
+
+    def _recall(self, chunks: Chunks, rows: list[int]) -> set[int]:
+        """Chunks ``rows`` (of cached files) whose CRC32C this client learnt from an
+        earlier fill (:mod:`.learnt`): set in ``chunks``, and read without asking."""
+        learnt = self.plane.learnt
+        if learnt is None or not len(learnt):
+            return set()
+        known = [(c, crc) for c in rows if (crc := learnt.crc(chunks.name[c])) is not None]
+        if known:
+            chunks.filled([c for c, _ in known], [crc for _, crc in known])
+        return {c for c, _ in known}
+
+    async def _ask_again(self, plan: ReadPlan, out: list[Any], kinds: list[int],
+                         state: _Failover) -> None:
+        """The chunks in doubt (read by a learnt CRC32C, a target had not one of them)
+        forgotten and asked of the metadata server (which fetches those evicted), then
+        read: a miss, as a read without a learnt CRC32C would have been from the start."""
+        doubt = sorted(state.doubt)
+        state.doubt.clear()
+        state.recalled.difference_update(doubt)
+        for c in doubt:
+            state.tried.pop(c, None)
+            state.errors.pop(c, None)
+        assert self.plane.learnt is not None
+        self.plane.learnt.forget([plan.chunks.name[c] for c in doubt])
+        await self._fill(plan, state, doubt)
+        await self._rounds(plan, out, kinds, state)
+
+    def _report(self, plan: ReadPlan, state: _Failover) -> None:
+        """The chunks read by a learnt CRC32C, whole, queued to be reported (they count
+        as hits, and as used, for eviction)."""
+        bounds, done = plan.bounds.tolist(), state.done
+        read = [plan.chunks.name[c] for c in sorted(state.recalled)
+                if done[bounds[c]:bounds[c + 1]].all()]
+        assert self.plane.learnt is not None
+        self.plane.learnt.read(read)
 
     async def _run_parts(self, plan: ReadPlan, out: list[Any], raise_errors: bool
                          ) -> dict[int, StagerError]:
@@ -210,7 +282,8 @@ class ReadEngine:
             if not state.left:
                 return
             stuck = np.unique(plan.chunk[~state.done]).tolist()
-            if attempt == retries or all(state.hopeless(c) for c in stuck):
+            if attempt == retries or all(state.hopeless(c) or c in state.doubt
+                                         for c in stuck):
                 return
             state.tried.clear()
             await asyncio.sleep(0.1 * 2 ** attempt)
@@ -223,6 +296,7 @@ class ReadEngine:
         chunks = plan.chunks
         items = chunks.fill_items(rows, again)
         answers = await self.plane.fill(items)
+        learnt = self.plane.learnt
         by_file: dict[str, list[int]] = {}
         for c in rows:
             by_file.setdefault(chunks.name[c].rsplit(".", 1)[0], []).append(c)
@@ -232,6 +306,8 @@ class ReadEngine:
                 state.give_up(mine, answer)
             else:
                 chunks.filled(mine, answer.crc)
+                if learnt is not None:
+                    learnt.learn([chunks.name[c] for c in mine], answer.crc)
 
     def _route(self, plan: ReadPlan) -> list[int]:
         """How each chunk's pieces are read (DIRECT, WHOLE or RANGED), worked out
@@ -280,7 +356,8 @@ class ReadEngine:
                 if error is None:
                     state.read(ids)
                 else:
-                    state.failed(np.unique(plan.chunk[ids]), target, error)
+                    state.failed(state.blame(np.unique(plan.chunk[ids]), plan.chunks.name,
+                                             error), target, error)
             if not state.left:
                 return
             rows = np.unique(plan.chunk[~state.done]).tolist()

@@ -41,6 +41,7 @@ from ..protocol.models import ReadItem, parse_chunk_id
 from ..protocol.routes import Route, route
 from . import ack, rawhttp
 from .credentials import Credentials
+from .learnt import CrcMemory
 
 READ_BUFSIZE = 1 << 20
 Filler = Callable[[Sequence[FillItem]], Awaitable[list[Filled | StagerError]]]
@@ -173,6 +174,9 @@ class DataPlane:
     # Asks the metadata server to fill chunks of cached files (route ``fill``): the
     # client's metadata connection, or the metadata server's own service.
     filler: Filler | None = None
+    # The CRC32Cs of cached chunks learnt from fills, and the reads of them to report
+    # (:mod:`.learnt`): a client's reads of filled chunks skip the fill round trip.
+    learnt: CrcMemory | None = None
 
     def counter(self, target: str) -> TargetCounters:
         c = self.counters.get(target)
