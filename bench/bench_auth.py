@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ from stager.protocol.models import FileInfo, LayoutSpec
 from stager.testing import ProcessCluster
 
 from .bench_small_samples import BATCH, IN_FLIGHT, SAMPLE, read_batch
-from .common import MiB, aim, median, new_client, r2, run_async, scratch
+from .common import MiB, aim, median, new_client, paired, quartiles, r2, run_async, scratch
 
 DATA_SERVERS = 4
 TOKEN_SCOPES = ["read", "write"]
@@ -148,19 +147,6 @@ def run(quick: bool) -> dict[str, Any]:
             for mode in modes:
                 mode.cluster.stop()
     return _result(figures, big, samples, files, rounds, quick)
-
-
-def paired(on: list[float], off: list[float]) -> list[float]:
-    """Each round's ratio of two modes measured in that round, one after the other."""
-    return [a / b for a, b in zip(on, off, strict=True)]
-
-
-def quartiles(values: list[float]) -> tuple[float, float]:
-    """The lower and upper quartiles (the values themselves under four rounds)."""
-    if len(values) < 4:
-        return min(values), max(values)
-    q = statistics.quantiles(values, n=4, method="inclusive")
-    return q[0], q[2]
 
 
 def judged(ratios: list[float], target: float) -> dict[str, Any]:

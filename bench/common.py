@@ -122,6 +122,19 @@ def median(values: list[float]) -> float:
     return float(statistics.median(values)) if values else float("nan")
 
 
+def paired(on: list[float], off: list[float]) -> list[float]:
+    """Each round's ratio of two modes measured in that round, one after the other."""
+    return [a / b for a, b in zip(on, off, strict=True)]
+
+
+def quartiles(values: list[float]) -> tuple[float, float]:
+    """The lower and upper quartiles (the values themselves under four rounds)."""
+    if len(values) < 4:
+        return min(values), max(values)
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[0], q[2]
+
+
 def rate(nbytes: int, seconds: float) -> float:
     """MB/s."""
     return nbytes / seconds / MB if seconds > 0 else float("nan")

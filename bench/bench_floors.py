@@ -1,0 +1,219 @@
+"""Hot paths against their floors: metadata round trips beside a bare aiohttp server.
+
+Issue 30's table, the metadata rows, measured side by side in one run: every
+round times every case in turn, and each ratio is taken within its round (the case
+over the floor measured in that same round), so a busy machine moves both alike.
+
+- **bare**: an aiohttp server with one route answering ``{}``, under uvloop, in a
+  process of its own (as the metadata server runs), hit by an aiohttp client on a
+  uvloop loop in this process, one request at a time, keep-alive: the floor of
+  any request.
+- **health**: ``GET /v1/health`` on a real metadata server (``stager up``'s
+  ``ProcessCluster``, SQLite, one data server), same client.
+- **stat, raw HTTP**: ``GET /v1/stat/PATH`` of a file, same client.
+- **stat, AsyncClient**: ``AsyncClient.stat(path, cached=False)`` on the same loop.
+- **stat, sync Client**: ``Client.stat(path, cached=False)`` (its loop on a thread).
+- **list 1,000 entries**: ``AsyncClient.ls`` of a directory of 1,000 files.
+- **1 KiB durable file**: ``AsyncClient.pipe`` of 1 KiB into a new file (create,
+  one chunk written and fsynced, commit), against the local floor:
+  ``open(O_CREAT)``, write, ``fsync`` the file and its directory.
+
+Not measured here yet (issue 30's other rows): PostgreSQL creates, the Loader's
+workers, the first epoch's stall, fsspec against nginx, auth on the small-file path
+(``bench auth``), TLS (``bench auth``), a client over 8 network-namespace nodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import uvloop
+
+from stager.client.sync import Client
+from stager.config import load_config
+from stager.testing import ProcessCluster
+
+from .common import median, new_client, paired, quartiles, r2, scratch
+
+LISTED = 1000
+SMALL = b"x" * 1024
+
+# The floor's server: one route, uvloop, no middleware; prints its port.
+BARE = """
+import asyncio, uvloop
+from aiohttp import web
+async def ok(request):
+    return web.json_response({})
+async def main():
+    app = web.Application()
+    app.router.add_get("/", ok)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    print(site._server.sockets[0].getsockname()[1], flush=True)
+    await asyncio.Event().wait()
+uvloop.run(main())
+"""
+
+# (case, floor it is judged against, aim on the ratio or the absolute figure)
+AIMS: dict[str, tuple[str, float]] = {
+    "health": ("bare", 1.3),
+    "stat, raw HTTP": ("bare", 1.6),
+    "stat, AsyncClient": ("bare", 1.8),
+    "stat, sync Client": ("bare", 2.0),
+}
+NOT_YET = ("Not measured here yet (issue 30's other rows): PostgreSQL creates, the Loader's "
+           "workers, the first epoch's stall, fsspec against nginx, auth on the small-file "
+           "path and TLS (bench auth has both), a client over 8 network-namespace nodes.")
+LIST_AIM_MS = 5.0
+SMALL_AIM_MS = 1.5
+
+
+class Bare:
+    """The floor's server process."""
+
+    def __enter__(self) -> str:
+        self.proc = subprocess.Popen([sys.executable, "-c", BARE], stdout=subprocess.PIPE,
+                                     text=True)
+        assert self.proc.stdout is not None
+        return f"http://127.0.0.1:{int(self.proc.stdout.readline())}/"
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+async def per_op(op: Callable[[int], Awaitable[Any]], n: int) -> float:
+    """Microseconds per call of ``op``, one at a time, after a short warm-up."""
+    for i in range(min(50, n)):
+        await op(i)
+    start = time.perf_counter()
+    for i in range(n):
+        await op(i)
+    return (time.perf_counter() - start) / n * 1e6
+
+
+def local_small(directory: Path, n: int) -> float:
+    """Microseconds per durable 1 KiB file on the local file system."""
+    directory.mkdir(parents=True, exist_ok=True)
+    dfd = os.open(directory, os.O_RDONLY)
+    try:
+        start = time.perf_counter()
+        for i in range(n):
+            fd = os.open(directory / f"f{i:06d}", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, SMALL)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.fsync(dfd)
+        return (time.perf_counter() - start) / n * 1e6
+    finally:
+        os.close(dfd)
+
+
+async def one_round(bare: str, meta: str, n: int, small: int, r: int,
+                    local: Path) -> dict[str, float]:
+    out: dict[str, float] = {}
+    async with aiohttp.ClientSession() as http, new_client(meta) as c:
+        async def get(url: str) -> None:
+            async with http.get(url) as resp:
+                await resp.read()
+                assert resp.status == 200, resp.status
+
+        out["bare"] = await per_op(lambda i: get(bare), n)
+        out["health"] = await per_op(lambda i: get(f"{meta}/v1/health"), n)
+        out["stat, raw HTTP"] = await per_op(lambda i: get(f"{meta}/v1/stat/floors/f"), n)
+        out["stat, AsyncClient"] = await per_op(lambda i: c.stat("/floors/f", cached=False), n)
+        lists = max(3, n // 100)
+        out["list 1,000 entries"] = await per_op(lambda i: c.ls("/floors/listed"), lists)
+        out["1 KiB durable file"] = await per_op(
+            lambda i: c.pipe(f"/floors/small{r}/f{i:06d}", SMALL), small)
+    out["local 1 KiB durable file"] = local_small(local / f"small{r}", small)
+    with Client(meta, config=load_config(env={})) as sync:
+        for _ in range(50):
+            sync.stat("/floors/f", cached=False)
+        start = time.perf_counter()
+        for _ in range(n):
+            sync.stat("/floors/f", cached=False)
+        out["stat, sync Client"] = (time.perf_counter() - start) / n * 1e6
+    return out
+
+
+async def prepare(meta: str) -> None:
+    async with new_client(meta) as c:
+        await c.pipe("/floors/f", b"floor")
+        await asyncio.gather(*(c.pipe(f"/floors/listed/f{i:04d}", b"")
+                               for i in range(LISTED)))
+
+
+def run(quick: bool) -> dict[str, Any]:
+    n = 200 if quick else 3000
+    small = 50 if quick else 500
+    rounds = 1 if quick else 5
+    with scratch("floors") as tmp, Bare() as bare, \
+            ProcessCluster(tmp / "cluster", data_servers=1) as cluster:
+        uvloop.run(prepare(cluster.meta_url))
+        figures: dict[str, list[float]] = {}
+        for r in range(rounds):
+            got = uvloop.run(one_round(bare, cluster.meta_url, n, small, r, tmp / "local"))
+            for k, v in got.items():
+                figures.setdefault(k, []).append(v)
+    return _result(figures, rounds, n, small, quick)
+
+
+def _result(figures: dict[str, list[float]], rounds: int, n: int, small: int,
+            quick: bool) -> dict[str, Any]:
+    rows = []
+    ratios: dict[str, float] = {}
+    aims: dict[str, Any] = {}
+    notes: list[str] = []
+    for case, values in figures.items():
+        row = [case, r2(median(values)), " / ".join(f"{v:.0f}" for v in values)]
+        floor = AIMS.get(case, ("", 0.0))[0]
+        if floor:
+            each = paired(values, figures[floor])
+            ratios[f"{case} / {floor}"] = r2(median(each))
+            # an upper bound met only when the upper quartile stays under it
+            low, high = quartiles(each)
+            target = AIMS[case][1]
+            aims[f"{case} / {floor}"] = {
+                "value": r2(median(each)),
+                "aim": f"<= {target} (upper quartile {r2(high)}, spread {r2(low)}-{r2(high)} "
+                       f"over {len(each)} rounds)", "met": bool(high <= target)}
+        rows.append(row)
+    local = paired(figures["1 KiB durable file"], figures["local 1 KiB durable file"])
+    ratios["1 KiB durable file / local"] = r2(median(local))
+    for case, target_ms in (("list 1,000 entries", LIST_AIM_MS),
+                            ("1 KiB durable file", SMALL_AIM_MS)):
+        high = quartiles(figures[case])[1] / 1000
+        aims[f"{case}, ms"] = {"value": r2(median(figures[case]) / 1000),
+                               "aim": f"<= {target_ms} ms (upper quartile {r2(high)})",
+                               "met": bool(high <= target_ms)}
+    notes.append(f"{rounds} round(s); each round: {n} requests per request case one at a time "
+                 f"after 50 unmeasured, {max(3, n // 100)} listings, {small} small files, "
+                 "every case in turn; ratios are each round's own, then their median; an "
+                 "upper-bound aim is met only when the upper quartile of the rounds is under it.")
+    notes.append("Servers: stager.testing.ProcessCluster (one metadata server on SQLite, "
+                 "one data server, processes, loopback); the bare server a process of its own.")
+    notes.append(NOT_YET)
+    return {
+        "title": "Hot paths against their floors: metadata round trips",
+        "command": "python -m bench floors" + (" --quick" if quick else ""),
+        "columns": ["case", "us per op (median)", "every round, us"],
+        "rows": rows,
+        "ratios": ratios,
+        "aims": aims,
+        "notes": notes,
+        "plot": {"kind": "barh", "x": "case", "y": ["us per op (median)"], "logy": True,
+                 "ylabel": "microseconds per operation"},
+    }
