@@ -31,8 +31,9 @@ class StripedWriter:
 
     def __init__(self, plane: DataPlane, file_id: str, layout: Layout,
                  locations: Mapping[str, str], *, max_in_flight: int = 8,
-                 reroute: Reroute | None = None) -> None:
+                 reroute: Reroute | None = None, first_chunk: int = 0) -> None:
         self.file_id = file_id
+        self.first_chunk = first_chunk      # the index of the first chunk written (a part)
         self.max_in_flight = max(1, max_in_flight)
         self.size = 0
         self.upload = Placement(file_id, layout, dict(locations))
@@ -127,7 +128,8 @@ class StripedWriter:
         out; ``on_done`` is called when it is stored, however that ended."""
         while len(self._tasks) >= self.max_in_flight:
             await self._wait_one()
-        task = asyncio.ensure_future(self._store(self.plan.add([0], [self.plan.n], [data])))
+        rows = self.plan.add([0], [self.first_chunk + self.plan.n], [data])
+        task = asyncio.ensure_future(self._store(rows))
         if on_done is not None:
             task.add_done_callback(on_done)
         self._tasks.add(task)
