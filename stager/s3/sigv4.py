@@ -8,8 +8,9 @@ metadata server (stager/s3/auth.py says who does which):
    query), checks its shape and its time (:func:`check_time`: 15 minutes of clock
    skew, a presigned URL's expiry of at most 7 days), and builds the canonical
    request and the string to sign from the request as it arrived.
-2. Whoever holds the secret derives the day's signing key (:func:`signing_key`) and
-   compares (:func:`verify`, constant time).  The signing key, valid for one date,
+2. Whoever holds the secret derives the day's signing key (:func:`signing_key`, in
+   stager/auth/sigv4.py, left of the servers) and compares (:func:`verify`, constant
+   time).  The signing key, valid for one date,
    region and service, is all a gateway needs to check the chunk signatures of a
    signed ``aws-chunked`` body (:class:`ChunkChain`).
 
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import calendar
 import hashlib
-import hmac
 import re
 import time
 from collections.abc import Iterable
@@ -37,10 +37,13 @@ from dataclasses import dataclass
 from email.utils import parsedate_tz
 from urllib.parse import quote, unquote
 
+from ..auth.sigv4 import TERMINATOR, Scope, matches, sign, signing_key
 from .errors import S3Error
 
+__all__ = ["Scope", "SignedRequest", "ChunkChain", "check_time", "matches", "parse",
+           "parse_scope", "sign", "signing_key", "verify"]
+
 ALGORITHM = "AWS4-HMAC-SHA256"
-TERMINATOR = "aws4_request"
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
 STREAMING_SIGNED = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"
 STREAMING_SIGNED_TRAILER = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER"
@@ -60,29 +63,14 @@ _SPACES = re.compile(r"\s+")
 _UNRESERVED = "-_.~"                # with letters and digits: never encoded
 
 
-@dataclass(frozen=True)
-class Scope:
-    """The credential scope: one access key's signing key is good for this date,
-    region and service alone."""
-
-    date: str                       # YYYYMMDD
-    region: str
-    service: str
-
-    @property
-    def text(self) -> str:
-        return f"{self.date}/{self.region}/{self.service}/{TERMINATOR}"
-
-    @classmethod
-    def parse(cls, text: str) -> Scope:
-        """``DATE/REGION/SERVICE/aws4_request`` (:class:`S3Error` when it is not)."""
-        parts = text.split("/")
-        if len(parts) != 4 or parts[3] != TERMINATOR or not _DATE8.fullmatch(parts[0]) \
-                or not parts[1] or not parts[2]:
-            raise S3Error("AuthorizationHeaderMalformed",
-                          f"the credential scope {text!r} is not DATE/REGION/SERVICE/"
-                          f"{TERMINATOR}")
-        return cls(parts[0], parts[1], parts[2])
+def parse_scope(text: str) -> Scope:
+    """``DATE/REGION/SERVICE/aws4_request`` (:class:`S3Error` when it is not)."""
+    parts = text.split("/")
+    if len(parts) != 4 or parts[3] != TERMINATOR or not _DATE8.fullmatch(parts[0]) \
+            or not parts[1] or not parts[2]:
+        raise S3Error("AuthorizationHeaderMalformed",
+                      f"the credential scope {text!r} is not DATE/REGION/SERVICE/{TERMINATOR}")
+    return Scope(parts[0], parts[1], parts[2])
 
 
 @dataclass(frozen=True)
@@ -161,35 +149,13 @@ def string_to_sign(amz_date: str, scope: Scope, canonical: str) -> str:
                       hashlib.sha256(canonical.encode()).hexdigest()))
 
 
-# -- keys and signatures ----------------------------------------------------------------
-def signing_key(secret: str, scope: Scope) -> bytes:
-    """The key of one day, region and service, derived from the secret (HMAC chain)."""
-    key = _hmac(("AWS4" + secret).encode(), scope.date)
-    for part in (scope.region, scope.service, TERMINATOR):
-        key = _hmac(key, part)
-    return key
-
-
-def sign(key: bytes, text: str) -> str:
-    """The hex signature of ``text`` with a signing key."""
-    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
-
-
-def matches(key: bytes, text: str, signature: str) -> bool:
-    """Does ``signature`` sign ``text`` with ``key``?  Constant time."""
-    return hmac.compare_digest(sign(key, text), signature)
-
-
+# -- signatures ------------------------------------------------------------------------
 def verify(key: bytes, signed: SignedRequest) -> None:
     """:class:`S3Error` ``SignatureDoesNotMatch`` unless ``key`` made the signature."""
     if not matches(key, signed.string_to_sign, signed.signature):
         raise S3Error("SignatureDoesNotMatch",
                       "The request signature we calculated does not match the signature "
                       "you provided. Check your key and signing method.")
-
-
-def _hmac(key: bytes, text: str) -> bytes:
-    return hmac.new(key, text.encode(), hashlib.sha256).digest()
 
 
 # -- reading a request ------------------------------------------------------------------
@@ -312,7 +278,7 @@ def _credential(text: str) -> tuple[str, Scope]:
     if not slash or not access_key:
         raise S3Error("AuthorizationHeaderMalformed",
                       "a credential is ACCESS_KEY/DATE/REGION/SERVICE/aws4_request")
-    return access_key, Scope.parse(scope)
+    return access_key, parse_scope(scope)
 
 
 def _signed_headers(text: str) -> tuple[str, ...]:
