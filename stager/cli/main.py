@@ -20,7 +20,7 @@ COMMAND_MODULES = ("stager.cli.servers", "stager.cli.up", "stager.cli.filecmds",
                    "stager.cli.bench", "stager.cli.mount", "stager.cli.stage",
                    "stager.cli.admin", "stager.cli.jobcmds", "stager.cli.tokencmds",
                    "stager.cli.slurmcmds", "stager.cli.jobup", "stager.cli.quotacmds",
-                   "stager.cli.cachecmds")
+                   "stager.cli.cachecmds", "stager.cli.s3cmd")
 
 
 def meta_url(args: argparse.Namespace) -> str:

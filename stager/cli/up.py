@@ -173,7 +173,20 @@ def start_cluster(args: argparse.Namespace, started: list[Server]
     for server in data:
         _wait_ready(server, deadline)
     _wait_targets(meta.url, args.data_servers, deadline, admin, args.ca_file)
+    if args.s3_port is not None:
+        started.append(_start_s3(args, root, metas, ca, tls, exposure, deadline))
     return metas, data
+
+
+def _start_s3(args: argparse.Namespace, root: Path, metas: list[Server], ca: list[str],
+              tls: list[str], exposure: list[str], deadline: float) -> Server:
+    """``--s3-port``: an S3 gateway (``stager s3``) over the cluster, as a client of it."""
+    s3root = root / "s3"
+    argv = [*ca, "--meta", meta_list(metas), "s3", "--host", args.host, "--port",
+            str(args.s3_port), "--ready-file", str(s3root / "server.json"), *exposure, *tls]
+    server = _spawn("s3", s3root, argv, s3root / "server.log")
+    _wait_ready(server, deadline)
+    return server
 
 
 def _join_token(root: Path, meta_url: str, admin: str, ca_file: str = "") -> Path:
@@ -251,6 +264,9 @@ def run_up(args: argparse.Namespace) -> int:
                    "pid": os.getpid(), "replicas": args.replicas, "auth": bool(args.auth)}
         if args.ca_file:
             cluster["ca_file"] = args.ca_file
+        s3 = next((s for s in servers if s.role == "s3"), None)
+        if s3 is not None:
+            cluster["s3_url"], cluster["s3"] = s3.url, s3.to_json()
         if args.auth:
             cluster["admin_token_file"] = str(root / ADMIN_TOKEN_FILE)
         write_json_atomic(root / "cluster.json", cluster)
@@ -263,6 +279,8 @@ def run_up(args: argparse.Namespace) -> int:
         for d in data:
             print(f"  data server {d.url}  node {d.node}  target {_target_id(d.root)}",
                   flush=True)
+        if s3 is not None:
+            print(f"  S3 endpoint {s3.url}  (docs/s3.md)", flush=True)
         if args.auth:
             print(f"auth on: admin token in {root / ADMIN_TOKEN_FILE} "
                   f"(stager --token-file {root / ADMIN_TOKEN_FILE} ...)", flush=True)
@@ -306,6 +324,8 @@ def _restart(old: Server, servers: list[Server], cluster: dict[str, Any], root: 
         cluster["metas"] = [new.to_json() if m["root"] == str(new.root) else m
                             for m in cluster["metas"]]
         cluster["meta"] = cluster["metas"][0]
+    elif new.role == "s3":
+        cluster["s3_url"], cluster["s3"] = new.url, new.to_json()
     else:
         cluster["data"] = [new.to_json() if d["root"] == str(new.root) else d
                            for d in cluster["data"]]
@@ -338,6 +358,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                         "ROOT/admin.token (both mode 0600)")
     p.add_argument("--insecure", action="store_true",
                    help="allow a non-loopback --host without --auth")
+    p.add_argument("--s3-port", type=int, metavar="PORT",
+                   help="also run an S3 gateway (stager s3) on PORT (0 picks a free one); "
+                        "its URL goes to cluster.json's s3_url (docs/s3.md)")
     p.add_argument("--restart", action="store_true",
                    help="start a server that exits (crash, kill -9) again, same root and port")
     p.add_argument("--tls", action="store_true",

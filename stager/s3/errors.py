@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from xml.sax.saxutils import escape
 
+from ..errors import StagerError
+
 # code -> HTTP status, as Amazon S3 answers them
 STATUS: dict[str, int] = {
     "AccessDenied": 403,
@@ -24,6 +26,7 @@ STATUS: dict[str, int] = {
     "InvalidBucketName": 400,
     "InvalidDigest": 400,
     "InvalidPart": 400,
+    "InvalidPartNumber": 416,
     "InvalidPartOrder": 400,
     "InvalidRange": 416,
     "InvalidRequest": 400,
@@ -51,11 +54,12 @@ class S3Error(Exception):
     """An S3 error answer: ``code`` names it (a key of :data:`STATUS`)."""
 
     def __init__(self, code: str, message: str, *, resource: str = "",
-                 status: int | None = None) -> None:
+                 status: int | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.resource = resource
+        self.headers = dict(headers or {})      # more headers of the answer
         self.status = status if status is not None else STATUS.get(code, 400)
 
     def xml(self, request_id: str) -> bytes:
@@ -63,3 +67,35 @@ class S3Error(Exception):
                 f"<Code>{escape(self.code)}</Code><Message>{escape(self.message)}</Message>"
                 f"<Resource>{escape(self.resource)}</Resource>"
                 f"<RequestId>{escape(request_id)}</RequestId></Error>").encode()
+
+
+# stager's wire codes (stager.errors) -> S3 codes; one home for the mapping
+_FROM_STAGER: dict[str, str] = {
+    "bad_request": "InvalidArgument",
+    "invalid_path": "InvalidArgument",
+    "invalid_layout": "InvalidArgument",
+    "checksum_mismatch": "BadDigest",
+    "not_found": "NoSuchKey",
+    "upload_not_found": "NoSuchUpload",
+    "method_not_allowed": "MethodNotAllowed",
+    "exists": "InvalidRequest",
+    "is_a_directory": "InvalidRequest",
+    "not_a_directory": "InvalidRequest",
+    "not_empty": "BucketNotEmpty",
+    "unauthenticated": "AccessDenied",
+    "forbidden": "AccessDenied",
+    "read_only": "AccessDenied",
+    "too_large": "EntityTooLarge",
+    "range_not_satisfiable": "InvalidRange",
+    "no_space": "InsufficientStorage",
+    "quota_exceeded": "InsufficientStorage",
+    "source_error": "BadGateway",
+    "unavailable": "ServiceUnavailable",
+    "no_targets": "ServiceUnavailable",
+    "target_unavailable": "ServiceUnavailable",
+}
+
+
+def from_stager(exc: StagerError, resource: str = "") -> S3Error:
+    """The S3 answer to a stager error (an unknown code is S3's ``InternalError``)."""
+    return S3Error(_FROM_STAGER.get(exc.code, "InternalError"), exc.message, resource=resource)

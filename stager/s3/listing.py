@@ -1,0 +1,227 @@
+"""ListObjectsV2 and ListObjects (v1) over the bucket's directory tree.
+
+S3 lists keys in the byte order of their UTF-8 (the code point order of Python's
+``str``), and stager lists one directory at a time.  A directory is walked with
+its entries sorted as their keys sort (a directory ``a`` as ``a/``, so ``a.txt``
+comes before everything in ``a``), depth first, and a subtree wholly before the
+continuation point or outside the prefix is never read.
+
+With the delimiter ``/`` a directory below the prefix is one CommonPrefix and is
+not read at all.  Any other delimiter groups keys of the full walk, as S3 does.
+Without a delimiter a directory with no entry is listed as its "folder" key
+(``a/b/``, size 0; see :mod:`.objects`); a directory holding keys is not a key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from urllib.parse import quote
+
+from aiohttp import web
+
+from ..client import AsyncClient
+from ..errors import InvalidPath, NotADirectory, NotFound
+from ..protocol.models import FileInfo
+from . import xml
+from .attrs import ObjectAttrs
+from .buckets import OWNER, bucket_info, xml_response
+from .context import S3Context
+from .errors import S3Error
+from .names import bucket_path
+from .objects import EMPTY_ETAG
+
+MAX_KEYS = 1000
+ATTR_LOADS = 32          # attribute records read at once for a page's ETags
+
+
+@dataclass(frozen=True)
+class Item:
+    key: str
+    info: FileInfo | None        # None: a CommonPrefix
+    folder: bool = False         # an empty directory listed as its "folder" key
+
+
+@dataclass(frozen=True)
+class After:
+    """Where a listing continues: after ``key``, and past every key below it when it
+    was a CommonPrefix."""
+
+    key: str = ""
+    was_prefix: bool = False
+
+    def passes(self, key: str) -> bool:
+        return key > self.key and not (self.was_prefix and key.startswith(self.key))
+
+    def token(self) -> str:
+        raw = ("p:" if self.was_prefix else "k:") + self.key
+        return base64.urlsafe_b64encode(raw.encode("utf-8", "surrogatepass")).decode()
+
+    @classmethod
+    def from_token(cls, token: str) -> After:
+        try:
+            raw = base64.urlsafe_b64decode(token.encode()).decode("utf-8", "surrogatepass")
+        except (binascii.Error, ValueError):
+            raw = ""
+        if raw[:2] not in ("p:", "k:"):
+            raise S3Error("InvalidArgument", "The continuation token provided is incorrect")
+        return cls(raw[2:], raw[:2] == "p:")
+
+
+def _sort_key(entry: FileInfo) -> str:
+    return entry.name + ("/" if entry.is_dir else "")
+
+
+async def _walk(client: AsyncClient, bucket: str, rel: str, prefix: str, after: After,
+                slash: bool) -> AsyncIterator[Item]:
+    """The items of directory ``rel`` (a key prefix: ``""`` or ``"a/b/"``) in order."""
+    try:
+        entries = [e async for e in client.iter_dir(bucket_path(bucket) + "/" + rel)]
+    except (NotFound, NotADirectory, InvalidPath):
+        return          # no such directory (or a prefix no path can have): no key
+    if not entries:
+        if rel and rel.startswith(prefix) and after.passes(rel):
+            yield Item(rel, None, folder=True)
+        return
+    for entry in sorted(entries, key=_sort_key):
+        key = rel + _sort_key(entry)
+        if not entry.is_dir:
+            if key.startswith(prefix) and after.passes(key):
+                yield Item(key, entry)
+            continue
+        if not (key.startswith(prefix) or prefix.startswith(key)):
+            continue
+        if slash and key.startswith(prefix):
+            if after.passes(key) and not after.key.startswith(key):
+                yield Item(key, None)
+            continue
+        if after.key >= key and not after.key.startswith(key):
+            continue            # the whole subtree is before the continuation point
+        async for item in _walk(client, bucket, key, prefix, after, slash):
+            yield item
+
+
+async def _grouped(items: AsyncIterator[Item], prefix: str, delimiter: str,
+                   after: After) -> AsyncIterator[Item]:
+    """S3's grouping of keys into CommonPrefixes by ``delimiter``."""
+    last = ""
+    async for item in items:
+        rest = item.key[len(prefix):]
+        at = rest.find(delimiter) if delimiter else -1
+        if at < 0 or item.info is None and not item.folder and delimiter == "/":
+            yield item
+            continue
+        common = prefix + rest[:at + len(delimiter)]
+        if common != last and after.passes(common) and not after.key.startswith(common):
+            last = common
+            yield Item(common, None)
+
+
+@dataclass
+class Page:
+    contents: list[Item]
+    prefixes: list[str]
+    truncated: bool
+    last: After | None
+
+
+async def page(client: AsyncClient, bucket: str, prefix: str, delimiter: str,
+               after: After, max_keys: int) -> Page:
+    slash = delimiter == "/"
+    start = prefix[:prefix.rfind("/") + 1]
+    items = _grouped(_walk(client, bucket, start, prefix, after, slash), prefix, delimiter,
+                     after)
+    contents: list[Item] = []
+    prefixes: list[str] = []
+    last: After | None = None
+    truncated = False
+    try:
+        async for item in items:
+            if len(contents) + len(prefixes) >= max_keys:
+                truncated = True
+                break
+            if item.info is None and not item.folder:
+                prefixes.append(item.key)
+                last = After(item.key, True)
+            else:
+                contents.append(item)
+                last = After(item.key, False)
+    finally:
+        await items.aclose()  # type: ignore[attr-defined]
+    return Page(contents, prefixes, truncated, last)
+
+
+def _max_keys(ctx: S3Context) -> int:
+    text = ctx.query.get("max-keys", str(MAX_KEYS))
+    if not text.isdigit():
+        raise S3Error("InvalidArgument", "max-keys is a non-negative integer")
+    return min(int(text), MAX_KEYS)
+
+
+async def _etags(ctx: S3Context, contents: list[Item]) -> list[str]:
+    limit = asyncio.Semaphore(ATTR_LOADS)
+
+    async def one(item: Item) -> ObjectAttrs | None:
+        if item.folder or item.info is None:
+            return None
+        async with limit:
+            return await ctx.gateway.attrs.load(ctx.client, ctx.bucket, item.key, item.info)
+
+    got = await asyncio.gather(*(one(i) for i in contents))
+    return [a.etag if a is not None else EMPTY_ETAG for a in got]
+
+
+async def list_objects(ctx: S3Context) -> web.StreamResponse:
+    await bucket_info(ctx.client, ctx.bucket)
+    q = ctx.query
+    v2 = q.get("list-type") == "2"
+    encode = q.get("encoding-type") == "url"
+    if "encoding-type" in q and not encode:
+        raise S3Error("InvalidArgument", "encoding-type is url")
+    prefix, delimiter = q.get("prefix", ""), q.get("delimiter", "")
+    max_keys = _max_keys(ctx)
+    if v2:
+        token = q.get("continuation-token")
+        after = After.from_token(token) if token is not None \
+            else After(q.get("start-after", ""))
+    else:
+        after = After(q.get("marker", ""))
+    got = await page(ctx.client, ctx.bucket, prefix, delimiter, after, max_keys) \
+        if max_keys else Page([], [], False, None)
+    etags = await _etags(ctx, got.contents)
+
+    def text(value: str) -> str:
+        return quote(value, safe="/") if encode else value
+
+    owner = v2 and q.get("fetch-owner") == "true" or not v2
+    contents = [("Contents", (
+        ("Key", text(item.key)),
+        ("LastModified", xml.iso(item.info.mtime if item.info else 0.0)),
+        ("ETag", etag),
+        ("Size", item.info.size if item.info and not item.folder else 0),
+        ("Owner", OWNER) if owner else None,
+        ("StorageClass", "STANDARD"),
+    )) for item, etag in zip(got.contents, etags, strict=True)]
+    common = [("CommonPrefixes", (("Prefix", text(p)),)) for p in got.prefixes]
+    head: list[xml.Node] = [("Name", ctx.bucket), ("Prefix", text(prefix))]
+    if v2:
+        head += [("KeyCount", len(contents) + len(common)), ("MaxKeys", max_keys)]
+        if "continuation-token" in q:
+            head.append(("ContinuationToken", q["continuation-token"]))
+        if "start-after" in q:
+            head.append(("StartAfter", text(q["start-after"])))
+        if got.truncated and got.last is not None:
+            head.append(("NextContinuationToken", got.last.token()))
+    else:
+        head += [("Marker", text(after.key)), ("MaxKeys", max_keys)]
+        if got.truncated and got.last is not None:
+            head.append(("NextMarker", text(got.last.key)))
+    if delimiter:
+        head.append(("Delimiter", text(delimiter)))
+    if encode:
+        head.append(("EncodingType", "url"))
+    head.append(("IsTruncated", got.truncated))
+    return xml_response(xml.document("ListBucketResult", [*head, *contents, *common]))

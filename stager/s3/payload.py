@@ -1,0 +1,171 @@
+"""A request body as the gateway writes it: decoded, counted and checked as it streams.
+
+Every check a PUT (or an UploadPart) may ask for is made here, once: the length
+(``Content-Length`` or ``x-amz-decoded-content-length``), ``Content-MD5``, a hex
+``x-amz-content-sha256``, and the ``x-amz-checksum-crc32/crc32c/sha1/sha256``
+values, sent as headers or in an ``aws-chunked`` trailer (``x-amz-trailer``).  A
+fault raises :class:`S3Error` from :meth:`Payload.stream` before it ends, so the
+write it feeds is aborted and nothing becomes visible.  The MD5 is always made:
+it is the object's ETag.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hashlib
+import zlib
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+from ..checksum import crc32c
+from .chunked import PIECE, Trailer, decode
+from .errors import S3Error
+
+if TYPE_CHECKING:
+    from .context import S3Context
+
+ALGORITHMS = ("crc32", "crc32c", "sha1", "sha256")
+THREAD_AT = 256 * 1024      # hash larger pieces in a thread (hashlib lets go of the GIL)
+
+
+class _Crc:
+    """A CRC with hashlib's shape."""
+
+    def __init__(self, fn: Callable[[Any, int], int]) -> None:
+        self.fn = fn
+        self.value = 0
+
+    def update(self, data: Any) -> None:
+        self.value = self.fn(data, self.value)
+
+    def digest(self) -> bytes:
+        return self.value.to_bytes(4, "big")
+
+
+def _hasher(name: str) -> Any:
+    if name == "crc32":
+        return _Crc(zlib.crc32)
+    if name == "crc32c":
+        return _Crc(crc32c)
+    return hashlib.new(name)
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
+class Payload:
+    """The body of ``ctx``'s request; :meth:`stream` it once."""
+
+    def __init__(self, ctx: S3Context) -> None:
+        h = ctx.headers
+        self.request = ctx.request
+        self.signatures = ctx.principal.chunks
+        content_sha = h.get("x-amz-content-sha256", "")
+        encoding = h.get("Content-Encoding", "")
+        self.chunked = content_sha.startswith("STREAMING-") or "aws-chunked" in encoding
+        self.length = self._length(h.get("x-amz-decoded-content-length") if self.chunked
+                                   else h.get("Content-Length"))
+        if self.chunked and self.length is None:
+            raise S3Error("MissingContentLength",
+                          "an aws-chunked body needs x-amz-decoded-content-length")
+        self.want_md5 = self._md5_header(h.get("Content-MD5"))
+        self.want_sha256 = self._sha_header(content_sha)
+        self.declared = {a: h[f"x-amz-checksum-{a}"] for a in ALGORITHMS
+                         if f"x-amz-checksum-{a}" in h}
+        trailing = {t.strip().lower() for t in h.get("x-amz-trailer", "").split(",")
+                    if t.strip()}
+        for name in trailing | {k.lower() for k in h if k.lower().startswith(
+                "x-amz-checksum-") and k.lower() != "x-amz-checksum-algorithm"}:
+            alg = name.removeprefix("x-amz-checksum-")
+            if alg == "type":
+                continue
+            if not name.startswith("x-amz-checksum-") or alg not in ALGORITHMS:
+                raise S3Error("InvalidRequest", f"the checksum {name!r} is not supported "
+                              f"(supported: {', '.join(ALGORITHMS)})")
+        if trailing and not self.chunked:
+            raise S3Error("InvalidRequest", "x-amz-trailer without an aws-chunked body")
+        self.trailing = sorted(n.removeprefix("x-amz-checksum-") for n in trailing)
+        self.md5 = ""                       # hex, once streamed
+        self.size = 0
+        self.checksums: dict[str, str] = {}   # algorithm -> base64, once streamed
+
+    @staticmethod
+    def _length(text: str | None) -> int | None:
+        if text is None:
+            return None
+        if not text.isdigit():
+            raise S3Error("InvalidArgument", f"a bad content length {text[:40]!r}")
+        return int(text)
+
+    @staticmethod
+    def _md5_header(text: str | None) -> bytes | None:
+        if text is None:
+            return None
+        try:
+            raw = base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError):
+            raw = b""
+        if len(raw) != 16:
+            raise S3Error("InvalidDigest", "the Content-MD5 is not a base64 MD5")
+        return raw
+
+    @staticmethod
+    def _sha_header(text: str) -> str | None:
+        if len(text) == 64 and all(c in "0123456789abcdef" for c in text.lower()):
+            return text.lower()
+        return None
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        hashers = {"md5": hashlib.md5()}
+        for alg in {*self.declared, *self.trailing}:
+            hashers[alg] = _hasher(alg)
+        if self.want_sha256 is not None and "sha256" not in hashers:
+            hashers["sha256"] = _hasher("sha256")
+        trailer = Trailer()
+        content = self.request.content
+        source = decode(content, trailer, self.signatures) if self.chunked \
+            else content.iter_chunked(PIECE)
+        size = 0
+        async for piece in source:
+            size += len(piece)
+            if self.length is not None and size > self.length:
+                raise S3Error("InvalidRequest", "the body is longer than its declared length")
+            if len(piece) >= THREAD_AT:
+                await asyncio.to_thread(_update, hashers, piece)
+            else:
+                _update(hashers, piece)
+            yield piece
+        if self.length is not None and size != self.length:
+            raise S3Error("IncompleteBody", f"the body has {size} bytes, not {self.length}")
+        self.size = size
+        self._verify(hashers, trailer)
+
+    def _verify(self, hashers: dict[str, Any], trailer: Trailer) -> None:
+        md5 = hashers["md5"].digest()
+        if self.want_md5 is not None and md5 != self.want_md5:
+            raise S3Error("BadDigest", "the Content-MD5 does not match the body")
+        if self.want_sha256 is not None and \
+                hashers["sha256"].hexdigest() != self.want_sha256:
+            raise S3Error("XAmzContentSHA256Mismatch",
+                          "the x-amz-content-sha256 does not match the body")
+        wanted = dict(self.declared)
+        for alg in self.trailing:
+            value = trailer.headers.get(f"x-amz-checksum-{alg}")
+            if value is None:
+                raise S3Error("InvalidRequest", f"the trailer lacks x-amz-checksum-{alg}")
+            wanted[alg] = value
+        for alg, value in wanted.items():
+            got = _b64(hashers[alg].digest())
+            if got != value.strip():
+                raise S3Error("BadDigest", f"the {alg.upper()} you specified did not match "
+                                           "the calculated checksum")
+            self.checksums[alg] = got
+        self.md5 = md5.hex()
+
+
+def _update(hashers: dict[str, Any], piece: bytes) -> None:
+    for h in hashers.values():
+        h.update(piece)
