@@ -13,6 +13,9 @@ Decisions, and why:
   target (:func:`acts_for`), nothing else.  ``telemetry`` lets a Loader report
   its job for a dataset under the prefixes; ``write`` (and ``admin``) imply it, so
   a Loader's usual token reports, and a read-only one needs it named.
+  ``s3gateway`` is an S3 gateway's own credential: it asks the metadata server whether
+  an S3 signature is good (stager/s3/auth.py) and nothing else — it reads, writes and
+  lists nothing; the gateway acts with the token of each request's key.
 - **Prefixes.** A path is covered when it is a prefix or below one, at segment
   boundaries: ``/data/a`` covers ``/data/a`` and ``/data/a/x``, never
   ``/data/ab``; ``/`` covers everything.  Operations on no path (targets,
@@ -48,7 +51,8 @@ IMPLIED: dict[str, frozenset[str]] = {
     "join": frozenset({"join"}),
     "telemetry": frozenset({"telemetry"}),
     "target": frozenset({"target"}),
-    "admin": frozenset({"admin", "read", "write", "join", "target", "telemetry"}),
+    "s3gateway": frozenset({"s3gateway"}),
+    "admin": frozenset({"admin", "read", "write", "join", "target", "telemetry", "s3gateway"}),
 }
 
 
@@ -97,12 +101,14 @@ CAP_GRANTS: dict[str, frozenset[str]] = {
 
 
 SERVER_SCOPES = frozenset({"join", "target"})
+MACHINE_SCOPES = SERVER_SCOPES | {"s3gateway"}
 
 
 def is_server_credential(token: Token) -> bool:
-    """A data server's join token or target credential: it does its one job (joining,
-    speaking for its target) and nothing a user token does, not even read the status."""
-    return granted(token) <= SERVER_SCOPES
+    """A data server's join token or target credential, or an S3 gateway's credential:
+    it does its one job (joining, speaking for its target, checking S3 signatures) and
+    nothing a user token does, not even read the status."""
+    return granted(token) <= MACHINE_SCOPES
 
 
 def acts_for(token: Token, target_id: str) -> bool:

@@ -50,7 +50,8 @@ from .revocation import Revocations
 
 VERSION = "stg1"
 SCOPES = frozenset({"read", "write", "admin", "join", "target",
-                    "telemetry"})   # a Loader reporting its job (stager/meta/jobtable.py)
+                    "telemetry",    # a Loader reporting its job (stager/meta/jobtable.py)
+                    "s3gateway"})   # an S3 gateway checking signatures (stager/s3/auth.py)
 OPS = frozenset({"read", "write"})
 CLUSTER = "cluster"         # the metadata server's own capability for one target's
                             # maintenance routes (purge, scrub, listings, deletes)

@@ -100,7 +100,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     tsub = p.add_subparsers(dest="token_command", metavar="ACTION", required=True)
     c = tsub.add_parser("create", help="mint a token; prints it as the last line")
     c.add_argument("--scope", action="append", required=True,
-                   choices=("read", "write", "admin", "join", "telemetry"),
+                   choices=("read", "write", "admin", "join", "telemetry", "s3gateway"),
                    help="what it may do (repeat for several)")
     c.add_argument("--prefix", action="append",
                    help="a path it is limited to (repeat for several; default: /)")

@@ -105,8 +105,9 @@ class TokenGate:
         if is_server_credential(token) and access.scope not in granted(token) | {"server"}:
             # before anything of the request is parsed: a stolen storage node's
             # credential learns nothing from a route that is not its job
-            raise Forbidden(f"token {token.name!r} is a data server's credential: it "
-                            "registers and speaks for targets, nothing else", token=token.id)
+            raise Forbidden(f"token {token.name!r} is a server's credential (a data "
+                            "server's or an S3 gateway's): it does its one job, nothing "
+                            "else", token=token.id)
         if access.scope == "any":
             return
         if access.scope == "server":
