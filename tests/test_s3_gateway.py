@@ -1,0 +1,325 @@
+"""The S3 gateway in process, with raw requests: the aws-chunked decoder, bad input.
+
+The gateway app runs in a thread (:class:`stager.testing.s3cluster.S3Thread`) over
+the module's in-process cluster; requests are sent byte for byte (``raw_http``),
+so malformed bodies, truncated chunked encodings and hostile keys reach it as a
+client could send them.  Every refusal must be S3's XML error with its code and a
+request id, never a 5xx, and must leave nothing visible: no object, no listing
+entry, no stager file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import xml.etree.ElementTree as ET
+import zlib
+from collections.abc import Iterator
+
+import pytest
+from aiohttp import StreamReader
+from aiohttp.base_protocol import BaseProtocol
+from conftest import Reply, raw_http
+
+from stager.client import Client
+from stager.s3 import app as s3app
+from stager.s3.chunked import Trailer, decode
+from stager.s3.errors import S3Error
+from stager.testing.cluster import ThreadCluster
+from stager.testing.s3cluster import S3Thread
+
+BUCKET = "gw-bucket"
+
+
+@pytest.fixture(scope="module")
+def s3(cluster: ThreadCluster) -> Iterator[S3Thread]:
+    with S3Thread(cluster.meta_url, domain="s3.test") as gw:
+        assert raw_http(gw.url, "PUT", f"/{BUCKET}").status == 200
+        yield gw
+
+
+def code(reply: Reply) -> str:
+    """The S3 error code of an answer (and the checks every error answer passes)."""
+    assert reply.status < 500 or reply.status in (501, 503), reply.body
+    assert reply.headers["x-amz-request-id"]
+    root = ET.fromstring(reply.body)
+    assert root.tag == "Error"
+    assert root.findtext("RequestId") == reply.headers["x-amz-request-id"]
+    return str(root.findtext("Code"))
+
+
+def invisible(s3: S3Thread, client: Client, key: str) -> None:
+    """Nothing of ``key`` can be seen: not by HEAD, a listing, or stager itself."""
+    assert raw_http(s3.url, "HEAD", f"/{BUCKET}/{key}").status == 404
+    listing = raw_http(s3.url, "GET", f"/{BUCKET}?list-type=2&prefix={key}")
+    assert listing.status == 200 and b"<Key>" not in listing.body
+    assert not client.exists(f"/{BUCKET}/{key}")
+
+
+def chunked(data: bytes, sizes: int = 7, trailer: bytes = b"") -> bytes:
+    out = b""
+    for at in range(0, len(data), sizes):
+        piece = data[at:at + sizes]
+        out += b"%x\r\n" % len(piece) + piece + b"\r\n"
+    return out + b"0\r\n" + trailer + b"\r\n"
+
+
+def crc32_b64(data: bytes) -> str:
+    return base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+
+
+def streaming_headers(data: bytes, **more: str) -> dict[str, str]:
+    return {"Content-Encoding": "aws-chunked",
+            "x-amz-content-sha256": "STREAMING-UNSIGNED-PAYLOAD-TRAILER",
+            "x-amz-decoded-content-length": str(len(data)),
+            "x-amz-trailer": "x-amz-checksum-crc32", **more}
+
+
+# -- aws-chunked -------------------------------------------------------------------------
+def test_a_chunked_body_with_its_crc32_trailer_is_stored_byte_exact(
+        s3: S3Thread, client: Client) -> None:
+    data = bytes(range(256)) * 33
+    body = chunked(data, 1000, f"x-amz-checksum-crc32:{crc32_b64(data)}\r\n".encode())
+    reply = raw_http(s3.url, "PUT", f"/{BUCKET}/ok/chunked", body, streaming_headers(data))
+    assert reply.status == 200, reply.body
+    assert reply.headers["ETag"] == f'"{hashlib.md5(data).hexdigest()}"'
+    assert reply.headers["x-amz-checksum-crc32"] == crc32_b64(data)
+    assert client.cat(f"/{BUCKET}/ok/chunked") == data
+    got = raw_http(s3.url, "GET", f"/{BUCKET}/ok/chunked")
+    assert got.body == data and got.headers["Content-Length"] == str(len(data))
+
+
+@pytest.mark.parametrize("name, body, want", [
+    ("bad-crc", chunked(b"hello world", 4, b"x-amz-checksum-crc32:AAAAAA==\r\n"),
+     "BadDigest"),
+    ("truncated", b"100\r\nhello", "IncompleteBody"),
+    ("bad-size-line", b"zz\r\nhello\r\n0\r\n\r\n", "InvalidArgument"),
+    ("no-crlf-after-data", b"5\r\nhelloXX0\r\n\r\n", "InvalidArgument"),
+    ("short-of-decoded-length", chunked(b"hello", 5, b"x-amz-checksum-crc32:"
+                                        + crc32_b64(b"hello").encode() + b"\r\n"),
+     "IncompleteBody"),
+    ("trailer-missing", chunked(b"hello world", 4), "InvalidRequest"),
+    ("size-line-too-long", b"1" * 70000 + b"\r\n", "InvalidArgument"),
+])
+def test_a_bad_chunked_body_is_refused_and_nothing_is_visible(
+        s3: S3Thread, client: Client, name: str, body: bytes, want: str) -> None:
+    reply = raw_http(s3.url, "PUT", f"/{BUCKET}/bad/{name}", body,
+                     streaming_headers(b"hello world"))
+    assert reply.status == 400
+    assert code(reply) == want
+    invisible(s3, client, f"bad/{name}")
+
+
+def test_checksum_headers_are_verified(s3: S3Thread, client: Client) -> None:
+    data = b"checked bytes" * 1000
+    good = {"x-amz-checksum-crc32": crc32_b64(data),
+            "x-amz-checksum-sha256": base64.b64encode(hashlib.sha256(data).digest()).decode(),
+            "Content-MD5": base64.b64encode(hashlib.md5(data).digest()).decode(),
+            "x-amz-content-sha256": hashlib.sha256(data).hexdigest()}
+    reply = raw_http(s3.url, "PUT", f"/{BUCKET}/sum/good", data, good)
+    assert reply.status == 200, reply.body
+    assert reply.headers["x-amz-checksum-sha256"] == good["x-amz-checksum-sha256"]
+    assert client.cat(f"/{BUCKET}/sum/good") == data
+    for header, value, want in [
+            ("Content-MD5", base64.b64encode(b"0" * 16).decode(), "BadDigest"),
+            ("Content-MD5", "not-base64!", "InvalidDigest"),
+            ("x-amz-checksum-crc32", "AAAAAA==", "BadDigest"),
+            ("x-amz-checksum-crc32c", "AAAAAA==", "BadDigest"),
+            ("x-amz-checksum-sha1", "AAAAAAAAAAAAAAAAAAAAAAAAAAA=", "BadDigest"),
+            ("x-amz-content-sha256", "0" * 64, "XAmzContentSHA256Mismatch"),
+            ("x-amz-checksum-crc64nvme", "AAAAAAAAAAA=", "InvalidRequest")]:
+        reply = raw_http(s3.url, "PUT", f"/{BUCKET}/sum/bad", data, {header: value})
+        assert (reply.status, code(reply)) == (400, want), header
+        invisible(s3, client, "sum/bad")
+
+
+def test_a_failed_overwrite_keeps_the_old_object(s3: S3Thread, client: Client) -> None:
+    assert raw_http(s3.url, "PUT", f"/{BUCKET}/keep", b"old bytes").status == 200
+    reply = raw_http(s3.url, "PUT", f"/{BUCKET}/keep", b"new bytes",
+                     {"x-amz-checksum-crc32": "AAAAAA=="})
+    assert code(reply) == "BadDigest"
+    assert raw_http(s3.url, "GET", f"/{BUCKET}/keep").body == b"old bytes"
+
+
+class Chain:
+    """Records what the decoder hands the signature seam (stager/s3/auth.py)."""
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple[str, str]] = []
+        self.trailers: list[tuple[bytes, str]] = []
+
+    def chunk(self, payload_sha256: str, signature: str) -> None:
+        if signature == "f" * 64:
+            raise S3Error("SignatureDoesNotMatch", "a wrong link")
+        self.chunks.append((payload_sha256, signature))
+
+    def trailer(self, trailer: bytes, signature: str) -> None:
+        self.trailers.append((trailer, signature))
+
+
+async def decoded(raw: bytes, chain: Chain | None = None) -> tuple[bytes, Trailer]:
+    reader = StreamReader(BaseProtocol(asyncio.get_running_loop()), 2 ** 16,
+                          loop=asyncio.get_running_loop())
+    reader.feed_data(raw)
+    reader.feed_eof()
+    trailer = Trailer()
+    out = b"".join([p async for p in decode(reader, trailer, chain)])  # type: ignore[arg-type]
+    return out, trailer
+
+
+async def test_signed_chunks_go_to_the_signature_seam_one_by_one() -> None:
+    sig = "a" * 64
+    raw = (b"5;chunk-signature=" + sig.encode() + b"\r\nhello\r\n"
+           b"0;chunk-signature=" + sig.encode() + b"\r\n"
+           b"x-amz-checksum-crc32:" + crc32_b64(b"hello").encode() + b"\r\n"
+           b"x-amz-trailer-signature:" + b"b" * 64 + b"\r\n\r\n")
+    chain = Chain()
+    data, trailer = await decoded(raw, chain)
+    assert data == b"hello"
+    assert chain.chunks == [(hashlib.sha256(b"hello").hexdigest(), sig),
+                            (hashlib.sha256(b"").hexdigest(), sig)]
+    assert chain.trailers == [(b"x-amz-checksum-crc32:" + crc32_b64(b"hello").encode()
+                               + b"\n", "b" * 64)]
+    assert trailer.headers == {"x-amz-checksum-crc32": crc32_b64(b"hello")}
+    with pytest.raises(S3Error) as err:
+        await decoded(b"5\r\nhello\r\n0\r\n\r\n", Chain())
+    assert err.value.code == "SignatureDoesNotMatch"
+    with pytest.raises(S3Error) as err:
+        await decoded(b"5;chunk-signature=" + b"f" * 64 + b"\r\nhello\r\n", Chain())
+    assert err.value.code == "SignatureDoesNotMatch"
+
+
+async def test_the_decoder_yields_bounded_pieces_of_a_huge_chunk() -> None:
+    data = bytes(3 << 20)
+    raw = b"%x\r\n" % len(data) + data + b"\r\n0\r\n\r\n"
+    reader = StreamReader(BaseProtocol(asyncio.get_running_loop()), 2 ** 24,
+                          loop=asyncio.get_running_loop())
+    reader.feed_data(raw)
+    reader.feed_eof()
+    sizes = [len(p) async for p in decode(reader, Trailer())]
+    assert sum(sizes) == len(data) and max(sizes) <= 1 << 20
+
+
+# -- bad requests ------------------------------------------------------------------------
+def test_malformed_delete_objects_xml_deletes_nothing(s3: S3Thread, client: Client) -> None:
+    assert raw_http(s3.url, "PUT", f"/{BUCKET}/stays", b"x").status == 200
+    for body in [b"<Delete><Object><Key>stays", b"not xml at all",
+                 b"<Other><Object><Key>stays</Key></Object></Other>",
+                 b"<Delete></Delete>", b"<Delete><Object></Object></Delete>",
+                 b'<?xml version="1.0"?><!DOCTYPE d [<!ENTITY e "stays">]>'
+                 b"<Delete><Object><Key>&e;</Key></Object></Delete>",
+                 b"<Delete>" + b"<Object><Key>stays</Key></Object>" * 1001 + b"</Delete>"]:
+        reply = raw_http(s3.url, "POST", f"/{BUCKET}?delete", body)
+        assert (reply.status, code(reply)) == (400, "MalformedXML"), body[:60]
+    assert client.cat(f"/{BUCKET}/stays") == b"x"
+
+
+@pytest.mark.parametrize("header", ["bytes=5-2", "bytes=100-", "bytes=-0", "bytes=abc",
+                                    "bytes=-"])
+def test_bad_ranges_are_invalid_range(s3: S3Thread, header: str) -> None:
+    assert raw_http(s3.url, "PUT", f"/{BUCKET}/ten", b"0123456789").status == 200
+    reply = raw_http(s3.url, "GET", f"/{BUCKET}/ten", headers={"Range": header})
+    assert (reply.status, code(reply)) == (416, "InvalidRange")
+    assert reply.headers["Content-Range"] == "bytes */10"
+
+
+@pytest.mark.parametrize("key, want", [
+    ("k" * 1025, "KeyTooLongError"),
+    ("a/" + "b" * 300, "InvalidArgument"),
+    ("a/../../etc", "InvalidArgument"),
+    ("a/%2e%2e/b", "InvalidArgument"),
+    ("a//b", "InvalidArgument"),
+    ("nul%00name", "InvalidArgument"),
+    ("ctl%01name", "InvalidArgument"),
+])
+def test_keys_without_a_path_are_refused(s3: S3Thread, client: Client, key: str,
+                                         want: str) -> None:
+    reply = raw_http(s3.url, "PUT", f"/{BUCKET}/{key}", b"data")
+    assert (reply.status, code(reply)) == (400, want)
+    assert raw_http(s3.url, "GET", f"/{BUCKET}/{key}").status == 400
+    assert [e.name for e in client.ls("/")].count("etc") == 0
+
+
+def test_a_put_to_a_missing_bucket_creates_nothing(s3: S3Thread, client: Client) -> None:
+    reply = raw_http(s3.url, "PUT", "/no-such-bucket/k", b"data")
+    assert (reply.status, code(reply)) == (404, "NoSuchBucket")
+    assert not client.exists("/no-such-bucket")
+    for method, path in [("GET", "/no-such-bucket"), ("GET", "/no-such-bucket/k"),
+                         ("DELETE", "/no-such-bucket")]:
+        assert code(raw_http(s3.url, method, path)) == "NoSuchBucket"
+
+
+@pytest.mark.parametrize("name", ["ab", "UPPER", "-dash", "a" * 64, "under_score"])
+def test_bad_bucket_names(s3: S3Thread, client: Client, name: str) -> None:
+    reply = raw_http(s3.url, "PUT", f"/{name}")
+    assert (reply.status, code(reply)) == (400, "InvalidBucketName")
+    assert not client.exists(f"/{name}")
+
+
+def test_the_gateways_own_directory_is_no_bucket(s3: S3Thread) -> None:
+    assert raw_http(s3.url, "PUT", f"/{BUCKET}/attrs-made", b"x").status == 200
+    assert b"<Name>.s3</Name>" not in raw_http(s3.url, "GET", "/").body
+    for method, path in [("PUT", "/.s3"), ("GET", "/.s3"), ("GET", "/.s3/attrs"),
+                         ("DELETE", "/.s3")]:
+        assert code(raw_http(s3.url, method, path)) == "InvalidBucketName"
+
+
+def test_multipart_requests_go_to_their_module(s3: S3Thread,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(s3app, "MULTIPART_MODULE", "stager.s3.not_there")
+    for method, query in [("POST", "uploads"), ("PUT", "partNumber=1&uploadId=u"),
+                          ("POST", "uploadId=u"), ("DELETE", "uploadId=u"),
+                          ("GET", "uploadId=u")]:
+        reply = raw_http(s3.url, method, f"/{BUCKET}/mp?{query}", b"")
+        assert (reply.status, code(reply)) == (501, "NotImplemented")
+    assert code(raw_http(s3.url, "GET", f"/{BUCKET}?uploads")) == "NotImplemented"
+
+
+def test_virtual_hosted_style(s3: S3Thread, client: Client) -> None:
+    port = s3.url.rsplit(":", 1)[1]
+    host = {"Host": f"{BUCKET}.s3.test:{port}"}
+    assert raw_http(s3.url, "PUT", "/vhost/key", b"by host", host).status == 200
+    assert client.cat(f"/{BUCKET}/vhost/key") == b"by host"
+    assert raw_http(s3.url, "GET", "/vhost/key", headers=host).body == b"by host"
+    listing = raw_http(s3.url, "GET", "/?list-type=2&prefix=vhost/", headers=host)
+    assert b"<Key>vhost/key</Key>" in listing.body
+
+
+def test_unsupported_subresources_and_methods(s3: S3Thread) -> None:
+    assert code(raw_http(s3.url, "GET", f"/{BUCKET}?versioning")) == "NotImplemented"
+    assert code(raw_http(s3.url, "GET", f"/{BUCKET}/ten?acl")) == "NotImplemented"
+    assert code(raw_http(s3.url, "PATCH", f"/{BUCKET}/ten")) == "MethodNotAllowed"
+    assert code(raw_http(s3.url, "GET", f"/{BUCKET}?list-type=2&max-keys=x")) \
+        == "InvalidArgument"
+    assert code(raw_http(s3.url, "GET", f"/{BUCKET}?list-type=2&continuation-token=zz")) \
+        == "InvalidArgument"
+
+
+def test_a_key_cannot_be_both_an_object_and_a_prefix(s3: S3Thread, client: Client) -> None:
+    assert raw_http(s3.url, "PUT", f"/{BUCKET}/both/x", b"1").status == 200
+    reply = raw_http(s3.url, "PUT", f"/{BUCKET}/both", b"2")
+    assert (reply.status, code(reply)) == (400, "InvalidRequest")
+    reply = raw_http(s3.url, "PUT", f"/{BUCKET}/both/x/y", b"3")
+    assert (reply.status, code(reply)) == (400, "InvalidRequest")
+    assert client.cat(f"/{BUCKET}/both/x") == b"1"
+
+
+def test_folder_keys_are_directories(s3: S3Thread, client: Client) -> None:
+    assert raw_http(s3.url, "PUT", f"/{BUCKET}/folder/sub/", b"").status == 200
+    assert client.stat(f"/{BUCKET}/folder/sub").is_dir
+    assert code(raw_http(s3.url, "PUT", f"/{BUCKET}/folder/x/", b"bytes")) \
+        == "InvalidArgument"
+    head = raw_http(s3.url, "HEAD", f"/{BUCKET}/folder/sub/")
+    assert head.status == 200 and head.headers["Content-Length"] == "0"
+    listing = raw_http(s3.url, "GET", f"/{BUCKET}?list-type=2&prefix=folder/")
+    assert b"<Key>folder/sub/</Key>" in listing.body
+    assert raw_http(s3.url, "DELETE", f"/{BUCKET}/folder/sub/").status == 204
+    assert not client.exists(f"/{BUCKET}/folder/sub")
+
+
+def test_every_answer_carries_a_request_id(s3: S3Thread) -> None:
+    for method, path in [("GET", "/"), ("HEAD", f"/{BUCKET}"), ("GET", f"/{BUCKET}/ten"),
+                         ("GET", f"/{BUCKET}/missing"), ("GET", f"/{BUCKET}?location")]:
+        reply = raw_http(s3.url, method, path)
+        assert reply.headers["x-amz-request-id"] and reply.headers["x-amz-id-2"], path
