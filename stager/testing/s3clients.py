@@ -191,6 +191,88 @@ def _run(argv: Sequence[str], env: dict[str, str], timeout: float,
     return done
 
 
+@dataclass
+class S3Stack:
+    """A real cluster with its S3 gateway (``stager up --s3-port 0``), one bucket on it,
+    and ``stager://`` on the same cluster: what a client writes through S3 is read back
+    through ``fs`` and the other way round."""
+
+    endpoint: S3Endpoint
+    fs: Any                      # stager.fs.StagerFileSystem on the cluster's metadata server
+    bucket: str
+    cluster: Any                 # stager.testing.s3cluster.S3Cluster
+
+    def path(self, key: str) -> str:
+        """The stager path of ``key`` in the bucket: a bucket is a top-level directory."""
+        return f"/{self.bucket}/{key}"
+
+    def url(self, key: str) -> str:
+        """``s3://BUCKET/KEY``."""
+        return f"s3://{self.bucket}/{key}"
+
+    def stager_url(self, key: str) -> str:
+        """``stager://HOST:PORT/BUCKET/KEY``: the same object through fsspec's ``stager``."""
+        return f"stager://{urlsplit(self.cluster.meta_url).netloc}{self.path(key)}"
+
+    def put_tree(self, prefix: str, files: dict[str, bytes]) -> None:
+        """Writes ``files`` (relative name -> bytes) under ``prefix`` through stager."""
+        for name, data in files.items():
+            self.fs.pipe_file(self.path(f"{prefix}/{name}"), data)
+
+    def read_tree(self, prefix: str) -> dict[str, bytes]:
+        """Every file under ``prefix`` read through stager (relative name -> bytes)."""
+        root = self.path(prefix)
+        return {p.removeprefix(root + "/").lstrip("/"): self.fs.cat_file(p)
+                for p in self.fs.find(root)}
+
+
+@contextmanager
+def s3_stack(root: Path, bucket: str) -> Iterator[S3Stack]:
+    """Starts ``stager up --s3-port 0`` under ``root`` and makes ``bucket`` on it with
+    CreateBucket (boto3)."""
+    import fsspec
+
+    from .s3cluster import S3Cluster
+
+    with S3Cluster(root) as cluster:
+        endpoint = S3Endpoint(cluster.url, cluster.access_key, cluster.secret_key)
+        api = endpoint.boto3()
+        api.create_bucket(Bucket=bucket)
+        api.close()
+        fs = fsspec.filesystem("stager", meta_url=cluster.meta_url, skip_instance_cache=True)
+        try:
+            yield S3Stack(endpoint, fs, bucket, cluster)
+        finally:
+            fs.close()
+
+
+def make_tree(seed: int, count: int = 12) -> dict[str, bytes]:
+    """Files in nested folders, of sizes from empty to a few hundred KiB (one
+    deterministic tree per seed)."""
+    import random
+
+    rng = random.Random(seed)
+    sizes = [0, 1, 4095, 4096, 65537, 300_001] + [rng.randrange(1, 200_000)
+                                                  for _ in range(max(0, count - 6))]
+    folders = ["", "a/", "a/b/", "c/", "c/d/e/"]
+    return {f"{folders[i % len(folders)]}f{i:02d}.bin": rng.randbytes(size)
+            for i, size in enumerate(sizes)}
+
+
+def write_dir(root: Path, files: dict[str, bytes]) -> Path:
+    """Writes ``files`` under the local folder ``root``; returns ``root``."""
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return root
+
+
+def read_dir(root: Path) -> dict[str, bytes]:
+    """Every file under the local folder ``root`` (relative name -> bytes)."""
+    return {p.relative_to(root).as_posix(): p.read_bytes()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
 @contextmanager
 def moto_endpoint() -> Iterator[S3Endpoint]:
     """moto's S3 server on 127.0.0.1:0, the reference endpoint (any credentials)."""
