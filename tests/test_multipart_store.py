@@ -6,17 +6,27 @@ idle expiry free every chunk."""
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import math
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
+from conftest import STORES, meta_store_of, start_cluster
 
-from stager.errors import NotFound
+from stager import AsyncClient
+from stager.client.uploads import MultipartUploads
+from stager.config import load_config
+from stager.errors import BadRequest, NotFound, UploadNotFound
+from stager.meta.multipart import hidden_part_id
 from stager.meta.store.base import MetaStore, NodeEntry
 from stager.meta.store.multipart import MultipartRecord, PartRecord
 from stager.meta.store.postgres.store import PostgreSQLStore
 from stager.meta.store.sqlite.store import SQLiteStore
+from stager.protocol.models import LayoutSpec
+from stager.testing import ThreadCluster
 from stager.testing.metastore import LAYOUT, commit_one, upload
 
 
@@ -98,3 +108,205 @@ async def test_drop_frees_the_pending_file_and_hidden_parts_but_keeps_what_it_is
     assert (await store.stat("/b/b")).file_id == b.file_id
     with pytest.raises(NotFound):
         await store.drop_multipart("ub", keep=(), now=7.0)
+
+
+# -- the client over a real cluster (both stores) ---------------------------------------------
+SMALL = 64 * 1024                           # chunk size: parts of 2 chunks are aligned
+PART = 2 * SMALL
+LAYOUT_SPEC = LayoutSpec(chunk_size=SMALL, stripe_count=3)
+
+
+def chunk_files(cluster: ThreadCluster, file_id: str) -> list[str]:
+    """Every chunk file of ``file_id`` on every data server's disk."""
+    found = []
+    for i in range(cluster.n):
+        directory = cluster.root / f"data{i}" / "chunks" / file_id[:2] / file_id[2:4]
+        if directory.exists():
+            found += [p.name for p in directory.iterdir() if p.name.startswith(file_id)]
+    return sorted(found)
+
+
+async def eventually(check: Callable[[], bool], timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "not within the deadline"
+        await asyncio.sleep(0.05)
+
+
+def md5(data: bytes) -> str:
+    return hashlib.md5(data, usedforsecurity=False).hexdigest()
+
+
+@pytest.fixture(scope="module", params=STORES)
+def mcluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+             slow_callbacks: object) -> Iterator[ThreadCluster]:
+    """A cluster whose multipart minimum is one part of 2 chunks, and whose idle uploads
+    go after 1.5 s."""
+    c = start_cluster(tmp_path_factory.mktemp("mp"), meta_store=meta_store_of(request),
+                      multipart_min_part=PART, multipart_idle=1.5)
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+async def mp(mcluster: ThreadCluster) -> AsyncIterator[tuple[AsyncClient, MultipartUploads]]:
+    async with AsyncClient(mcluster.meta_url, config=load_config(env={})) as c:
+        yield c, MultipartUploads(c)
+
+
+async def test_aligned_parts_complete_without_a_copy(mp, mcluster: ThreadCluster, ns: str,
+                                                     payload) -> None:
+    client, uploads = mp
+    data = payload(3 * PART + 1000)
+    pieces = [data[0:PART], data[PART:2 * PART], data[2 * PART:3 * PART], data[3 * PART:]]
+    up = await uploads.create(f"{ns}/obj", layout=LAYOUT_SPEC)
+    # the first, then the others out of order and at once, as boto3's threads send them
+    await uploads.write_part(up.upload_id, 1, pieces[0], PART)
+    parts = await asyncio.gather(*(uploads.write_part(up.upload_id, n, pieces[n - 1],
+                                                      len(pieces[n - 1]))
+                                   for n in (4, 3, 2)))
+    assert [p.md5 for p in parts] == [md5(pieces[n - 1]) for n in (4, 3, 2)]
+    # invisible until completed: stat, the listing and a read all say it is not there
+    with pytest.raises(NotFound):
+        await client.stat(f"{ns}/obj")
+    assert await client.ls(ns) == [] if await client.exists(ns) else True
+    listed = await uploads.parts(up.upload_id)
+    assert [(p.number, p.size) for p in listed.parts] == [
+        (1, PART), (2, PART), (3, PART), (4, 1000)]
+    assert listed.upload.part_size == PART
+    done = await uploads.complete(up.upload_id, [(n, f'"{md5(pieces[n - 1])}"')
+                                                 for n in (1, 2, 3, 4)])
+    # no copy: the file is the upload's own pending file, its chunks the parts' chunks
+    assert done.copied == 0 and not done.composed and done.info.file_id == up.file_id
+    assert done.etag == hashlib.md5(b"".join(bytes.fromhex(md5(p)) for p in pieces),
+                                    usedforsecurity=False).hexdigest() + "-4"
+    assert done.part_sizes == (PART, PART, PART, 1000)
+    assert chunk_files(mcluster, up.file_id) == sorted(f"{up.file_id}.{i}" for i in range(7))
+    assert await client.cat(f"{ns}/obj") == data
+    assert (await uploads.uploads(f"{ns}/")).uploads == ()
+
+
+async def test_a_short_last_part_sent_first_is_moved_into_its_slot(
+        mp, mcluster: ThreadCluster, ns: str, payload) -> None:
+    """Before any whole-chunk part fixed the part size, a short part cannot know its
+    slot: it goes to a hidden file, and completing copies that part alone."""
+    client, uploads = mp
+    data = payload(2 * PART + 3)
+    up = await uploads.create(f"{ns}/late", layout=LAYOUT_SPEC)
+    await uploads.write_part(up.upload_id, 3, data[2 * PART:], 3)
+    await uploads.write_part(up.upload_id, 2, data[PART:2 * PART], PART)
+    await uploads.write_part(up.upload_id, 1, data[:PART], PART)
+    done = await uploads.complete(up.upload_id, [
+        (1, md5(data[:PART])), (2, md5(data[PART:2 * PART])), (3, md5(data[2 * PART:]))])
+    assert done.copied == 3 and not done.composed and done.info.file_id == up.file_id
+    assert await client.cat(f"{ns}/late") == data
+    await eventually(lambda: chunk_files(mcluster, hidden_part_id(up.upload_id, 3)) == [])
+
+
+async def test_unaligned_parts_are_composed_by_a_copy(mp, mcluster: ThreadCluster, ns: str,
+                                                      payload) -> None:
+    client, uploads = mp
+    sizes = [PART + 5000, PART + 1, 7]          # no part a whole number of chunks
+    data = payload(sum(sizes))
+    cuts = [0, sizes[0], sizes[0] + sizes[1], len(data)]
+    up = await uploads.create(f"{ns}/odd", layout=LAYOUT_SPEC)
+    for n in (1, 2, 3):
+        await uploads.write_part(up.upload_id, n, data[cuts[n - 1]:cuts[n]], sizes[n - 1])
+    assert (await uploads.parts(up.upload_id)).upload.part_size is None
+    done = await uploads.complete(up.upload_id, [(n, md5(data[cuts[n - 1]:cuts[n]]))
+                                                 for n in (1, 2, 3)])
+    assert done.composed and done.copied == len(data) and done.info.file_id != up.file_id
+    assert await client.cat(f"{ns}/odd") == data
+    # the pending file and the hidden parts are collected
+    hidden = [hidden_part_id(up.upload_id, n) for n in (1, 2, 3)]
+    await eventually(lambda: all(chunk_files(mcluster, f) == [] for f in hidden))
+    assert (await uploads.uploads(f"{ns}/")).uploads == ()
+
+
+async def test_a_part_sent_again_replaces_the_first(mp, mcluster: ThreadCluster, ns: str,
+                                                    payload) -> None:
+    client, uploads = mp
+    first, second, last = payload(PART), bytes(PART), b"tail"
+    up = await uploads.create(f"{ns}/again", layout=LAYOUT_SPEC)
+    await uploads.write_part(up.upload_id, 1, first, PART)
+    await uploads.write_part(up.upload_id, 2, last, 4)
+    await uploads.write_part(up.upload_id, 1, second, PART)       # a retry, other bytes
+    with pytest.raises(BadRequest) as stale:        # the first one's ETag is no part now
+        await uploads.complete(up.upload_id, [(1, md5(first)), (2, md5(last))])
+    assert stale.value.details["reason"] == "InvalidPart"
+    done = await uploads.complete(up.upload_id, [(1, md5(second)), (2, md5(last))])
+    assert done.copied == 0 and done.info.file_id == up.file_id
+    assert await client.cat(f"{ns}/again") == second + last
+
+
+async def test_completion_checks_parts_order_etags_and_sizes(mp, ns: str, payload) -> None:
+    client, uploads = mp
+    up = await uploads.create(f"{ns}/checked", layout=LAYOUT_SPEC)
+    small, big = payload(SMALL), payload(PART)
+    await uploads.write_part(up.upload_id, 1, small, SMALL)
+    await uploads.write_part(up.upload_id, 2, big, PART)
+
+    async def refused(parts: list[tuple[int, str]]) -> str:
+        with pytest.raises(BadRequest) as exc:
+            await uploads.complete(up.upload_id, parts)
+        return str(exc.value.details["reason"])
+
+    assert await refused([(2, md5(big)), (1, md5(small))]) == "InvalidPartOrder"
+    assert await refused([(1, md5(small)), (3, md5(big))]) == "InvalidPart"
+    assert await refused([(1, md5(big)), (2, md5(big))]) == "InvalidPart"
+    assert await refused([(1, md5(small)), (2, md5(big))]) == "EntityTooSmall"
+    with pytest.raises(BadRequest):                       # S3's part numbers: 1 to 10000
+        await uploads.write_part(up.upload_id, 10001, b"x", 1)
+    with pytest.raises(BadRequest):                       # fewer bytes than announced
+        await uploads.write_part(up.upload_id, 3, b"xy", 3)
+    assert [p.number for p in (await uploads.parts(up.upload_id)).parts] == [1, 2]
+    with pytest.raises(NotFound):                         # nothing became visible
+        await client.stat(f"{ns}/checked")
+    # the last part may be small: part 2 alone completes
+    done = await uploads.complete(up.upload_id, [(2, md5(big))])
+    assert await client.cat(done.info.path) == big
+
+
+async def test_abort_frees_every_chunk_and_refuses_more_parts(mp, mcluster: ThreadCluster,
+                                                              ns: str, payload) -> None:
+    client, uploads = mp
+    up = await uploads.create(f"{ns}/gone", layout=LAYOUT_SPEC)
+    await uploads.write_part(up.upload_id, 1, payload(PART), PART)
+    await uploads.write_part(up.upload_id, 2, payload(SMALL + 3), SMALL + 3)   # in place
+    await uploads.write_part(up.upload_id, 3, payload(PART + 3), PART + 3)     # hidden
+    hidden = hidden_part_id(up.upload_id, 3)
+    assert len(chunk_files(mcluster, up.file_id)) == 4 and len(chunk_files(mcluster, hidden)) == 3
+    listed = await uploads.uploads(f"{ns}/")
+    assert [u.upload_id for u in listed.uploads] == [up.upload_id]
+    await uploads.abort(up.upload_id)
+    await eventually(lambda: chunk_files(mcluster, up.file_id) == []
+                     and chunk_files(mcluster, hidden) == [])
+    with pytest.raises(UploadNotFound):
+        await uploads.write_part(up.upload_id, 4, b"x", 1)
+    with pytest.raises(UploadNotFound):
+        await uploads.complete(up.upload_id, [(1, "0" * 32)])
+    with pytest.raises(NotFound):
+        await client.stat(f"{ns}/gone")
+
+
+async def test_an_idle_upload_is_collected_after_multipart_idle(
+        mp, mcluster: ThreadCluster, ns: str, payload) -> None:
+    _, uploads = mp
+    up = await uploads.create(f"{ns}/idle", layout=LAYOUT_SPEC)
+    await uploads.write_part(up.upload_id, 1, payload(PART), PART)
+    assert len(chunk_files(mcluster, up.file_id)) == 2
+    await eventually(lambda: chunk_files(mcluster, up.file_id) == [])
+    with pytest.raises(UploadNotFound):
+        await uploads.parts(up.upload_id)
+
+
+async def test_upload_part_copy_takes_a_range_of_another_file(mp, ns: str, payload) -> None:
+    client, uploads = mp
+    source = payload(3 * PART)
+    await client.pipe(f"{ns}/src", source, layout=LAYOUT_SPEC)
+    up = await uploads.create(f"{ns}/copied", layout=LAYOUT_SPEC)
+    a = await uploads.copy_part(up.upload_id, 1, f"{ns}/src", PART, 2 * PART)
+    b = await uploads.copy_part(up.upload_id, 2, f"{ns}/src", 10, 20)
+    done = await uploads.complete(up.upload_id, [(1, a.md5), (2, b.md5)])
+    assert done.copied == 0
+    assert await client.cat(f"{ns}/copied") == source[PART:2 * PART] + source[10:20]

@@ -20,8 +20,10 @@ from .models import (
     STRIPE_COUNT_BOUNDS,
     TARGET_ID_RE,
 )
+from .multipart import SCHEMAS as MULTIPART_SCHEMAS
 from .quotas import SCHEMAS as QUOTA_SCHEMAS
 from .routes import Route, routes_for
+from .s3keys import SCHEMAS as S3KEY_SCHEMAS
 
 _INT = {"type": "integer"}
 _STR = {"type": "string"}
@@ -205,6 +207,8 @@ SCHEMAS: dict[str, Any] = {
         _ref("ItemError")]}}}, ("results",)),
     **JOB_SCHEMAS,
     **QUOTA_SCHEMAS,
+    **S3KEY_SCHEMAS,
+    **MULTIPART_SCHEMAS,
     **CACHE_SCHEMAS,
 }
 

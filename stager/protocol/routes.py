@@ -41,7 +41,7 @@ class Param:
 
 
 SCOPES_NEEDED = ("public", "any", "read", "write", "admin", "join", "target", "server",
-                 "cluster", "telemetry")
+                 "cluster", "telemetry", "s3gateway")
 WHERE = ("none", "cluster", "path", "visible", "body", "chunk")
 
 
@@ -341,6 +341,20 @@ ROUTES: tuple[Route, ...] = (
 )
 
 
+# metadata server: S3 keys, and an S3 gateway's one question (stager/meta/http/s3keys.py)
+_S3KEY_ROUTES: tuple[Route, ...] = (
+    Route("POST", "/v1/s3/keys", "create_s3_key",
+          "mint a bearer token and an S3 key bound to it (admin): the secret is shown once",
+          "meta", body="TokenRequest", responses={200: "S3KeyCreated", 400: "Error",
+                                                  404: "Error"}),
+    Route("GET", "/v1/s3/keys", "list_s3_keys", "every S3 key, by its token (admin)", "meta",
+          responses={200: "S3KeyList", 404: "Error"}),
+    Route("POST", "/v1/s3/verify", "verify_s3",
+          "an S3 gateway asks whether a signature signs a string with a key's secret: the "
+          "day's signing key and the token to act with, or the S3 error (s3gateway)", "meta",
+          body="S3VerifyRequest", responses={200: "S3Verdict", 400: "Error", 404: "Error"}),
+)
+
 # metadata server: token administration and capabilities (stager/meta/http/authapp.py)
 _AUTH_ROUTES: tuple[Route, ...] = (
     Route("GET", "/v1/auth/key", "auth_key",
@@ -362,7 +376,38 @@ _AUTH_ROUTES: tuple[Route, ...] = (
           body="CapabilityRequest", responses={200: "CapabilityResult", 400: "Error",
                                                413: "Error"}),
 )
-ROUTES = ROUTES + _AUTH_ROUTES
+ROUTES = ROUTES + _AUTH_ROUTES + _S3KEY_ROUTES
+P_UPLOAD = Param("upload_id", "path", description="a multipart upload", required=True,
+                 bounds=(("pattern", "^[0-9a-f]{32}$"),))
+P_PART = Param("number", "path", type="integer", description="a part number", required=True,
+               bounds=(("minimum", 1), ("maximum", 10000)))
+# metadata server: S3 multipart uploads (stager/meta/multipart.py, stager/protocol/multipart.py)
+_MULTIPART_ROUTES: tuple[Route, ...] = (
+    Route("POST", "/v1/multipart", "multipart_create",
+          "begin a multipart upload of a file: invisible until completed", "meta",
+          body="MultipartCreate", responses={200: "MultipartUpload", **ERR}),
+    Route("GET", "/v1/multipart", "multipart_list",
+          "multipart uploads in progress under a path prefix, by (path, upload id)", "meta",
+          params=(Param("prefix"), Param("after_path"), Param("after_id"), LIMIT_Q),
+          responses={200: "MultipartList", **ERR}),
+    Route("GET", "/v1/multipart/{upload_id}", "multipart_parts",
+          "a multipart upload and its parts, by number", "meta",
+          params=(P_UPLOAD,), responses={200: "PartList", **ERR}),
+    Route("POST", "/v1/multipart/{upload_id}/parts/{number}", "multipart_part_begin",
+          "where part N of this size goes: the final file's chunk slots when the size "
+          "allows, else a hidden file of its own", "meta",
+          params=(P_UPLOAD, P_PART), body="PartBegin", responses={200: "PartSlot", **ERR}),
+    Route("PUT", "/v1/multipart/{upload_id}/parts/{number}", "multipart_part_done",
+          "record part N as written (replacing one sent before)", "meta",
+          params=(P_UPLOAD, P_PART), body="PartDone", responses={200: "Part", **ERR}),
+    Route("POST", "/v1/multipart/{upload_id}/complete", "multipart_complete",
+          "complete: the file committed as its parts lie, or the parts to compose", "meta",
+          params=(P_UPLOAD,), body="CompleteRequest", responses={200: "CompleteResult", **ERR}),
+    Route("DELETE", "/v1/multipart/{upload_id}", "multipart_abort",
+          "drop a multipart upload: its parts' chunks are collected", "meta",
+          params=(P_UPLOAD,), responses={200: "MultipartUpload", **ERR}),
+)
+ROUTES = ROUTES + _MULTIPART_ROUTES
 
 # What each operation needs when auth is on: one line per route, checked complete below.
 ACCESS: dict[str, Access] = {
@@ -388,9 +433,15 @@ ACCESS: dict[str, Access] = {
     "plan_position": Access("read", "none"),
     "gateway_get": Access("read", "visible"), "gateway_head": READ_PATH,
     "gateway_put": WRITE_PATH, "gateway_delete": WRITE_PATH,
+    # multipart: the handler checks the upload's path (a listing shows what may be read)
+    "multipart_create": WRITE_BODY, "multipart_list": Access("read", "none"),
+    "multipart_parts": Access("read", "body"), "multipart_part_begin": WRITE_BODY,
+    "multipart_part_done": WRITE_BODY, "multipart_complete": WRITE_BODY,
+    "multipart_abort": WRITE_BODY,
     # auth
     "auth_key": PUBLIC, "create_token": ADMIN, "list_tokens": ADMIN, "revoke_token": ADMIN,
     "capabilities": Access("any", "body"),
+    "create_s3_key": ADMIN, "list_s3_keys": ADMIN, "verify_s3": Access("s3gateway"),
     # data server: capabilities, not tokens
     "put_chunk": Access("write", "chunk"), "get_chunk": Access("read", "chunk"),
     "head_chunk": Access("read", "chunk"), "delete_chunk": Access("cluster"),

@@ -30,12 +30,15 @@ from ...web.requests import path_arg, query_bool, query_int, read_json
 from ...web.server import add_routes, base_app
 from .. import jobtable, opkey, presence, shared, targetauth, targetstats
 from ..cache.service import CacheService
+from ..multipart import MultipartService
 from ..service import MetaService
 from ..store.base import Upload
 from ..store.factory import open_store
 from ..upkeep import reliability
 from . import authapp, gauges, quotas, ui
+from . import s3keys as s3keyhttp
 from . import cache as cachehttp
+from . import multipart as mphttp
 from .authapp import check_uploads, read_capability, write_capability
 from .gateway import Gateway
 
@@ -59,6 +62,7 @@ def make_meta_app(config: Config) -> web.Application:
     app[SERVICE] = service
     add_routes(app, "meta", {**HANDLERS, **authapp.handlers(service, config)})
     authapp.install(app, service, config)   # tokens, when config.auth
+    s3keyhttp.install(app, service, config)  # S3 keys, when config.auth (after authapp)
     # after auth, so that a key answers only its owner; opkey: creates and commits retried
     idempotency.install(app, service.store, bind=opkey.bind,
                         self_answering=opkey.SELF_ANSWERING)
@@ -74,6 +78,9 @@ def make_meta_app(config: Config) -> web.Application:
     # attached directories: fills, and the duty holder's refreshes and evictions
     cachehttp.install(app, CacheService(service, config, lambda: app[GATEWAY].plane))
     app.cleanup_ctx.append(cachehttp.background(config.cache_interval))
+    # S3 multipart uploads, and the collection of idle ones (stager/meta/multipart.py)
+    mphttp.install(app, MultipartService(service))
+    app.cleanup_ctx.append(mphttp.background(lambda: config.gc_interval))
     return app
 
 
@@ -384,5 +391,6 @@ HANDLERS = {
     "get_manifest": get_manifest, "gateway_get": gateway_get,
     "gateway_head": gateway_head, "gateway_put": gateway_put,
     "gateway_delete": gateway_delete, **reliability.HANDLERS, **jobtable.HANDLERS,
-    **ui.HANDLERS, **quotas.HANDLERS, **cachehttp.HANDLERS,
+    **ui.HANDLERS, **quotas.HANDLERS, **cachehttp.HANDLERS, **s3keyhttp.HANDLERS,
+    **mphttp.HANDLERS,
 }

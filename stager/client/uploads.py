@@ -1,0 +1,173 @@
+"""S3 multipart uploads from the client's side: parts streamed by the write engine.
+
+:class:`MultipartUploads` speaks the metadata server's multipart routes
+(:mod:`stager.meta.multipart` says where parts go and why).  A part is streamed
+through a :class:`~stager.dataplane.writer.StripedWriter` at the chunk index the server
+gave (memory stays near the writer's window, a few chunks), its md5 (its S3 ETag) taken
+on the way.  A part's writer has no reroute: a reroute would move the whole upload's
+layout under the parts already written, so a part whose target fails fails, and the S3
+client sends it again.  Completing commits the file where it lies when the server says
+it can, after writing again in their slots the few parts it names (``move``); otherwise
+the parts are composed here, read back in order and written as a new file (a streaming
+copy: correct, and slower), which replaces the pending one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from ..dataplane.writer import StripedWriter
+from ..errors import BadRequest
+from ..protocol import paths
+from ..protocol.models import FileInfo, LayoutSpec
+from ..protocol.multipart import (
+    CompleteRequest,
+    CompleteResult,
+    MultipartCreate,
+    MultipartList,
+    MultipartUpload,
+    Part,
+    PartBegin,
+    PartDone,
+    PartList,
+    PartSlot,
+)
+from ..protocol.routes import route
+from .async_client import AsyncClient
+
+
+@dataclass(frozen=True)
+class Completed:
+    """A completed upload: the file, its S3 ETag (unquoted), the bytes copied to make it,
+    and whether its parts were composed into a new file."""
+
+    info: FileInfo
+    etag: str
+    copied: int                         # bytes copied: 0, a moved part's, or all (composed)
+    composed: bool
+    part_sizes: tuple[int, ...]
+
+
+class MultipartUploads:
+    """The multipart calls of one :class:`~stager.client.AsyncClient`."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self.client = client
+
+    async def create(self, path: str, *, layout: LayoutSpec | None = None) -> MultipartUpload:
+        """Begin an upload of ``path``: nothing is visible there until it completes."""
+        body = MultipartCreate(paths.normalize(path), layout).to_json()
+        return MultipartUpload.from_json(await self.client.meta.request(
+            route("multipart_create"), body=body))
+
+    async def write_part(self, upload_id: str, number: int,
+                         source: AsyncIterable[bytes | bytearray | memoryview] | bytes,
+                         size: int) -> Part:
+        """Write part ``number``: ``size`` bytes from ``source`` (a part sent before with
+        that number is replaced).  Fewer or more bytes than ``size``: BadRequest, and
+        nothing recorded."""
+        slot = PartSlot.from_json(await self.client.meta.request(
+            route("multipart_part_begin"), body=PartBegin(size).to_json(),
+            upload_id=upload_id, number=number))
+        self.client.learn("write", slot.file_id, slot.capability)
+        writer = StripedWriter(self.client.plane, slot.file_id, slot.layout, slot.locations,
+                               max_in_flight=self.client.config.readahead_chunks,
+                               first_chunk=slot.first_chunk)
+        md5 = hashlib.md5(usedforsecurity=False)
+        try:
+            if isinstance(source, (bytes, bytearray, memoryview)):
+                md5.update(source)
+                await writer.write(source)
+            else:
+                async for data in source:
+                    md5.update(data)
+                    await writer.write(data)
+                    if writer.size > size:
+                        break
+            if writer.size != size:
+                raise BadRequest(f"part {number}: {writer.size} bytes sent, {size} announced",
+                                 reason="IncompleteBody", sent=writer.size, size=size)
+            written, checksums = await writer.close()
+        except BaseException:
+            await asyncio.shield(writer.abort())
+            raise
+        done = PartDone(slot.file_id, slot.first_chunk, written, md5.hexdigest(), checksums)
+        return Part.from_json(await self.client.meta.request(
+            route("multipart_part_done"), body=done.to_json(), upload_id=upload_id,
+            number=number))
+
+    async def copy_part(self, upload_id: str, number: int, src: str, start: int = 0,
+                        stop: int | None = None) -> Part:
+        """Write part ``number`` from bytes ``[start, stop)`` of the file ``src``
+        (S3's UploadPartCopy), streamed from its reader into the part's writer."""
+        info = await self.client.stat(src)
+        stop = info.size if stop is None else min(stop, info.size)
+        if not 0 <= start <= stop:
+            raise BadRequest(f"range {start}-{stop} is outside {src} ({info.size} bytes)",
+                             reason="InvalidRange")
+        reader = self.client.reader(info)
+        return await self.write_part(upload_id, number, reader.stream(start, stop),
+                                     stop - start)
+
+    async def parts(self, upload_id: str) -> PartList:
+        return PartList.from_json(await self.client.meta.request(
+            route("multipart_parts"), upload_id=upload_id))
+
+    async def uploads(self, prefix: str = "/", *, after: tuple[str, str] = ("", ""),
+                      limit: int | None = None) -> MultipartList:
+        """Uploads in progress whose path starts with ``prefix``, by (path, upload id)
+        after ``after``."""
+        query = {"prefix": prefix, "after_path": after[0] or None,
+                 "after_id": after[1] or None, "limit": limit}
+        return MultipartList.from_json(await self.client.meta.request(
+            route("multipart_list"), query=query))
+
+    async def complete(self, upload_id: str, parts: Sequence[tuple[int, str]]) -> Completed:
+        """Make the object of ``parts`` ((number, ETag), ascending) visible at once."""
+        moved = 0
+        for _ in range(3):      # a part sent meanwhile may need moving again
+            result = CompleteResult.from_json(await self.client.meta.request(
+                route("multipart_complete"), body=CompleteRequest(tuple(parts)).to_json(),
+                upload_id=upload_id))
+            if result.file is not None:
+                self.client.meta.forget(result.file.path)
+                return Completed(result.file, result.etag, moved, False, result.part_sizes)
+            if not result.move:
+                break
+            for part in result.move:
+                await self.write_part(upload_id, part.number, self._read(part), part.size)
+                moved += part.size
+        return await self._compose(upload_id, result)
+
+    def _read(self, part: Part) -> AsyncIterable[memoryview]:
+        """The bytes of ``part`` where it lies now."""
+        assert part.slot is not None
+        slot = part.slot
+        self.client.learn("read", slot.file_id, slot.capability)
+        before = slot.first_chunk * slot.layout.chunk_size
+        info = FileInfo("/", "file", before + part.size, 0.0, slot.file_id, slot.layout,
+                        checksums=(0,) * slot.first_chunk + part.checksums,
+                        locations=slot.locations, capability=slot.capability)
+        return self.client.reader(info).stream(before, before + part.size)
+
+    async def _compose(self, upload_id: str, result: CompleteResult) -> Completed:
+        """Copy the parts, in order, into a new file at the upload's path; then drop the
+        upload (its pending file and parts are collected)."""
+        upload = (await self.parts(upload_id)).upload
+
+        async def pieces() -> AsyncIterator[memoryview]:
+            for part in result.compose:
+                async for piece in self._read(part):
+                    yield piece
+
+        info = await self.client.write_stream(upload.path, pieces())
+        await self.abort(upload_id)
+        return Completed(info, result.etag, info.size, True, result.part_sizes)
+
+    async def abort(self, upload_id: str) -> MultipartUpload:
+        """Drop the upload: nothing becomes visible, its chunks are collected."""
+        return MultipartUpload.from_json(await self.client.meta.request(
+            route("multipart_abort"), upload_id=upload_id))

@@ -1,0 +1,234 @@
+"""S3 multipart uploads on the metadata server: where each part goes, and completion.
+
+Creating an upload begins a pending upload of the final file, as any write does
+(:func:`stager.meta.writes.create`), and keeps a record beside it
+(:mod:`stager.meta.store.multipart`): the file stays invisible until completed, and
+the record, not ``upload_grace``, decides when it is abandoned (``multipart_idle``
+after its last part).
+
+Where a part goes is decided by its size before it is written.  The first part of a
+whole number of chunks fixes the upload's part size P (boto3 and the AWS CLI send equal
+parts of 8 MiB, the last one shorter).  Part N of at most P bytes is written straight
+into the final file's chunk slots from ``(N-1)·P/chunk_size``; any other part into a
+hidden file of its own (its id derived from the upload and N, so a part sent again
+writes over the same chunks).  When the parts completed are 1..k, all in place and all
+but the last exactly P bytes, completing is a commit of the final file with the parts'
+checksums: nothing is copied.  A part that went to a hidden file only because it began
+before P was fixed (boto3's short last part, sent alongside the first) is written
+again into its slot first (``move``: that part's bytes are copied, no others).
+Otherwise completion answers the parts in order and the writer composes them into a
+new file by a streaming copy (correct, and slower), then drops the upload.  Part
+numbers, order, ETags and the minimum part size are checked here,
+in one place, for every gateway.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ..errors import BadRequest, NotFound, StagerError, UploadNotFound
+from ..protocol.batch import CommitItem, CreateItem
+from ..protocol.models import FileInfo, LayoutSpec
+from ..protocol.multipart import CompleteResult, Part, PartDone, PartSlot, part_number
+from . import writes
+from .store.base import NodeEntry
+from .store.multipart import MultipartRecord, PartRecord
+
+if TYPE_CHECKING:
+    from .service import MetaService
+
+log = logging.getLogger("stager.meta")
+_HIDDEN = uuid.UUID("5b0c6f3e-54a3-4c8e-9c1e-6d2b1f0e7a11")   # hidden parts' id namespace
+
+
+def hidden_part_id(upload_id: str, number: int) -> str:
+    """The file id of part ``number`` of ``upload_id`` when it is not in place."""
+    return uuid.uuid5(_HIDDEN, f"{upload_id}/{number}").hex
+
+
+def multipart_etag(md5s: Sequence[str]) -> str:
+    """S3's ETag of an object made of parts with these md5s (hex): the md5 of their
+    md5s, a dash, their count."""
+    digest = hashlib.md5(b"".join(bytes.fromhex(m) for m in md5s), usedforsecurity=False)
+    return f"{digest.hexdigest()}-{len(md5s)}"
+
+
+def invalid(reason: str, message: str, **details: object) -> BadRequest:
+    """A refused completion; ``reason`` is the S3 error it is (the gateway maps it)."""
+    return BadRequest(message, reason=reason, **details)
+
+
+def check_completion(requested: Sequence[tuple[int, str]], parts: dict[int, PartRecord],
+                     min_part: int) -> list[PartRecord]:
+    """The parts a completion names, in order, after S3's checks: numbers ascending
+    (``InvalidPartOrder``), each written with that ETag (``InvalidPart``), each but the
+    last at least ``min_part`` bytes (``EntityTooSmall``)."""
+    chosen = []
+    for i, (number, etag) in enumerate(requested):
+        if i and number <= requested[i - 1][0]:
+            raise invalid("InvalidPartOrder", "the list of parts was not in ascending order",
+                          part=number)
+        part = parts.get(number)
+        if part is None or etag.strip().strip('"').lower() != part.md5:
+            raise invalid("InvalidPart", f"part {number} was not uploaded, or its ETag "
+                          "does not match", part=number)
+        chosen.append(part)
+    for part in chosen[:-1]:
+        if part.size < min_part:
+            raise invalid("EntityTooSmall", f"part {part.number} is {part.size} bytes, "
+                          f"less than the least allowed, {min_part}", part=part.number,
+                          size=part.size, min_size=min_part)
+    return chosen
+
+
+def misplaced(record: MultipartRecord, chosen: Sequence[PartRecord]
+              ) -> list[PartRecord] | None:
+    """The parts of ``chosen`` not yet in their slots of the final file, when the rest
+    are and each of these fits its slot (parts 1..k, all but the last exactly the part
+    size); ``None`` when the parts cannot lie in place and must be composed."""
+    size = record.part_size
+    if size is None:
+        return None
+    per = size // record.layout.chunk_size
+    if not all(p.number == i and (p.size == size or i == len(chosen))
+               for i, p in enumerate(chosen, 1)):
+        return None
+    return [p for p in chosen if (p.file_id, p.first_chunk)
+            != (record.file_id, (p.number - 1) * per)]
+
+
+class MultipartService:
+    """The multipart operations over the store and the service's writes."""
+
+    def __init__(self, service: MetaService) -> None:
+        self.service = service
+        self.store = service.store
+        self.config = service.config
+
+    async def create(self, path: str, layout: LayoutSpec | None) -> MultipartRecord:
+        [begun] = await writes.create(self.service, [CreateItem(path, layout)])
+        if isinstance(begun, StagerError):
+            raise begun
+        upload, _ = begun
+        now = self.service.clock()
+        record = MultipartRecord(uuid.uuid4().hex, upload.path, upload.file_id, upload.layout,
+                                 None, now, now)
+        await self.store.begin_multipart(record)
+        return record
+
+    async def get(self, upload_id: str) -> MultipartRecord:
+        try:
+            return await self.store.get_multipart(upload_id)
+        except NotFound:
+            raise UploadNotFound(f"no multipart upload {upload_id}",
+                                 upload_id=upload_id) from None
+
+    def slot(self, record: MultipartRecord, file_id: str, first_chunk: int) -> PartSlot:
+        info = self.service.info(NodeEntry(record.path, "file", 0, record.created, file_id,
+                                           record.layout))
+        return PartSlot(file_id, first_chunk, record.layout, info.locations)
+
+    async def begin_part(self, upload_id: str, number: int, size: int) -> PartSlot:
+        """Where part ``number`` of ``size`` bytes goes (see the module's docstring)."""
+        number = part_number(number)
+        record = await self.get(upload_id)
+        chunk, fixed = record.layout.chunk_size, record.part_size
+        if fixed is None and size > 0 and size % chunk == 0:
+            fixed = await self.store.fix_part_size(upload_id, size)
+        if fixed is not None and size <= fixed:
+            return self.slot(record, record.file_id, (number - 1) * (fixed // chunk))
+        return self.slot(record, hidden_part_id(upload_id, number), 0)
+
+    async def record_part(self, upload_id: str, number: int, done: PartDone) -> Part:
+        """Keep part ``number`` as written where :meth:`begin_part` said."""
+        number = part_number(number)
+        record = await self.get(upload_id)
+        chunk = record.layout.chunk_size
+        if len(done.checksums) != -(-done.size // chunk):
+            raise BadRequest(f"a {done.size}-byte part has {-(-done.size // chunk)} chunks, "
+                             f"got {len(done.checksums)} checksums")
+        fixed = record.part_size or 0
+        allowed = {(hidden_part_id(upload_id, number), 0)}
+        if fixed and done.size <= fixed:
+            allowed.add((record.file_id, (number - 1) * (fixed // chunk)))
+        if (done.file_id, done.first_chunk) not in allowed:
+            raise BadRequest(f"part {number} of {upload_id} does not go to "
+                             f"{done.file_id} from chunk {done.first_chunk}")
+        part = PartRecord(number, done.file_id, done.first_chunk, done.size, done.md5,
+                          done.checksums, self.service.clock())
+        if not await self.store.put_part(upload_id, part):
+            raise UploadNotFound(f"no multipart upload {upload_id}", upload_id=upload_id)
+        return Part(number, part.size, part.md5, part.written)
+
+    async def parts(self, upload_id: str) -> tuple[MultipartRecord, list[PartRecord]]:
+        return await self.get(upload_id), await self.store.list_parts(upload_id)
+
+    async def uploads(self, prefix: str, after: tuple[str, str], limit: int
+                      ) -> list[MultipartRecord]:
+        return await self.store.list_multipart(prefix, after=after, limit=limit)
+
+    async def complete(self, upload_id: str, requested: Sequence[tuple[int, str]]
+                       ) -> CompleteResult:
+        """Commit the final file as its parts lie (no copy), or answer the parts to
+        compose; the checks are S3's (:func:`check_completion`)."""
+        record, parts = await self.parts(upload_id)
+        chosen = check_completion(requested, {p.number: p for p in parts},
+                                  self.config.multipart_min_part)
+        etag = multipart_etag([p.md5 for p in chosen])
+        sizes = tuple(p.size for p in chosen)
+        moves = misplaced(record, chosen)
+        if moves != []:
+            listed = tuple(Part(p.number, p.size, p.md5, p.written,
+                                self.slot(record, p.file_id, p.first_chunk), p.checksums)
+                           for p in (chosen if moves is None else moves))
+            if moves is None:
+                return CompleteResult(etag, sizes, compose=listed)
+            return CompleteResult(etag, sizes, move=listed)
+        checksums = tuple(c for p in chosen for c in p.checksums)
+        size = sum(p.size for p in chosen)
+        [done] = await writes.commit(self.service, [CommitItem(record.file_id, size,
+                                                               checksums)])
+        if isinstance(done, UploadNotFound):
+            done = await self._committed_before(record, done)
+        if isinstance(done, StagerError):
+            raise done
+        await self.store.drop_multipart(upload_id, keep={record.file_id},
+                                        now=self.service.clock())
+        return CompleteResult(etag, sizes, file=done)
+
+    async def _committed_before(self, record: MultipartRecord, gone: UploadNotFound
+                                ) -> FileInfo | StagerError:
+        """A completion asked again after its commit went through (the record's drop
+        did not): the file at the path is the upload's own."""
+        try:
+            info = await self.service.stat(record.path)
+        except NotFound:
+            return gone
+        return info if info.file_id == record.file_id else gone
+
+    async def abort(self, upload_id: str) -> MultipartRecord:
+        """Drop the upload: its pending file and hidden parts go to garbage."""
+        try:
+            return await self.store.drop_multipart(upload_id, keep=(),
+                                                   now=self.service.clock())
+        except NotFound:
+            raise UploadNotFound(f"no multipart upload {upload_id}",
+                                 upload_id=upload_id) from None
+
+    async def collect_idle(self) -> int:
+        """Abort every upload with no part written for ``multipart_idle``; how many."""
+        idle = await self.store.idle_multipart(self.service.clock()
+                                               - self.config.multipart_idle)
+        for record in idle:
+            log.info("multipart upload %s of %s idle: collecting", record.upload_id,
+                     record.path)
+            try:
+                await self.store.drop_multipart(record.upload_id, keep=(),
+                                                now=self.service.clock())
+            except NotFound:
+                pass        # completed or aborted meanwhile
+        return len(idle)

@@ -1,0 +1,301 @@
+"""The bodies of the multipart routes: S3 multipart uploads on the metadata server.
+
+A multipart upload (``/v1/multipart``) is a pending file that parts are written into
+and that completes at once.  Before writing part N, a writer asks where it goes
+(:class:`PartBegin` → :class:`PartSlot`): into the final file's own chunk slots from
+``first_chunk`` when its size allows (the upload's part size is fixed by the first
+part of a whole number of chunks; a part no longer than it is written in place), else
+into a hidden file of its own.  The writer then records what it wrote (:class:`PartDone`).
+Completing (:class:`CompleteRequest`) either commits the final file as it lies (no
+copy), or answers the few parts to write again in their slots first (``move``: a part
+that began before the part size was fixed, such as a short last part sent first),
+or the parts to compose (``compose``), which the writer copies into a new file before
+dropping the upload.  The store returns these same values, so a field
+is named in one place (:mod:`stager.meta.store.multipart`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import BadRequest
+from .models import FileInfo, Layout, LayoutSpec, count_of, field_of
+
+MAX_PART_NUMBER = 10000         # S3's
+MAX_PARTS_LISTED = 1000
+
+
+def part_number(value: Any) -> int:
+    """A part number: an integer from 1 to :data:`MAX_PART_NUMBER`."""
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = 0
+    if isinstance(value, bool) or not 1 <= number <= MAX_PART_NUMBER:
+        raise BadRequest(f"a part number is an integer from 1 to {MAX_PART_NUMBER}",
+                         reason="invalid_part_number")
+    return number
+
+
+def _crcs(obj: Any, key: str) -> tuple[int, ...]:
+    values = field_of(obj, key, list)
+    try:
+        return tuple(int(v, 16) for v in values)
+    except (TypeError, ValueError):
+        raise BadRequest(f"field {key!r} must be a list of hex CRC32Cs") from None
+
+
+@dataclass(frozen=True)
+class MultipartCreate:
+    path: str
+    layout: LayoutSpec | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"path": self.path}
+        if self.layout is not None:
+            out["layout"] = self.layout.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Any) -> MultipartCreate:
+        layout = field_of(obj, "layout", dict, None)
+        return cls(field_of(obj, "path", str),
+                   None if layout is None else LayoutSpec.from_json(layout))
+
+
+@dataclass(frozen=True)
+class MultipartUpload:
+    """An upload in progress, as listed."""
+
+    upload_id: str
+    path: str
+    file_id: str
+    layout: Layout
+    part_size: int | None
+    created: float
+    touched: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"upload_id": self.upload_id, "path": self.path, "file_id": self.file_id,
+                "layout": self.layout.to_json(), "part_size": self.part_size,
+                "created": self.created, "touched": self.touched}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> MultipartUpload:
+        return cls(field_of(obj, "upload_id", str), field_of(obj, "path", str),
+                   field_of(obj, "file_id", str), Layout.from_json(field_of(obj, "layout", dict)),
+                   count_of(obj, "part_size", None), field_of(obj, "created", (int, float)),
+                   field_of(obj, "touched", (int, float)))
+
+
+@dataclass(frozen=True)
+class PartBegin:
+    size: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"size": self.size}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> PartBegin:
+        return cls(count_of(obj, "size"))
+
+
+@dataclass(frozen=True)
+class PartSlot:
+    """Where part bytes lie (or go): chunks of ``file_id`` from ``first_chunk`` on."""
+
+    file_id: str
+    first_chunk: int
+    layout: Layout
+    locations: dict[str, str]
+    capability: str | None = None     # with auth on: for ``file_id``
+
+    def to_json(self) -> dict[str, Any]:
+        out = {"file_id": self.file_id, "first_chunk": self.first_chunk,
+               "layout": self.layout.to_json(), "locations": dict(self.locations)}
+        if self.capability is not None:
+            out["capability"] = self.capability
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Any) -> PartSlot:
+        return cls(field_of(obj, "file_id", str), count_of(obj, "first_chunk"),
+                   Layout.from_json(field_of(obj, "layout", dict)),
+                   dict(field_of(obj, "locations", dict)),
+                   field_of(obj, "capability", str, None))
+
+
+@dataclass(frozen=True)
+class PartDone:
+    """A part written: where, its size, the md5 of its bytes (hex) and its chunks' CRCs."""
+
+    file_id: str
+    first_chunk: int
+    size: int
+    md5: str
+    checksums: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file_id": self.file_id, "first_chunk": self.first_chunk, "size": self.size,
+                "md5": self.md5, "checksums": [f"{c:08x}" for c in self.checksums]}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> PartDone:
+        md5 = field_of(obj, "md5", str)
+        if len(md5) != 32 or any(c not in "0123456789abcdef" for c in md5):
+            raise BadRequest("md5 must be 32 lowercase hex digits")
+        return cls(field_of(obj, "file_id", str), count_of(obj, "first_chunk"),
+                   count_of(obj, "size"), md5, _crcs(obj, "checksums"))
+
+
+@dataclass(frozen=True)
+class Part:
+    number: int
+    size: int
+    md5: str
+    written: float
+    slot: PartSlot | None = None        # where it lies: in a completion's ``compose``
+    checksums: tuple[int, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"number": self.number, "size": self.size, "md5": self.md5,
+                               "written": self.written}
+        if self.slot is not None:
+            out["slot"] = self.slot.to_json()
+            out["checksums"] = [f"{c:08x}" for c in self.checksums]
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Part:
+        slot = field_of(obj, "slot", dict, None)
+        return cls(part_number(field_of(obj, "number", int)), count_of(obj, "size"),
+                   field_of(obj, "md5", str), field_of(obj, "written", (int, float)),
+                   None if slot is None else PartSlot.from_json(slot),
+                   _crcs(obj, "checksums") if slot is not None else ())
+
+
+@dataclass(frozen=True)
+class PartList:
+    upload: MultipartUpload
+    parts: tuple[Part, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"upload": self.upload.to_json(), "parts": [p.to_json() for p in self.parts]}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> PartList:
+        return cls(MultipartUpload.from_json(field_of(obj, "upload", dict)),
+                   tuple(Part.from_json(p) for p in field_of(obj, "parts", list)))
+
+
+@dataclass(frozen=True)
+class MultipartList:
+    uploads: tuple[MultipartUpload, ...]
+    truncated: bool = False         # a page's worth: more may follow the last
+
+    def to_json(self) -> dict[str, Any]:
+        return {"uploads": [u.to_json() for u in self.uploads], "truncated": self.truncated}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> MultipartList:
+        return cls(tuple(MultipartUpload.from_json(u) for u in field_of(obj, "uploads", list)),
+                   field_of(obj, "truncated", bool, False))
+
+
+@dataclass(frozen=True)
+class CompleteRequest:
+    """The parts of the object, in order: (number, md5 hex: the part's ETag)."""
+
+    parts: tuple[tuple[int, str], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"parts": [[n, md5] for n, md5 in self.parts]}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> CompleteRequest:
+        items = field_of(obj, "parts", list)
+        if not items or len(items) > MAX_PART_NUMBER:
+            raise BadRequest(f"a completion names 1 to {MAX_PART_NUMBER} parts",
+                             reason="malformed")
+        parts = []
+        for item in items:
+            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[1], str)):
+                raise BadRequest("each part is [number, etag]", reason="malformed")
+            parts.append((part_number(item[0]), item[1]))
+        return cls(tuple(parts))
+
+
+@dataclass(frozen=True)
+class CompleteResult:
+    """A completion: the object committed (``file``), or the parts to compose into a
+    new file (``compose``, in order), and the object's S3 ETag either way."""
+
+    etag: str
+    part_sizes: tuple[int, ...]
+    file: FileInfo | None = None
+    compose: tuple[Part, ...] = ()
+    move: tuple[Part, ...] = ()       # parts to write again in place, then complete again
+
+    def to_json(self) -> dict[str, Any]:
+        return {"etag": self.etag, "part_sizes": list(self.part_sizes),
+                "file": None if self.file is None else self.file.to_json(),
+                "compose": [p.to_json() for p in self.compose],
+                "move": [p.to_json() for p in self.move]}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> CompleteResult:
+        file = field_of(obj, "file", dict, None)
+        sizes = field_of(obj, "part_sizes", list)
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sizes):
+            raise BadRequest("part_sizes must be sizes")
+        return cls(field_of(obj, "etag", str), tuple(sizes),
+                   None if file is None else FileInfo.from_json(file),
+                   tuple(Part.from_json(p) for p in field_of(obj, "compose", list, [])),
+                   tuple(Part.from_json(p) for p in field_of(obj, "move", list, [])))
+
+
+# -- OpenAPI schemas (merged into stager.protocol.openapi.SCHEMAS) ---------------------------
+def _ref(name: str) -> dict[str, Any]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+_OBJ, _STR, _NUM = {"type": "object"}, {"type": "string"}, {"type": "number"}
+_COUNT = {"type": "integer", "minimum": 0}
+_CRCS = {"type": "array", "items": {"type": "string", "pattern": "^[0-9a-f]{1,8}$"}}
+_NUMBER = {"type": "integer", "minimum": 1, "maximum": MAX_PART_NUMBER}
+SCHEMAS: dict[str, Any] = {
+    "MultipartCreate": {"type": "object", "required": ["path"], "properties": {
+        "path": _STR, "layout": _OBJ}},
+    "MultipartUpload": {"type": "object", "required": [
+        "upload_id", "path", "file_id", "layout", "part_size", "created", "touched"],
+        "properties": {"upload_id": _STR, "path": _STR, "file_id": _STR, "layout": _OBJ,
+                       "part_size": {"type": ["integer", "null"], "minimum": 0},
+                       "created": _NUM, "touched": _NUM}},
+    "PartBegin": {"type": "object", "required": ["size"], "properties": {"size": _COUNT}},
+    "PartSlot": {"type": "object", "required": ["file_id", "first_chunk", "layout",
+                                                "locations"],
+                 "properties": {"file_id": _STR, "first_chunk": _COUNT, "layout": _OBJ,
+                                "locations": _OBJ, "capability": _STR}},
+    "PartDone": {"type": "object", "required": ["file_id", "first_chunk", "size", "md5",
+                                                "checksums"],
+                 "properties": {"file_id": _STR, "first_chunk": _COUNT, "size": _COUNT,
+                                "md5": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
+                                "checksums": _CRCS}},
+    "Part": {"type": "object", "required": ["number", "size", "md5", "written"],
+             "properties": {"number": _NUMBER, "size": _COUNT, "md5": _STR, "written": _NUM,
+                            "slot": _ref("PartSlot"), "checksums": _CRCS}},
+    "PartList": {"type": "object", "required": ["upload", "parts"], "properties": {
+        "upload": _ref("MultipartUpload"), "parts": {"type": "array", "items": _ref("Part")}}},
+    "MultipartList": {"type": "object", "required": ["uploads"], "properties": {
+        "uploads": {"type": "array", "items": _ref("MultipartUpload")},
+        "truncated": {"type": "boolean"}}},
+    "CompleteRequest": {"type": "object", "required": ["parts"], "properties": {
+        "parts": {"type": "array", "minItems": 1, "maxItems": MAX_PART_NUMBER, "items": {
+            "type": "array", "minItems": 2, "maxItems": 2}}}},
+    "CompleteResult": {"type": "object", "required": ["etag", "part_sizes", "file", "compose"],
+                       "properties": {"etag": _STR, "file": {"type": ["object", "null"]},
+                                      "part_sizes": {"type": "array", "items": _COUNT},
+                                      "compose": {"type": "array", "items": _ref("Part")},
+                                      "move": {"type": "array", "items": _ref("Part")}}},
+}
