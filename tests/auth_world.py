@@ -26,7 +26,7 @@ from typing import Any
 from conftest import Reply, raw_http
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from stager.auth import KEY_FILE, Capability, Token, load_key, sign
+from stager.auth import KEY_FILE, Capability, Token, load_key, sign, sigv4
 from stager.auth.tokens import ANY_FILE, CLUSTER
 from stager.checksum import crc32c, to_hex
 from stager.errors import InsufficientStorage
@@ -47,6 +47,8 @@ TOKENS = {                      # name: (scopes, prefixes), minted by the admin
     "read_o": (["read"], ("/other",)), "write_o": (["write"], ("/other",)),
     "admin_o": (["admin"], ("/other",)), "join_o": (["join"], ("/other",)),
     "loader_m": (["read", "telemetry"], ("/m",)),       # a Loader's: it reads and reports
+    # an S3 gateway's own credential (it asks whether S3 signatures are good, nothing else)
+    "s3gateway": (["s3gateway"], ("/",)), "s3gateway_o": (["s3gateway"], ("/other",)),
 }
 FILE_A, FILE_B = b"A" * 5000, b"B" * 3000
 
@@ -294,6 +296,19 @@ def _forget(w: World) -> Sent:
     return post("forget_target", {}, target_id=target_id)
 
 
+def _verify_s3(w: World) -> Sent:
+    """A gateway's question about a request signed, today, with a key minted for it."""
+    made = w.admin("POST", route("create_s3_key").target(), as_json(TokenRequest(
+        ("read",), ("/m",), 600, "s3 key").to_json())).json()
+    now = time.gmtime()
+    scope = sigv4.Scope(time.strftime("%Y%m%d", now), "us-east-1", "s3")
+    text = "\n".join(("AWS4-HMAC-SHA256", time.strftime("%Y%m%dT%H%M%SZ", now), scope.text,
+                      "0" * 64))
+    signature = sigv4.sign(sigv4.signing_key(made["secret_key"], scope), text)
+    return post("verify_s3", {"access_key": made["access_key"], "scope": scope.text,
+                              "string_to_sign": text, "signature": signature})
+
+
 READ_M = {"right": "read_m", "scope": "write_m", "prefix": "read_o"}
 WRITE_M = {"right": "write_m", "scope": "read_m", "prefix": "write_o"}
 ADMIN = {"right": "admin", "scope": "write", "prefix": "admin_o"}
@@ -379,6 +394,11 @@ CASES: dict[str, Case] = {
     "revoke_token": Case(_revoke, **ADMIN),
     "capabilities": Case(lambda w: post("capabilities", {"op": "read", "file_ids": [w.a]}),
                          **READ_M),
+    # metadata server: S3 keys; the gateway's question takes the gateway's credential
+    "create_s3_key": Case(lambda w: post("create_s3_key", TokenRequest(
+        ("read",), ("/m",), 60, "s3 made").to_json()), **ADMIN),
+    "list_s3_keys": Case(lambda w: get("list_s3_keys"), **ADMIN),
+    "verify_s3": Case(_verify_s3, "s3gateway", scope="write", prefix="s3gateway_o"),
     # data servers: capabilities
     "put_chunk": Case(_chunk_put, "write_u", (201,), scope="read_u", prefix="write_v"),
     "get_chunk": Case(lambda w: get("get_chunk", chunk=f"{w.a}.0"), "read_a", prefix="read_b"),

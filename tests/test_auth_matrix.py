@@ -188,7 +188,9 @@ def test_the_wrong_prefix_or_file_is_403(world: World, audit: pytest.LogCaptureF
 
 # -- between servers: a join token and a target credential do their purpose, nothing else --
 SERVER_CREDS = {"join": {"register_target"},
-                "target": {"register_target", "heartbeat", "leave_target", "scrub_report"}}
+                "target": {"register_target", "heartbeat", "leave_target", "scrub_report"},
+                # an S3 gateway's: it reads, writes, lists and mints nothing
+                "s3gateway": {"verify_s3"}}
 ELSEWHERE = [pytest.param(r, cred, id=f"{r.op}-{cred}") for cred, purpose in SERVER_CREDS.items()
              for r in routes_for("meta")
              if r.op not in purpose and r.access.scope != "public"]  # type: ignore[union-attr]
@@ -197,9 +199,9 @@ ELSEWHERE = [pytest.param(r, cred, id=f"{r.op}-{cred}") for cred, purpose in SER
 @pytest.mark.parametrize(("rule", "cred"), ELSEWHERE)
 def test_a_servers_credential_is_refused_outside_its_purpose(world: World, rule: Route,
                                                              cred: str) -> None:
-    """A stolen storage node's join token or target credential: 403 on every route of
-    the metadata server that is not its job, the ones any user token may use
-    (status, the target listing, capability requests) included."""
+    """A stolen storage node's join token or target credential, or an S3 gateway's
+    credential: 403 on every route of the metadata server that is not its job, the ones
+    any user token may use (status, the target listing, capability requests) included."""
     refused(world.send("meta", CASES[rule.op].build(world), cred), 403, rule)
 
 

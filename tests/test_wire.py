@@ -45,6 +45,7 @@ from stager.protocol.models import (
 )
 from stager.protocol.openapi import SCHEMAS
 from stager.protocol.routes import ROUTES, route
+from stager.protocol.s3keys import S3KeyCreated, S3KeyInfo, S3KeyList, S3Verdict, S3VerifyRequest
 from stager.web.middleware import error_response
 
 
@@ -289,6 +290,13 @@ def _examples() -> dict[str, object]:
         "TokenList": TokenList(()),
         "CapabilityRequest": CapabilityRequest("read", ("a" * 32,)),
         "PublicKey": PublicKey("k" * 43),
+        "S3KeyCreated": S3KeyCreated("stg1.x.y", TokenInfo("a" * 32, "t", ("read",), ("/",), 1, 2),
+                                     "STG" + "A" * 17, "s" * 40),
+        "S3KeyList": S3KeyList((S3KeyInfo("STG" + "A" * 17, "a" * 32, 1),)),
+        "S3VerifyRequest": S3VerifyRequest("STG" + "A" * 17, "20260101/us-east-1/s3/aws4_request",
+                                           "AWS4-HMAC-SHA256\n...", "0" * 64),
+        "S3Verdict": S3Verdict(signing_key="0" * 64, token="stg1.x.y", token_id="a" * 32,
+                               expires=2),
         **_answers(),
         # the services' sections are additional properties; the schema names the rest
         "Status": replace(_answers()["Status"], sections={}),   # type: ignore[type-var]

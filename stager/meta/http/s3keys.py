@@ -1,0 +1,62 @@
+"""The S3 key routes: thin handlers over :class:`~stager.meta.s3keys.S3KeyService`.
+
+``create_s3_key`` and ``list_s3_keys`` take an admin token (as the token routes do);
+``verify_s3`` an S3 gateway's own credential (scope ``s3gateway``, or admin).  With
+auth off there are no keys: each is a 404, saying so.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from aiohttp import web
+
+from ...auth.sealed import SealedBox
+from ...config import Config
+from ...errors import NotFound
+from ...protocol.authmsg import TokenRequest
+from ...protocol.s3keys import S3KeyList, S3VerifyRequest
+from ...web.middleware import json_response
+from ...web.requests import read_json
+from ..auth import AUTH_DIR
+from ..s3keys import KEY_FILE, S3KeyService
+from ..service import MetaService
+from .authapp import AUTH
+
+S3KEYS = web.AppKey("s3keys", S3KeyService)
+MAX_BODY = 8192
+
+
+def install(app: web.Application, service: MetaService, config: Config) -> None:
+    """After :func:`~.authapp.install`: keys exist on a cluster with auth on."""
+    auth = app.get(AUTH)
+    if auth is None:
+        return
+    box = SealedBox.under(config.auth_dir or Path(config.root) / AUTH_DIR, KEY_FILE)
+    app[S3KEYS] = S3KeyService(auth, box, service.store)
+
+
+def _keys(request: web.Request) -> S3KeyService:
+    keys = request.app.get(S3KEYS)
+    if keys is None:
+        raise NotFound("auth is off on this metadata server: an open cluster takes any S3 "
+                       "credentials, and keeps none (start it with --auth)")
+    return keys
+
+
+async def create_s3_key(request: web.Request) -> web.Response:
+    req = TokenRequest.from_json(await read_json(request, MAX_BODY))
+    return json_response((await _keys(request).create(req)).to_json())
+
+
+async def list_s3_keys(request: web.Request) -> web.Response:
+    return json_response(S3KeyList(tuple(await _keys(request).list())).to_json())
+
+
+async def verify_s3(request: web.Request) -> web.Response:
+    req = S3VerifyRequest.from_json(await read_json(request, MAX_BODY))
+    return json_response((await _keys(request).verify(req)).to_json())
+
+
+HANDLERS = {"create_s3_key": create_s3_key, "list_s3_keys": list_s3_keys,
+            "verify_s3": verify_s3}
