@@ -35,6 +35,7 @@ from ..protocol.quotas import (
     Unpinned,
 )
 from ..protocol.routes import route
+from ..protocol.s3keys import S3KeyCreated, S3KeyInfo, S3KeyList, S3Verdict, S3VerifyRequest
 from .bulk import WriteItem, upload_gone, write_many
 from .cache import CacheCalls
 from .capabilities import CapabilityBook
@@ -265,6 +266,23 @@ class AsyncClient(CacheCalls):
         """Revoke a token: the metadata server refuses it from its next request on."""
         return TokenInfo.from_json(await self.meta.request(route("revoke_token"),
                                                            token_id=token_id, body={}))
+
+    async def create_s3_key(self, scopes: Sequence[str], prefixes: Sequence[str] = ("/",),
+                            ttl: int = 86400, name: str = "") -> S3KeyCreated:
+        """Mint a token and an S3 key bound to it (admin): the token's and the secret's
+        texts, shown this once."""
+        body = TokenRequest(tuple(scopes), tuple(prefixes), int(ttl), name).to_json()
+        return S3KeyCreated.from_json(await self.meta.request(route("create_s3_key"),
+                                                              body=body))
+
+    async def list_s3_keys(self) -> list[S3KeyInfo]:
+        return list(S3KeyList.from_json(await self.meta.request(route("list_s3_keys"))).keys)
+
+    async def verify_s3(self, question: S3VerifyRequest) -> S3Verdict:
+        """An S3 gateway's question (its token: scope ``s3gateway``): does the signature
+        sign the string with the key's secret?  stager/s3/auth.py."""
+        return S3Verdict.from_json(await self.meta.request(route("verify_s3"),
+                                                           body=question.to_json()))
 
     # -- loader telemetry (stager/meta/jobtable.py) ----------------------------------------
     async def report_job(self, job: str, rank: int, report: Mapping[str, Any], *,

@@ -29,7 +29,7 @@ MIRRORED = ("stat", "exists", "ls", "mkdir", "set_layout", "rename", "rm", "stat
             "targets", "cat", "read_into", "get", "put", "pipe", "put_manifest", "get_manifest",
             "remove_target", "forget_target", "scrub", "fsck", "write_many", "jobs", "create_token",
             "list_tokens", "revoke_token", "set_quota", "quotas", "pin", "unpin", "pins",
-            "attach", "refresh", "detach", "attachments")
+            "attach", "refresh", "detach", "attachments", "create_s3_key", "list_s3_keys")
 
 
 class Client:
