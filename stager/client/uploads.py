@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterable, AsyncIterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from ..dataplane.writer import StripedWriter
@@ -65,10 +65,11 @@ class MultipartUploads:
 
     async def write_part(self, upload_id: str, number: int,
                          source: AsyncIterable[bytes | bytearray | memoryview] | bytes,
-                         size: int) -> Part:
+                         size: int, *, md5_of: Callable[[], str] | None = None) -> Part:
         """Write part ``number``: ``size`` bytes from ``source`` (a part sent before with
         that number is replaced).  Fewer or more bytes than ``size``: BadRequest, and
-        nothing recorded."""
+        nothing recorded.  ``md5_of``: the part's md5 (hex) once ``source`` is read,
+        where its producer takes it anyway (the gateway's payload does), else taken here."""
         slot = PartSlot.from_json(await self.client.meta.request(
             route("multipart_part_begin"), body=PartBegin(size).to_json(),
             upload_id=upload_id, number=number))
@@ -77,13 +78,15 @@ class MultipartUploads:
                                max_in_flight=self.client.config.readahead_chunks,
                                first_chunk=slot.first_chunk)
         md5 = hashlib.md5(usedforsecurity=False)
+        hashing = md5_of is None
         try:
             if isinstance(source, (bytes, bytearray, memoryview)):
                 md5.update(source)
                 await writer.write(source)
             else:
                 async for data in source:
-                    md5.update(data)
+                    if hashing:
+                        md5.update(data)
                     await writer.write(data)
                     if writer.size > size:
                         break
@@ -94,7 +97,8 @@ class MultipartUploads:
         except BaseException:
             await asyncio.shield(writer.abort())
             raise
-        done = PartDone(slot.file_id, slot.first_chunk, written, md5.hexdigest(), checksums)
+        digest = md5.hexdigest() if md5_of is None else md5_of()
+        done = PartDone(slot.file_id, slot.first_chunk, written, digest, checksums)
         return Part.from_json(await self.client.meta.request(
             route("multipart_part_done"), body=done.to_json(), upload_id=upload_id,
             number=number))

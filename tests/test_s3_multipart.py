@@ -1,0 +1,206 @@
+"""S3 multipart uploads through boto3 against ``stager up --s3-port``: create, parts,
+complete, abort, the listings, UploadPartCopy and S3's errors; bytes read back through
+S3 and through ``stager://`` byte-exact, and aligned parts committed without a copy."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from boto3.s3.transfer import TransferConfig
+from botocore.exceptions import ClientError
+
+from stager.client import Client
+from stager.config import load_config
+from stager.testing.s3cluster import S3Cluster, boto3_client
+
+pytestmark = [pytest.mark.slow]
+MiB = 1 << 20
+MIN_PART = 64 << 10          # the cluster's multipart_min_part: small parts in tests
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Cluster]:
+    env = {"STAGER_MULTIPART_MIN_PART": str(MIN_PART)}
+    with S3Cluster(tmp_path_factory.mktemp("s3mp"), data_servers=2, env=env) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def c(s3: S3Cluster) -> Any:
+    return boto3_client(s3.url)
+
+
+@pytest.fixture(scope="module")
+def sc(s3: S3Cluster) -> Iterator[Client]:
+    client = Client(s3.meta_url, config=load_config(env={}))
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def bucket(c: Any) -> str:
+    c.create_bucket(Bucket="mpu")
+    return "mpu"
+
+
+def err(exc: pytest.ExceptionInfo[ClientError]) -> tuple[str, int]:
+    response = exc.value.response
+    return response["Error"]["Code"], response["ResponseMetadata"]["HTTPStatusCode"]
+
+
+def data_of(size: int, seed: int = 1) -> bytes:
+    block = hashlib.sha256(str(seed).encode()).digest() * 2048      # 64 KiB
+    return (block * (size // len(block) + 1))[:size]
+
+
+def multipart_etag(parts: list[bytes]) -> str:
+    joined = b"".join(hashlib.md5(p, usedforsecurity=False).digest() for p in parts)
+    return f'"{hashlib.md5(joined, usedforsecurity=False).hexdigest()}-{len(parts)}"'
+
+
+def test_upload_fileobj_of_40_mb_in_8_mib_parts(c: Any, sc: Client, bucket: str) -> None:
+    data = data_of(40 * 1000 * 1000)
+    config = TransferConfig(multipart_threshold=8 * MiB, multipart_chunksize=8 * MiB,
+                            max_concurrency=4)
+    c.upload_fileobj(io.BytesIO(data), bucket, "big/forty.bin", Config=config)
+    head = c.head_object(Bucket=bucket, Key="big/forty.bin")
+    parts = [data[i:i + 8 * MiB] for i in range(0, len(data), 8 * MiB)]
+    assert head["ContentLength"] == len(data) and head["ETag"] == multipart_etag(parts)
+    got = io.BytesIO()
+    c.download_fileobj(bucket, "big/forty.bin", got)
+    assert got.getvalue() == data
+    assert sc.cat("/mpu/big/forty.bin") == data
+    # partNumber=N reads back part N
+    second = c.get_object(Bucket=bucket, Key="big/forty.bin", PartNumber=2)
+    assert second["Body"].read() == parts[1]
+    assert c.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+
+
+def test_create_parts_complete_without_a_copy(s3: S3Cluster, c: Any, sc: Client,
+                                              bucket: str) -> None:
+    parts = [data_of(4 * MiB, 1), data_of(4 * MiB, 2), data_of(1000, 3)]
+    up = c.create_multipart_upload(Bucket=bucket, Key="k/three", ContentType="text/x-test",
+                                   Metadata={"who": "me"})
+    uid = up["UploadId"]
+    etags = [c.upload_part(Bucket=bucket, Key="k/three", UploadId=uid, PartNumber=n,
+                           Body=p)["ETag"] for n, p in enumerate(parts, 1)]
+    # invisible until completed
+    with pytest.raises(ClientError) as exc:
+        c.head_object(Bucket=bucket, Key="k/three")
+    assert err(exc)[1] == 404
+    assert "k/three" not in [o["Key"] for o in c.list_objects_v2(Bucket=bucket)
+                             .get("Contents", [])]
+    # the pending file the parts were written into (the metadata server's record)
+    with urllib.request.urlopen(f"{s3.meta_url}/v1/multipart?prefix=/mpu/k/", timeout=10) as r:
+        [pending] = json.loads(r.read())["uploads"]
+    listed = c.list_parts(Bucket=bucket, Key="k/three", UploadId=uid)
+    assert [(p["PartNumber"], p["Size"], p["ETag"]) for p in listed["Parts"]] == [
+        (n, len(p), e) for n, (p, e) in enumerate(zip(parts, etags, strict=True), 1)]
+    uploads = c.list_multipart_uploads(Bucket=bucket, Prefix="k/")["Uploads"]
+    assert [(u["Key"], u["UploadId"]) for u in uploads] == [("k/three", uid)]
+    done = c.complete_multipart_upload(
+        Bucket=bucket, Key="k/three", UploadId=uid,
+        MultipartUpload={"Parts": [{"PartNumber": n, "ETag": e}
+                                   for n, e in enumerate(etags, 1)]})
+    assert done["ETag"] == multipart_etag(parts)
+    head = c.head_object(Bucket=bucket, Key="k/three")
+    assert head["ETag"] == multipart_etag(parts) and head["ContentType"] == "text/x-test"
+    assert head["Metadata"] == {"who": "me"}
+    assert c.get_object(Bucket=bucket, Key="k/three")["Body"].read() == b"".join(parts)
+    assert sc.cat("/mpu/k/three") == b"".join(parts)
+    # no copy: the object is that pending file, whose chunks the parts were written as
+    assert sc.stat("/mpu/k/three").file_id == pending["file_id"]
+
+
+def test_abort_leaves_nothing(c: Any, sc: Client, bucket: str) -> None:
+    uid = c.create_multipart_upload(Bucket=bucket, Key="gone/x")["UploadId"]
+    c.upload_part(Bucket=bucket, Key="gone/x", UploadId=uid, PartNumber=1,
+                  Body=data_of(MIN_PART))
+    c.abort_multipart_upload(Bucket=bucket, Key="gone/x", UploadId=uid)
+    with pytest.raises(ClientError) as exc:
+        c.list_parts(Bucket=bucket, Key="gone/x", UploadId=uid)
+    assert err(exc) == ("NoSuchUpload", 404)
+    with pytest.raises(ClientError) as exc:
+        c.upload_part(Bucket=bucket, Key="gone/x", UploadId=uid, PartNumber=2, Body=b"x")
+    assert err(exc) == ("NoSuchUpload", 404)
+    with pytest.raises(ClientError) as exc:
+        c.head_object(Bucket=bucket, Key="gone/x")
+    assert err(exc)[1] == 404
+    assert not sc.exists("/mpu/gone/x")
+
+
+def test_upload_part_copy(c: Any, sc: Client, bucket: str) -> None:
+    source = data_of(3 * MIN_PART + 17, 7)
+    c.put_object(Bucket=bucket, Key="src/whole", Body=source)
+    uid = c.create_multipart_upload(Bucket=bucket, Key="copy/dst")["UploadId"]
+    a = c.upload_part_copy(Bucket=bucket, Key="copy/dst", UploadId=uid, PartNumber=1,
+                           CopySource={"Bucket": bucket, "Key": "src/whole"},
+                           CopySourceRange=f"bytes={MIN_PART}-{2 * MIN_PART - 1}")
+    b = c.upload_part_copy(Bucket=bucket, Key="copy/dst", UploadId=uid, PartNumber=2,
+                           CopySource=f"{bucket}/src/whole")
+    with pytest.raises(ClientError) as exc:
+        c.upload_part_copy(Bucket=bucket, Key="copy/dst", UploadId=uid, PartNumber=3,
+                           CopySource=f"{bucket}/src/whole",
+                           CopySourceRange=f"bytes=0-{len(source)}")
+    assert err(exc) == ("InvalidRange", 416)
+    etags = [a["CopyPartResult"]["ETag"], b["CopyPartResult"]["ETag"]]
+    c.complete_multipart_upload(Bucket=bucket, Key="copy/dst", UploadId=uid,
+                                MultipartUpload={"Parts": [{"PartNumber": n, "ETag": e}
+                                                           for n, e in enumerate(etags, 1)]})
+    want = source[MIN_PART:2 * MIN_PART] + source
+    assert c.get_object(Bucket=bucket, Key="copy/dst")["Body"].read() == want
+    assert sc.cat("/mpu/copy/dst") == want
+
+
+def test_completion_errors(c: Any, sc: Client, bucket: str) -> None:
+    key = "err/obj"
+    uid = c.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    small, big = data_of(1000, 1), data_of(MIN_PART, 2)
+    e1 = c.upload_part(Bucket=bucket, Key=key, UploadId=uid, PartNumber=1, Body=small)["ETag"]
+    e2 = c.upload_part(Bucket=bucket, Key=key, UploadId=uid, PartNumber=2, Body=big)["ETag"]
+
+    def complete(parts: list[dict[str, Any]]) -> tuple[str, int]:
+        with pytest.raises(ClientError) as exc:
+            c.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=uid,
+                                        MultipartUpload={"Parts": parts})
+        return err(exc)
+
+    assert complete([{"PartNumber": 2, "ETag": e2}, {"PartNumber": 1, "ETag": e1}]) == \
+        ("InvalidPartOrder", 400)
+    assert complete([{"PartNumber": 1, "ETag": e1}, {"PartNumber": 3, "ETag": e2}]) == \
+        ("InvalidPart", 400)
+    assert complete([{"PartNumber": 1, "ETag": e2}]) == ("InvalidPart", 400)
+    assert complete([{"PartNumber": 1, "ETag": e1}, {"PartNumber": 2, "ETag": e2}]) == \
+        ("EntityTooSmall", 400)
+    with pytest.raises(ClientError) as exc:
+        c.upload_part(Bucket=bucket, Key=key, UploadId=uid, PartNumber=10001, Body=b"x")
+    assert err(exc) == ("InvalidArgument", 400)
+    with pytest.raises(ClientError) as exc:
+        c.list_parts(Bucket=bucket, Key="err/other", UploadId=uid)     # another key's
+    assert err(exc) == ("NoSuchUpload", 404)
+    assert not sc.exists("/mpu/err/obj")          # nothing half-visible after all that
+    c.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=uid,
+                                MultipartUpload={"Parts": [{"PartNumber": 2, "ETag": e2}]})
+    assert sc.cat("/mpu/err/obj") == big
+
+
+def test_malformed_completion_xml(s3: S3Cluster, c: Any, bucket: str) -> None:
+    uid = c.create_multipart_upload(Bucket=bucket, Key="xml/obj")["UploadId"]
+    for body in (b"<CompleteMultipartUpload><Part>", b"<Nope/>",
+                 b"<CompleteMultipartUpload><Part><PartNumber>x</PartNumber>"
+                 b"<ETag>e</ETag></Part></CompleteMultipartUpload>",
+                 b"<CompleteMultipartUpload></CompleteMultipartUpload>",
+                 b'<!DOCTYPE a [<!ENTITY b "c">]><CompleteMultipartUpload/>'):
+        request = urllib.request.Request(f"{s3.url}/{bucket}/xml/obj?uploadId={uid}",
+                                         data=body, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            urllib.request.urlopen(request, timeout=10)
+        assert exc.value.code == 400 and b"<Code>MalformedXML</Code>" in exc.value.read()
+    c.abort_multipart_upload(Bucket=bucket, Key="xml/obj", UploadId=uid)
