@@ -170,6 +170,29 @@ def test_checksums_are_kept_and_returned(c: Any, bucket: str) -> None:
     assert err(e)[1] == 404
 
 
+def test_aws_chunked_uploads_over_https(tmp_path: Path) -> None:
+    """Over HTTPS boto3 sends its CRC32 in an aws-chunked trailer
+    (STREAMING-UNSIGNED-PAYLOAD-TRAILER): the body is decoded and checked, byte-exact."""
+    with S3Cluster(tmp_path / "tls", data_servers=1, tls=True) as s3:
+        assert s3.url.startswith("https://")
+        c = boto3_client(s3.url, verify=s3.ca_file)
+        sent: list[dict[str, Any]] = []
+        c.meta.events.register("before-send.s3.PutObject",
+                               lambda request, **_: sent.append(
+                                   {k.lower(): v for k, v in request.headers.items()}))
+        c.create_bucket(Bucket="tls")
+        data = blob(5 * MiB + 1, 11)
+        put = c.put_object(Bucket="tls", Key="chunked", Body=data)
+        assert sent[-1]["x-amz-content-sha256"] == b"STREAMING-UNSIGNED-PAYLOAD-TRAILER"
+        assert sent[-1]["x-amz-trailer"] == b"x-amz-checksum-crc32"
+        assert put["ETag"] == f'"{hashlib.md5(data).hexdigest()}"' and put["ChecksumCRC32"]
+        assert c.get_object(Bucket="tls", Key="chunked")["Body"].read() == data
+        c.upload_fileobj(io.BytesIO(data[:MiB]), "tls", "fileobj")
+        assert sent[-1]["x-amz-content-sha256"] == b"STREAMING-UNSIGNED-PAYLOAD-TRAILER"
+        with Client(s3.meta_url, config=load_config({"ca_file": s3.ca_file}, env={})) as sc:
+            assert sc.cat("/tls/chunked") == data and sc.cat("/tls/fileobj") == data[:MiB]
+
+
 # -- ranges, conditions, parts -----------------------------------------------------------
 def test_ranges(c: Any, bucket: str) -> None:
     data = blob(5 * MiB + 3, 5)

@@ -72,6 +72,11 @@ class S3Cluster:
         return self.cluster.root
 
     @property
+    def ca_file(self) -> str:
+        """With ``tls=True`` (``stager up --tls``): the CA of the endpoint's certificate."""
+        return self.cluster.ca_file
+
+    @property
     def host_port(self) -> str:
         """``HOST:PORT`` of the endpoint (pyarrow's ``endpoint_override``, DuckDB's
         ``ENDPOINT``)."""
@@ -119,14 +124,16 @@ class S3Thread:
 
 
 def boto3_client(endpoint: str, *, access_key: str = ACCESS_KEY,
-                 secret_key: str = SECRET_KEY, **config: Any) -> Any:
+                 secret_key: str = SECRET_KEY, verify: str | bool | None = None,
+                 **config: Any) -> Any:
     """A boto3 S3 client for ``endpoint``, path-style, us-east-1, with the installed
-    boto3's default checksums; ``config``: more ``botocore.config.Config`` settings."""
+    boto3's default checksums; ``verify``: the CA file of an ``https://`` endpoint;
+    ``config``: more ``botocore.config.Config`` settings."""
     import boto3
     from botocore.config import Config
 
     return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=access_key,
-                        aws_secret_access_key=secret_key, region_name=REGION,
+                        aws_secret_access_key=secret_key, region_name=REGION, verify=verify,
                         config=Config(s3={"addressing_style": "path"},
                                       retries={"max_attempts": 2, "mode": "standard"},
                                       **config))
