@@ -310,3 +310,17 @@ async def test_upload_part_copy_takes_a_range_of_another_file(mp, ns: str, paylo
     done = await uploads.complete(up.upload_id, [(1, a.md5), (2, b.md5)])
     assert done.copied == 0
     assert await client.cat(f"{ns}/copied") == source[PART:2 * PART] + source[10:20]
+
+
+async def test_fsck_takes_no_part_of_an_upload_in_progress_for_an_orphan(
+        mp, mcluster: ThreadCluster, ns: str, payload) -> None:
+    client, uploads = mp
+    up = await uploads.create(f"{ns}/fsck", layout=LAYOUT_SPEC)
+    await uploads.write_part(up.upload_id, 1, payload(PART + 1), PART + 1)      # hidden
+    await uploads.write_part(up.upload_id, 2, payload(PART), PART)              # in place
+    hidden = hidden_part_id(up.upload_id, 1)
+    assert len(chunk_files(mcluster, hidden)) == 3
+    report = await client.fsck()
+    named = {o["chunk"].split(".", 1)[0] for o in report["orphan_list"]}
+    assert hidden not in named and up.file_id not in named
+    await uploads.abort(up.upload_id)

@@ -97,3 +97,14 @@ def hidden_files(record: MultipartRecord, parts: Sequence[PartRecord],
     """The file ids that dropping ``record`` with ``parts`` frees, but for ``keep``: the
     hidden parts (the pending upload is freed by the store, as an abort does)."""
     return sorted({p.file_id for p in parts if p.file_id != record.file_id} - set(keep))
+
+
+async def multipart_files(store: Multipart) -> list[tuple[str, Layout]]:
+    """Every file id the live uploads write into, with its layout: each pending final
+    file and each hidden part (what fsck must not take for orphans)."""
+    out: dict[str, Layout] = {}
+    for record in await store.idle_multipart(float("inf")):
+        out[record.file_id] = record.layout
+        for part in await store.list_parts(record.upload_id):
+            out[part.file_id] = record.layout
+    return sorted(out.items())

@@ -34,6 +34,7 @@ from ...protocol.cluster import FsckResult
 from ...protocol.models import Layout, chunk_id
 from ..service import GONE_STATES, MetaService
 from ..store.base import StoredFile, all_files
+from ..store.multipart import multipart_files
 from .rebuild import Rebuilder
 from .repair import Repairer
 
@@ -138,6 +139,9 @@ class Fsck:
         garbage = await self.store.take_garbage(1 << 62)
         by_file = {p for u in uploads for p in _upload_placements(u.file_id, u.layout)}
         by_file.update(p for g in garbage for p in _upload_placements(g.file_id, g.layout))
+        # S3 multipart uploads in progress: their hidden parts are no upload of their own
+        by_file.update(p for file_id, layout in await multipart_files(self.store)
+                       for p in _upload_placements(file_id, layout))
         return referenced, by_file
 
     def _compare(self, before: dict[str, StoredFile], after: dict[str, StoredFile],
