@@ -46,8 +46,6 @@ def test_cp_of_a_small_file_both_ways(s3: S3Stack, tmp_path: Path) -> None:
     assert down.read_bytes() == theirs
 
 
-@pytest.mark.xfail(strict=True, reason="multipart upload (CreateMultipartUpload, "
-                   "POST /bucket/key?uploads) is not in the gateway yet: answered 501")
 def test_cp_of_100_mb_goes_multipart(s3: S3Stack, tmp_path: Path) -> None:
     """100 MB is 12 parts of the CLI's 8 MiB: the object's ETag is the multipart
     ``"<md5 of the parts' md5s>-12"``, and its bytes are the file's through stager."""

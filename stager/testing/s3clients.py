@@ -25,7 +25,20 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import pytest
+
 REGION = "us-east-1"
+
+# The AWS C++ SDK under pyarrow 26 and polars 2's object_store send a CRC64NVME
+# checksum with every upload by default (S3's default algorithm since 2025): the
+# SDK as an aws-chunked trailer (x-amz-trailer: x-amz-checksum-crc64nvme), polars
+# as a header.  A client's default configuration is what its users run, so the
+# tests run it, expected to fail (strictly: the mark must go when the gateway
+# takes CRC64NVME) beside the same test with a checksum the gateway takes.
+NO_CRC64NVME = pytest.mark.xfail(
+    strict=True, raises=OSError,
+    reason="the gateway refuses x-amz-checksum-crc64nvme (400 InvalidRequest 'the checksum "
+    "... is not supported'), the default checksum of the AWS C++ SDK and of object_store")
 
 
 class ClientMissing(RuntimeError):
@@ -119,7 +132,9 @@ class S3Endpoint:
         return s3fs.S3FileSystem(skip_instance_cache=True, **self.s3fs_options())
 
     def pyarrow(self) -> Any:
-        """Arrow's C++ S3 client (``pyarrow.fs.S3FileSystem``), path-style over http."""
+        """Arrow's C++ S3 client (``pyarrow.fs.S3FileSystem``), path-style over http.
+        The AWS SDK reads ``AWS_REQUEST_CHECKSUM_CALCULATION`` here, when the client
+        is made (``when_required``: no checksum on uploads; unset: CRC64NVME)."""
         from pyarrow import fs
 
         return fs.S3FileSystem(endpoint_override=self.host_port, scheme="http",
@@ -139,11 +154,16 @@ class S3Endpoint:
                     f"URL_STYLE 'path', USE_SSL false, REGION {_sql(self.region)})")
         return con
 
-    def polars_options(self) -> dict[str, str]:
-        """``storage_options`` for polars' ``scan_parquet``/``write_parquet`` on s3://."""
-        return {"aws_endpoint_url": self.url, "aws_access_key_id": self.access_key,
-                "aws_secret_access_key": self.secret_key, "aws_region": self.region,
-                "aws_allow_http": "true", "aws_virtual_hosted_style_request": "false"}
+    def polars_options(self, checksum: str | None = None) -> dict[str, str]:
+        """``storage_options`` for polars' ``scan_parquet``/``write_parquet`` on s3://;
+        ``checksum``: the one uploads carry (object_store takes ``sha256``), None its
+        default (CRC64NVME)."""
+        options = {"aws_endpoint_url": self.url, "aws_access_key_id": self.access_key,
+                   "aws_secret_access_key": self.secret_key, "aws_region": self.region,
+                   "aws_allow_http": "true", "aws_virtual_hosted_style_request": "false"}
+        if checksum is not None:
+            options["aws_checksum_algorithm"] = checksum
+        return options
 
     # -- command-line clients ----------------------------------------------------
     def aws_env(self) -> dict[str, str]:
