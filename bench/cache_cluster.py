@@ -13,8 +13,9 @@ member's header, and over an attached shard those reads fill every chunk before
 the first batch, so the first epoch would read a cache already full.
 
 * :func:`throughput`: the first and second epochs of a Loader over the attached
-  dataset beside the same dataset staged with ``stager stage``, and the second
-  epoch's stall the plain way (:mod:`bench.plain_stall`'s method).
+  dataset beside the same dataset staged with ``stager stage`` (the second epoch
+  also by a fresh Loader, whose client has learnt no chunk's CRC32C), and the
+  second epoch's stall the plain way (:mod:`bench.plain_stall`'s method).
 * :func:`policy_run`: a dataset 1.5x ``--cache-limit`` read for two shuffled
   epochs by a Loader of world size 2, under one eviction policy: the source's
   requests and the cache's hit ratio of each epoch.
@@ -22,13 +23,14 @@ the first batch, so the first epoch would read a cache already full.
 
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 import time
 import zlib
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +53,9 @@ DATA_SERVERS = 3
 EPOCH = 1 << 30                 # batches: as many as the epoch has
 SOURCE_SAMPLE = 64              # files fsspec gets to measure the source's own read rate
 PACED = 0.8                     # the paced epoch consumes this share of the maximum rate
+# a Loader kept for a second epoch would read it ahead at the end of its first, while the
+# others ran: each epoch is timed reading its own samples, none read before
+ONE_EPOCH = {"prefetch_next_epoch": False}
 READ_AHEAD = 4                  # the policy runs' ranks read ahead 1/READ_AHEAD of the cache
 
 
@@ -153,12 +158,17 @@ def throughput(cluster: ProcessCluster, source: CountingSource, data: Path, tmp:
                batch: int, rounds: int) -> dict[str, Any]:
     """The attached dataset's epochs beside the staged copy's, in one cluster.
 
-    ``rounds`` times in turn (medians compared, so a pause of the shared machine
-    spoils one run, not a ratio): the source read alone, then a first epoch over a
-    fresh attachment of it (the cold read; the earlier attachment detached); then
-    the second epoch of the staged and of the attached copy by fresh Loaders; then
-    the plain stall of the attached copy's second epoch.  Each epoch's figures
-    carry the metadata server's CPU seconds (``meta cpu``)."""
+    The staged copy's first epoch, by a Loader kept open.  Then ``rounds`` times
+    (medians compared, so a pause of the shared machine spoils one run, not a
+    ratio): the source read alone; a first epoch over a fresh attachment of it (the
+    cold read; the earlier attachment detached) by a new Loader; then, side by side,
+    the second epoch of the staged copy (by its Loader), of the attached copy by the
+    Loader that read its first epoch (as a training job reads its second epoch: its
+    client learnt the chunks' CRC32Cs, ``learnt``), and by a fresh Loader (whose
+    client learnt nothing: each read asks the metadata server first, ``fresh``).
+    Last, the plain stall of the attached copy's second epoch, by the last round's
+    job Loader again.  Each epoch's figures carry the metadata server's CPU seconds
+    (``meta cpu``)."""
     meta_url, meta = cluster.meta_url, cluster.meta_pid()
 
     def run(it: Loader, number: int, step: float = 0.0) -> dict[str, float]:
@@ -173,34 +183,42 @@ def throughput(cluster: ProcessCluster, source: CountingSource, data: Path, tmp:
     names = sorted(p.name for p in data.iterdir())
     seconds, copied = stage(meta_url, f"file://{data}", "/staged")
     assert copied == len(names), (copied, len(names))
-    with loader(meta_url, "/staged", batch) as it:
-        staged_first = run(it, 0)
     own: list[float] = []
     cold: list[Epoch] = []
-    with Client(meta_url, config=load_config(env={})) as client:
+    staged: list[dict[str, float]] = []
+    learnt: list[Epoch] = []
+    fresh: list[Epoch] = []
+    with ExitStack() as stack:
+        client = stack.enter_context(Client(meta_url, config=load_config(env={})))
+        staged_loader = stack.enter_context(loader(meta_url, "/staged", batch, **ONE_EPOCH))
+        staged_first = run(staged_loader, 0)
+        jobs: list[Loader] = []         # the open job Loader (closed however this ends)
+        stack.callback(lambda: [j.close() for j in jobs])
         for k in range(rounds):
             own.append(source_rate(url, names[:SOURCE_SAMPLE], tmp))
-            if k:
+            if jobs:
+                jobs.pop().close()
                 client.detach(f"/attached-{k - 1}")
             attached = f"/attached-{k}"
             client.attach(url + "/", attached)
             counted = Counted(source, client, attached)
-            with loader(meta_url, attached, batch) as it:
-                cold.append(counted.epoch(figures := run(it, 0), reads(figures)))
-        staged: list[dict[str, float]] = []
-        warm: list[Epoch] = []
-        for _ in range(rounds):
-            with loader(meta_url, "/staged", batch) as it:
-                staged.append(run(it, 1))
-            with loader(meta_url, attached, batch) as it:
-                warm.append(counted.epoch(figures := run(it, 1), reads(figures)))
+            job = loader(meta_url, attached, batch, **ONE_EPOCH)
+            jobs.append(job)
+            cold.append(counted.epoch(figures := run(job, 0), reads(figures)))
+            # the fills just wrote the attached copy: its writeback must not compete with
+            # the timed second epochs (the staged copy's was done long before)
+            os.sync()
+            staged.append(run(staged_loader, 1))
+            learnt.append(counted.epoch(figures := run(job, 1), reads(figures)))
+            with loader(meta_url, attached, batch, **ONE_EPOCH) as it:
+                fresh.append(counted.epoch(figures := run(it, 1), reads(figures)))
         # the plain stall: the second epoch's maximum rate (above), then the second
         # epoch again, a sleep after each batch sized to consume PACED of that rate
-        step = batch / (PACED * statistics.median(w.figures["rate"] for w in warm))
-        with loader(meta_url, attached, batch) as it:
-            paced = counted.epoch(figures := run(it, 1, step), reads(figures))
+        step = batch / (PACED * statistics.median(w.figures["rate"] for w in learnt))
+        paced = counted.epoch(figures := run(job, 1, step), reads(figures))
     return {"source": own, "stage seconds": seconds, "staged first": staged_first,
-            "staged": staged, "cold": cold, "warm": warm, "paced": paced, "step": step}
+            "staged": staged, "cold": cold, "warm": learnt, "fresh": fresh, "paced": paced,
+            "step": step}
 
 
 @dataclass(frozen=True)

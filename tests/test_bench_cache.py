@@ -86,28 +86,38 @@ def check_quick_cluster_rows(result: dict) -> None:
         return row
 
     # the attached epochs: one request per chunk in the first, none when cached
-    first, second = one("cluster: attached, epoch 1"), one("cluster: attached, epoch 2 (")
+    first = one("cluster: attached, epoch 1")
+    second = one("cluster: attached, epoch 2 by the job's Loader")
+    fresh = one("cluster: attached, epoch 2 by a fresh Loader")
     paced = one("cluster: attached, epoch 2 again paced")
     assert first["source requests"] == 24               # one 1 MiB file, one chunk, each
-    assert second["source requests"] == 0 and second["hit ratio"] == 1.0
+    for row in (second, fresh):
+        assert row["source requests"] == 0 and row["hit ratio"] == 1.0
     assert paced["source requests"] == 0 and isinstance(paced["stall %"], float)
     for name, row in rows.items():
         if name.startswith("cluster: "):
             assert isinstance(row["MB/s"], float) and row["MB/s"] > 0
     assert "cluster: attached epoch 2 / staged epoch 2, samples/s" in result["ratios"]
+    assert "cluster: attached epoch 2, learnt / fresh Loader, samples/s" in result["ratios"]
     assert not any("line rate" in k for k in result["aims"])     # uncapped at this size
     assert any("capped source is skipped" in n for n in result["notes"])
     # every policy on a cluster, 96 one-chunk files 1.5x the limit: each fetched once in
     # the first epoch, some again in the second
     policies = bench_cache.cluster_policy_names()
-    optimum = f"belady (offline optimum of the {policies[0]} run's trace)"
-    on_cluster = {n: r for n, r in rows.items() if n.endswith("(cluster)") or n == optimum}
-    assert sorted(on_cluster) == sorted([f"{p} (cluster)" for p in policies] + [optimum])
+    optimum, low = (bench_cache.OPTIMUM_FULL.format(policy=policies[0]),
+                    bench_cache.OPTIMUM_LOW.format(policy=policies[0]))
+    on_cluster = {n: r for n, r in rows.items()
+                  if n.endswith("(cluster)") or n in (optimum, low)}
+    assert sorted(on_cluster) == sorted([f"{p} (cluster)" for p in policies] + [optimum, low])
     for row in on_cluster.values():
         assert row["source requests"] > 96 and row["epoch 2 source requests"] > 0
         assert 0 < row["hit ratio"] < 1
-    # even the optimum keeps at most 64 of the 96 files (the limit) for the second epoch
+    # even the optimum keeps at most 64 of the 96 files (the limit) for the second epoch,
+    # and at the low watermark fewer
     assert rows[optimum]["epoch 2 source requests"] >= 32
+    assert rows[low]["epoch 2 source requests"] > rows[optimum]["epoch 2 source requests"]
+    assert "cluster: plan / belady at the full limit, hit ratio" in result["ratios"] or \
+        "plan" not in policies
 
 
 def test_the_result_has_every_part_in_the_columns() -> None:
