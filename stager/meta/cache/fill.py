@@ -38,6 +38,7 @@ from ...protocol.models import chunk_id
 from ..store.base import StoredFile
 from ..store.caching import AttachmentRecord, CachedFile
 from .attach import version_of
+from .evict import GRACE
 
 if TYPE_CHECKING:
     from ...dataplane import DataPlane
@@ -96,9 +97,11 @@ class Filler:
                           ) -> int:
         """Reads of chunks a client read straight from the data servers (it had their
         CRC32Cs from an earlier fill), reported in bulk after the fact: each counts as a
-        hit of its attachment and marks its chunk used now, as a fill of a filled chunk
-        would (a chunk evicted since is not marked).  Fetches nothing.  The chunks
-        counted (those of files still cached)."""
+        hit of its attachment and marks its chunk used (a chunk evicted since is not
+        marked), though not within the last ``GRACE`` seconds, so that eviction does not
+        spare it as a chunk on its way to a reader (under ``plan``, a chunk read in this
+        epoch is the best victim).  Fetches nothing.  The chunks counted (those of files
+        still cached)."""
         check_count(len(items))
         found = await self.store.find_cached(list({i.file_id for i in items}))
         for cached in found.values():
@@ -114,7 +117,9 @@ class Filler:
             h, _ = counts.get(cached.attachment, (0, 0))
             counts[cached.attachment] = (h + len(item.chunks), 0)
         if hits:
-            await self.store.touch_chunks(hits, self.service.clock(), counts)
+            # used GRACE ago: as recent as the read for LRU's order, but not a chunk
+            # "just handed to a reader" that eviction spares: its reader is done with it
+            await self.store.touch_chunks(hits, self.service.clock() - GRACE, counts)
         return len(hits)
 
     async def _item(self, item: FillItem, cached: CachedFile | None, record: Records
