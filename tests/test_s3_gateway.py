@@ -323,3 +323,16 @@ def test_every_answer_carries_a_request_id(s3: S3Thread) -> None:
                          ("GET", f"/{BUCKET}/missing"), ("GET", f"/{BUCKET}?location")]:
         reply = raw_http(s3.url, method, path)
         assert reply.headers["x-amz-request-id"] and reply.headers["x-amz-id-2"], path
+
+
+def test_a_body_over_max_upload_size_is_entity_too_large(cluster: ThreadCluster,
+                                                         client: Client) -> None:
+    with S3Thread(cluster.meta_url, max_upload_size=4096) as small:
+        assert raw_http(small.url, "PUT", f"/{BUCKET}/small", b"x" * 4096).status == 200
+        reply = raw_http(small.url, "PUT", f"/{BUCKET}/large", b"x" * 4097)
+        assert (reply.status, code(reply)) == (400, "EntityTooLarge")
+        data = b"y" * 5000
+        reply = raw_http(small.url, "PUT", f"/{BUCKET}/large", chunked(data, 1000),
+                         {**streaming_headers(data), "x-amz-trailer": ""})
+        assert (reply.status, code(reply)) == (400, "EntityTooLarge")
+        assert not client.exists(f"/{BUCKET}/large")

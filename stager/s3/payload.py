@@ -71,6 +71,10 @@ class Payload:
         if self.chunked and self.length is None:
             raise S3Error("MissingContentLength",
                           "an aws-chunked body needs x-amz-decoded-content-length")
+        self.limit = ctx.gateway.config.max_upload_size
+        if self.length is not None and self.length > self.limit:
+            raise S3Error("EntityTooLarge", f"the body is over the limit of {self.limit} "
+                          "bytes (max_upload_size)")
         self.want_md5 = self._md5_header(h.get("Content-MD5"))
         self.want_sha256 = self._sha_header(content_sha)
         self.declared = {a: h[f"x-amz-checksum-{a}"] for a in ALGORITHMS
@@ -133,6 +137,9 @@ class Payload:
             size += len(piece)
             if self.length is not None and size > self.length:
                 raise S3Error("InvalidRequest", "the body is longer than its declared length")
+            if size > self.limit:
+                raise S3Error("EntityTooLarge", f"the body is over the limit of {self.limit} "
+                              "bytes (max_upload_size)")
             if len(piece) >= THREAD_AT:
                 await asyncio.to_thread(_update, hashers, piece)
             else:
