@@ -112,12 +112,10 @@ class S3Endpoint:
     # -- Python clients ----------------------------------------------------------
     def boto3(self, **config: Any) -> Any:
         """A boto3 S3 client (path-style; the installed boto3's default checksums)."""
-        import boto3
-        from botocore.config import Config
+        from .s3cluster import boto3_client
 
-        return boto3.client("s3", endpoint_url=self.url, aws_access_key_id=self.access_key,
-                            aws_secret_access_key=self.secret_key, region_name=self.region,
-                            config=Config(s3={"addressing_style": "path"}, **config))
+        return boto3_client(self.url, access_key=self.access_key, secret_key=self.secret_key,
+                            **config)
 
     def s3fs_options(self) -> dict[str, Any]:
         """Storage options for ``s3://`` through fsspec (s3fs, aiobotocore)."""
