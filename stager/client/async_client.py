@@ -130,17 +130,18 @@ class AsyncClient(CacheCalls):
         except NotFound:
             return False
 
-    async def iter_dir(self, path: str, *, page_size: int | None = None
+    async def iter_dir(self, path: str, *, page_size: int | None = None, after: str = ""
                        ) -> AsyncIterator[FileInfo]:
-        """Every entry of a directory, one page request at a time."""
-        after: str | None = ""
-        while after is not None:
+        """Every entry of a directory (those named after ``after``, in the names' byte
+        order), one page request at a time."""
+        cursor: str | None = after
+        while cursor is not None:
             page = m.Listing.from_json(await self.meta.request(
                 route("list"), path=paths.normalize(path),
-                query={"after": after, "limit": page_size or None}))
+                query={"after": cursor, "limit": page_size or None}))
             for entry in page.entries:
                 yield entry
-            after = page.next
+            cursor = page.next
 
     async def ls(self, path: str = "/") -> list[FileInfo]:
         return [e async for e in self.iter_dir(path)]
