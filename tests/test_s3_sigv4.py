@@ -295,8 +295,15 @@ def test_an_unsigned_request_is_none() -> None:
     assert sigv4.parse("GET", "/b/k?prefix=x", [("Host", "h")]) is None
 
 
+def test_a_signature_version_2_url_says_so() -> None:
+    """boto3 presigns with Signature V2 unless told ``signature_version='s3v4'``."""
+    err = refused("InvalidRequest", "GET",
+                  "/b/k?AWSAccessKeyId=AKID&Signature=c2ln&Expires=1796609054", [("Host", "h")])
+    assert "AWS4-HMAC-SHA256" in err.message and err.status == 400
+
+
 @pytest.mark.parametrize("authorization, code", [
-    ("AWS AKID:c2lnbmF0dXJl", "InvalidArgument"),                     # Signature V2
+    ("AWS AKID:c2lnbmF0dXJl", "InvalidRequest"),                      # Signature V2
     ("Bearer stg1.x.y", "AuthorizationHeaderMalformed"),
     ("AWS4-HMAC-SHA256", "AuthorizationHeaderMalformed"),
     ("AWS4-HMAC-SHA256 Credential=AKID/20130524/us-east-1/s3/aws4_request",

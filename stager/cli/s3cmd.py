@@ -28,7 +28,8 @@ def run_s3(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         app = make_s3_app(url, config, domain=args.s3_domain or "",
-                          authenticator=Authenticator(required=bool(config.auth)))
+                          authenticator=Authenticator(required=bool(config.auth),
+                                                      meta_url=url, config=config))
         await serve(app, config, ready_file=Path(args.ready_file) if args.ready_file else None)
 
     run(main(), "uvloop" if config.event_loop == "auto" else config.event_loop)

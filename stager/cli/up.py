@@ -43,6 +43,7 @@ from .supervise import restart
 
 READY_TIMEOUT = 30.0
 JOIN_TOKEN_FILE = "join.token"
+S3GATEWAY_TOKEN_FILE = "s3gateway.token"    # --auth --s3-port: the gateway's own credential
 
 
 @dataclass
@@ -182,7 +183,11 @@ def _start_s3(args: argparse.Namespace, root: Path, metas: list[Server], ca: lis
               tls: list[str], exposure: list[str], deadline: float) -> Server:
     """``--s3-port``: an S3 gateway (``stager s3``) over the cluster, as a client of it."""
     s3root = root / "s3"
-    argv = [*ca, "--meta", meta_list(metas), "s3", "--host", args.host, "--port",
+    # with --auth: its own credential, which only asks whether S3 signatures are good
+    cred = ["--token-file", str(_machine_token(
+        root / AUTH_DIR / S3GATEWAY_TOKEN_FILE, "s3gateway", "stager up s3 gateway", metas[0].url,
+        (root / ADMIN_TOKEN_FILE).read_text().strip(), args.ca_file))] if args.auth else []
+    argv = [*cred, *ca, "--meta", meta_list(metas), "s3", "--host", args.host, "--port",
             str(args.s3_port), "--ready-file", str(s3root / "server.json"), *exposure, *tls]
     server = _spawn("s3", s3root, argv, s3root / "server.log")
     _wait_ready(server, deadline)
@@ -192,12 +197,18 @@ def _start_s3(args: argparse.Namespace, root: Path, metas: list[Server], ca: lis
 def _join_token(root: Path, meta_url: str, admin: str, ca_file: str = "") -> Path:
     """``ROOT/auth/join.token`` (0600), minted the first time: the data servers'
     credential to register and heartbeat."""
-    path = root / AUTH_DIR / JOIN_TOKEN_FILE
+    return _machine_token(root / AUTH_DIR / JOIN_TOKEN_FILE, "join", "stager up data servers",
+                          meta_url, admin, ca_file)
+
+
+def _machine_token(path: Path, scope: str, name: str, meta_url: str, admin: str | None,
+                   ca_file: str = "") -> Path:
+    """``path`` (0600): a token of ``scope`` alone on ``/``, minted the first time."""
     if not path.exists():
         async def mint() -> str:
             config = load_config({"ca_file": ca_file or None})
             async with AsyncClient(meta_url, config=config, token=admin) as client:
-                made = await client.create_token(["join"], ["/"], MAX_TTL, "stager up data servers")
+                made = await client.create_token([scope], ["/"], MAX_TTL, name)
                 return made.token
         write_secret(path, asyncio.run(mint()) + "\n")
     return path

@@ -60,6 +60,7 @@ class Gateway:
         for c in self._clients.values():
             await c.close()
         self._clients.clear()
+        await self.authenticator.close()
 
 
 @dataclass

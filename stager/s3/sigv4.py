@@ -171,6 +171,8 @@ def parse(method: str, raw_path: str, headers: Iterable[tuple[str, str]]
     if any(k == "X-Amz-Algorithm" for k, _ in pairs):
         return _presigned(method, path, pairs, headers)
     if authorization is None:
+        if {"AWSAccessKeyId", "Signature"} <= {k for k, _ in pairs}:
+            raise _version_2()
         return None
     return _header_signed(method, path, pairs, headers, authorization)
 
@@ -178,9 +180,10 @@ def parse(method: str, raw_path: str, headers: Iterable[tuple[str, str]]
 def _header_signed(method: str, path: str, pairs: list[tuple[str, str]],
                    headers: list[tuple[str, str]], authorization: str) -> SignedRequest:
     algorithm, _, rest = authorization.strip().partition(" ")
+    if algorithm == "AWS":
+        raise _version_2()
     if algorithm != ALGORITHM:
-        raise S3Error("InvalidArgument" if algorithm.startswith("AWS ") or algorithm == "AWS"
-                      else "AuthorizationHeaderMalformed",
+        raise S3Error("AuthorizationHeaderMalformed",
                       f"only {ALGORITHM} (Signature Version 4) is supported")
     fields: dict[str, str] = {}
     for item in rest.split(","):
@@ -309,6 +312,12 @@ def _from_http_date(text: str | None) -> str:
     offset = parsed[9] or 0
     at = calendar.timegm(parsed[:6] + (0, 1, -1)) - offset     # type: ignore[arg-type]
     return time.strftime(AMZ_DATE, time.gmtime(at))
+
+
+def _version_2() -> S3Error:
+    return S3Error("InvalidRequest",
+                   "The authorization mechanism you have provided is not supported. Please "
+                   f"use {ALGORITHM} (boto3: Config(signature_version='s3v4')).")
 
 
 def _query_error(message: str) -> S3Error:

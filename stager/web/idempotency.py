@@ -20,6 +20,8 @@ applied twice.  A first try (``X-Stager-Attempt: 1``) is not looked up.
 
 Keys are scoped by token, method and path, so one client's key never answers
 another's request, nor a request to another route; recorded answers expire after ``ttl`` seconds.
+An answer marked ``Cache-Control: no-store`` (a new token's text, an S3 secret: shown
+once, kept nowhere in clear) is never recorded: a retry acts afresh.
 """
 
 from __future__ import annotations
@@ -128,7 +130,8 @@ def idempotency_middleware(book: AnswerBook, clock: Callable[[], float], bind: B
                 bind(scoped, retried)
             response = await handler(request)
             if not answers and 200 <= response.status < 300 \
-                    and isinstance(response, web.Response) and isinstance(response.body, bytes):
+                    and isinstance(response, web.Response) and isinstance(response.body, bytes) \
+                    and "no-store" not in response.headers.get("Cache-Control", ""):
                 await _record(book, scoped, response, clock())
             return response
         finally:

@@ -36,9 +36,9 @@ from ..store.base import Upload
 from ..store.factory import open_store
 from ..upkeep import reliability
 from . import authapp, gauges, quotas, ui
-from . import s3keys as s3keyhttp
 from . import cache as cachehttp
 from . import multipart as mphttp
+from . import s3keys as s3keyhttp
 from .authapp import check_uploads, read_capability, write_capability
 from .gateway import Gateway
 

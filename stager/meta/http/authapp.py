@@ -38,6 +38,7 @@ from ..store.base import Upload
 
 log = logging.getLogger("stager.meta")
 AUTH = web.AppKey("auth", MetaAuth)
+NO_STORE = {"Cache-Control": "no-store"}    # an answer that carries a secret
 
 
 def install(app: web.Application, service: MetaService, config: Config) -> None:
@@ -123,7 +124,8 @@ async def create_token(request: web.Request) -> web.Response:
     auth = _auth(request)
     req = TokenRequest.from_json(await read_json(request, 1 << 20))
     text, info = await auth.mint(req)
-    return json_response(TokenCreated(text, info).to_json())
+    # shown this once: never recorded for a replay (stager/web/idempotency.py)
+    return json_response(TokenCreated(text, info).to_json(), headers=NO_STORE)
 
 
 async def list_tokens(request: web.Request) -> web.Response:

@@ -21,7 +21,7 @@ from ...web.requests import read_json
 from ..auth import AUTH_DIR
 from ..s3keys import KEY_FILE, S3KeyService
 from ..service import MetaService
-from .authapp import AUTH
+from .authapp import AUTH, NO_STORE
 
 S3KEYS = web.AppKey("s3keys", S3KeyService)
 MAX_BODY = 8192
@@ -46,7 +46,8 @@ def _keys(request: web.Request) -> S3KeyService:
 
 async def create_s3_key(request: web.Request) -> web.Response:
     req = TokenRequest.from_json(await read_json(request, MAX_BODY))
-    return json_response((await _keys(request).create(req)).to_json())
+    # the secret and the token are shown this once: never recorded for a replay
+    return json_response((await _keys(request).create(req)).to_json(), headers=NO_STORE)
 
 
 async def list_s3_keys(request: web.Request) -> web.Response:
@@ -55,7 +56,7 @@ async def list_s3_keys(request: web.Request) -> web.Response:
 
 async def verify_s3(request: web.Request) -> web.Response:
     req = S3VerifyRequest.from_json(await read_json(request, MAX_BODY))
-    return json_response((await _keys(request).verify(req)).to_json())
+    return json_response((await _keys(request).verify(req)).to_json(), headers=NO_STORE)
 
 
 HANDLERS = {"create_s3_key": create_s3_key, "list_s3_keys": list_s3_keys,
