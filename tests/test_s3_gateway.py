@@ -336,3 +336,41 @@ def test_a_body_over_max_upload_size_is_entity_too_large(cluster: ThreadCluster,
                          {**streaming_headers(data), "x-amz-trailer": ""})
         assert (reply.status, code(reply)) == (400, "EntityTooLarge")
         assert not client.exists(f"/{BUCKET}/large")
+
+
+def test_listings_come_in_key_order_page_by_page(s3: S3Thread, client: Client) -> None:
+    """Directories sort as ``name/`` among files (``a.txt`` < ``a/``): pages of every size,
+    with and without a delimiter, give S3's order, each key once."""
+    names = ["a", "a.txt", "a-b", "a!", "a0", "a/b", "a/b.c", "a/b/c", "a.d/e", "a-b-/x",
+             "b", "ab", "z/y/x", "é", "é/x"]
+    files = [n for n in names if not any(m.startswith(n + "/") for m in names)]
+    client.write_many([(f"/{BUCKET}/order/{n}", n.encode()) for n in files])
+    keys = sorted((f"order/{n}" for n in files), key=lambda k: k.encode())
+    for delimiter in ("", "/"):
+        (whole,) = _pages(s3, "order/", delimiter, 1000)
+        if not delimiter:
+            assert whole == keys
+        for size in (1, 2, 3, 5):
+            pages = _pages(s3, "order/", delimiter, size)
+            flat = [k for page in pages for k in page]
+            assert sorted(flat) == sorted(whole) and len(flat) == len(whole)
+            for before, after in zip(pages, pages[1:], strict=False):
+                assert max(k.encode() for k in before) < min(k.encode() for k in after)
+
+
+def _pages(s3: S3Thread, prefix: str, delimiter: str, max_keys: int) -> list[list[str]]:
+    out: list[list[str]] = []
+    token = ""
+    while True:
+        query = f"list-type=2&prefix={prefix}&max-keys={max_keys}&delimiter={delimiter}"
+        if token:
+            query += f"&continuation-token={token}"
+        root = ET.fromstring(raw_http(s3.url, "GET", f"/{BUCKET}?{query}").body)
+        ns = {"s": root.tag[1:].split("}")[0]}
+        page = [e.text or "" for e in root.findall("s:Contents/s:Key", ns)] + \
+            [e.text or "" for e in root.findall("s:CommonPrefixes/s:Prefix", ns)]
+        assert len(page) <= max_keys
+        out.append(page)
+        if root.findtext("s:IsTruncated", namespaces=ns) != "true":
+            return out
+        token = root.findtext("s:NextContinuationToken", namespaces=ns) or ""

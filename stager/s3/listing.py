@@ -75,33 +75,68 @@ def _sort_key(entry: FileInfo) -> str:
     return entry.name + ("/" if entry.is_dir else "")
 
 
+def _start_name(rel: str, after: After) -> str:
+    """A name to list directory ``rel`` after (the list route's exclusive cursor) that
+    skips no entry at or beyond the continuation point: the first segment of the
+    point below ``rel``, cut before its first character below ``/`` (a directory
+    ``a`` sorts as ``a/``, after ``a.txt``) and by one more (the cursor is exclusive)."""
+    if not after.key.startswith(rel):
+        return ""
+    first = after.key[len(rel):].split("/", 1)[0]
+    cut = next((i for i, ch in enumerate(first) if ch < "/"), len(first))
+    return first[:max(0, cut - 1)]
+
+
+async def _in_key_order(entries: AsyncIterator[FileInfo]) -> AsyncIterator[FileInfo]:
+    """A directory's entries (which come in name order) in key order, streaming: a
+    directory ``a`` is held back while names ``a`` + a character below ``/`` follow
+    (``a.txt``, ``a-b``), which sort before ``a/``.  What is held is one chain of such
+    names, never the directory."""
+    held: list[FileInfo] = []          # directories waiting, in key order
+    async for entry in entries:
+        key = _sort_key(entry)
+        while held and _sort_key(held[0]) < key:
+            yield held.pop(0)
+        if entry.is_dir:
+            held.append(entry)
+            held.sort(key=_sort_key)
+        else:
+            yield entry
+    for entry in held:
+        yield entry
+
+
 async def _walk(client: AsyncClient, bucket: str, rel: str, prefix: str, after: After,
                 slash: bool) -> AsyncIterator[Item]:
     """The items of directory ``rel`` (a key prefix: ``""`` or ``"a/b/"``) in order."""
+    listed = client.iter_dir(bucket_path(bucket) + "/" + rel,
+                             after=_start_name(rel, after))
+    empty = True
     try:
-        entries = [e async for e in client.iter_dir(bucket_path(bucket) + "/" + rel)]
+        async for entry in _in_key_order(listed):
+            empty = False
+            key = rel + _sort_key(entry)
+            if not entry.is_dir:
+                if key.startswith(prefix) and after.passes(key):
+                    yield Item(key, entry)
+                continue
+            if not (key.startswith(prefix) or prefix.startswith(key)):
+                continue
+            if slash and key.startswith(prefix):
+                if after.passes(key) and not after.key.startswith(key):
+                    yield Item(key, None)
+                continue
+            if after.key >= key and not after.key.startswith(key):
+                continue            # the whole subtree is before the continuation point
+            async for item in _walk(client, bucket, key, prefix, after, slash):
+                yield item
     except (NotFound, NotADirectory, InvalidPath):
         return          # no such directory (or a prefix no path can have): no key
-    if not entries:
-        if rel and rel.startswith(prefix) and after.passes(rel):
-            yield Item(rel, None, folder=True)
-        return
-    for entry in sorted(entries, key=_sort_key):
-        key = rel + _sort_key(entry)
-        if not entry.is_dir:
-            if key.startswith(prefix) and after.passes(key):
-                yield Item(key, entry)
-            continue
-        if not (key.startswith(prefix) or prefix.startswith(key)):
-            continue
-        if slash and key.startswith(prefix):
-            if after.passes(key) and not after.key.startswith(key):
-                yield Item(key, None)
-            continue
-        if after.key >= key and not after.key.startswith(key):
-            continue            # the whole subtree is before the continuation point
-        async for item in _walk(client, bucket, key, prefix, after, slash):
-            yield item
+    finally:
+        await listed.aclose()  # type: ignore[attr-defined]
+    if empty and rel and rel.startswith(prefix) and after.passes(rel) \
+            and not _start_name(rel, after):
+        yield Item(rel, None, folder=True)
 
 
 async def _grouped(items: AsyncIterator[Item], prefix: str, delimiter: str,
