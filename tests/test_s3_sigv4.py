@@ -359,3 +359,26 @@ def test_canonical_forms() -> None:
     assert sigv4.canonical_query(sigv4.query_pairs("b=2&a=&c&a=1")) == "a=&a=1&b=2&c="
     assert sigv4.canonical_headers([("X-A", " one   two "), ("x-a", "three")], ("x-a",)) \
         == "x-a:one two,three\n"
+
+
+# -- the authenticator of an open cluster ------------------------------------------------
+@pytest.mark.parametrize("authorization", [None, "AWS4-HMAC-SHA256 garbage", "AWS k:s",
+                                           "\x00\xff nonsense"])
+async def test_an_open_cluster_takes_any_request(authorization: str | None) -> None:
+    """Open (no --auth): any credentials, unsigned requests, even a malformed
+    Authorization header, are let in as they are, never a 500."""
+    from aiohttp.test_utils import make_mocked_request
+
+    from stager.s3.auth import ANONYMOUS, Authenticator
+
+    headers = {"Host": "h"} | ({} if authorization is None else
+                               {"Authorization": authorization})
+    request = make_mocked_request("PUT", "/b/k?X-Amz-Expires=bad", headers=headers)
+    assert await Authenticator(required=False).authenticate(request) == ANONYMOUS
+
+
+def test_a_gateway_that_checks_signatures_needs_the_metadata_server() -> None:
+    from stager.s3.auth import Authenticator
+
+    with pytest.raises(ValueError, match="metadata server"):
+        Authenticator(required=True)
