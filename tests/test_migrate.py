@@ -30,6 +30,7 @@ from stager.protocol.models import LayoutSpec, TargetInfo
 from stager.testing import ThreadCluster
 from stager.testing.cachestore import attachment, cached
 from stager.testing.metastore import commit_one, upload
+from stager.testing.s3keystore import s3key
 
 
 @pytest.fixture
@@ -66,6 +67,7 @@ async def fill(store: MetaStore) -> None:
     await store.upsert_target(TargetInfo("t0", "n0", "http://127.0.0.1:1", capacity=10))
     await store.put_token(TokenInfo("a" * 32, "ops", ("admin",), ("/",), 10, 100))
     await store.revoke_token("a" * 32, now=50)
+    await store.put_s3_keys([s3key("a"), s3key("b", created=200), s3key("c", created=300)])
     await store.set_quota("/later", max_bytes=1 << 20, max_files=None)
     await store.pin("/later/moved", expires=None, now=8.0)
     f3 = (await store.stat("/later/moved/f3")).file_id
@@ -80,6 +82,7 @@ async def everything(store: MetaStore) -> dict[str, Any]:
     return {"entries": await store.dump_entries(after=0, limit=10_000),
             "manifests": await store.dump_manifests(after=0, limit=10_000),
             "targets": await store.list_targets(), "tokens": await store.list_tokens(),
+            "s3_keys": await store.list_s3_keys(),
             "quotas": await store.list_quotas(), "pins": await store.pins(0.0),
             "attachments": await store.attachments(),
             "cached_files": await store.cached_files("/later/moved"),
@@ -95,7 +98,8 @@ async def test_a_store_is_copied_exactly(open_kind: Callable[[str, str], MetaSto
         await fill(source)
         report = await migrate(source, target, page=2)       # small pages: paging is used
         assert report.to_json() == {"directories": 4, "files": 4, "bytes": 100,
-                                    "manifests": 1, "targets": 1, "tokens": 1, "quotas": 1,
+                                    "manifests": 1, "targets": 1, "tokens": 1, "s3_keys": 3,
+                                    "quotas": 1,
                                     "pins": 1, "attachments": 1, "cached_files": 1,
                                     "garbage": 1, "uploads_dropped": 1}
         assert await everything(target) == await everything(source)

@@ -3,7 +3,8 @@
 Everything a metadata server keeps goes across as stored: directories with their
 default layouts and mtimes, committed files (size, mtime, file id, layout,
 checksums), manifests, the target registry, minted tokens (their records; a
-token's text is never stored), and files waiting to be purged.  Entries keep
+token's text is never stored), S3 keys (still sealed: the new store's metadata servers
+need the same auth directory's ``s3.key``), and files waiting to be purged.  Entries keep
 their row ids, so the tree and the order rebuild and fsck page in are the same.
 Chunks stay where they are: file ids and layouts are kept, so the data servers
 need nothing, and a metadata server started on the new store serves the same
@@ -54,6 +55,7 @@ class MigrationReport:
     manifests: int = 0
     targets: int = 0
     tokens: int = 0
+    s3_keys: int = 0
     quotas: int = 0
     pins: int = 0
     attachments: int = 0
@@ -80,6 +82,7 @@ async def emptiness(store: MetaStore) -> list[str]:
         pass
     for name, found in (("targets", await store.list_targets()),
                         ("tokens", await store.list_tokens()),
+                        ("S3 keys", await store.list_s3_keys()),
                         ("quotas", await store.list_quotas()),
                         ("pins", await store.pins(time.time())),
                         ("attached directories", await store.attachments()),
@@ -153,6 +156,10 @@ async def migrate(source: MetaStore, target: MetaStore, *, page: int = PAGE,
     for token in await source.list_tokens():
         await target.put_token(token)
         report.tokens += 1
+    keys = await source.list_s3_keys()
+    for i in range(0, len(keys), page):
+        await target.put_s3_keys(keys[i:i + page])
+    report.s3_keys = len(keys)
     for quota in await source.list_quotas():    # its use counted again from the copy
         await target.set_quota(quota.path, max_bytes=quota.bytes, max_files=quota.files)
         report.quotas += 1
