@@ -238,6 +238,16 @@ def cluster_epochs(quick: bool) -> dict[str, Any]:
                  f"{fresh.figures['meta cpu'] / gb:.2f} (each read asks the metadata server "
                  "for its chunks first: the fill route, which are filled, their checksums, a "
                  "touch of each for eviction); a read of a staged file asks nothing.")
+    per_round = {"staged": [f["rate"] for f in got["staged"]],
+                 "learnt": [e.figures["rate"] for e in got["warm"]],
+                 "fresh": [e.figures["rate"] for e in got["fresh"]]}
+    notes.append("Second epochs, samples/s per round (staged / attached by the job's Loader "
+                 "/ attached by a fresh Loader): " + "; ".join(
+                     f"{a:.0f} / {b:.0f} / {c:.0f}" for a, b, c in zip(
+                         *per_round.values(), strict=True))
+                 + "; attached by the job's Loader / staged, per round: " + ", ".join(
+                     f"{b / a:.2f}" for a, b in zip(per_round["staged"], per_round["learnt"],
+                                                    strict=True)) + ".")
     if uncapped is None:
         notes.append(f"The line rate is the tc tbf cap, {CAP_MBIT} Mbit/s = {line:g} MB/s "
                      "(tbf counts IP bytes, so HTTP payload tops out a few % under it).")

@@ -56,6 +56,7 @@ PACED = 0.8                     # the paced epoch consumes this share of the max
 # a Loader kept for a second epoch would read it ahead at the end of its first, while the
 # others ran: each epoch is timed reading its own samples, none read before
 ONE_EPOCH = {"prefetch_next_epoch": False}
+SECONDS = ("staged", "learnt", "fresh")     # the second epochs a round times, in turn
 READ_AHEAD = 4                  # the policy runs' ranks read ahead 1/READ_AHEAD of the cache
 
 
@@ -161,8 +162,9 @@ def throughput(cluster: ProcessCluster, source: CountingSource, data: Path, tmp:
     The staged copy's first epoch, by a Loader kept open.  Then ``rounds`` times
     (medians compared, so a pause of the shared machine spoils one run, not a
     ratio): the source read alone; a first epoch over a fresh attachment of it (the
-    cold read; the earlier attachment detached) by a new Loader; then, side by side,
-    the second epoch of the staged copy (by its Loader), of the attached copy by the
+    cold read; the earlier attachment detached) by a new Loader; then, side by side
+    (each round in another order), the second epoch of the staged copy (by its
+    Loader), of the attached copy by the
     Loader that read its first epoch (as a training job reads its second epoch: its
     client learnt the chunks' CRC32Cs, ``learnt``), and by a fresh Loader (whose
     client learnt nothing: each read asks the metadata server first, ``fresh``).
@@ -208,10 +210,14 @@ def throughput(cluster: ProcessCluster, source: CountingSource, data: Path, tmp:
             # the fills just wrote the attached copy: its writeback must not compete with
             # the timed second epochs (the staged copy's was done long before)
             os.sync()
-            staged.append(run(staged_loader, 1))
-            learnt.append(counted.epoch(figures := run(job, 1), reads(figures)))
-            with loader(meta_url, attached, batch, **ONE_EPOCH) as it:
-                fresh.append(counted.epoch(figures := run(it, 1), reads(figures)))
+            for which in SECONDS[k % 3:] + SECONDS[:k % 3]:     # each round another first
+                if which == "staged":
+                    staged.append(run(staged_loader, 1))
+                elif which == "learnt":
+                    learnt.append(counted.epoch(figures := run(job, 1), reads(figures)))
+                else:
+                    with loader(meta_url, attached, batch, **ONE_EPOCH) as it:
+                        fresh.append(counted.epoch(figures := run(it, 1), reads(figures)))
         # the plain stall: the second epoch's maximum rate (above), then the second
         # epoch again, a sleep after each batch sized to consume PACED of that rate
         step = batch / (PACED * statistics.median(w.figures["rate"] for w in learnt))
