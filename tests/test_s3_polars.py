@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from stager.testing.s3clients import NO_CRC64NVME, S3Stack, s3_stack
+from stager.testing.s3clients import NO_CRC64NVME, S3Stack, moto_endpoint, s3_stack
 
 pytestmark = pytest.mark.slow      # stager up as a subprocess
 
@@ -76,3 +76,14 @@ def test_arrow_table_through_s3_equals_stager(s3: S3Stack) -> None:
     through_s3 = pl.read_parquet(s3.url("arrow/t.parquet"),
                                  storage_options=s3.endpoint.polars_options())
     assert through_s3.to_arrow().equals(pl.from_arrow(table).to_arrow())
+
+
+def test_reference_the_default_client_writes_to_moto() -> None:
+    """polars as it comes (a CRC64NVME header) writes to moto's S3 server, the
+    reference: the NO_CRC64NVME failure above is the gateway's."""
+    df = frame(1000)
+    with moto_endpoint() as reference:
+        reference.boto3().create_bucket(Bucket="reference")
+        options = reference.polars_options()
+        df.write_parquet("s3://reference/one.parquet", storage_options=options)
+        assert pl.read_parquet("s3://reference/one.parquet", storage_options=options).equals(df)
