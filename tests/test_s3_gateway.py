@@ -20,6 +20,7 @@ from collections.abc import Iterator
 import pytest
 from aiohttp import StreamReader
 from aiohttp.base_protocol import BaseProtocol
+from awscrt.checksums import crc64nvme
 from conftest import Reply, raw_http
 
 from stager.client import Client
@@ -116,10 +117,13 @@ def test_checksum_headers_are_verified(s3: S3Thread, client: Client) -> None:
     good = {"x-amz-checksum-crc32": crc32_b64(data),
             "x-amz-checksum-sha256": base64.b64encode(hashlib.sha256(data).digest()).decode(),
             "Content-MD5": base64.b64encode(hashlib.md5(data).digest()).decode(),
-            "x-amz-content-sha256": hashlib.sha256(data).hexdigest()}
+            "x-amz-content-sha256": hashlib.sha256(data).hexdigest(),
+            "x-amz-checksum-crc64nvme": base64.b64encode(
+                crc64nvme(data).to_bytes(8, "big")).decode()}
     reply = raw_http(s3.url, "PUT", f"/{BUCKET}/sum/good", data, good)
     assert reply.status == 200, reply.body
     assert reply.headers["x-amz-checksum-sha256"] == good["x-amz-checksum-sha256"]
+    assert reply.headers["x-amz-checksum-crc64nvme"] == good["x-amz-checksum-crc64nvme"]
     assert client.cat(f"/{BUCKET}/sum/good") == data
     for header, value, want in [
             ("Content-MD5", base64.b64encode(b"0" * 16).decode(), "BadDigest"),
@@ -128,7 +132,8 @@ def test_checksum_headers_are_verified(s3: S3Thread, client: Client) -> None:
             ("x-amz-checksum-crc32c", "AAAAAA==", "BadDigest"),
             ("x-amz-checksum-sha1", "AAAAAAAAAAAAAAAAAAAAAAAAAAA=", "BadDigest"),
             ("x-amz-content-sha256", "0" * 64, "XAmzContentSHA256Mismatch"),
-            ("x-amz-checksum-crc64nvme", "AAAAAAAAAAA=", "InvalidRequest")]:
+            ("x-amz-checksum-crc64nvme", "AAAAAAAAAAA=", "BadDigest"),
+            ("x-amz-checksum-md5", "AAAAAAAAAAAAAAAAAAAAAA==", "InvalidRequest")]:
         reply = raw_http(s3.url, "PUT", f"/{BUCKET}/sum/bad", data, {header: value})
         assert (reply.status, code(reply)) == (400, want), header
         invisible(s3, client, "sum/bad")
