@@ -19,7 +19,7 @@ from conftest import STORES, meta_store_of, start_cluster
 from stager import AsyncClient
 from stager.client.uploads import MultipartUploads
 from stager.config import load_config
-from stager.errors import BadRequest, NotFound, UploadNotFound
+from stager.errors import BadRequest, Forbidden, NotFound, UploadNotFound
 from stager.meta.multipart import hidden_part_id
 from stager.meta.store.base import MetaStore, NodeEntry
 from stager.meta.store.multipart import MultipartRecord, PartRecord
@@ -324,3 +324,56 @@ async def test_fsck_takes_no_part_of_an_upload_in_progress_for_an_orphan(
     named = {o["chunk"].split(".", 1)[0] for o in report["orphan_list"]}
     assert hidden not in named and up.file_id not in named
     await uploads.abort(up.upload_id)
+
+
+@pytest.fixture(scope="module")
+def acluster(tmp_path_factory: pytest.TempPathFactory,
+             slow_callbacks: object) -> Iterator[ThreadCluster]:
+    """A cluster with auth on (SQLite)."""
+    c = start_cluster(tmp_path_factory.mktemp("mpauth"), auth=True, multipart_min_part=PART)
+    yield c
+    c.stop()
+
+
+async def test_with_auth_a_token_writes_parts_only_under_its_prefixes(
+        acluster: ThreadCluster, payload) -> None:
+    """Every route checks the upload's path; parts reach the data servers with the
+    capabilities the slots carry (in place, hidden, moved and composed alike)."""
+    writer_token = acluster.mint(["write", "read"], ("/mine",))
+    reader_token = acluster.mint(["read"])
+    config = load_config(env={})
+    async with AsyncClient(acluster.meta_url, config=config, token=writer_token) as mine, \
+            AsyncClient(acluster.meta_url, config=config, token=reader_token) as reader:
+        uploads = MultipartUploads(mine)
+        data = payload(2 * PART + 3)
+        aligned = await uploads.create("/mine/a", layout=LAYOUT_SPEC)
+        await uploads.write_part(aligned.upload_id, 2, data[PART:], PART + 3)     # hidden
+        await uploads.write_part(aligned.upload_id, 1, data[:PART], PART)         # in place
+        done = await uploads.complete(aligned.upload_id, [
+            (1, md5(data[:PART])), (2, md5(data[PART:]))])
+        assert done.composed and await mine.cat("/mine/a") == data
+        with pytest.raises(Forbidden):
+            await uploads.create("/theirs/b", layout=LAYOUT_SPEC)
+        other = await uploads.create("/mine/c", layout=LAYOUT_SPEC)
+        theirs = MultipartUploads(reader)
+        with pytest.raises(Forbidden):
+            await theirs.write_part(other.upload_id, 1, b"x", 1)
+        with pytest.raises(Forbidden):
+            await theirs.abort(other.upload_id)
+        assert [u.upload_id for u in (await theirs.uploads("/mine/")).uploads] == \
+            [other.upload_id]
+        await uploads.abort(other.upload_id)
+
+
+async def test_a_last_part_longer_than_the_others_is_composed(mp, ns: str, payload) -> None:
+    """It cannot lie in its slot (it would run into the next one's): the object is
+    composed, and whole."""
+    client, uploads = mp
+    data = payload(2 * PART + SMALL)
+    up = await uploads.create(f"{ns}/long", layout=LAYOUT_SPEC)
+    await uploads.write_part(up.upload_id, 1, data[:PART], PART)
+    await uploads.write_part(up.upload_id, 2, data[PART:], PART + SMALL)
+    done = await uploads.complete(up.upload_id, [(1, md5(data[:PART])),
+                                                 (2, md5(data[PART:]))])
+    assert done.composed and done.copied == len(data)
+    assert await client.cat(f"{ns}/long") == data

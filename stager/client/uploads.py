@@ -20,7 +20,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from ..dataplane.writer import StripedWriter
-from ..errors import BadRequest
+from ..errors import BadRequest, Unavailable
 from ..protocol import paths
 from ..protocol.models import FileInfo, LayoutSpec
 from ..protocol.multipart import (
@@ -41,6 +41,7 @@ from .async_client import AsyncClient
 # md5 (S3's part ETag) runs at ~250 MB/s on the build machine: a piece this big is
 # hashed on a thread (hashlib lets go of the GIL), not on the event loop
 THREAD_HASH = 1 << 20
+MAX_MOVES = 3
 
 
 @dataclass(frozen=True)
@@ -142,19 +143,20 @@ class MultipartUploads:
     async def complete(self, upload_id: str, parts: Sequence[tuple[int, str]]) -> Completed:
         """Make the object of ``parts`` ((number, ETag), ascending) visible at once."""
         moved = 0
-        for _ in range(3):      # a part sent meanwhile may need moving again
+        for _ in range(MAX_MOVES):      # a part sent again meanwhile may need moving again
             result = CompleteResult.from_json(await self.client.meta.request(
                 route("multipart_complete"), body=CompleteRequest(tuple(parts)).to_json(),
                 upload_id=upload_id))
             if result.file is not None:
                 self.client.meta.forget(result.file.path)
                 return Completed(result.file, result.etag, moved, False, result.part_sizes)
-            if not result.move:
-                break
+            if result.compose:
+                return await self._compose(upload_id, result)
             for part in result.move:
                 await self.write_part(upload_id, part.number, self._read(part), part.size)
                 moved += part.size
-        return await self._compose(upload_id, result)
+        raise Unavailable(f"the parts of {upload_id} kept changing while it completed: "
+                          "ask again")
 
     def _read(self, part: Part) -> AsyncIterable[memoryview]:
         """The bytes of ``part`` where it lies now."""

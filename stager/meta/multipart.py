@@ -89,12 +89,12 @@ def misplaced(record: MultipartRecord, chosen: Sequence[PartRecord]
               ) -> list[PartRecord] | None:
     """The parts of ``chosen`` not yet in their slots of the final file, when the rest
     are and each of these fits its slot (parts 1..k, all but the last exactly the part
-    size); ``None`` when the parts cannot lie in place and must be composed."""
+    size, the last at most); ``None`` when they cannot lie in place: composed."""
     size = record.part_size
     if size is None:
         return None
     per = size // record.layout.chunk_size
-    if not all(p.number == i and (p.size == size or i == len(chosen))
+    if not all(p.number == i and (p.size == size or i == len(chosen) and p.size <= size)
                for i, p in enumerate(chosen, 1)):
         return None
     return [p for p in chosen if (p.file_id, p.first_chunk)
