@@ -7,9 +7,12 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -204,3 +207,49 @@ def test_malformed_completion_xml(s3: S3Cluster, c: Any, bucket: str) -> None:
             urllib.request.urlopen(request, timeout=10)
         assert exc.value.code == 400 and b"<Code>MalformedXML</Code>" in exc.value.read()
     c.abort_multipart_upload(Bucket=bucket, Key="xml/obj", UploadId=uid)
+
+
+def _rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def test_a_large_part_streams_in_bounded_memory(s3: S3Cluster, c: Any, sc: Client,
+                                                bucket: str, tmp_path: Path) -> None:
+    """One 256 MiB part, sent as a file: the gateway holds a few chunks of it at a time,
+    never the part."""
+    size = 256 * MiB
+    src = tmp_path / "part"
+    with open(src, "wb") as f:
+        for i in range(size // (8 * MiB)):
+            f.write(data_of(8 * MiB, i))
+    pid = int(s3.cluster.info["s3"]["pid"])
+    uid = c.create_multipart_upload(Bucket=bucket, Key="mem/one")["UploadId"]
+    before = _rss(pid)
+    peak = [before]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss(pid))
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=sample)
+    watcher.start()
+    try:
+        with open(src, "rb") as body:
+            etag = c.upload_part(Bucket=bucket, Key="mem/one", UploadId=uid, PartNumber=1,
+                                 Body=body)["ETag"]
+    finally:
+        done.set()
+        watcher.join()
+    c.complete_multipart_upload(Bucket=bucket, Key="mem/one", UploadId=uid,
+                                MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": etag}]})
+    assert sc.stat("/mpu/mem/one").size == size
+    with open(src, "rb") as f:
+        assert sc.cat("/mpu/mem/one", 100 * MiB, 101 * MiB) == f.read()[100 * MiB:101 * MiB]
+    print(f"s3 gateway RSS during a {size >> 20} MiB part: {before >> 20} MiB before, "
+          f"{peak[0] >> 20} MiB at most")
+    assert peak[0] - before < 128 * MiB, (before, peak[0])
