@@ -236,6 +236,14 @@ def test_conditionals(c: Any, bucket: str) -> None:
     assert err(e)[1] == 304
 
 
+def test_conditional_put(c: Any, bucket: str) -> None:
+    c.put_object(Bucket=bucket, Key="cond/new", Body=b"first", IfNoneMatch="*")
+    with pytest.raises(ClientError) as e:
+        c.put_object(Bucket=bucket, Key="cond/new", Body=b"second", IfNoneMatch="*")
+    assert err(e) == ("PreconditionFailed", 412)
+    assert c.get_object(Bucket=bucket, Key="cond/new")["Body"].read() == b"first"
+
+
 def test_part_number_of_a_single_part_object(c: Any, bucket: str) -> None:
     c.put_object(Bucket=bucket, Key="parts/one", Body=b"0123456789")
     got = c.get_object(Bucket=bucket, Key="parts/one", PartNumber=1)

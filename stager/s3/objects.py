@@ -230,9 +230,18 @@ async def put_object(ctx: S3Context) -> web.StreamResponse:
     if ctx.key.endswith("/"):
         return await _put_folder(ctx, path, payload.stream())
     request_attrs(ctx, "", "", {})          # metadata refused before any byte is written
+    if_none_match = ctx.headers.get("If-None-Match")
+    if if_none_match not in (None, "*"):
+        raise S3Error("NotImplemented", "a PUT's If-None-Match takes only *")
     try:
-        info = await ctx.client.write_stream(path, payload.stream())
+        # If-None-Match: * (a conditional write): only where no object is, checked at
+        # the create and again at the commit, so of two such writers one wins
+        info = await ctx.client.write_stream(path, payload.stream(),
+                                             overwrite=if_none_match is None)
     except StagerError as exc:
+        if exc.code == "exists" and if_none_match == "*":
+            raise S3Error("PreconditionFailed", "an object of this key exists "
+                          "(If-None-Match: *)", resource=f"/{ctx.bucket}/{ctx.key}") from None
         raise _write_error(exc, ctx) from None
     attrs = request_attrs(ctx, info.file_id or "", f'"{payload.md5}"', payload.checksums)
     await ctx.gateway.attrs.save(ctx.client, ctx.bucket, ctx.key, attrs)
