@@ -16,6 +16,7 @@ wrong file).  Credentials are names: a token (metadata server) or a capability
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import time
@@ -30,6 +31,7 @@ from stager.auth import KEY_FILE, Capability, Token, load_key, sign, sigv4
 from stager.auth.tokens import ANY_FILE, CLUSTER
 from stager.checksum import crc32c, to_hex
 from stager.errors import InsufficientStorage
+from stager.meta.multipart import hidden_part_id
 from stager.plans.registered import plan_id
 from stager.protocol import headers as H
 from stager.protocol.authmsg import TokenRequest
@@ -298,15 +300,30 @@ def _forget(w: World) -> Sent:
 
 def _verify_s3(w: World) -> Sent:
     """A gateway's question about a request signed, today, with a key minted for it."""
-    made = w.admin("POST", route("create_s3_key").target(), as_json(TokenRequest(
+    made = w.admin("POST", route("s3key_create").target(), as_json(TokenRequest(
         ("read",), ("/m",), 600, "s3 key").to_json())).json()
     now = time.gmtime()
     scope = sigv4.Scope(time.strftime("%Y%m%d", now), "us-east-1", "s3")
     text = "\n".join(("AWS4-HMAC-SHA256", time.strftime("%Y%m%dT%H%M%SZ", now), scope.text,
                       "0" * 64))
     signature = sigv4.sign(sigv4.signing_key(made["secret_key"], scope), text)
-    return post("verify_s3", {"access_key": made["access_key"], "scope": scope.text,
+    return post("s3key_verify", {"access_key": made["access_key"], "scope": scope.text,
                               "string_to_sign": text, "signature": signature})
+
+
+def _multipart(w: World, *, part: bool = False) -> str:
+    """A new multipart upload under ``/m`` (with an empty part 1 when ``part``)."""
+    uid = str(w.admin("POST", route("multipart_create").target(),
+                      as_json({"path": w.name("mp")})).json()["upload_id"])
+    if part:
+        w.admin("PUT", route("multipart_part_done").target(upload_id=uid, number=1),
+                as_json(_empty_part(uid)))
+    return uid
+
+
+def _empty_part(uid: str) -> dict[str, Any]:
+    return {"file_id": hidden_part_id(uid, 1), "first_chunk": 0, "size": 0,
+            "md5": hashlib.md5(b"").hexdigest(), "checksums": []}
 
 
 READ_M = {"right": "read_m", "scope": "write_m", "prefix": "read_o"}
@@ -375,6 +392,21 @@ CASES: dict[str, Case] = {
     "pin": Case(lambda w: Sent("PUT", route("pin").target(path=w.mkdir("pn")),
                                as_json({"ttl": 60})), **WRITE_M),
     "unpin": Case(_unpin, **WRITE_M),
+    # metadata server: S3 multipart uploads (the handler checks the upload's path)
+    "multipart_create": Case(lambda w: post("multipart_create", {"path": w.name("mp")}),
+                             **WRITE_M),
+    "multipart_list": Case(lambda w: get("multipart_list"), "read_m", scope="write"),
+    "multipart_parts": Case(lambda w: get("multipart_parts", upload_id=_multipart(w)),
+                            **READ_M),
+    "multipart_part_begin": Case(lambda w: post("multipart_part_begin", {"size": 10},
+                                                upload_id=_multipart(w), number=1), **WRITE_M),
+    "multipart_part_done": Case(lambda w: Sent("PUT", route("multipart_part_done").target(
+        upload_id=(uid := _multipart(w)), number=1), as_json(_empty_part(uid))), **WRITE_M),
+    "multipart_complete": Case(lambda w: post("multipart_complete", {
+        "parts": [[1, hashlib.md5(b"").hexdigest()]]}, upload_id=_multipart(w, part=True)),
+        **WRITE_M),
+    "multipart_abort": Case(lambda w: get("multipart_abort", upload_id=_multipart(w)),
+                            **WRITE_M),
     # metadata server: attached directories
     "list_attachments": Case(lambda w: get("list_attachments"), "read_m", scope="write"),
     "attach": Case(lambda w: Sent("PUT", route("attach").target(path=w.name("at")),
@@ -395,10 +427,10 @@ CASES: dict[str, Case] = {
     "capabilities": Case(lambda w: post("capabilities", {"op": "read", "file_ids": [w.a]}),
                          **READ_M),
     # metadata server: S3 keys; the gateway's question takes the gateway's credential
-    "create_s3_key": Case(lambda w: post("create_s3_key", TokenRequest(
+    "s3key_create": Case(lambda w: post("s3key_create", TokenRequest(
         ("read",), ("/m",), 60, "s3 made").to_json()), **ADMIN),
-    "list_s3_keys": Case(lambda w: get("list_s3_keys"), **ADMIN),
-    "verify_s3": Case(_verify_s3, "s3gateway", scope="write", prefix="s3gateway_o"),
+    "s3key_list": Case(lambda w: get("s3key_list"), **ADMIN),
+    "s3key_verify": Case(_verify_s3, "s3gateway", scope="write", prefix="s3gateway_o"),
     # data servers: capabilities
     "put_chunk": Case(_chunk_put, "write_u", (201,), scope="read_u", prefix="write_v"),
     "get_chunk": Case(lambda w: get("get_chunk", chunk=f"{w.a}.0"), "read_a", prefix="read_b"),

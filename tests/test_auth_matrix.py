@@ -190,7 +190,7 @@ def test_the_wrong_prefix_or_file_is_403(world: World, audit: pytest.LogCaptureF
 SERVER_CREDS = {"join": {"register_target"},
                 "target": {"register_target", "heartbeat", "leave_target", "scrub_report"},
                 # an S3 gateway's: it reads, writes, lists and mints nothing
-                "s3gateway": {"verify_s3"}}
+                "s3gateway": {"s3key_verify"}}
 ELSEWHERE = [pytest.param(r, cred, id=f"{r.op}-{cred}") for cred, purpose in SERVER_CREDS.items()
              for r in routes_for("meta")
              if r.op not in purpose and r.access.scope != "public"]  # type: ignore[union-attr]

@@ -273,16 +273,16 @@ class AsyncClient(CacheCalls):
         """Mint a token and an S3 key bound to it (admin): the token's and the secret's
         texts, shown this once."""
         body = TokenRequest(tuple(scopes), tuple(prefixes), int(ttl), name).to_json()
-        return S3KeyCreated.from_json(await self.meta.request(route("create_s3_key"),
+        return S3KeyCreated.from_json(await self.meta.request(route("s3key_create"),
                                                               body=body))
 
     async def list_s3_keys(self) -> list[S3KeyInfo]:
-        return list(S3KeyList.from_json(await self.meta.request(route("list_s3_keys"))).keys)
+        return list(S3KeyList.from_json(await self.meta.request(route("s3key_list"))).keys)
 
     async def verify_s3(self, question: S3VerifyRequest) -> S3Verdict:
         """An S3 gateway's question (its token: scope ``s3gateway``): does the signature
         sign the string with the key's secret?  stager/s3/auth.py."""
-        return S3Verdict.from_json(await self.meta.request(route("verify_s3"),
+        return S3Verdict.from_json(await self.meta.request(route("s3key_verify"),
                                                            body=question.to_json()))
 
     # -- loader telemetry (stager/meta/jobtable.py) ----------------------------------------

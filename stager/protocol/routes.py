@@ -343,13 +343,13 @@ ROUTES: tuple[Route, ...] = (
 
 # metadata server: S3 keys, and an S3 gateway's one question (stager/meta/http/s3keys.py)
 _S3KEY_ROUTES: tuple[Route, ...] = (
-    Route("POST", "/v1/s3/keys", "create_s3_key",
+    Route("POST", "/v1/s3/keys", "s3key_create",
           "mint a bearer token and an S3 key bound to it (admin): the secret is shown once",
           "meta", body="TokenRequest", responses={200: "S3KeyCreated", 400: "Error",
                                                   404: "Error"}),
-    Route("GET", "/v1/s3/keys", "list_s3_keys", "every S3 key, by its token (admin)", "meta",
+    Route("GET", "/v1/s3/keys", "s3key_list", "every S3 key, by its token (admin)", "meta",
           responses={200: "S3KeyList", 404: "Error"}),
-    Route("POST", "/v1/s3/verify", "verify_s3",
+    Route("POST", "/v1/s3/verify", "s3key_verify",
           "an S3 gateway asks whether a signature signs a string with a key's secret: the "
           "day's signing key and the token to act with, or the S3 error (s3gateway)", "meta",
           body="S3VerifyRequest", responses={200: "S3Verdict", 400: "Error", 404: "Error"}),
@@ -441,7 +441,7 @@ ACCESS: dict[str, Access] = {
     # auth
     "auth_key": PUBLIC, "create_token": ADMIN, "list_tokens": ADMIN, "revoke_token": ADMIN,
     "capabilities": Access("any", "body"),
-    "create_s3_key": ADMIN, "list_s3_keys": ADMIN, "verify_s3": Access("s3gateway"),
+    "s3key_create": ADMIN, "s3key_list": ADMIN, "s3key_verify": Access("s3gateway"),
     # data server: capabilities, not tokens
     "put_chunk": Access("write", "chunk"), "get_chunk": Access("read", "chunk"),
     "head_chunk": Access("read", "chunk"), "delete_chunk": Access("cluster"),

@@ -18,7 +18,7 @@ the rest of stager does: nothing is checked, not even the shape of an
   sealed with a key file of its auth directory (``s3.key``): the database alone
   signs nothing, and no secret is ever sent anywhere after it was shown once.
 - The gateway holds no secret and no user's token at rest.  It holds a credential of
-  its own, of the scope ``s3gateway``, whose one power is the ``verify_s3`` question:
+  its own, of the scope ``s3gateway``, whose one power is the ``s3key_verify`` question:
   the auth matrix checks it is refused everywhere else (it reads, writes, lists and
   mints nothing).  ``stager up --auth --s3-port`` mints it into
   ``ROOT/auth/s3gateway.token``; a gateway run alone takes it through ``--token-file``

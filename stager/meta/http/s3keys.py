@@ -1,7 +1,7 @@
 """The S3 key routes: thin handlers over :class:`~stager.meta.s3keys.S3KeyService`.
 
-``create_s3_key`` and ``list_s3_keys`` take an admin token (as the token routes do);
-``verify_s3`` an S3 gateway's own credential (scope ``s3gateway``, or admin).  With
+``s3key_create`` and ``s3key_list`` take an admin token (as the token routes do);
+``s3key_verify`` an S3 gateway's own credential (scope ``s3gateway``, or admin).  With
 auth off there are no keys: each is a 404, saying so.
 """
 
@@ -44,20 +44,20 @@ def _keys(request: web.Request) -> S3KeyService:
     return keys
 
 
-async def create_s3_key(request: web.Request) -> web.Response:
+async def s3key_create(request: web.Request) -> web.Response:
     req = TokenRequest.from_json(await read_json(request, MAX_BODY))
     # the secret and the token are shown this once: never recorded for a replay
     return json_response((await _keys(request).create(req)).to_json(), headers=NO_STORE)
 
 
-async def list_s3_keys(request: web.Request) -> web.Response:
+async def s3key_list(request: web.Request) -> web.Response:
     return json_response(S3KeyList(tuple(await _keys(request).list())).to_json())
 
 
-async def verify_s3(request: web.Request) -> web.Response:
+async def s3key_verify(request: web.Request) -> web.Response:
     req = S3VerifyRequest.from_json(await read_json(request, MAX_BODY))
     return json_response((await _keys(request).verify(req)).to_json(), headers=NO_STORE)
 
 
-HANDLERS = {"create_s3_key": create_s3_key, "list_s3_keys": list_s3_keys,
-            "verify_s3": verify_s3}
+HANDLERS = {"s3key_create": s3key_create, "s3key_list": s3key_list,
+            "s3key_verify": s3key_verify}
