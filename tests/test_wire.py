@@ -24,6 +24,7 @@ from stager.protocol import cache
 from stager.protocol import cluster as c
 from stager.protocol import jobreport as j
 from stager.protocol import messages as m
+from stager.protocol import multipart as mp
 from stager.protocol import quotas as q
 from stager.protocol.authmsg import (
     CapabilityRequest,
@@ -249,6 +250,21 @@ def test_status_keeps_the_sections_of_the_background_services_on_the_top_level()
 
 
 # -- the OpenAPI document describes the models ----------------------------------------------
+def _multipart_examples(layout: Layout) -> dict[str, object]:
+    upload = mp.MultipartUpload("a" * 32, "/b/k", "f" * 32, layout, 8192, 1.0, 2.0)
+    slot = mp.PartSlot("f" * 32, 2, layout, {"t0": "http://h:1"})
+    part = mp.Part(1, 10, "0" * 32, 1.0)
+    return {
+        "MultipartCreate": mp.MultipartCreate("/b/k"), "MultipartUpload": upload,
+        "PartBegin": mp.PartBegin(10), "PartSlot": slot,
+        "PartDone": mp.PartDone("f" * 32, 2, 10, "0" * 32, (7,)), "Part": part,
+        "PartList": mp.PartList(upload, (part,)), "MultipartList": mp.MultipartList((upload,)),
+        "CompleteRequest": mp.CompleteRequest(((1, "0" * 32),)),
+        "CompleteResult": mp.CompleteResult("0" * 32 + "-1", (10,),
+                                            compose=(mp.Part(1, 10, "0" * 32, 1.0, slot, (7,)),)),
+    }
+
+
 def _examples() -> dict[str, object]:
     layout = Layout(8192, 1, 1, ("t0",), ("n0",))
     return {
@@ -297,6 +313,7 @@ def _examples() -> dict[str, object]:
                                            "AWS4-HMAC-SHA256\n...", "0" * 64),
         "S3Verdict": S3Verdict(signing_key="0" * 64, token="stg1.x.y", token_id="a" * 32,
                                expires=2),
+        **_multipart_examples(layout),
         **_answers(),
         # the services' sections are additional properties; the schema names the rest
         "Status": replace(_answers()["Status"], sections={}),   # type: ignore[type-var]
