@@ -379,3 +379,47 @@ def _pages(s3: S3Thread, prefix: str, delimiter: str, max_keys: int) -> list[lis
         if root.findtext("s:IsTruncated", namespaces=ns) != "true":
             return out
         token = root.findtext("s:NextContinuationToken", namespaces=ns) or ""
+
+
+HOSTILE = [
+    ("GET", f"/{BUCKET}/ten?partNumber=99999999999999999999", {}, b""),
+    ("GET", f"/{BUCKET}/ten", {"Range": "bytes=99999999999999999999999-"}, b""),
+    ("GET", f"/{BUCKET}/ten", {"If-Modified-Since": "Mon, 99 Foo"}, b""),
+    ("GET", f"/{BUCKET}/ten?partNumber=1", {"Range": "bytes=0-1"}, b""),
+    ("PUT", f"/{BUCKET}/copy", {"x-amz-copy-source": "%"}, b""),
+    ("PUT", f"/{BUCKET}/copy", {"x-amz-copy-source": f"/{BUCKET}/../x"}, b""),
+    ("PUT", f"/{BUCKET}/copy", {"x-amz-copy-source": f"/{BUCKET}/ten",
+                                "x-amz-metadata-directive": "MOVE"}, b""),
+    ("PUT", f"/{BUCKET}/k", {"x-amz-decoded-content-length": "-5",
+                             "Content-Encoding": "aws-chunked"}, b"0\r\n\r\n"),
+    ("PUT", f"/{BUCKET}/k", {"x-amz-meta-big": "x" * 3000}, b"data"),
+    ("PUT", f"/{BUCKET}/k?uploadId=u", {}, b""),
+    ("PUT", "/new-bucket-xml", {}, b"<CreateBucketConfiguration><Loc"),
+    ("PUT", "/new-bucket-big", {}, b"<a>" + b"x" * (3 << 20) + b"</a>"),
+    ("POST", f"/{BUCKET}?delete", {}, b"\xff\xfe<Delete>"),
+    ("POST", f"/{BUCKET}/k", {}, b""),
+    ("GET", f"/{BUCKET}?list-type=2&prefix=../&delimiter=/", {}, b""),
+    ("GET", f"/{BUCKET}?list-type=2&prefix=%00&start-after=%ff", {}, b""),
+    ("GET", f"/{BUCKET}?list-type=2&delimiter=%01", {}, b""),
+    ("GET", f"/{BUCKET}?marker=%1f", {}, b""),
+    ("GET", f"/{BUCKET}?list-type=2&encoding-type=base64", {}, b""),
+    ("GET", "/%ZZ/%C0%AF", {}, b""),
+    ("DELETE", f"/{BUCKET}/a/..", {}, b""),
+    ("HEAD", f"/{BUCKET}/" + "x" * 5000, {}, b""),
+]
+
+
+@pytest.mark.parametrize("method, path, headers, body", HOSTILE,
+                         ids=[f"{m}-{i}" for i, (m, *_) in enumerate(HOSTILE)])
+def test_hostile_requests_get_s3_errors_not_5xx(s3: S3Thread, client: Client, method: str,
+                                                path: str, headers: dict[str, str],
+                                                body: bytes) -> None:
+    raw_http(s3.url, "PUT", f"/{BUCKET}/ten", b"0123456789")
+    reply = raw_http(s3.url, method, path, body, headers)
+    assert reply.status < 500 or reply.status == 501, (reply.status, reply.body)
+    if method != "HEAD" and reply.status >= 400:
+        code(reply)
+    elif method != "HEAD" and reply.headers.get("Content-Type") == "application/xml":
+        ET.fromstring(reply.body)           # an answer any XML parser reads
+    assert not client.exists(f"/{BUCKET}/k") and not client.exists(f"/{BUCKET}/copy")
+    assert not client.exists("/new-bucket-xml") and not client.exists("/new-bucket-big")

@@ -149,8 +149,12 @@ async def handle(request: web.Request) -> web.StreamResponse:
         response = _error(exc, request, target, request_id)
     except StagerError as exc:
         response = _error(from_stager(exc), request, target, request_id)
-    except (ConnectionResetError, web.HTTPException):
-        raise
+    except web.HTTPException as exc:    # aiohttp's own refusals (a body over its limit)
+        code = "EntityTooLarge" if exc.status == 413 else "InvalidRequest"
+        response = _error(S3Error(code, exc.reason, status=400 if exc.status == 413
+                                  else exc.status), request, target, request_id)
+    except ConnectionResetError:
+        raise                           # a read failed mid-answer: the connection is cut
     except Exception as exc:        # a fault of ours: logged, answered as S3 does
         log.exception("S3 %s %s failed", request.method, request.path)
         response = _error(S3Error("InternalError", f"{type(exc).__name__}"), request, target,

@@ -217,6 +217,10 @@ async def list_objects(ctx: S3Context) -> web.StreamResponse:
     if "encoding-type" in q and not encode:
         raise S3Error("InvalidArgument", "encoding-type is url")
     prefix, delimiter = q.get("prefix", ""), q.get("delimiter", "")
+    for name in ("prefix", "delimiter", "start-after", "marker"):
+        if any(ord(ch) < 0x20 and ch not in "\t\n\r" for ch in q.get(name, "")):
+            # no key holds one, and XML 1.0 cannot carry it back
+            raise S3Error("InvalidArgument", f"{name} has a control character")
     max_keys = _max_keys(ctx)
     if v2:
         token = q.get("continuation-token")
