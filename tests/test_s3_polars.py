@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from stager.testing.s3clients import NO_CRC64NVME, S3Stack, moto_endpoint, s3_stack
+from stager.testing.s3clients import S3Stack, s3_stack
 
 pytestmark = pytest.mark.slow      # stager up as a subprocess
 
@@ -47,10 +47,10 @@ def test_scan_parquet_glob_of_what_stager_wrote(s3: S3Stack) -> None:
     assert picked.row(0) == (expected.height, expected["v"].sum())
 
 
-@pytest.mark.parametrize("checksum", [pytest.param(None, marks=NO_CRC64NVME, id="default"),
-                                      "sha256"])
+@pytest.mark.parametrize("checksum", [pytest.param(None, id="default"), "sha256"])
 def test_write_parquet_to_s3_lands_in_stager(s3: S3Stack, checksum: str | None) -> None:
-    """polars as it comes (a CRC64NVME header on each upload) and with SHA-256."""
+    """polars as it comes (an x-amz-checksum-crc64nvme header on each upload) and with
+    SHA-256."""
     df = frame(10_000)
     options = s3.endpoint.polars_options(checksum)
     out = f"out-{checksum or 'default'}"
@@ -77,13 +77,3 @@ def test_arrow_table_through_s3_equals_stager(s3: S3Stack) -> None:
                                  storage_options=s3.endpoint.polars_options())
     assert through_s3.to_arrow().equals(pl.from_arrow(table).to_arrow())
 
-
-def test_reference_the_default_client_writes_to_moto() -> None:
-    """polars as it comes (a CRC64NVME header) writes to moto's S3 server, the
-    reference: the NO_CRC64NVME failure above is the gateway's."""
-    df = frame(1000)
-    with moto_endpoint() as reference:
-        reference.boto3().create_bucket(Bucket="reference")
-        options = reference.polars_options()
-        df.write_parquet("s3://reference/one.parquet", storage_options=options)
-        assert pl.read_parquet("s3://reference/one.parquet", storage_options=options).equals(df)

@@ -25,20 +25,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import pytest
-
 REGION = "us-east-1"
-
-# The AWS C++ SDK under pyarrow 26 and polars 2's object_store send a CRC64NVME
-# checksum with every upload by default (S3's default algorithm since 2025): the
-# SDK as an aws-chunked trailer (x-amz-trailer: x-amz-checksum-crc64nvme), polars
-# as a header.  A client's default configuration is what its users run, so the
-# tests run it, expected to fail (strictly: the mark must go when the gateway
-# takes CRC64NVME) beside the same test with a checksum the gateway takes.
-NO_CRC64NVME = pytest.mark.xfail(
-    strict=True, raises=OSError,
-    reason="the gateway refuses x-amz-checksum-crc64nvme (400 InvalidRequest 'the checksum "
-    "... is not supported'), the default checksum of the AWS C++ SDK and of object_store")
 
 
 class ClientMissing(RuntimeError):
