@@ -42,7 +42,8 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
 
 
 def record(upload_id: str, path: str, file_id: str, touched: float = 10.0) -> MultipartRecord:
-    return MultipartRecord(upload_id, path, file_id, LAYOUT, None, 1.0, touched)
+    return MultipartRecord(upload_id, path, file_id, LAYOUT, None, 1.0, touched,
+                           extra=f'{{"of": "{upload_id}"}}')
 
 
 def part(number: int, file_id: str, first: int = 0, size: int = 4, when: float = 20.0

@@ -251,7 +251,7 @@ def test_status_keeps_the_sections_of_the_background_services_on_the_top_level()
 
 # -- the OpenAPI document describes the models ----------------------------------------------
 def _multipart_examples(layout: Layout) -> dict[str, object]:
-    upload = mp.MultipartUpload("a" * 32, "/b/k", "f" * 32, layout, 8192, 1.0, 2.0)
+    upload = mp.MultipartUpload("a" * 32, "/b/k", "f" * 32, layout, 8192, 1.0, 2.0, "{}")
     slot = mp.PartSlot("f" * 32, 2, layout, {"t0": "http://h:1"})
     part = mp.Part(1, 10, "0" * 32, 1.0)
     return {

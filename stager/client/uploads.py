@@ -62,9 +62,11 @@ class MultipartUploads:
     def __init__(self, client: AsyncClient) -> None:
         self.client = client
 
-    async def create(self, path: str, *, layout: LayoutSpec | None = None) -> MultipartUpload:
-        """Begin an upload of ``path``: nothing is visible there until it completes."""
-        body = MultipartCreate(paths.normalize(path), layout).to_json()
+    async def create(self, path: str, *, layout: LayoutSpec | None = None,
+                     extra: str = "") -> MultipartUpload:
+        """Begin an upload of ``path``: nothing is visible there until it completes.
+        ``extra``: text kept with the upload (read back with :meth:`parts`)."""
+        body = MultipartCreate(paths.normalize(path), layout, extra).to_json()
         return MultipartUpload.from_json(await self.client.meta.request(
             route("multipart_create"), body=body))
 

@@ -109,14 +109,15 @@ class MultipartService:
         self.store = service.store
         self.config = service.config
 
-    async def create(self, path: str, layout: LayoutSpec | None) -> MultipartRecord:
+    async def create(self, path: str, layout: LayoutSpec | None, extra: str = ""
+                     ) -> MultipartRecord:
         [begun] = await writes.create(self.service, [CreateItem(path, layout)])
         if isinstance(begun, StagerError):
             raise begun
         upload, _ = begun
         now = self.service.clock()
         record = MultipartRecord(uuid.uuid4().hex, upload.path, upload.file_id, upload.layout,
-                                 None, now, now)
+                                 None, now, now, extra)
         await self.store.begin_multipart(record)
         return record
 

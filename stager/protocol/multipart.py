@@ -24,6 +24,7 @@ from .models import FileInfo, Layout, LayoutSpec, count_of, field_of
 
 MAX_PART_NUMBER = 10000         # S3's
 MAX_PARTS_LISTED = 1000
+MAX_EXTRA = 16 << 10            # bytes of an upload's ``extra``
 
 
 def part_number(value: Any) -> int:
@@ -48,11 +49,15 @@ def _crcs(obj: Any, key: str) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class MultipartCreate:
+    """Begin an upload of ``path``; ``extra``: the creator's text, kept with the upload
+    (at most :data:`MAX_EXTRA` bytes; the S3 gateway's declared attributes)."""
+
     path: str
     layout: LayoutSpec | None = None
+    extra: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"path": self.path}
+        out: dict[str, Any] = {"path": self.path, "extra": self.extra}
         if self.layout is not None:
             out["layout"] = self.layout.to_json()
         return out
@@ -60,8 +65,11 @@ class MultipartCreate:
     @classmethod
     def from_json(cls, obj: Any) -> MultipartCreate:
         layout = field_of(obj, "layout", dict, None)
+        extra = field_of(obj, "extra", str, "")
+        if len(extra.encode("utf-8", "surrogatepass")) > MAX_EXTRA:
+            raise BadRequest(f"extra is over {MAX_EXTRA} bytes")
         return cls(field_of(obj, "path", str),
-                   None if layout is None else LayoutSpec.from_json(layout))
+                   None if layout is None else LayoutSpec.from_json(layout), extra)
 
 
 @dataclass(frozen=True)
@@ -75,18 +83,19 @@ class MultipartUpload:
     part_size: int | None
     created: float
     touched: float
+    extra: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {"upload_id": self.upload_id, "path": self.path, "file_id": self.file_id,
                 "layout": self.layout.to_json(), "part_size": self.part_size,
-                "created": self.created, "touched": self.touched}
+                "created": self.created, "touched": self.touched, "extra": self.extra}
 
     @classmethod
     def from_json(cls, obj: Any) -> MultipartUpload:
         return cls(field_of(obj, "upload_id", str), field_of(obj, "path", str),
                    field_of(obj, "file_id", str), Layout.from_json(field_of(obj, "layout", dict)),
                    count_of(obj, "part_size", None), field_of(obj, "created", (int, float)),
-                   field_of(obj, "touched", (int, float)))
+                   field_of(obj, "touched", (int, float)), field_of(obj, "extra", str, ""))
 
 
 @dataclass(frozen=True)
@@ -266,12 +275,12 @@ _CRCS = {"type": "array", "items": {"type": "string", "pattern": "^[0-9a-f]{1,8}
 _NUMBER = {"type": "integer", "minimum": 1, "maximum": MAX_PART_NUMBER}
 SCHEMAS: dict[str, Any] = {
     "MultipartCreate": {"type": "object", "required": ["path"], "properties": {
-        "path": _STR, "layout": _OBJ}},
+        "path": _STR, "layout": _OBJ, "extra": {"type": "string"}}},
     "MultipartUpload": {"type": "object", "required": [
         "upload_id", "path", "file_id", "layout", "part_size", "created", "touched"],
         "properties": {"upload_id": _STR, "path": _STR, "file_id": _STR, "layout": _OBJ,
                        "part_size": {"type": ["integer", "null"], "minimum": 0},
-                       "created": _NUM, "touched": _NUM}},
+                       "created": _NUM, "touched": _NUM, "extra": _STR}},
     "PartBegin": {"type": "object", "required": ["size"], "properties": {"size": _COUNT}},
     "PartSlot": {"type": "object", "required": ["file_id", "first_chunk", "layout",
                                                 "locations"],

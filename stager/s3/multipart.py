@@ -8,9 +8,9 @@ layouts are composed by a streaming copy at completion.  A part streams from the
 request body (decoded and checked by :meth:`~stager.s3.context.S3Context.payload`)
 into the write engine: memory stays near a few chunks whatever the part size.
 
-What CreateMultipartUpload declares (Content-Type, ``x-amz-meta-*``) is kept until
-completion in a small record of its own, ``/.s3/uploads/UPLOAD_ID``, and becomes the
-object's attribute record (:mod:`.attrs`) with S3's multipart ETag.
+What CreateMultipartUpload declares (Content-Type, ``x-amz-meta-*``) is kept with the
+upload on the metadata server (its ``extra``) and becomes the object's attribute record
+(:mod:`.attrs`) with S3's multipart ETag.
 """
 
 from __future__ import annotations
@@ -21,22 +21,18 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from ..client.uploads import MultipartUploads
-from ..errors import BadRequest, NotFound, StagerError, UploadNotFound
+from ..errors import BadRequest, StagerError, UploadNotFound
 from ..protocol.multipart import MAX_PART_NUMBER, MultipartUpload, PartList
 from .attrs import ObjectAttrs
 from .buckets import bucket_info, xml_response
 from .context import S3Context
 from .errors import STATUS, S3Error, from_stager
-from .names import HIDDEN, key_of, object_path
+from .names import key_of, object_path
 from .objects import check_conditions, copy_source, find, request_attrs
 from .xml import children, document, iso, parse, text_of
 
 MAX_COMPLETE_BODY = 2 << 20       # 10,000 parts of ~100 bytes each
 MAX_LISTED = 1000
-
-
-def _stash(upload_id: str) -> str:
-    return f"/{HIDDEN}/uploads/{upload_id}"
 
 
 def s3_error(exc: StagerError, ctx: S3Context) -> S3Error:
@@ -88,9 +84,8 @@ async def create_upload(ctx: S3Context) -> web.StreamResponse:
                       "no bytes", resource=f"/{ctx.bucket}/{ctx.key}")
     declared = request_attrs(ctx, "", "", {})      # refused here, before any part
     try:
-        upload = await MultipartUploads(ctx.client).create(path)
-        await ctx.client.pipe(_stash(upload.upload_id),
-                              json.dumps(declared.to_json()).encode())
+        upload = await MultipartUploads(ctx.client).create(
+            path, extra=json.dumps(declared.to_json()))
     except StagerError as exc:
         raise s3_error(exc, ctx) from None
     return xml_response(document("InitiateMultipartUploadResult", [
@@ -177,10 +172,10 @@ async def _read_body(ctx: S3Context, limit: int) -> bytes:
 async def complete_upload(ctx: S3Context) -> web.StreamResponse:
     upload_id = _upload_id(ctx)
     requested = parse_complete(await _read_body(ctx, MAX_COMPLETE_BODY))
-    await _parts_of(ctx, upload_id)
+    listed = await _parts_of(ctx, upload_id)
     try:
-        declared = ObjectAttrs.from_json(json.loads(await ctx.client.cat(_stash(upload_id))))
-    except (NotFound, ValueError, KeyError, TypeError):
+        declared = ObjectAttrs.from_json(json.loads(listed.upload.extra))
+    except (ValueError, KeyError, TypeError):
         declared = ObjectAttrs(file_id="", etag="")
     try:
         done = await MultipartUploads(ctx.client).complete(upload_id, requested)
@@ -192,17 +187,9 @@ async def complete_upload(ctx: S3Context) -> web.StreamResponse:
                         parts=len(done.part_sizes), part_sizes=done.part_sizes,
                         extra=declared.extra)
     await ctx.gateway.attrs.save(ctx.client, ctx.bucket, ctx.key, attrs)
-    await _drop_stash(ctx, upload_id)
     return xml_response(document("CompleteMultipartUploadResult", [
         ("Location", f"{ctx.request.scheme}://{ctx.request.host}/{ctx.bucket}/{ctx.key}"),
         ("Bucket", ctx.bucket), ("Key", ctx.key), ("ETag", etag)]))
-
-
-async def _drop_stash(ctx: S3Context, upload_id: str) -> None:
-    try:
-        await ctx.client.rm(_stash(upload_id))
-    except StagerError:
-        pass        # gone already; a stale one names an upload that is no more
 
 
 async def abort_upload(ctx: S3Context) -> web.StreamResponse:
@@ -212,7 +199,6 @@ async def abort_upload(ctx: S3Context) -> web.StreamResponse:
         await MultipartUploads(ctx.client).abort(upload_id)
     except StagerError as exc:
         raise s3_error(exc, ctx) from None
-    await _drop_stash(ctx, upload_id)
     return web.Response(status=204)
 
 

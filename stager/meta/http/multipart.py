@@ -78,7 +78,8 @@ def background(interval: Callable[[], float]
 
 def upload_json(record: MultipartRecord) -> dict[str, Any]:
     return MultipartUpload(record.upload_id, record.path, record.file_id, record.layout,
-                           record.part_size, record.created, record.touched).to_json()
+                           record.part_size, record.created, record.touched,
+                           record.extra).to_json()
 
 
 def _capable(request: web.Request, slot: PartSlot, op: str) -> PartSlot:
@@ -101,8 +102,8 @@ def _number(request: web.Request) -> str:
 async def multipart_create(request: web.Request) -> web.Response:
     req = MultipartCreate.from_json(await read_json(request, MAX_BODY))
     authorize(request, "write", req.path)
-    return json_response(upload_json(await request.app[MULTIPART].create(req.path,
-                                                                          req.layout)))
+    return json_response(upload_json(await request.app[MULTIPART].create(
+        req.path, req.layout, req.extra)))
 
 
 async def multipart_list(request: web.Request) -> web.Response:

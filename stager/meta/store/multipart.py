@@ -32,6 +32,8 @@ class MultipartRecord:
     part_size: int | None           # fixed by the first whole-chunk part (None: none yet)
     created: float
     touched: float                  # the last part written (idle since then)
+    extra: str = ""                 # its creator's, kept as given (the S3 gateway: the
+                                    # attributes CreateMultipartUpload declared, JSON)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ CREATE TABLE IF NOT EXISTS multipart_uploads (
     layout    TEXT NOT NULL,
     part_size BIGINT,
     created   DOUBLE PRECISION NOT NULL,
-    touched   DOUBLE PRECISION NOT NULL
+    touched   DOUBLE PRECISION NOT NULL,
+    extra     TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS multipart_uploads_path ON multipart_uploads (path, upload_id);
 CREATE TABLE IF NOT EXISTS multipart_parts (
@@ -40,13 +41,13 @@ CREATE TABLE IF NOT EXISTS multipart_parts (
     PRIMARY KEY (upload_id, number)
 );
 """
-_RECORD = "upload_id, path, file_id, layout, part_size, created, touched"
+_RECORD = "upload_id, path, file_id, layout, part_size, created, touched, extra"
 _PART = "number, file_id, first_chunk, size, md5, checksums, written"
 Op = Callable[[asyncpg.Connection], Awaitable[Any]]
 
 
 def _record(r: asyncpg.Record) -> MultipartRecord:
-    return MultipartRecord(r[0], r[1], r[2], layout_of(r[3]), r[4], r[5], r[6])
+    return MultipartRecord(r[0], r[1], r[2], layout_of(r[3]), r[4], r[5], r[6], r[7])
 
 
 def _part(r: asyncpg.Record) -> PartRecord:
@@ -120,9 +121,9 @@ class PostgresMultipart(Multipart):
 
     async def begin_multipart(self, r: MultipartRecord) -> None:
         await self._write(lambda c: c.execute(
-            f"INSERT INTO multipart_uploads ({_RECORD}) VALUES ($1,$2,$3,$4,$5,$6,$7)",
+            f"INSERT INTO multipart_uploads ({_RECORD}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8)",
             r.upload_id, r.path, r.file_id, layout_text(r.layout), r.part_size, r.created,
-            r.touched))
+            r.touched, r.extra))
 
     async def get_multipart(self, upload_id: str) -> MultipartRecord:
         record: MultipartRecord = await self._read(lambda c: get(c, upload_id))

@@ -21,7 +21,8 @@ CREATE TABLE IF NOT EXISTS multipart_uploads (
     layout    TEXT NOT NULL,
     part_size INTEGER,
     created   REAL NOT NULL,
-    touched   REAL NOT NULL
+    touched   REAL NOT NULL,
+    extra     TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS multipart_uploads_path ON multipart_uploads (path, upload_id);
 CREATE TABLE IF NOT EXISTS multipart_parts (
@@ -36,14 +37,14 @@ CREATE TABLE IF NOT EXISTS multipart_parts (
     PRIMARY KEY (upload_id, number)
 );
 """
-_RECORD = "upload_id, path, file_id, layout, part_size, created, touched"
+_RECORD = "upload_id, path, file_id, layout, part_size, created, touched, extra"
 _PART = "number, file_id, first_chunk, size, md5, checksums, written"
 
 
 def record_of(row: Sequence[Any]) -> MultipartRecord:
-    upload_id, path, file_id, layout, part_size, created, touched = row
+    upload_id, path, file_id, layout, part_size, created, touched, extra = row
     return MultipartRecord(upload_id, path, file_id, layout_of(layout), part_size, created,
-                           touched)
+                           touched, extra)
 
 
 def part_of(row: Sequence[Any]) -> PartRecord:
@@ -59,9 +60,9 @@ class MultipartSQL:
 
     def begin(self, r: MultipartRecord) -> None:
         with self.database.transaction():
-            self.db.execute(f"INSERT INTO multipart_uploads ({_RECORD}) VALUES (?,?,?,?,?,?,?)",
+            self.db.execute(f"INSERT INTO multipart_uploads ({_RECORD}) VALUES (?,?,?,?,?,?,?,?)",
                             (r.upload_id, r.path, r.file_id, layout_text(r.layout),
-                             r.part_size, r.created, r.touched))
+                             r.part_size, r.created, r.touched, r.extra))
 
     def get(self, upload_id: str) -> MultipartRecord:
         row = self.db.execute(f"SELECT {_RECORD} FROM multipart_uploads WHERE upload_id = ?",
