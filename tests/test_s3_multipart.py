@@ -120,6 +120,18 @@ def test_create_parts_complete_without_a_copy(s3: S3Cluster, c: Any, sc: Client,
     assert sc.cat("/mpu/k/three") == b"".join(parts)
     # no copy: the object is that pending file, whose chunks the parts were written as
     assert sc.stat("/mpu/k/three").file_id == pending["file_id"]
+    # the completion sent again (its answer lost, say): the same answer, nothing changed
+    again = c.complete_multipart_upload(
+        Bucket=bucket, Key="k/three", UploadId=uid,
+        MultipartUpload={"Parts": [{"PartNumber": n, "ETag": e}
+                                   for n, e in enumerate(etags, 1)]})
+    assert again["ETag"] == done["ETag"]
+    assert sc.stat("/mpu/k/three").file_id == pending["file_id"]
+    with pytest.raises(ClientError) as exc:        # another part list: no such upload
+        c.complete_multipart_upload(Bucket=bucket, Key="k/three", UploadId=uid,
+                                    MultipartUpload={"Parts": [{"PartNumber": 1,
+                                                                "ETag": etags[0]}]})
+    assert err(exc) == ("NoSuchUpload", 404)
 
 
 def test_abort_leaves_nothing(c: Any, sc: Client, bucket: str) -> None:

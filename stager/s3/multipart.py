@@ -15,6 +15,7 @@ upload on the metadata server (its ``extra``) and becomes the object's attribute
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 
@@ -169,10 +170,48 @@ async def _read_body(ctx: S3Context, limit: int) -> bytes:
     return body
 
 
+def _requested_etag(requested: Sequence[tuple[int, str]]) -> str | None:
+    """The multipart ETag the completion of ``requested`` makes (None: an ETag that is
+    no MD5, which no part of ours has)."""
+    try:
+        md5s = [bytes.fromhex(etag.strip('"')) for _, etag in requested]
+    except ValueError:
+        return None
+    digest = hashlib.md5(b"".join(md5s), usedforsecurity=False).hexdigest()
+    return f'"{digest}-{len(md5s)}"'
+
+
+async def _completed_before(ctx: S3Context, requested: Sequence[tuple[int, str]]
+                            ) -> web.StreamResponse | None:
+    """A completion sent again after it went through (its answer was lost): the object
+    is there with the ETag this part list makes; the same answer again."""
+    etag = _requested_etag(requested)
+    try:
+        _, attrs = await find(ctx, ctx.bucket, ctx.key)
+    except S3Error:
+        return None
+    if etag is None or attrs.etag != etag or attrs.parts != len(requested):
+        return None
+    return _completed(ctx, etag)
+
+
+def _completed(ctx: S3Context, etag: str) -> web.StreamResponse:
+    return xml_response(document("CompleteMultipartUploadResult", [
+        ("Location", f"{ctx.request.scheme}://{ctx.request.host}/{ctx.bucket}/{ctx.key}"),
+        ("Bucket", ctx.bucket), ("Key", ctx.key), ("ETag", etag)]))
+
+
 async def complete_upload(ctx: S3Context) -> web.StreamResponse:
     upload_id = _upload_id(ctx)
     requested = parse_complete(await _read_body(ctx, MAX_COMPLETE_BODY))
-    listed = await _parts_of(ctx, upload_id)
+    try:
+        listed = await _parts_of(ctx, upload_id)
+    except S3Error as exc:
+        again = await _completed_before(ctx, requested) if exc.code == "NoSuchUpload" \
+            else None
+        if again is None:
+            raise
+        return again
     try:
         declared = ObjectAttrs.from_json(json.loads(listed.upload.extra))
     except (ValueError, KeyError, TypeError):
@@ -187,9 +226,7 @@ async def complete_upload(ctx: S3Context) -> web.StreamResponse:
                         parts=len(done.part_sizes), part_sizes=done.part_sizes,
                         extra=declared.extra)
     await ctx.gateway.attrs.save(ctx.client, ctx.bucket, ctx.key, attrs)
-    return xml_response(document("CompleteMultipartUploadResult", [
-        ("Location", f"{ctx.request.scheme}://{ctx.request.host}/{ctx.bucket}/{ctx.key}"),
-        ("Bucket", ctx.bucket), ("Key", ctx.key), ("ETag", etag)]))
+    return _completed(ctx, etag)
 
 
 async def abort_upload(ctx: S3Context) -> web.StreamResponse:
