@@ -155,6 +155,10 @@ class Authenticator:
             self._known.popitem(last=False)
         return known
 
+    def forget(self) -> None:
+        """Drop every remembered answer: the next request of each key asks again."""
+        self._known.clear()
+
     def _meta(self) -> AsyncClient:
         if self._client is None:
             self._client = AsyncClient(self.meta_url, config=self.config)
