@@ -311,14 +311,17 @@ class Simulated:
 
 
 def simulate(trace: Iterable[Any], sizes: Any, capacity: int, policy: str | EvictionPolicy,
-             next_use: NextUse | None = None, pinned: Container[Any] = frozenset()
-             ) -> Simulated:
+             next_use: NextUse | None = None, pinned: Container[Any] = frozenset(),
+             low: int | None = None) -> Simulated:
     """Replays ``trace`` (keys in access order) through a cache of ``capacity``
     bytes evicting by ``policy``; ``sizes[key]`` is a key's size.  A miss fetches
     the key and keeps it, unless even the victims cannot make room (a key larger
-    than the cache, or the rest pinned): then it is served and not kept."""
+    than the cache, or the rest pinned): then it is served and not kept.  ``low``:
+    a miss that must evict frees down to ``low`` bytes (the servers' low watermark),
+    not just the room it needs."""
     if capacity <= 0:
         raise ValueError(f"capacity must be positive, not {capacity}")
+    floor = capacity if low is None else min(capacity, max(0, low))
     make = EVICTION[policy] if isinstance(policy, str) else policy
     state = make(capacity, next_use)
     if isinstance(sizes, np.ndarray):
@@ -336,7 +339,7 @@ def simulate(trace: Iterable[Any], sizes: Any, capacity: int, policy: str | Evic
         out.misses += 1
         out.fetched += size
         if used + size > capacity:
-            for victim in state.victims(used + size - capacity, now, pinned):
+            for victim in state.victims(used + size - floor, now, pinned):
                 used -= cached.pop(victim)
                 out.victims.append(victim)
             out.evictions = len(out.victims)

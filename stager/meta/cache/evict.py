@@ -2,7 +2,8 @@
 
 Every ``cache_interval`` the duty holder (the one metadata server that collects
 garbage) sums the filled bytes; past ``cache_high`` of the limit it frees down to
-``cache_low``.  Candidates are filled chunks only: written files, staged files and
+``cache_low`` (under ``plan`` with a live plan, down to ``cache_high`` only: see
+:meth:`Evictor._floor`).  Candidates are filled chunks only: written files, staged files and
 every file outside an attached directory have no chunk rows and are never touched;
 a chunk of a pinned path is never a victim; a chunk handed to a reader in the last
 ``GRACE`` seconds is spared while another will do (its reader is on its way to it): a
@@ -64,7 +65,8 @@ class Evictor:
             self.filled = await self._filled_total()
             if self.filled <= limit * self.config.cache_high:
                 return 0
-            return await self._free(self.filled - int(limit * self.config.cache_low))
+            plans = await self._plans()
+            return await self._free(self.filled - self._floor(limit, plans), plans)
 
     async def reserve(self, size: int) -> None:
         """Room for a fill of ``size`` bytes under the limit, evicting first if need be
@@ -79,7 +81,8 @@ class Evictor:
                 self.filled = await self._filled_total()     # other servers fill too
             wanted = self.filled + self.inflight + size
             if wanted > limit:
-                await self._free(wanted - int(limit * self.config.cache_low),
+                plans = await self._plans()
+                await self._free(wanted - self._floor(limit, plans), plans,
                                  patience=2 * GRACE)
             if self.filled + self.inflight + size > limit:
                 raise InsufficientStorage(
@@ -95,10 +98,22 @@ class Evictor:
             if ok and self.filled is not None:
                 self.filled += size
 
+    async def _plans(self) -> NextUse | None:
+        """The registered plans' next uses, where the policy is ``plan`` (else None)."""
+        return await self.next_use() if self.config.cache_policy == "plan" else None
+
+    def _floor(self, limit: int, plans: NextUse | None) -> int:
+        """The filled bytes an eviction frees down to: the low watermark; under ``plan``
+        with a live plan, the high one.  A chunk freed ahead of need is one a plan will
+        read (the furthest, but read: a second fetch), so plan-aware eviction frees in
+        smaller steps; the other policies know nothing of the future to lose."""
+        return int(limit * (self.config.cache_high if plans is not None
+                            else self.config.cache_low))
+
     async def _filled_total(self) -> int:
         return sum(u[3] for u in (await self.store.cache_usage()).values())
 
-    async def _free(self, need: int, *, patience: float = 0.0) -> int:
+    async def _free(self, need: int, plans: NextUse | None, *, patience: float = 0.0) -> int:
         """Evict at least ``need`` bytes if it can be done: sparing the chunks just
         handed to readers (they are on their way to read them) for up to ``patience``
         seconds, then not; never a pinned one.  The number of chunks evicted."""
@@ -106,7 +121,7 @@ class Evictor:
         while True:
             chunks = await self._all_chunks()
             last = time.monotonic() >= deadline
-            victims = await self._victims(chunks, need, spare_recent=not last)
+            victims = await self._victims(chunks, need, plans, spare_recent=not last)
             if last or sum(c.size for c in victims) >= need:
                 break
             await asyncio.sleep(POLL)
@@ -125,14 +140,13 @@ class Evictor:
                 return out
             after = (page[-1].file_id, page[-1].index)
 
-    async def _victims(self, chunks: list[CachedChunk], need: int, *, spare_recent: bool
-                       ) -> list[CachedChunk]:
+    async def _victims(self, chunks: list[CachedChunk], need: int, plans: NextUse | None, *,
+                       spare_recent: bool) -> list[CachedChunk]:
         """The chunks to drop to free ``need`` bytes, by the policy; never a pinned one,
         and with ``spare_recent`` none handed to a reader in the last ``GRACE`` seconds."""
         now = self.service.clock()
         pins = await self.store.pins(now)
-        policy = self.config.cache_policy
-        next_use = await self.next_use() if policy == "plan" else None
+        policy, next_use = self.config.cache_policy, plans
         if policy == "plan" and next_use is None:
             policy = "lru"
         spared = {(c.file_id, c.index) for c in chunks
