@@ -40,6 +40,7 @@ from stager.testing.cluster import ProcessCluster
 from .cache_cluster import (
     DATA_SERVERS,
     PACED,
+    REPEATS,
     SOURCE_SAMPLE,
     Epoch,
     PolicyRun,
@@ -153,17 +154,18 @@ def cluster_epochs(quick: bool) -> dict[str, Any]:
         return {"hit ratio": round(e.hit_ratio, 4), "source requests": e.source["ranged GET"],
                 "source GiB": r2(e.source["ranged bytes"] / GiB)}
 
+    turns = len(got["staged"])
     rows = [
         _row("cluster: staged copy (stager stage), epoch 1",
              **speed(got["staged first"]["rate"])),
         _row(f"cluster: staged copy (stager stage), epoch 2 by the same Loader (median of "
-             f"{rounds})", **speed(staged_rate)),
+             f"{turns})", **speed(staged_rate)),
         _row(f"cluster: attached, epoch 1 ({where}; median of {rounds}, requests of all)",
              **costs(cold), **speed(cold.figures["rate"])),
         _row(f"cluster: attached, epoch 2 by the job's Loader, CRC32Cs learnt (median of "
-             f"{rounds}, requests of all)", **costs(warm), **speed(warm.figures["rate"])),
+             f"{turns}, requests of all)", **costs(warm), **speed(warm.figures["rate"])),
         _row(f"cluster: attached, epoch 2 by a fresh Loader, every read asks first (median "
-             f"of {rounds}, requests of all)", **costs(fresh), **speed(fresh.figures["rate"])),
+             f"of {turns}, requests of all)", **costs(fresh), **speed(fresh.figures["rate"])),
         _row(f"cluster: attached, epoch 2 again paced at {PACED:.0%} (plain stall)",
              **costs(paced), **speed(paced.figures["rate"]),
              **{"stall %": r2(100 * paced.figures["stall"])}),
@@ -208,8 +210,9 @@ def cluster_epochs(quick: bool) -> dict[str, Any]:
         f"get of {SOURCE_SAMPLE} files (the source alone), stager attach of the source's "
         "URL to a fresh directory (the last one detached) and a new Loader's epoch 1 over "
         "it (every chunk fetched from the source through the metadata server), then a sync "
-        "(the fills' writeback done, as the staged copy's is); then, in "
-        "turn, the second epoch (epoch 2's order) of the staged copy by its Loader, of the "
+        f"(the fills' writeback done, as the staged copy's is); then, {REPEATS} times "
+        "over in turn (each time another first), the second epoch (epoch 2's order) of "
+        "the staged copy by its Loader, of the "
         "attached copy by the Loader that read its epoch 1 (as a training job reads its "
         "second epoch: its client learnt each chunk's CRC32C from the first epoch's fills "
         "and reads the filled chunks straight from the data servers, reporting the reads "
@@ -241,13 +244,14 @@ def cluster_epochs(quick: bool) -> dict[str, Any]:
     per_round = {"staged": [f["rate"] for f in got["staged"]],
                  "learnt": [e.figures["rate"] for e in got["warm"]],
                  "fresh": [e.figures["rate"] for e in got["fresh"]]}
-    notes.append("Second epochs, samples/s per round (staged / attached by the job's Loader "
-                 "/ attached by a fresh Loader): " + "; ".join(
+    paired = [b / a for a, b in zip(per_round["staged"], per_round["learnt"], strict=True)]
+    notes.append(f"Second epochs, samples/s, each of the {len(paired)} turns (staged / "
+                 "attached by the job's Loader / attached by a fresh Loader): " + "; ".join(
                      f"{a:.0f} / {b:.0f} / {c:.0f}" for a, b, c in zip(
                          *per_round.values(), strict=True))
-                 + "; attached by the job's Loader / staged, per round: " + ", ".join(
-                     f"{b / a:.2f}" for a, b in zip(per_round["staged"], per_round["learnt"],
-                                                    strict=True)) + ".")
+                 + "; attached by the job's Loader / staged, turn by turn: "
+                 + ", ".join(f"{x:.2f}" for x in paired)
+                 + f" (median {median(paired):.2f}; the aim takes the ratio of the medians).")
     if uncapped is None:
         notes.append(f"The line rate is the tc tbf cap, {CAP_MBIT} Mbit/s = {line:g} MB/s "
                      "(tbf counts IP bytes, so HTTP payload tops out a few % under it).")
@@ -324,9 +328,10 @@ def cluster_policies(quick: bool) -> dict[str, Any]:
     # at the low watermark, the most the servers keep once they have evicted
     run = runs[policies[0]]
     low = int(limit * load_config(env={}).cache_low)
+    fetched: dict[str, int] = {}
     for name, capacity in ((OPTIMUM_FULL, limit), (OPTIMUM_LOW, low)):
         got = _optimum(run, [size] * files, capacity)
-        hit[name] = got["hit ratio"]
+        hit[name], fetched[name] = got["hit ratio"], got["source requests"]
         rows.append(_row(name.format(policy=policies[0]), **got))
     ratios = {"cluster: lru / s3fifo, source requests": r2(
         requests["lru"] / max(1, requests["s3fifo"]))}
@@ -350,6 +355,18 @@ def cluster_policies(quick: bool) -> dict[str, Any]:
         "served once), so its hit ratios run higher under plan: "
         + ", ".join(status) + ".",
     ]
+    config = load_config(env={})
+    stepped = {name: simulate(run.trace, [size] * files, limit, "belady",
+                              next_use=Uses(run.trace), low=int(limit * share)).misses
+               for name, share in (("low", config.cache_low), ("high", config.cache_high))}
+    notes.append("Why the servers cannot reach the full-limit optimum: belady over the same "
+                 "trace, evicting as the servers do (a fill that finds the cache full frees "
+                 f"down to a watermark, not just its own room), fetches {stepped['low']:,} "
+                 f"chunks freeing down to the low watermark (as lru and s3fifo do) and "
+                 f"{stepped['high']:,} freeing down to the high one (as plan does while a "
+                 "plan is registered: each chunk freed ahead of need is one a plan will read "
+                 f"again), against the {fetched[OPTIMUM_FULL]:,} of freeing only what each "
+                 "fill needs (the full-limit row).")
     notes.append("belady: the samples as the ranks received them in the "
                  f"{policies[0]} run (both ranks merged by time, one chunk each), replayed "
                  "through stager.eviction's belady twice: at the full limit, and at the low "

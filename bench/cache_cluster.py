@@ -56,7 +56,8 @@ PACED = 0.8                     # the paced epoch consumes this share of the max
 # a Loader kept for a second epoch would read it ahead at the end of its first, while the
 # others ran: each epoch is timed reading its own samples, none read before
 ONE_EPOCH = {"prefetch_next_epoch": False}
-SECONDS = ("staged", "learnt", "fresh")     # the second epochs a round times, in turn
+SECONDS = ("staged", "learnt", "fresh")     # the second epochs a round times, in turn,
+REPEATS = 3                                 # this many times over (each is a second or two)
 READ_AHEAD = 4                  # the policy runs' ranks read ahead 1/READ_AHEAD of the cache
 
 
@@ -163,8 +164,8 @@ def throughput(cluster: ProcessCluster, source: CountingSource, data: Path, tmp:
     (medians compared, so a pause of the shared machine spoils one run, not a
     ratio): the source read alone; a first epoch over a fresh attachment of it (the
     cold read; the earlier attachment detached) by a new Loader; then, side by side
-    (each round in another order), the second epoch of the staged copy (by its
-    Loader), of the attached copy by the
+    (``REPEATS`` times over, each time in another order), the second epoch of the
+    staged copy (by its Loader), of the attached copy by the
     Loader that read its first epoch (as a training job reads its second epoch: its
     client learnt the chunks' CRC32Cs, ``learnt``), and by a fresh Loader (whose
     client learnt nothing: each read asks the metadata server first, ``fresh``).
@@ -210,7 +211,7 @@ def throughput(cluster: ProcessCluster, source: CountingSource, data: Path, tmp:
             # the fills just wrote the attached copy: its writeback must not compete with
             # the timed second epochs (the staged copy's was done long before)
             os.sync()
-            for which in SECONDS[k % 3:] + SECONDS[:k % 3]:     # each round another first
+            for which in _turns(k):
                 if which == "staged":
                     staged.append(run(staged_loader, 1))
                 elif which == "learnt":
@@ -225,6 +226,15 @@ def throughput(cluster: ProcessCluster, source: CountingSource, data: Path, tmp:
     return {"source": own, "stage seconds": seconds, "staged first": staged_first,
             "staged": staged, "cold": cold, "warm": learnt, "fresh": fresh, "paced": paced,
             "step": step}
+
+
+def _turns(k: int) -> list[str]:
+    """The second epochs round ``k`` times: :data:`SECONDS` ``REPEATS`` times over,
+    each time starting with the next one (no place in the round favours one)."""
+    out: list[str] = []
+    for r in range(k * REPEATS, (k + 1) * REPEATS):
+        out += SECONDS[r % 3:] + SECONDS[:r % 3]
+    return out
 
 
 @dataclass(frozen=True)
