@@ -97,6 +97,21 @@ def test_a_directory_made_by_stager_is_a_bucket(c: Any, sc: Client) -> None:
     assert got["ETag"].endswith('-1"')      # written without S3: no MD5 was made
 
 
+def test_an_attached_directory_reads_through_s3(c: Any, sc: Client, tmp_path: Path) -> None:
+    src = tmp_path / "source"
+    (src / "sub").mkdir(parents=True)
+    files = {"a.bin": blob(5 * MiB, 21), "sub/b.txt": b"attached"}
+    for name, data in files.items():
+        (src / name).write_bytes(data)
+    sc.attach(f"file://{src}", "/attached/view")
+    listed = c.list_objects_v2(Bucket="attached", Prefix="view/")["Contents"]
+    assert sorted(o["Key"] for o in listed) == ["view/a.bin", "view/sub/b.txt"]
+    for name, data in files.items():
+        assert c.get_object(Bucket="attached", Key=f"view/{name}")["Body"].read() == data
+    got = c.get_object(Bucket="attached", Key="view/a.bin", Range="bytes=-100")
+    assert got["Body"].read() == files["a.bin"][-100:]
+
+
 # -- put and get -------------------------------------------------------------------------
 @pytest.mark.parametrize("size", [0, 1, 4 * MiB, 9 * MiB + 7])
 def test_put_get_byte_exact_both_ways(c: Any, sc: Client, bucket: str, size: int) -> None:
