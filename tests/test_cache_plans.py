@@ -87,6 +87,14 @@ def test_plan_aware_eviction_asks_the_source_less_than_lru(
     try:
         book = c2.meta.app[CACHE].plans          # type: ignore[union-attr]
         assert len(c2._call(book.current())) == 1          # the Loader's plan is live
+        # while it is, a fill that finds the cache full frees down to the high watermark
+        # only (30 of 32 chunks), not the low one (27): what it frees, the plan reads
+        with Client(c2.meta_url, config=load_config(env={})) as client:
+            for name in sorted(files):
+                client.cat(f"/data/{name}")
+                [a] = client.attachments()
+                assert a.cached_bytes <= LIMIT
+                assert a.cached_bytes >= 29 * CHUNK, (name, a.cached_bytes // CHUNK)
     finally:
         c2.stop()
     assert lru >= FILES and plan >= FILES           # the first epoch fetches everything
