@@ -265,3 +265,43 @@ def test_a_large_part_streams_in_bounded_memory(s3: S3Cluster, c: Any, sc: Clien
     print(f"s3 gateway RSS during a {size >> 20} MiB part: {before >> 20} MiB before, "
           f"{peak[0] >> 20} MiB at most")
     assert peak[0] - before < 128 * MiB, (before, peak[0])
+
+
+def test_bad_multipart_requests_are_s3_errors_never_a_5xx(s3: S3Cluster, c: Any, sc: Client,
+                                                          bucket: str) -> None:
+    uid = c.create_multipart_upload(Bucket=bucket, Key="bad/obj")["UploadId"]
+    other = "0" * 32
+    cases = [
+        ("PUT", f"bad/obj?partNumber=0&uploadId={uid}", b"x", "InvalidArgument"),
+        ("PUT", f"bad/obj?partNumber=abc&uploadId={uid}", b"x", "InvalidArgument"),
+        ("PUT", f"bad/obj?partNumber=99999999999999999999&uploadId={uid}", b"x",
+         "InvalidArgument"),
+        ("PUT", "bad/obj?partNumber=1&uploadId=not-an-id", b"x", "NoSuchUpload"),
+        ("PUT", f"bad/obj?partNumber=1&uploadId={other}", b"x", "NoSuchUpload"),
+        ("POST", f"bad/obj?uploadId={other}", b"<CompleteMultipartUpload><Part>"
+         b"<PartNumber>1</PartNumber><ETag>x</ETag></Part></CompleteMultipartUpload>",
+         "NoSuchUpload"),
+        ("POST", f"bad/obj?uploadId={uid}", b"<CompleteMultipartUpload><Part><PartNumber>"
+         b"10001</PartNumber><ETag>x</ETag></Part></CompleteMultipartUpload>",
+         "InvalidArgument"),
+        ("POST", f"bad/obj?uploadId={uid}", b"<CompleteMultipartUpload><Part><PartNumber>"
+         b"1</PartNumber><ETag>\"nothex\"</ETag></Part></CompleteMultipartUpload>",
+         "InvalidPart"),
+        ("GET", f"bad/obj?uploadId={uid}&max-parts=-1", None, "InvalidArgument"),
+        ("GET", "?uploads&max-uploads=x", None, "InvalidArgument"),
+        ("DELETE", f"bad/obj?uploadId={other}", None, "NoSuchUpload"),
+        ("POST", "bad/?uploads", None, "InvalidArgument"),
+        ("POST", "nobucket/k?uploads", None, "NoSuchBucket"),
+    ]
+    for method, target, body, code in cases:
+        url = f"{s3.url}/{target}" if target.startswith("nobucket") \
+            else f"{s3.url}/{bucket}/{target}" if not target.startswith("?") \
+            else f"{s3.url}/{bucket}{target}"
+        request = urllib.request.Request(url, data=body, method=method)
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            urllib.request.urlopen(request, timeout=10)
+        answer = exc.value.read()
+        assert exc.value.code < 500 and f"<Code>{code}</Code>".encode() in answer, \
+            (method, target, exc.value.code, answer[:300])
+    assert not sc.exists("/mpu/bad/obj")
+    c.abort_multipart_upload(Bucket=bucket, Key="bad/obj", UploadId=uid)
