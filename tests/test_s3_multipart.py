@@ -305,3 +305,35 @@ def test_bad_multipart_requests_are_s3_errors_never_a_5xx(s3: S3Cluster, c: Any,
             (method, target, exc.value.code, answer[:300])
     assert not sc.exists("/mpu/bad/obj")
     c.abort_multipart_upload(Bucket=bucket, Key="bad/obj", UploadId=uid)
+
+
+def test_listings_page_with_markers(c: Any, bucket: str) -> None:
+    keys = ["pg/a", "pg/b", "pg/b", "pg/d/x", "pg/d/y"]          # two uploads of pg/b
+    made = [(k, c.create_multipart_upload(Bucket=bucket, Key=k)["UploadId"]) for k in keys]
+    want = sorted(made)
+    seen, kw = [], {}
+    for _ in range(5):
+        page = c.list_multipart_uploads(Bucket=bucket, Prefix="pg/", MaxUploads=2, **kw)
+        seen += [(u["Key"], u["UploadId"]) for u in page.get("Uploads", [])]
+        if not page["IsTruncated"]:
+            break
+        kw = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page["NextUploadIdMarker"]}
+    assert seen == want
+    # a key marker alone skips every upload of that key
+    after_b = c.list_multipart_uploads(Bucket=bucket, Prefix="pg/", KeyMarker="pg/b")
+    assert [u["Key"] for u in after_b["Uploads"]] == ["pg/d/x", "pg/d/y"]
+    folded = c.list_multipart_uploads(Bucket=bucket, Prefix="pg/", Delimiter="/")
+    assert [u["Key"] for u in folded["Uploads"]] == ["pg/a", "pg/b", "pg/b"]
+    assert [p["Prefix"] for p in folded["CommonPrefixes"]] == ["pg/d/"]
+    # ListParts pages too
+    key, uid = made[0]
+    for n in (1, 2, 3):
+        c.upload_part(Bucket=bucket, Key=key, UploadId=uid, PartNumber=n, Body=b"p" * n)
+    first = c.list_parts(Bucket=bucket, Key=key, UploadId=uid, MaxParts=2)
+    assert [p["PartNumber"] for p in first["Parts"]] == [1, 2] and first["IsTruncated"]
+    rest = c.list_parts(Bucket=bucket, Key=key, UploadId=uid,
+                        PartNumberMarker=first["NextPartNumberMarker"])
+    assert [p["PartNumber"] for p in rest["Parts"]] == [3] and not rest["IsTruncated"]
+    for k, u in made:
+        c.abort_multipart_upload(Bucket=bucket, Key=k, UploadId=u)
+    assert c.list_multipart_uploads(Bucket=bucket, Prefix="pg/").get("Uploads", []) == []
