@@ -11,7 +11,10 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import io
+import json
 import random
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -378,6 +381,35 @@ def test_list_v1_with_marker(c: Any, tree: list[str]) -> None:
     pages = c.get_paginator("list_objects").paginate(Bucket="tree",
                                                     PaginationConfig={"PageSize": 3})
     assert [o["Key"] for p in pages for o in p["Contents"]] == tree
+
+
+# -- more gateways ---------------------------------------------------------------------
+def test_a_second_gateway_from_stager_s3(s3: S3Cluster, c: Any, bucket: str,
+                                          tmp_path: Path) -> None:
+    """``stager s3 --meta URL --port 0``: another gateway over the same cluster sees what
+    the first wrote (no state of its own); a non-loopback bind without auth is refused."""
+    ready = tmp_path / "s3.json"
+    proc = subprocess.Popen([sys.executable, "-m", "stager", "s3", "--meta", s3.meta_url,
+                             "--port", "0", "--ready-file", str(ready)])
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        other = boto3_client(json.loads(ready.read_text())["url"])
+        c.put_object(Bucket=bucket, Key="two/gateways", Body=b"written by the first",
+                     Metadata={"by": "first"})
+        got = other.get_object(Bucket=bucket, Key="two/gateways")
+        assert got["Body"].read() == b"written by the first"
+        assert got["Metadata"] == {"by": "first"} and got["ETag"] == \
+            f'"{hashlib.md5(b"written by the first").hexdigest()}"'
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
+    refused = subprocess.run([sys.executable, "-m", "stager", "s3", "--meta", s3.meta_url,
+                              "--host", "0.0.0.0", "--port", "0"], capture_output=True,
+                             text=True, timeout=60)
+    assert refused.returncode == 1 and "refusing to serve" in refused.stderr
 
 
 # -- memory ------------------------------------------------------------------------------
