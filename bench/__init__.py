@@ -20,4 +20,4 @@ side with stager in the same run, so the ratios hold even on a busy machine.
 # ``metadata``) is never taken for a benchmark.
 BENCHMARKS = ("striping", "loopback", "small_samples", "metadata", "writes", "write_failover",
               "memory", "auth", "jobcluster", "jobstart", "loader", "mount", "stage",
-              "cache", "floors")
+              "cache", "floors", "s3")

@@ -1,0 +1,425 @@
+"""The S3 gateway beside stager's own clients, on one ``stager up --s3-port`` cluster.
+
+Issue 29's benchmarks, side by side in one run: one cluster of four data servers as
+processes with its gateway (``stager.testing.S3Cluster``), moto's S3 server in this
+process for the small objects' reference.  Every round measures every case in turn,
+the order reversed every other round; each ratio is taken within its round, and an
+aim is met only when the lower quartile of those rounds reaches it.
+
+- **GET of one big object** (1 GiB; quick: 32 MiB, default layout: 4 MiB chunks
+  striped over the four servers), every byte landing in one preallocated buffer:
+  boto3 ``get_object`` with its body read in 8 MiB pieces (one GET, one
+  connection); boto3 ``download_fileobj`` with its default transfer config (8 MiB
+  ranged GETs, 10 threads); s3fs ``open`` and ``read`` in 8 MiB pieces; the same file
+  through ``stager://`` (fsspec ``open`` and ``read`` in 8 MiB pieces, the
+  denominator of the GET aims) and ``AsyncClient.read_into``.
+- **PUT of the same local file**: boto3 ``upload_fileobj`` with its default transfer
+  config (multipart, 8 MiB parts, 10 threads) against ``Client.put``.
+- **16 KiB objects**: boto3 ``get_object`` of every object, one client, a thread
+  pool of 16 (as s3transfer's), against stager's gateway and against moto's server
+  holding the same objects; and stager's batched read of the same files through its
+  fsspec filesystem (``cat_ranges`` of every path: the stats in parallel, then one
+  read plan, one batched request per data server; the client has no other batch read).
+- **memory**: the gateway process's peak RSS during each S3 GET and PUT (its
+  ``VmHWM`` from ``/proc``, reset before each case through ``clear_refs``).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import random
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from stager.client.sync import Client
+from stager.config import load_config
+from stager.testing.s3clients import S3Endpoint, moto_endpoint
+from stager.testing.s3cluster import S3Cluster
+
+from .common import (
+    KiB,
+    MiB,
+    aim,
+    median,
+    new_client,
+    paired,
+    quartiles,
+    r2,
+    rate,
+    run_async,
+    scratch,
+    write_local,
+)
+
+DATA_SERVERS = 4
+BUCKET = "bench"
+BIG_KEY = "big.bin"
+SMALL = 16 * KiB
+PIECE = 8 * MiB
+THREADS = 16
+CAT_BATCH = 1000            # paths to one cat_ranges call
+GET_AIM = 0.8
+PUT_AIM = 0.8
+# case name -> (unit, kind); the order they run in (reversed every other round)
+GETS = ("boto3 get_object", "boto3 download_fileobj", "s3fs open/read",
+        "stager:// open/read", "AsyncClient.read_into")
+PUTS = ("boto3 upload_fileobj", "Client.put")
+SMALLS = ("boto3 -> stager S3", "boto3 -> moto", "stager:// cat_ranges")
+WATCHED = ("boto3 get_object", "boto3 download_fileobj", "s3fs open/read",
+           "boto3 upload_fileobj")
+MOSAIC = ("Mosaic Streaming with its S3 remote (issue 29's last benchmark) is not measured: "
+          "mosaicml-streaming imports torchvision at `import streaming`, and the registry's "
+          "torchvision for the CPU torch here fails to import (`operator torchvision::nms "
+          "does not exist`); only a CUDA torch build (several GB) imports it "
+          "(/work/shared/notes/s3-clients.md).")
+
+
+class BufferFile(io.RawIOBase):
+    """A seekable writable file over a preallocated buffer (``download_fileobj``'s
+    target: it seeks to each part's offset and writes it there)."""
+
+    def __init__(self, buf: memoryview) -> None:
+        self.buf = buf
+        self.pos = 0
+        self.written = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self.pos = offset + (self.pos if whence == io.SEEK_CUR else
+                             len(self.buf) if whence == io.SEEK_END else 0)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def write(self, data: Any) -> int:
+        n = len(data)
+        self.buf[self.pos:self.pos + n] = data
+        self.pos += n
+        self.written += n
+        return n
+
+
+class Gateway:
+    """The gateway process's peak resident memory over one case, from ``/proc``."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peaks: dict[str, list[int]] = {}
+
+    def rss(self, field: str = "VmRSS") -> int:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * KiB
+        raise RuntimeError(f"no {field} for pid {self.pid}")
+
+    @contextmanager
+    def watch(self, case: str) -> Iterator[None]:
+        Path(f"/proc/{self.pid}/clear_refs").write_text("5")    # VmHWM := VmRSS
+        yield
+        self.peaks.setdefault(case, []).append(self.rss("VmHWM"))
+
+
+class Bench:
+    """The cluster, moto, the data on both and one function per case."""
+
+    def __init__(self, tmp: Path, s3: S3Cluster, moto: S3Endpoint, big: int,
+                 objects: int) -> None:
+        self.tmp, self.s3, self.moto = tmp, s3, moto
+        self.big, self.objects = big, objects
+        self.stager = S3Endpoint(s3.url, s3.access_key, s3.secret_key)
+        self.local = tmp / "big.bin"
+        self.buf = memoryview(bytearray(big))
+        self.keys = [f"small/{i:06d}.bin" for i in range(objects)]
+        self.gateway = Gateway(int(s3.cluster.info["s3"]["pid"]))
+
+    def settle(self) -> None:
+        """The big local file, the bucket, the big object (written through stager), the
+        small objects on stager (one ``write_many`` per batch) and on moto."""
+        write_local(self.local, self.big, seed=29)
+        api = self.stager.boto3()
+        api.create_bucket(Bucket=BUCKET)
+        api.close()
+        rng = random.Random(29)
+        smalls = [rng.randbytes(SMALL) for _ in self.keys]
+
+        async def load() -> None:
+            async with new_client(self.s3.meta_url) as c:
+                await c.put(self.local, f"/{BUCKET}/{BIG_KEY}")
+                items = [(f"/{BUCKET}/{k}", d) for k, d in zip(self.keys, smalls, strict=True)]
+                for i in range(0, len(items), 500):
+                    await c.write_many(items[i:i + 500])
+
+        run_async(load())
+        moto = self.moto.boto3(max_pool_connections=THREADS)
+        moto.create_bucket(Bucket=BUCKET)
+        with ThreadPoolExecutor(THREADS) as pool:
+            list(pool.map(lambda kd: moto.put_object(Bucket=BUCKET, Key=kd[0], Body=kd[1]),
+                          zip(self.keys, smalls, strict=True)))
+        moto.close()
+        self.expected = self.local.read_bytes()[:4096]
+
+    def check(self, n: int) -> None:
+        if n != self.big or self.buf[:4096] != self.expected:
+            raise AssertionError(f"read {n} of {self.big} bytes, or the wrong ones")
+        self.buf[:4096] = bytes(4096)
+
+    # -- big GETs: MB/s --------------------------------------------------------------
+    def boto3_get(self) -> float:
+        api = self.stager.boto3()
+        start = time.perf_counter()
+        body = api.get_object(Bucket=BUCKET, Key=BIG_KEY)["Body"]
+        n = 0
+        while piece := body.read(PIECE):
+            self.buf[n:n + len(piece)] = piece
+            n += len(piece)
+        seconds = time.perf_counter() - start
+        api.close()
+        self.check(n)
+        return rate(n, seconds)
+
+    def boto3_download(self) -> float:
+        api = self.stager.boto3()
+        target = BufferFile(self.buf)
+        start = time.perf_counter()
+        api.download_fileobj(BUCKET, BIG_KEY, target)
+        seconds = time.perf_counter() - start
+        api.close()
+        self.check(target.written)
+        return rate(self.big, seconds)
+
+    def s3fs_read(self) -> float:
+        fs = self.stager.s3fs()
+        return self._fsspec_read(fs, f"{BUCKET}/{BIG_KEY}")
+
+    def stager_read(self) -> float:
+        import fsspec
+
+        fs = fsspec.filesystem("stager", meta_url=self.s3.meta_url, skip_instance_cache=True)
+        try:
+            return self._fsspec_read(fs, f"/{BUCKET}/{BIG_KEY}")
+        finally:
+            fs.close()
+
+    def _fsspec_read(self, fs: Any, path: str) -> float:
+        start = time.perf_counter()
+        n = 0
+        with fs.open(path, "rb", block_size=PIECE) as f:
+            while piece := f.read(PIECE):
+                self.buf[n:n + len(piece)] = piece
+                n += len(piece)
+        seconds = time.perf_counter() - start
+        self.check(n)
+        return rate(n, seconds)
+
+    def read_into(self) -> float:
+        async def go() -> tuple[float, int]:
+            async with new_client(self.s3.meta_url) as c:
+                start = time.perf_counter()
+                n = await c.read_into(f"/{BUCKET}/{BIG_KEY}", self.buf)
+                return time.perf_counter() - start, n
+
+        seconds, n = run_async(go())
+        self.check(n)
+        return rate(n, seconds)
+
+    # -- big PUTs: MB/s --------------------------------------------------------------
+    def boto3_upload(self) -> float:
+        api = self.stager.boto3()
+        start = time.perf_counter()
+        with open(self.local, "rb") as f:
+            api.upload_fileobj(f, BUCKET, "put-boto3.bin")
+        seconds = time.perf_counter() - start
+        size = api.head_object(Bucket=BUCKET, Key="put-boto3.bin")["ContentLength"]
+        api.close()
+        if size != self.big:
+            raise AssertionError(f"uploaded {size} of {self.big} bytes")
+        return rate(self.big, seconds)
+
+    def client_put(self) -> float:
+        with Client(self.s3.meta_url, config=load_config({}, env={})) as c:
+            start = time.perf_counter()
+            c.put(self.local, f"/{BUCKET}/put-client.bin")
+            seconds = time.perf_counter() - start
+            size = c.stat(f"/{BUCKET}/put-client.bin", cached=False).size
+        if size != self.big:
+            raise AssertionError(f"put {size} of {self.big} bytes")
+        return rate(self.big, seconds)
+
+    # -- 16 KiB objects: objects/s ---------------------------------------------------
+    def small_boto3(self, endpoint: S3Endpoint, order: list[str]) -> float:
+        api = endpoint.boto3(max_pool_connections=THREADS)
+
+        def get(key: str) -> int:
+            return len(api.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+
+        with ThreadPoolExecutor(THREADS) as pool:
+            start = time.perf_counter()
+            got = sum(pool.map(get, order))
+            seconds = time.perf_counter() - start
+        api.close()
+        if got != SMALL * len(order):
+            raise AssertionError(f"{got} bytes of {SMALL * len(order)}")
+        return len(order) / seconds
+
+    def small_stager(self, order: list[str]) -> float:
+        import fsspec
+
+        fs = fsspec.filesystem("stager", meta_url=self.s3.meta_url, skip_instance_cache=True)
+        paths = [f"/{BUCKET}/{k}" for k in order]
+        try:
+            start = time.perf_counter()
+            got = 0
+            for i in range(0, len(paths), CAT_BATCH):
+                part = paths[i:i + CAT_BATCH]
+                got += sum(len(b) for b in fs.cat_ranges(part, [0] * len(part),
+                                                         [None] * len(part), on_error="raise"))
+            seconds = time.perf_counter() - start
+        finally:
+            fs.close()
+        if got != SMALL * len(paths):
+            raise AssertionError(f"{got} bytes of {SMALL * len(paths)}")
+        return len(paths) / seconds
+
+    def cases(self, order: list[str]) -> dict[str, Callable[[], float]]:
+        return {
+            "boto3 get_object": self.boto3_get,
+            "boto3 download_fileobj": self.boto3_download,
+            "s3fs open/read": self.s3fs_read,
+            "stager:// open/read": self.stager_read,
+            "AsyncClient.read_into": self.read_into,
+            "boto3 upload_fileobj": self.boto3_upload,
+            "Client.put": self.client_put,
+            "boto3 -> stager S3": lambda: self.small_boto3(self.stager, order),
+            "boto3 -> moto": lambda: self.small_boto3(self.moto, order),
+            "stager:// cat_ranges": lambda: self.small_stager(order),
+        }
+
+
+def run(quick: bool) -> dict[str, Any]:
+    big = 32 * MiB if quick else 1024 * MiB
+    objects = 256 if quick else 4000
+    rounds = 1 if quick else 3
+    figures: dict[str, list[float]] = {}
+    loads: list[float] = []
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)    # moto's access log
+    with scratch("s3") as tmp, moto_endpoint() as moto, \
+            S3Cluster(tmp / "cluster", data_servers=DATA_SERVERS) as s3:
+        bench = Bench(tmp, s3, moto, big, objects)
+        bench.settle()
+        idle_rss = bench.gateway.rss()
+        for r in range(rounds):
+            order = random.Random(r).sample(bench.keys, len(bench.keys))
+            cases = list(bench.cases(order).items())
+            for name, case in (cases if r % 2 == 0 else cases[::-1]):
+                if name in WATCHED:
+                    with bench.gateway.watch(name):
+                        figure = case()
+                else:
+                    figure = case()
+                figures.setdefault(name, []).append(figure)
+            loads.append(os.getloadavg()[0])
+        peaks = bench.gateway.peaks
+    return _result(figures, peaks, idle_rss, loads, big, objects, rounds, quick)
+
+
+def judged(ratios: list[float], target: float) -> dict[str, Any]:
+    """``ratio >= target`` met only when the lower quartile of the rounds reaches it."""
+    low, high = quartiles(ratios)
+    return aim(median(ratios), f">= {target} (lower quartile {r2(low)}, spread "
+               f"{r2(low)}-{r2(high)} over {len(ratios)} round(s))", low >= target)
+
+
+def _rounds(values: list[float]) -> str:
+    return " / ".join(f"{v:.3f}" if v < 10 else f"{v:.0f}" for v in values)
+
+
+def _result(figures: dict[str, list[float]], peaks: dict[str, list[int]], idle_rss: int,
+            loads: list[float], big: int, objects: int, rounds: int,
+            quick: bool) -> dict[str, Any]:
+    def row(name: str, kind: str, unit: str, over: str | None) -> list[Any]:
+        each = paired(figures[name], figures[over or name])
+        peak = max(peaks[name]) / MiB if name in peaks else None
+        return [name, kind, r2(median(figures[name])), unit, over or "(itself)",
+                r2(median(each)), r2(peak) if peak is not None else None]
+
+    get_base, put_base, small_base = "stager:// open/read", "Client.put", "boto3 -> moto"
+    rows = [row(n, f"GET {big // MiB} MiB", "MB/s", None if n == get_base else get_base)
+            for n in GETS]
+    rows += [row(n, f"PUT {big // MiB} MiB", "MB/s", None if n == put_base else put_base)
+             for n in PUTS]
+    rows += [row(n, f"GET {objects} x 16 KiB", "objects/s",
+                 None if n == small_base else small_base) for n in SMALLS]
+    ratios: dict[str, float] = {}
+    aims: dict[str, Any] = {}
+    spreads: list[str] = []
+    for case, base, target in [*((g, get_base, GET_AIM) for g in GETS[:3]),
+                               ("boto3 upload_fileobj", put_base, PUT_AIM),
+                               ("AsyncClient.read_into", get_base, None),
+                               ("boto3 -> stager S3", small_base, None),
+                               ("stager:// cat_ranges", small_base, None),
+                               ("boto3 -> stager S3", "stager:// cat_ranges", None)]:
+        each = paired(figures[case], figures[base])
+        label = f"{case} / {base}"
+        ratios[label] = r2(median(each))
+        spreads.append(f"{label}, every round: {_rounds(each)}")
+        if target is not None:
+            aims[label] = judged(each, target)
+    every = [f"{name}, every round: {_rounds(v)}" for name, v in figures.items()]
+    memory = (f"gateway RSS idle {idle_rss / MiB:.0f} MiB before the first round; peak (VmHWM, "
+              "reset before each case) during each S3 case, every round: "
+              + "; ".join(f"{n} {' / '.join(f'{p / MiB:.0f}' for p in v)} MiB"
+                          for n, v in peaks.items()))
+    return {
+        "title": "S3 gateway against stager's own clients (boto3, s3fs, moto)",
+        "command": "python -m bench s3" + (" --quick" if quick else ""),
+        "columns": ["case", "operation", "rate", "unit", "against", "x against (median)",
+                    "gateway peak RSS MiB"],
+        "rows": rows,
+        "ratios": ratios,
+        "aims": aims,
+        "notes": [
+            f"One `stager up --s3-port 0` cluster ({DATA_SERVERS} data servers as processes, "
+            "one gateway process, loopback) and moto's S3 server (ThreadedMotoServer, in the "
+            f"benchmark's process); {rounds} round(s), every case measured in each round, the "
+            "order reversed every other round. Ratios are the medians of each round's own "
+            "ratio; an aim is met only when the lower quartile of the rounds reaches it.",
+            f"GET: one {big // MiB} MiB object (default layout, written with Client.put), "
+            "every byte copied into one preallocated buffer. boto3 get_object: one GET, the "
+            f"body read {PIECE // MiB} MiB at a time; boto3 download_fileobj: its default "
+            "TransferConfig (8 MiB ranged GETs, 10 threads) into a seekable file over the "
+            f"buffer; s3fs and stager://: fsspec open(block_size={PIECE // MiB} MiB) and "
+            f"read({PIECE // MiB} MiB); AsyncClient.read_into: the whole file at once. "
+            "A fresh client (and fsspec filesystem) per case, not timed.",
+            f"PUT: the same local file ({big // MiB} MiB, in the page cache): boto3 "
+            "upload_fileobj with its default TransferConfig (multipart above 8 MiB, 8 MiB "
+            "parts, 10 threads, boto3's default CRC32 checksums) against Client.put; each "
+            "overwrites its own key every round.",
+            f"16 KiB objects: {objects} objects, read in a shuffled order each round. boto3: "
+            f"one client (max_pool_connections={THREADS}), get_object + read of each in a "
+            f"thread pool of {THREADS}, against stager's gateway and against moto's server "
+            "holding the same objects. stager:// cat_ranges: fsspec's batched read of whole "
+            f"files, {CAT_BATCH} paths a call (a stat each, in parallel, then one read plan, "
+            "one batched POST /v1/read per data server); the Client has no batch read of "
+            "whole files of its own.",
+            memory,
+            f"load average (1 min) after each round: {_rounds(loads)} on a shared machine "
+            f"of {os.cpu_count()} cores; absolute rates move with it, the in-round ratios less.",
+            *spreads,
+            *every,
+            MOSAIC,
+        ],
+        "plot": {"kind": "barh", "x": "case", "y": ["x against (median)"],
+                 "ylabel": "rate relative to the case it is judged against"},
+    }
