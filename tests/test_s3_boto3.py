@@ -12,7 +12,9 @@ import datetime as dt
 import hashlib
 import io
 import json
+import os
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -410,6 +412,22 @@ def test_a_second_gateway_from_stager_s3(s3: S3Cluster, c: Any, bucket: str,
                               "--host", "0.0.0.0", "--port", "0"], capture_output=True,
                              text=True, timeout=60)
     assert refused.returncode == 1 and "refusing to serve" in refused.stderr
+
+
+def test_a_killed_gateway_comes_back_on_its_url_with_restart(tmp_path: Path) -> None:
+    with S3Cluster(tmp_path / "restart", data_servers=1, restart=True) as s3:
+        c = boto3_client(s3.url)
+        c.create_bucket(Bucket="again")
+        c.put_object(Bucket="again", Key="k", Body=b"kept", ContentType="text/x-kept")
+        old = int(s3.cluster.info["s3"]["pid"])
+        os.kill(old, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while int(s3.cluster.reload()["s3"]["pid"]) == old:
+            assert time.monotonic() < deadline, "the gateway was not restarted"
+            time.sleep(0.05)
+        assert s3.cluster.reload()["s3_url"] == s3.url
+        got = c.get_object(Bucket="again", Key="k")
+        assert got["Body"].read() == b"kept" and got["ContentType"] == "text/x-kept"
 
 
 # -- memory ------------------------------------------------------------------------------
