@@ -378,3 +378,27 @@ async def test_a_last_part_longer_than_the_others_is_composed(mp, ns: str, paylo
                                                  (2, md5(data[PART:]))])
     assert done.composed and done.copied == len(data)
     assert await client.cat(f"{ns}/long") == data
+
+
+async def test_an_upload_outlives_upload_grace(tmp_path: Path, slow_callbacks: object,
+                                               payload) -> None:
+    """Ordinary pending writes are collected after upload_grace (0.3 s here); a
+    multipart upload lives by multipart_idle, however long its parts take."""
+    cluster = start_cluster(tmp_path / "grace", upload_grace=0.3, multipart_min_part=PART)
+    try:
+        async with AsyncClient(cluster.meta_url, config=load_config(env={})) as client:
+            uploads = MultipartUploads(client)
+            up = await uploads.create("/slow/obj", layout=LAYOUT_SPEC)
+            first = payload(PART)
+            await uploads.write_part(up.upload_id, 1, first, PART)
+            plain, writer = await client.create("/slow/plain", layout=LAYOUT_SPEC)
+            await asyncio.sleep(1.5)            # several collections past the grace
+            # the plain pending write was collected; the multipart upload is whole
+            with pytest.raises(NotFound):
+                await client.commit(plain, writer)
+            assert len(chunk_files(cluster, up.file_id)) == 2
+            await uploads.write_part(up.upload_id, 2, b"end", 3)
+            done = await uploads.complete(up.upload_id, [(1, md5(first)), (2, md5(b"end"))])
+            assert done.copied == 0 and await client.cat("/slow/obj") == first + b"end"
+    finally:
+        cluster.stop()
