@@ -27,6 +27,7 @@ import fsspec
 import pytest
 from botocore.exceptions import ClientError
 
+from stager import Loader
 from stager.client import Client
 from stager.config import load_config
 from stager.testing.s3cluster import S3Cluster, boto3_client
@@ -135,6 +136,16 @@ def test_put_get_byte_exact_both_ways(c: Any, sc: Client, bucket: str, size: int
     with fs.open(f"/{bucket}/rt/{size}.fsspec", "wb") as f:
         f.write(data)
     assert c.get_object(Bucket=bucket, Key=f"rt/{size}.fsspec")["Body"].read() == data
+
+
+def test_objects_written_through_s3_feed_a_loader(c: Any, s3: S3Cluster, bucket: str) -> None:
+    written = {f"loader/part{i}.bin": blob(100_000 + i, 40 + i) for i in range(6)}
+    for key, data in written.items():
+        c.put_object(Bucket=bucket, Key=key, Body=data)
+    with Loader(f"/{bucket}/loader", batch_size=3, meta_url=s3.meta_url, format="files",
+                config=load_config(env={})) as loader:
+        seen = {s["__key__"]: bytes(s["data"]) for batch in loader for s in batch}
+    assert seen == {k.removeprefix("loader/"): v for k, v in written.items()}
 
 
 def test_upload_fileobj_and_download_fileobj(c: Any, bucket: str, tmp_path: Path) -> None:
