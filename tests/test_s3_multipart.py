@@ -5,6 +5,7 @@ S3 and through ``stager://`` byte-exact, and aligned parts committed without a c
 from __future__ import annotations
 
 import hashlib
+import http.client
 import io
 import json
 import threading
@@ -293,6 +294,14 @@ def test_bad_multipart_requests_are_s3_errors_never_a_5xx(s3: S3Cluster, c: Any,
         ("POST", "bad/?uploads", None, "InvalidArgument"),
         ("POST", "nobucket/k?uploads", None, "NoSuchBucket"),
     ]
+    # a part over S3's 5 GiB, refused from its headers before any byte is read
+    huge = http.client.HTTPConnection(s3.url.split("://", 1)[1], timeout=10)
+    huge.putrequest("PUT", f"/{bucket}/bad/obj?partNumber=1&uploadId={uid}")
+    huge.putheader("Content-Length", str((5 << 30) + 1))
+    huge.endheaders()
+    reply = huge.getresponse()
+    assert reply.status == 400 and b"<Code>EntityTooLarge</Code>" in reply.read()
+    huge.close()
     for method, target, body, code in cases:
         url = f"{s3.url}/{target}" if target.startswith("nobucket") \
             else f"{s3.url}/{bucket}/{target}" if not target.startswith("?") \

@@ -34,6 +34,7 @@ from .xml import children, document, iso, parse, text_of
 
 MAX_COMPLETE_BODY = 2 << 20       # 10,000 parts of ~100 bytes each
 MAX_LISTED = 1000
+MAX_PART = 5 << 30               # S3's largest part
 
 
 def s3_error(exc: StagerError, ctx: S3Context) -> S3Error:
@@ -98,6 +99,9 @@ async def upload_part(ctx: S3Context) -> web.StreamResponse:
     payload = ctx.payload()
     if payload.length is None:
         raise S3Error("MissingContentLength", "an UploadPart needs its Content-Length")
+    if payload.length > MAX_PART:
+        raise S3Error("EntityTooLarge", f"a part is at most {MAX_PART} bytes",
+                      resource=f"/{ctx.bucket}/{ctx.key}")
     try:
         part = await MultipartUploads(ctx.client).write_part(
             upload_id, number, payload.stream(), payload.length, md5_of=lambda: payload.md5)
@@ -133,6 +137,9 @@ async def upload_part_copy(ctx: S3Context) -> web.StreamResponse:
     if info.is_dir:
         raise S3Error("InvalidRequest", "a directory (a key ending in /) is not copied")
     start, stop = _copy_range(ctx, info.size)
+    if stop - start > MAX_PART:
+        raise S3Error("EntityTooLarge", f"a part is at most {MAX_PART} bytes: give "
+                      "x-amz-copy-source-range", resource=f"/{ctx.bucket}/{ctx.key}")
     try:
         part = await MultipartUploads(ctx.client).copy_part(upload_id, number, info.path,
                                                             start, stop)
