@@ -198,33 +198,39 @@ class Filler:
         if length <= 0:
             raise NotFound(f"{cached.path} has no chunk {index}", path=cached.path)
         source = await self.sources.open(await record(cached.attachment))
-        await self.room.reserve(length)
+        reserved = False
         try:
-            return await self._fetch(cached, source, index, start, length, stored)
+            async with self.limit:
+                # room is reserved for the bytes about to arrive, not for every fill
+                # queued behind the limit (that would evict ahead of need)
+                await self.room.reserve(length)
+                reserved = True
+                data = await self._read(cached, source, start, length, stored)
+            crc = crc32c(data)
+            await self._store_copies(chunk_id(cached.file_id, index),
+                                     chunk_targets(layout, index), data, crc)
+            return length, crc
         except BaseException:
-            self.room.filled_one(length, ok=False)
+            if reserved:
+                self.room.filled_one(length, ok=False)
             raise
 
-    async def _fetch(self, cached: CachedFile, source: Source, index: int, start: int,
-                     length: int, stored: StoredFile) -> tuple[int, int]:
-        layout = stored.layout
+    async def _read(self, cached: CachedFile, source: Source, start: int, length: int,
+                    stored: StoredFile) -> bytes:
+        """The chunk's bytes from the source, of the version listed (else SourceError)."""
         etag = cached.version[len("etag:"):] if cached.version.startswith("etag:") else None
-        async with self.limit:
-            data, proven = await source.read_as_listed(cached.key, start, length, etag=etag,
-                                                       size=stored.size)
-            # the file must still be the version listed, else these bytes may be of
-            # another version than the chunks filled before: never mixed (a raw HTTP
-            # read's answer names its ETag and size; other sources are asked again)
-            now = cached.version if proven else version_of(await source.info(cached.key))
+        data, proven = await source.read_as_listed(cached.key, start, length, etag=etag,
+                                                   size=stored.size)
+        # the file must still be the version listed, else these bytes may be of another
+        # version than the chunks filled before: never mixed (a raw HTTP read's answer
+        # names its ETag and size; other sources are asked again)
+        now = cached.version if proven else version_of(await source.info(cached.key))
         if len(data) != length or now != cached.version:
             raise SourceError(f"source {source.name(cached.key)} changed since it was listed "
                               f"({len(data)} bytes at {start}, {length} expected); run: "
                               f"stager attach --refresh {cached.attachment}",
                               url=source.name(cached.key), path=cached.path)
-        crc = crc32c(data)
-        await self._store_copies(chunk_id(cached.file_id, index),
-                                 chunk_targets(layout, index), data, crc)
-        return length, crc
+        return data
 
     async def _store_copies(self, chunk: str, targets: list[str], data: bytes,
                             crc: int) -> None:
