@@ -103,9 +103,10 @@ class MultipartUploads:
                     await writer.write(data)
                     if writer.size > size:
                         break
-            if writer.size != size:
+            if writer.size != size:     # fewer: S3's IncompleteBody; more: a bad request
                 raise BadRequest(f"part {number}: {writer.size} bytes sent, {size} announced",
-                                 reason="IncompleteBody", sent=writer.size, size=size)
+                                 sent=writer.size, size=size,
+                                 **({"reason": "IncompleteBody"} if writer.size < size else {}))
             written, checksums = await writer.close()
         except BaseException:
             await asyncio.shield(writer.abort())
@@ -155,7 +156,8 @@ class MultipartUploads:
             if result.compose:
                 return await self._compose(upload_id, result)
             for part in result.move:
-                await self.write_part(upload_id, part.number, self._read(part), part.size)
+                await self.write_part(upload_id, part.number, self._read(part), part.size,
+                                      md5_of=lambda md5=part.md5: md5)      # the same bytes
                 moved += part.size
         raise Unavailable(f"the parts of {upload_id} kept changing while it completed: "
                           "ask again")
