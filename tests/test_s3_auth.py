@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from botocore.auth import SigV4Auth
+from botocore.auth import S3SigV4Auth, SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
@@ -269,6 +269,33 @@ def test_an_expired_tokens_key_is_refused(world: World) -> None:
     time.sleep(32)                  # past its expiry and the servers' 30 s of clock skew
     assert refused(world.boto(key).get_object, Bucket="datasets", Key="top.bin") == \
         (403, "InvalidAccessKeyId")
+
+
+@pytest.mark.parametrize("credential", ["read", "none"])
+async def test_a_gateway_whose_own_credential_is_refused_says_so(world: World,
+                                                                 credential: str) -> None:
+    """The gateway's fault, not the client's: 503 ServiceUnavailable, never a missing key
+    or object (the operator reads why in the gateway's log)."""
+    from aiohttp.test_utils import make_mocked_request
+
+    from stager.config import load_config
+    from stager.s3.auth import Authenticator
+    from stager.s3.errors import S3Error
+
+    token = world.s3.cluster.mint(["read"]) if credential == "read" else ""
+    auth = Authenticator(required=True, meta_url=world.s3.meta_url,
+                         config=load_config({"token": token}, env={}))
+    key = world.key("read")
+    request = AWSRequest("GET", "http://127.0.0.1:9000/datasets/top.bin")
+    S3SigV4Auth(Credentials(key.access, key.secret), "s3", "us-east-1").add_auth(request)
+    headers = {"Host": "127.0.0.1:9000", **dict(request.headers.items())}
+    try:
+        with pytest.raises(S3Error) as info:
+            await auth.authenticate(make_mocked_request("GET", "/datasets/top.bin",
+                                                        headers=headers))
+    finally:
+        await auth.close()
+    assert (info.value.code, info.value.status) == ("ServiceUnavailable", 503)
 
 
 # -- every client's signer ----------------------------------------------------------------

@@ -47,6 +47,7 @@ the rest of stager does: nothing is checked, not even the shape of an
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -57,10 +58,12 @@ from aiohttp import web
 
 from ..client import AsyncClient
 from ..config import Config
+from ..errors import Forbidden, NotFound, Unauthenticated
 from ..protocol.s3keys import S3VerifyRequest
 from . import sigv4
 from .errors import S3Error
 
+log = logging.getLogger("stager.s3")
 CACHE_TTL = 30.0            # seconds an answer of the metadata server is used for
 CACHE_SIZE = 4096           # (key, scope) answers remembered
 
@@ -141,8 +144,18 @@ class Authenticator:
             sigv4.verify(known.signing_key, signed)
             return known
         self.asked += 1
-        verdict = await self._meta().verify_s3(S3VerifyRequest(
-            signed.access_key, signed.scope.text, signed.string_to_sign, signed.signature))
+        question = S3VerifyRequest(signed.access_key, signed.scope.text,
+                                   signed.string_to_sign, signed.signature)
+        try:
+            verdict = await self._meta().verify_s3(question)
+        except (Unauthenticated, Forbidden, NotFound) as exc:
+            # the gateway's own fault (its credential, or a cluster without --auth), not
+            # the client's: said as such, never as a missing key or object
+            log.error("the metadata server refuses this gateway's signature checks: %s "
+                      "(stager s3 --auth needs a cluster with --auth and a token of the "
+                      "s3gateway scope: --token-file)", exc.message)
+            raise S3Error("ServiceUnavailable", "this gateway cannot check signatures now: "
+                          "its operator is told why in its log") from None
         if verdict.refused is not None:
             self._known.pop(slot, None)
             raise S3Error(verdict.refused, verdict.message)
