@@ -276,8 +276,6 @@ async def test_a_gateway_whose_own_credential_is_refused_says_so(world: World,
                                                                  credential: str) -> None:
     """The gateway's fault, not the client's: 503 ServiceUnavailable, never a missing key
     or object (the operator reads why in the gateway's log)."""
-    from aiohttp.test_utils import make_mocked_request
-
     from stager.config import load_config
     from stager.s3.auth import Authenticator
     from stager.s3.errors import S3Error
@@ -285,17 +283,51 @@ async def test_a_gateway_whose_own_credential_is_refused_says_so(world: World,
     token = world.s3.cluster.mint(["read"]) if credential == "read" else ""
     auth = Authenticator(required=True, meta_url=world.s3.meta_url,
                          config=load_config({"token": token}, env={}))
-    key = world.key("read")
-    request = AWSRequest("GET", "http://127.0.0.1:9000/datasets/top.bin")
-    S3SigV4Auth(Credentials(key.access, key.secret), "s3", "us-east-1").add_auth(request)
-    headers = {"Host": "127.0.0.1:9000", **dict(request.headers.items())}
     try:
         with pytest.raises(S3Error) as info:
-            await auth.authenticate(make_mocked_request("GET", "/datasets/top.bin",
-                                                        headers=headers))
+            await auth.authenticate(mocked_signed(world.key("read"), "/datasets/top.bin"))
     finally:
         await auth.close()
     assert (info.value.code, info.value.status) == ("ServiceUnavailable", 503)
+
+
+def mocked_signed(key: Key, path: str) -> Any:
+    """An aiohttp request for ``path``, signed by botocore with ``key``."""
+    from aiohttp.test_utils import make_mocked_request
+
+    request = AWSRequest("GET", f"http://127.0.0.1:9000{path}")
+    S3SigV4Auth(Credentials(key.access, key.secret), "s3", "us-east-1").add_auth(request)
+    return make_mocked_request("GET", path, headers={"Host": "127.0.0.1:9000",
+                                                     **dict(request.headers.items())})
+
+
+async def test_requests_arriving_together_ask_once_and_bad_keys_are_remembered(
+        world: World) -> None:
+    import asyncio
+
+    from stager.config import load_config
+    from stager.s3.auth import Authenticator
+    from stager.s3.errors import S3Error
+
+    gateway = world.s3.cluster.mint(["s3gateway"], name="gw test")
+    auth = Authenticator(required=True, meta_url=world.s3.meta_url,
+                         config=load_config({"token": gateway}, env={}))
+    key = world.key("read")
+    try:
+        got = await asyncio.gather(*(auth.authenticate(mocked_signed(key, f"/datasets/{i}"))
+                                     for i in range(20)))
+        assert {p.access_key for p in got} == {key.access} and auth.asked == 1
+        stranger = Key("STG" + "Z" * 17, key.secret, "")
+        for i in range(10):
+            with pytest.raises(S3Error) as info:
+                await auth.authenticate(mocked_signed(stranger, f"/datasets/{i}"))
+            assert info.value.code == "InvalidAccessKeyId"
+        assert auth.asked == 2                  # the unknown key was asked about once
+        auth.forget()
+        await auth.authenticate(mocked_signed(key, "/datasets/x"))
+        assert auth.asked == 3
+    finally:
+        await auth.close()
 
 
 # -- every client's signer ----------------------------------------------------------------

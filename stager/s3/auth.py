@@ -35,7 +35,9 @@ the rest of stager does: nothing is checked, not even the shape of an
   the next requests of that key are checked here with the signing key alone, and after
   that the metadata server is asked again, so a revoked token's key is refused within
   30 s by the gateway (and at once by the servers, which refuse the revoked token the
-  gateway acts with).
+  gateway acts with).  Requests of one key that arrive together wait for one question;
+  a key refused as unknown (or revoked) is refused without asking for
+  :data:`REFUSED_TTL` seconds, so a flood of bad keys costs the metadata server little.
 - A presigned URL carries a signature over one method, one path, its query and its
   signed headers: changing any of them breaks it (tests/test_s3_sigv4.py), so whoever
   holds the URL can make that request and no other, until it expires.  It still acts
@@ -47,6 +49,7 @@ the rest of stager does: nothing is checked, not even the shape of an
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import OrderedDict
@@ -66,6 +69,7 @@ from .errors import S3Error
 log = logging.getLogger("stager.s3")
 CACHE_TTL = 30.0            # seconds an answer of the metadata server is used for
 CACHE_SIZE = 4096           # (key, scope) answers remembered
+REFUSED_TTL = 5.0           # seconds an unknown (or revoked) key is refused without asking
 
 
 class ChunkSignatures(Protocol):
@@ -118,6 +122,9 @@ class Authenticator:
         self.clock = clock
         self.asked = 0              # questions sent to the metadata server (tests, metrics)
         self._known: OrderedDict[tuple[str, str], _Known] = OrderedDict()
+        # keys the metadata server said are unknown, revoked or expired: (when, why)
+        self._refused: OrderedDict[str, tuple[float, str]] = OrderedDict()
+        self._asking: dict[tuple[str, str], asyncio.Future[None]] = {}
         self._client: AsyncClient | None = None
 
     async def authenticate(self, request: web.Request) -> Principal:
@@ -136,13 +143,30 @@ class Authenticator:
 
     async def _signing_key(self, signed: sigv4.SignedRequest, now: float) -> _Known:
         """The day's signing key of the request's key: remembered, or asked for (the
-        metadata server checks the signature then); the signature checked with it."""
+        metadata server checks the signature then); the signature checked with it.
+        Requests of one key arriving together wait for one question."""
         slot = (signed.access_key, signed.scope.text)
+        refused = self._refused.get(signed.access_key)
+        if refused is not None and now - refused[0] <= REFUSED_TTL:
+            raise S3Error("InvalidAccessKeyId", refused[1])
+        asking = self._asking.get(slot)
+        if asking is not None:
+            await asyncio.wait([asking])            # its answer, or its failure: ask anew
         known = self._known.get(slot)
         if known is not None and now - known.asked <= self.cache_ttl and now <= known.expires:
             self._known.move_to_end(slot)
             sigv4.verify(known.signing_key, signed)
             return known
+        done = self._asking[slot] = asyncio.get_running_loop().create_future()
+        try:
+            return await self._ask(slot, signed, now)
+        finally:
+            done.set_result(None)
+            if self._asking.get(slot) is done:
+                del self._asking[slot]
+
+    async def _ask(self, slot: tuple[str, str], signed: sigv4.SignedRequest,
+                   now: float) -> _Known:
         self.asked += 1
         question = S3VerifyRequest(signed.access_key, signed.scope.text,
                                    signed.string_to_sign, signed.signature)
@@ -158,6 +182,10 @@ class Authenticator:
                           "its operator is told why in its log") from None
         if verdict.refused is not None:
             self._known.pop(slot, None)
+            if verdict.refused == "InvalidAccessKeyId":    # no such key, or no longer
+                self._refused[signed.access_key] = (now, verdict.message)
+                while len(self._refused) > CACHE_SIZE:
+                    self._refused.popitem(last=False)
             raise S3Error(verdict.refused, verdict.message)
         assert verdict.signing_key is not None and verdict.token is not None
         known = _Known(bytes.fromhex(verdict.signing_key), verdict.token,
@@ -171,6 +199,7 @@ class Authenticator:
     def forget(self) -> None:
         """Drop every remembered answer: the next request of each key asks again."""
         self._known.clear()
+        self._refused.clear()
 
     def _meta(self) -> AsyncClient:
         if self._client is None:
