@@ -33,7 +33,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +43,11 @@ from stager.testing.s3clients import S3Endpoint, moto_endpoint
 from stager.testing.s3cluster import S3Cluster
 
 from .common import (
+    GiB,
     KiB,
     MiB,
     aim,
+    cpu_seconds,
     median,
     new_client,
     paired,
@@ -131,6 +133,33 @@ class Gateway:
         self.peaks.setdefault(case, []).append(self.rss("VmHWM"))
 
 
+class Cpu:
+    """CPU seconds each case cost the gateway, the stager servers (data and metadata)
+    and this process (the clients, moto's server too), from ``/proc``."""
+
+    def __init__(self, gateway: int, servers: list[int]) -> None:
+        self.gateway, self.servers = gateway, servers
+        self.spent: dict[str, list[tuple[float, float, float]]] = {}
+
+    def now(self) -> tuple[float, float, float]:
+        return (cpu_seconds(self.gateway), sum(cpu_seconds(p) for p in self.servers),
+                time.process_time())
+
+    @contextmanager
+    def watch(self, case: str) -> Iterator[None]:
+        before = self.now()
+        yield
+        after = self.now()
+        self.spent.setdefault(case, []).append(
+            tuple(b - a for a, b in zip(before, after, strict=True)))  # type: ignore[arg-type]
+
+    def line(self, case: str, per: float, unit: str) -> str:
+        each = self.spent[case]
+        med = [median([c[i] for c in each]) / per for i in range(3)]
+        return (f"{case}: gateway {med[0]:.2f}, servers {med[1]:.2f}, this process "
+                f"{med[2]:.2f} CPU s per {unit}")
+
+
 class Bench:
     """The cluster, moto, the data on both and one function per case."""
 
@@ -143,6 +172,8 @@ class Bench:
         self.buf = memoryview(bytearray(big))
         self.keys = [f"small/{i:06d}.bin" for i in range(objects)]
         self.gateway = Gateway(int(s3.cluster.info["s3"]["pid"]))
+        self.cpu = Cpu(self.gateway.pid, [s3.cluster.meta_pid()]
+                       + [s3.cluster.data_pid(i) for i in range(DATA_SERVERS)])
 
     def settle(self) -> None:
         """The big local file, the bucket, the big object (written through stager), the
@@ -201,6 +232,7 @@ class Bench:
 
     def s3fs_read(self) -> float:
         fs = self.stager.s3fs()
+        fs.connect()            # aiobotocore's session and client, made once, not timed
         return self._fsspec_read(fs, f"{BUCKET}/{BIG_KEY}")
 
     def stager_read(self) -> float:
@@ -323,15 +355,15 @@ def run(quick: bool) -> dict[str, Any]:
             order = random.Random(r).sample(bench.keys, len(bench.keys))
             cases = list(bench.cases(order).items())
             for name, case in (cases if r % 2 == 0 else cases[::-1]):
-                if name in WATCHED:
-                    with bench.gateway.watch(name):
-                        figure = case()
-                else:
+                with bench.cpu.watch(name), \
+                        bench.gateway.watch(name) if name in WATCHED else nullcontext():
                     figure = case()
                 figures.setdefault(name, []).append(figure)
             loads.append(os.getloadavg()[0])
         peaks = bench.gateway.peaks
-    return _result(figures, peaks, idle_rss, loads, big, objects, rounds, quick)
+        cpu = [bench.cpu.line(n, big / GiB, "GiB") for n in GETS + PUTS]
+        cpu += [bench.cpu.line(n, objects / 1000, "1000 objects") for n in SMALLS]
+    return _result(figures, peaks, idle_rss, loads, cpu, big, objects, rounds, quick)
 
 
 def judged(ratios: list[float], target: float) -> dict[str, Any]:
@@ -346,7 +378,7 @@ def _rounds(values: list[float]) -> str:
 
 
 def _result(figures: dict[str, list[float]], peaks: dict[str, list[int]], idle_rss: int,
-            loads: list[float], big: int, objects: int, rounds: int,
+            loads: list[float], cpu: list[str], big: int, objects: int, rounds: int,
             quick: bool) -> dict[str, Any]:
     def row(name: str, kind: str, unit: str, over: str | None) -> list[Any]:
         each = paired(figures[name], figures[over or name])
@@ -414,6 +446,8 @@ def _result(figures: dict[str, list[float]], peaks: dict[str, list[int]], idle_r
             "one batched POST /v1/read per data server); the Client has no batch read of "
             "whole files of its own.",
             memory,
+            "CPU per case (medians over the rounds, from /proc; this process holds the "
+            "clients and moto's server): " + "; ".join(cpu) + ".",
             f"load average (1 min) after each round: {_rounds(loads)} on a shared machine "
             f"of {os.cpu_count()} cores; absolute rates move with it, the in-round ratios less.",
             *spreads,
