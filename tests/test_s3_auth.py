@@ -207,14 +207,18 @@ def test_boto3_with_default_checksums_and_multipart(world: World) -> None:
 
 
 def signed_chunked_put(url: str, key: Key, chunks: list[bytes], *,
-                       tamper: int | None = None) -> tuple[int, bytes]:
+                       tamper: int | None = None, trailer: bytes | None = None,
+                       trailer_signature: bool = True) -> tuple[int, bytes]:
     """A PUT whose body is ``aws-chunked`` with a signature on every chunk
-    (``STREAMING-AWS4-HMAC-SHA256-PAYLOAD``), as the Java and Go SDKs send over http:
-    the seed signed by botocore, the chain computed here from the SigV4 spec."""
+    (``STREAMING-AWS4-HMAC-SHA256-PAYLOAD``, or ``…-TRAILER`` with ``trailer``, a
+    trailing header line), as the Java and Go SDKs send over http: the seed signed by
+    botocore, the chain computed here from the SigV4 spec."""
     total = sum(len(c) for c in chunks)
+    mode = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD" + ("-TRAILER" if trailer else "")
+    extra = {"x-amz-trailer": trailer.split(b":")[0].decode()} if trailer else {}
     request = AWSRequest("PUT", url, headers={
-        "x-amz-content-sha256": "STREAMING-AWS4-HMAC-SHA256-PAYLOAD",
-        "Content-Encoding": "aws-chunked", "x-amz-decoded-content-length": str(total)})
+        "x-amz-content-sha256": mode, "Content-Encoding": "aws-chunked",
+        "x-amz-decoded-content-length": str(total), **extra})
     SigV4Auth(Credentials(key.access, key.secret), "s3", "us-east-1").add_auth(request)
     headers = dict(request.headers.items())
     amz_date = headers["X-Amz-Date"]
@@ -222,15 +226,33 @@ def signed_chunked_put(url: str, key: Key, chunks: list[bytes], *,
     signing = ("AWS4" + key.secret).encode()
     for part in (amz_date[:8], "us-east-1", "s3", "aws4_request"):
         signing = hmac.new(signing, part.encode(), hashlib.sha256).digest()
+
+    def sign(*lines: str) -> str:
+        return hmac.new(signing, "\n".join(lines).encode(), hashlib.sha256).hexdigest()
+
     previous = headers["Authorization"].rsplit("Signature=", 1)[1]
     body = b""
     for i, chunk in enumerate([*chunks, b""]):
-        text = "\n".join(("AWS4-HMAC-SHA256-PAYLOAD", amz_date, scope, previous,
-                          hashlib.sha256(b"").hexdigest(), hashlib.sha256(chunk).hexdigest()))
-        previous = hmac.new(signing, text.encode(), hashlib.sha256).hexdigest()
+        previous = sign("AWS4-HMAC-SHA256-PAYLOAD", amz_date, scope, previous,
+                        hashlib.sha256(b"").hexdigest(), hashlib.sha256(chunk).hexdigest())
         sent = chunk[:-1] + b"!" if i == tamper else chunk
-        body += f"{len(chunk):x};chunk-signature={previous}\r\n".encode() + sent + b"\r\n"
-    return http("PUT", url, body, headers)
+        body += f"{len(chunk):x};chunk-signature={previous}\r\n".encode() + sent
+        body += b"\r\n" if chunk else b""
+    if trailer:
+        signature = sign("AWS4-HMAC-SHA256-TRAILER", amz_date, scope, previous,
+                         hashlib.sha256(trailer + b"\n").hexdigest())
+        sent_trailer = trailer if tamper != -1 else trailer[:-3] + b"AA="
+        body += sent_trailer + b"\r\n"
+        if trailer_signature:
+            body += f"x-amz-trailer-signature:{signature}\r\n".encode()
+    return http("PUT", url, body + b"\r\n", headers)
+
+
+def crc32_line(data: bytes) -> bytes:
+    import base64
+    import zlib
+
+    return b"x-amz-checksum-crc32:" + base64.b64encode(zlib.crc32(data).to_bytes(4, "big"))
 
 
 def test_a_signed_chunked_body_is_checked_chunk_by_chunk(world: World) -> None:
@@ -245,6 +267,27 @@ def test_a_signed_chunked_body_is_checked_chunk_by_chunk(world: World) -> None:
     assert (status, xml_code(body)) == (403, "SignatureDoesNotMatch")
     assert refused(world.boto(key).head_object, Bucket="datasets", Key="c/tampered.bin")[0] \
         == 404                                          # nothing of it is visible
+    # with a signed trailer (its CRC32 checked too); a changed trailer breaks the chain
+    trailer = crc32_line(b"".join(chunks))
+    status, body = signed_chunked_put(f"{world.s3.url}/datasets/c/trailed.bin", key, chunks,
+                                      trailer=trailer)
+    assert status == 200, body
+    got = world.boto(key).get_object(Bucket="datasets", Key="c/trailed.bin", ChecksumMode="ENABLED")
+    assert got["Body"].read() == b"".join(chunks)
+    status, body = signed_chunked_put(f"{world.s3.url}/datasets/c/trailer-changed.bin", key,
+                                      chunks, trailer=trailer, tamper=-1)
+    assert (status, xml_code(body)) == (403, "SignatureDoesNotMatch")
+
+
+@pytest.mark.xfail(strict=True, reason="stager/s3/chunked.py checks a trailer's signature "
+                   "when one is sent, but does not require it in the signed-trailer mode")
+def test_a_signed_trailer_without_its_signature_is_refused(world: World) -> None:
+    key = world.key("read", "write")
+    chunks = [b"t" * 5000]
+    status, body = signed_chunked_put(f"{world.s3.url}/datasets/c/unsigned-trailer.bin", key,
+                                      chunks, trailer=crc32_line(chunks[0]),
+                                      trailer_signature=False)
+    assert (status, xml_code(body)) == (403, "SignatureDoesNotMatch")
 
 
 def test_a_revoked_tokens_key_is_refused(world: World) -> None:
