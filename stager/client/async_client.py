@@ -43,6 +43,7 @@ from .cluster import Cluster
 from .fileio import AsyncReadFile, AsyncWriteFile
 from .metaconn import LONG, MetaConnection
 from .rewrite import written_again
+from .stale import read_current
 from .transfer import get_local, put_local
 
 KEPT_MANIFESTS = 4         # paths whose last manifest get_manifest keeps to revalidate
@@ -329,18 +330,22 @@ class AsyncClient(CacheCalls):
                              readahead=self.config.readahead_chunks, retries=self.config.retries)
 
     async def cat(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
-        """The bytes of ``path`` in ``[start, end)``; negative values count from the end."""
-        info = await self.stat(path)
-        reader = self.reader(info)
-        lo, hi = _span(info.size, start, end)
-        return bytes(await reader.read(lo, hi))
+        """The bytes of ``path`` in ``[start, end)``; negative values count from the end.
+        One version's bytes: a stale cached stat is taken again (:mod:`.stale`)."""
+        async def read(info: FileInfo) -> bytes:
+            lo, hi = _span(info.size, start, end)
+            return bytes(await self.reader(info).read(lo, hi))
+
+        return await read_current(self, path, read)
 
     async def read_into(self, path: str, out: memoryview, offset: int = 0) -> int:
         """Fill ``out`` from ``offset`` (clipped at the end); returns bytes read."""
-        info = await self.stat(path)
-        n = max(0, min(len(out), info.size - offset))
-        await self.reader(info).read_into(offset, out[:n])
-        return n
+        async def read(info: FileInfo) -> int:
+            n = max(0, min(len(out), info.size - offset))
+            await self.reader(info).read_into(offset, out[:n])
+            return n
+
+        return await read_current(self, path, read)
 
     async def get(self, src: str, dst: str | os.PathLike[str]) -> int:
         """Copy a file or a directory tree to the local file system; returns bytes.

@@ -9,12 +9,15 @@ and makes the file visible only on a successful ``close``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from ..dataplane import StripedWriter
+from ..errors import TargetUnavailable
 from ..protocol.models import FileInfo
+from .stale import gone_while_open
 
 if TYPE_CHECKING:
     from .async_client import AsyncClient
@@ -95,10 +98,11 @@ class AsyncReadFile:
         n = end - self.pos
         if n <= 0:
             return []
-        if await self._streaming(n):
-            parts = await self._take(n)
-        else:
-            parts = [memoryview(await self.reader.read(self.pos, end))]
+        async with self._own_version():
+            if await self._streaming(n):
+                parts = await self._take(n)
+            else:
+                parts = [memoryview(await self.reader.read(self.pos, end))]
         self._advance(n)
         return parts
 
@@ -107,16 +111,32 @@ class AsyncReadFile:
         if n == 0:
             return 0
         self._spent.clear()            # lent out by an earlier read_parts: not ours to refill
-        if await self._streaming(n):
-            filled = 0
-            for part in await self._take(n):
-                out[filled:filled + len(part)] = part
-                filled += len(part)
-            self._recycle()
-        else:
-            await self.reader.read_into(self.pos, out[:n])
+        async with self._own_version():
+            if await self._streaming(n):
+                filled = 0
+                for part in await self._take(n):
+                    out[filled:filled + len(part)] = part
+                    filled += len(part)
+                self._recycle()
+            else:
+                await self.reader.read_into(self.pos, out[:n])
         self._advance(n)
         return n
+
+    @contextlib.asynccontextmanager
+    async def _own_version(self) -> AsyncIterator[None]:
+        """A read of this file's own version: when its chunks are gone (the path was
+        written again or removed elsewhere, and the old chunks collected), a clean
+        ``NotFound`` (open it again) rather than another version's bytes
+        (:func:`~stager.client.stale.gone_while_open`)."""
+        try:
+            yield
+        except TargetUnavailable as exc:
+            await self._stop_stream()           # a stream that failed reads no more
+            error = await gone_while_open(self.client, self.info, exc)
+            if error is exc:
+                raise
+            raise error from exc
 
     async def _streaming(self, n: int) -> bool:
         """Whether the read of ``n`` bytes at ``pos`` comes from the readahead stream

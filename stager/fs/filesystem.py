@@ -32,11 +32,12 @@ from ..aio import gather_or_cancel
 from ..client import AsyncClient
 from ..client.cluster import Cluster
 from ..client.holder import current, new_owner, release
+from ..client.stale import current_or_none
 from ..client.transfer import LocalSink, SourceFile, copy_out, put_file
 from ..config import Config, parse_size
 from ..dataplane.engine import ReadEngine
 from ..dataplane.readplan import FileTable, ReadOptions
-from ..errors import IsADirectory, NotADirectory
+from ..errors import IsADirectory, NotADirectory, NotFound, TargetUnavailable
 from ..protocol import paths
 from ..protocol.metaurls import from_hosts
 from ..protocol.models import FileInfo, LayoutSpec
@@ -229,8 +230,39 @@ class StagerFileSystem(AsyncFileSystem):
         unique = sorted(set(names))
         stats = await asyncio.gather(*(self.client.stat(p) for p in unique),
                                      return_exceptions=True)
-        infos = dict(zip(unique, stats, strict=True))
-        out: list[Any] = [None] * n
+        infos: dict[str, FileInfo | BaseException] = dict(zip(unique, stats, strict=True))
+        out = await self._ranges_of(names, starts, ends, infos, max_gap or 0)
+        # A file whose chunks were gone: its stat went stale (see stager/client/stale.py).
+        # Every range of such a file is read again, once, from the file the path names
+        # now; so is every other range that failed: a target answers a batch that
+        # names one missing chunk with a 404 for the whole batch.
+        stale = {name: info for name, got in zip(names, out, strict=True)
+                 if isinstance(got, TargetUnavailable)
+                 and isinstance(info := infos[name], FileInfo)}
+        fresh = await asyncio.gather(*(current_or_none(self.client, info)
+                                       for info in stale.values()), return_exceptions=True)
+        again = {name: now for name, now in zip(stale, fresh, strict=True)
+                 if isinstance(now, FileInfo | NotFound)}
+        if again:
+            infos.update(again)
+            redo = [i for i, name in enumerate(names)
+                    if name in again or isinstance(out[i], TargetUnavailable)]
+            got = await self._ranges_of([names[i] for i in redo], [starts[i] for i in redo],
+                                        [ends[i] for i in redo], infos, max_gap or 0)
+            for i, data in zip(redo, got, strict=True):
+                out[i] = data
+        if on_error != "return":
+            for item in out:
+                if isinstance(item, BaseException):
+                    raise item
+        return out
+
+    async def _ranges_of(self, names: list[str], starts: list[Any], ends: list[Any],
+                         infos: dict[str, FileInfo | BaseException], max_gap: int
+                         ) -> list[Any]:
+        """Each ``(name, start, end)``'s bytes read from the file ``infos`` gives for
+        the name, or the error in its place."""
+        out: list[Any] = [None] * len(names)
         wanted: list[tuple[int, tuple[FileInfo, int, int]]] = []
         for i, (name, start, end) in enumerate(zip(names, starts, ends, strict=True)):
             info = infos[name]
@@ -240,13 +272,9 @@ class StagerFileSystem(AsyncFileSystem):
                 out[i] = IsADirectory(f"{name} is a directory", path=name)
             else:
                 wanted.append((i, (info, *_bounds(info.size, start, end))))
-        got = await self._read_ranges([w for _, w in wanted], max_gap or 0)
+        got = await self._read_ranges([w for _, w in wanted], max_gap)
         for (i, _), data in zip(wanted, got, strict=True):
             out[i] = data
-        if on_error != "return":
-            for item in out:
-                if isinstance(item, BaseException):
-                    raise item
         return out
 
     async def _read_ranges(self, wanted: list[tuple[FileInfo, int, int]],
