@@ -346,3 +346,27 @@ def test_listings_page_with_markers(c: Any, bucket: str) -> None:
     for k, u in made:
         c.abort_multipart_upload(Bucket=bucket, Key=k, UploadId=u)
     assert c.list_multipart_uploads(Bucket=bucket, Prefix="pg/").get("Uploads", []) == []
+
+
+def test_s3fs_and_arrow_write_multipart_byte_exact(s3: S3Cluster, sc: Client,
+                                                   bucket: str) -> None:
+    """Other clients' part sizes: s3fs's 5 MiB blocks and Arrow's 10 MiB parts are no
+    whole number of 4 MiB chunks, so their uploads are composed at completion; the
+    bytes are the same either way."""
+    from stager.testing.s3clients import S3Endpoint
+
+    endpoint = S3Endpoint(s3.url, s3.access_key, s3.secret_key)
+    data = data_of(23 * MiB + 5, 11)
+    fs = endpoint.s3fs()
+    with fs.open(f"{bucket}/other/s3fs.bin", "wb", block_size=5 * MiB) as f:
+        for at in range(0, len(data), 3 * MiB):
+            f.write(data[at:at + 3 * MiB])
+    arrow = endpoint.pyarrow()
+    with arrow.open_output_stream(f"{bucket}/other/arrow.bin") as out:
+        for at in range(0, len(data), 3 * MiB):
+            out.write(data[at:at + 3 * MiB])
+    for name in ("s3fs.bin", "arrow.bin"):
+        assert sc.cat(f"/mpu/other/{name}") == data, name
+        assert fs.cat_file(f"{bucket}/other/{name}") == data, name
+    head = endpoint.boto3().head_object(Bucket=bucket, Key="other/s3fs.bin")
+    assert head["ETag"].rstrip('"').rsplit("-", 1)[1].isdigit()     # a multipart ETag
