@@ -12,8 +12,10 @@ naming the path), never a mix and never a ``TargetUnavailable``.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from test_gc import chunk_files
@@ -175,3 +177,44 @@ def test_a_file_open_across_the_change(client: Client, stale: Client,
     g.close()
     with stale.open(path, "rb") as again:
         assert again.read() == new
+
+
+def test_a_cached_file_refreshed_elsewhere(client: Client, stale: Client,
+                                           cluster: ThreadCluster, ns: str,
+                                           tmp_path: Path, payload) -> None:
+    """An attached file changed at its source and refreshed by another client has a
+    new file id; the fill of the old one answers 404, and the reader holding the old
+    stat reads the new version instead."""
+    src = tmp_path / "src"
+    src.mkdir()
+    old, new = payload(SMALL * 3 + 1), payload(SMALL * 2 + 5)
+    (src / "a.bin").write_bytes(old)
+    client.attach(f"file://{src}", f"{ns}/view")
+    path = f"{ns}/view/a.bin"
+    assert stale.cat(path) == old                    # its stat (and CRC32Cs) now kept
+    old_id = stale.aio.meta.cached_stat(path).file_id
+    (src / "a.bin").write_bytes(new)
+    os.utime(src / "a.bin", (time.time() + 5, time.time() + 5))
+    assert client.refresh(f"{ns}/view").changed == 1
+    collected(cluster, old_id)
+    assert stale.cat(path) == new
+    assert stale.cat(path, SMALL, SMALL + 10) == new[SMALL:SMALL + 10]
+
+
+def test_no_stat_cache_and_own_writes_see_a_change_at_once(
+        client: Client, stale: Client, cluster: ThreadCluster, ns: str,
+        rewrite: Rewrite) -> None:
+    """``stat_cache_ttl = 0``: every read by path sees the newest version, before any
+    collection; and a client's own write is seen by its next read, whatever its TTL."""
+    path = f"{ns}/now.bin"
+    old, new, _ = rewrite(path)
+    fresh = Client(cluster.meta_url, config=load_config(env={"STAGER_STAT_CACHE_TTL": "0"}))
+    try:
+        assert fresh.cat(path) == old
+        assert stale.cat(path) == old
+        client.pipe(path, new, layout=LAYOUT)
+        assert fresh.cat(path) == new                # its old chunks are still there
+        stale.pipe(path, old, layout=LAYOUT)         # its own write: its cache forgets
+        assert stale.cat(path) == old
+    finally:
+        fresh.close()

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from ..dataplane import StripedWriter
-from ..errors import TargetUnavailable
+from ..errors import NotFound, TargetUnavailable
 from ..protocol.models import FileInfo
 from .stale import gone_while_open
 
@@ -131,7 +131,7 @@ class AsyncReadFile:
         (:func:`~stager.client.stale.gone_while_open`)."""
         try:
             yield
-        except TargetUnavailable as exc:
+        except (TargetUnavailable, NotFound) as exc:
             await self._stop_stream()           # a stream that failed reads no more
             error = await gone_while_open(self.client, self.info, exc)
             if error is exc:

@@ -5,7 +5,9 @@ A read by path takes the path's stat (from the stat cache, for up to
 another client may have removed the file or written another version at the path
 (a new file id); once the metadata server's upkeep has collected the old chunks,
 every replica answers "no such chunk", which the read engine reports as
-:class:`~stager.errors.TargetUnavailable`.  That is not the reader's failure:
+:class:`~stager.errors.TargetUnavailable` (a cached file refreshed at its source:
+its fill answers :class:`~stager.errors.NotFound` for the old id).  That is not
+the reader's failure:
 
 * a read by path (:func:`read_current`: ``cat``, ``read_into``, fsspec's
   ``cat_file`` and ``cat_ranges``) stats the path again, uncached, and when it
@@ -56,7 +58,7 @@ async def read_current(client: AsyncClient, path: str,
     info = await client.stat(paths.normalize(path))
     try:
         return await read(info)
-    except TargetUnavailable:
+    except (TargetUnavailable, NotFound):
         fresh = await current_or_none(client, info)
         if fresh is None:
             raise
@@ -64,7 +66,7 @@ async def read_current(client: AsyncClient, path: str,
 
 
 async def gone_while_open(client: AsyncClient, info: FileInfo,
-                          error: TargetUnavailable) -> NotFound | TargetUnavailable:
+                          error: StagerError) -> StagerError:
     """The error a read of the open file ``info`` that failed with ``error`` raises:
     :class:`NotFound` when the path names another file now, or none (its version is
     gone for good); ``error`` itself when the file is still the path's."""

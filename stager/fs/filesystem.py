@@ -237,7 +237,7 @@ class StagerFileSystem(AsyncFileSystem):
         # now; so is every other range that failed: a target answers a batch that
         # names one missing chunk with a 404 for the whole batch.
         stale = {name: info for name, got in zip(names, out, strict=True)
-                 if isinstance(got, TargetUnavailable)
+                 if isinstance(got, TargetUnavailable | NotFound)
                  and isinstance(info := infos[name], FileInfo)}
         fresh = await asyncio.gather(*(current_or_none(self.client, info)
                                        for info in stale.values()), return_exceptions=True)
