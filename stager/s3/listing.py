@@ -209,58 +209,80 @@ async def _etags(ctx: S3Context, contents: list[Item]) -> list[str]:
     return [a.etag if a is not None else EMPTY_ETAG for a in got]
 
 
+@dataclass(frozen=True)
+class Request:
+    """A ListObjects(V2) request's parameters, checked."""
+
+    v2: bool
+    prefix: str
+    delimiter: str
+    after: After
+    max_keys: int
+    encode: bool            # encoding-type=url
+
+    @classmethod
+    def of(cls, ctx: S3Context) -> Request:
+        q = ctx.query
+        encode = q.get("encoding-type") == "url"
+        if "encoding-type" in q and not encode:
+            raise S3Error("InvalidArgument", "encoding-type is url")
+        for name in ("prefix", "delimiter", "start-after", "marker"):
+            if any(ord(ch) < 0x20 and ch not in "\t\n\r" for ch in q.get(name, "")):
+                # no key holds one, and XML 1.0 cannot carry it back
+                raise S3Error("InvalidArgument", f"{name} has a control character")
+        v2 = q.get("list-type") == "2"
+        if not v2:
+            after = After(q.get("marker", ""))
+        elif "continuation-token" in q:
+            after = After.from_token(q["continuation-token"])
+        else:
+            after = After(q.get("start-after", ""))
+        return cls(v2, q.get("prefix", ""), q.get("delimiter", ""), after, _max_keys(ctx),
+                   encode)
+
+    def text(self, value: str) -> str:
+        return quote(value, safe="/") if self.encode else value
+
+
 async def list_objects(ctx: S3Context) -> web.StreamResponse:
     await bucket_info(ctx.client, ctx.bucket)
-    q = ctx.query
-    v2 = q.get("list-type") == "2"
-    encode = q.get("encoding-type") == "url"
-    if "encoding-type" in q and not encode:
-        raise S3Error("InvalidArgument", "encoding-type is url")
-    prefix, delimiter = q.get("prefix", ""), q.get("delimiter", "")
-    for name in ("prefix", "delimiter", "start-after", "marker"):
-        if any(ord(ch) < 0x20 and ch not in "\t\n\r" for ch in q.get(name, "")):
-            # no key holds one, and XML 1.0 cannot carry it back
-            raise S3Error("InvalidArgument", f"{name} has a control character")
-    max_keys = _max_keys(ctx)
-    if v2:
-        token = q.get("continuation-token")
-        after = After.from_token(token) if token is not None \
-            else After(q.get("start-after", ""))
-    else:
-        after = After(q.get("marker", ""))
-    got = await page(ctx.client, ctx.bucket, prefix, delimiter, after, max_keys) \
-        if max_keys else Page([], [], False, None)
+    req = Request.of(ctx)
+    got = await page(ctx.client, ctx.bucket, req.prefix, req.delimiter, req.after,
+                     req.max_keys) if req.max_keys else Page([], [], False, None)
     etags = await _etags(ctx, got.contents)
-
-    def text(value: str) -> str:
-        return quote(value, safe="/") if encode else value
-
-    owner = v2 and q.get("fetch-owner") == "true" or not v2
+    owner = not req.v2 or ctx.query.get("fetch-owner") == "true"
     contents = [("Contents", (
-        ("Key", text(item.key)),
+        ("Key", req.text(item.key)),
         ("LastModified", xml.iso(item.info.mtime if item.info else 0.0)),
         ("ETag", etag),
         ("Size", item.info.size if item.info and not item.folder else 0),
         ("Owner", OWNER) if owner else None,
         ("StorageClass", "STANDARD"),
     )) for item, etag in zip(got.contents, etags, strict=True)]
-    common = [("CommonPrefixes", (("Prefix", text(p)),)) for p in got.prefixes]
-    head: list[xml.Node] = [("Name", ctx.bucket), ("Prefix", text(prefix))]
-    if v2:
-        head += [("KeyCount", len(contents) + len(common)), ("MaxKeys", max_keys)]
+    common = [("CommonPrefixes", (("Prefix", req.text(p)),)) for p in got.prefixes]
+    head = _head(ctx, req, got, len(contents) + len(common))
+    return xml_response(xml.document("ListBucketResult", [*head, *contents, *common]))
+
+
+def _head(ctx: S3Context, req: Request, got: Page, count: int) -> list[xml.Node]:
+    """The ListBucketResult's elements before its Contents."""
+    q = ctx.query
+    head: list[xml.Node] = [("Name", ctx.bucket), ("Prefix", req.text(req.prefix))]
+    if req.v2:
+        head += [("KeyCount", count), ("MaxKeys", req.max_keys)]
         if "continuation-token" in q:
             head.append(("ContinuationToken", q["continuation-token"]))
         if "start-after" in q:
-            head.append(("StartAfter", text(q["start-after"])))
+            head.append(("StartAfter", req.text(q["start-after"])))
         if got.truncated and got.last is not None:
             head.append(("NextContinuationToken", got.last.token()))
     else:
-        head += [("Marker", text(after.key)), ("MaxKeys", max_keys)]
+        head += [("Marker", req.text(req.after.key)), ("MaxKeys", req.max_keys)]
         if got.truncated and got.last is not None:
-            head.append(("NextMarker", text(got.last.key)))
-    if delimiter:
-        head.append(("Delimiter", text(delimiter)))
-    if encode:
+            head.append(("NextMarker", req.text(got.last.key)))
+    if req.delimiter:
+        head.append(("Delimiter", req.text(req.delimiter)))
+    if req.encode:
         head.append(("EncodingType", "url"))
     head.append(("IsTruncated", got.truncated))
-    return xml_response(xml.document("ListBucketResult", [*head, *contents, *common]))
+    return head
