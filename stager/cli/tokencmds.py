@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ..auth.keys import write_secret
 from ..client import AsyncClient
-from ..errors import BadRequest
+from ..errors import BadRequest, NotFound
 from ..protocol.authmsg import TokenCreated, TokenInfo
 from ..protocol.s3keys import S3KeyCreated, S3KeyInfo
 from .filecmds import with_client
@@ -102,7 +102,11 @@ def run_create(args: argparse.Namespace) -> int:
 
 def run_list(args: argparse.Namespace) -> int:
     async def both(c: AsyncClient) -> tuple[list[TokenInfo], list[S3KeyInfo]]:
-        return await c.list_tokens(), await c.list_s3_keys()
+        tokens = await c.list_tokens()
+        try:
+            return tokens, await c.list_s3_keys()
+        except NotFound:            # a metadata server older than S3 keys: none to show
+            return tokens, []
 
     now = time.time()
     tokens, keys = with_client(args, both)
