@@ -21,10 +21,12 @@ import pytest
 from aiohttp import StreamReader
 from aiohttp.base_protocol import BaseProtocol
 from awscrt.checksums import crc64nvme
-from conftest import Reply, raw_http
+from conftest import Reply, raw_http, start_cluster
 
-from stager.client import Client
+from stager.client import AsyncClient, Client
+from stager.config import load_config
 from stager.s3 import app as s3app
+from stager.s3.attrs import AttrStore, ObjectAttrs, default_attrs
 from stager.s3.chunked import Trailer, decode
 from stager.s3.errors import S3Error
 from stager.testing.cluster import ThreadCluster
@@ -423,3 +425,34 @@ def test_hostile_requests_get_s3_errors_not_5xx(s3: S3Thread, client: Client, me
         ET.fromstring(reply.body)           # an answer any XML parser reads
     assert not client.exists(f"/{BUCKET}/k") and not client.exists(f"/{BUCKET}/copy")
     assert not client.exists("/new-bucket-xml") and not client.exists("/new-bucket-big")
+
+
+async def test_a_signed_trailer_must_carry_its_signature() -> None:
+    sig = "a" * 64
+    raw = (b"5;chunk-signature=" + sig.encode() + b"\r\nhello\r\n"
+           b"0;chunk-signature=" + sig.encode() + b"\r\n"
+           b"x-amz-checksum-crc32:" + crc32_b64(b"hello").encode() + b"\r\n\r\n")
+    with pytest.raises(S3Error) as err:
+        await decoded(raw, Chain())
+    assert err.value.code == "SignatureDoesNotMatch"
+
+
+async def test_a_token_for_a_prefix_reads_and_writes_with_default_attributes(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Attribute records live under /.s3, which a token for a prefix does not cover:
+    its objects read and write with the default attributes instead of failing."""
+    secured = start_cluster(tmp_path_factory.mktemp("s3-auth"), 1, auth=True)
+    try:
+        token = secured.mint(["read", "write"], ("/datasets",))
+        store = AttrStore()
+        async with AsyncClient(secured.meta_url, config=load_config(env={}),
+                               token=token) as scoped:
+            info = await scoped.pipe("/datasets/x.bin", b"scoped")
+            attrs = ObjectAttrs(file_id=info.file_id or "", etag='"md5"',
+                                content_type="text/plain")
+            assert await store.save(scoped, "datasets", "x.bin", attrs) is False
+            got = await AttrStore().load(scoped, "datasets", "x.bin", info)
+            assert got == default_attrs(info)
+            assert await scoped.cat("/datasets/x.bin") == b"scoped"
+    finally:
+        secured.stop()

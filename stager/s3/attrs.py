@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..client import AsyncClient
-from ..errors import NotFound, StagerError
+from ..errors import Forbidden, NotFound, StagerError, Unauthenticated
 from ..protocol.models import FileInfo
 from .names import HIDDEN
+
+log = logging.getLogger(__name__)
 
 KEPT = 100_000               # records cached per gateway
 DEFAULT_TYPE = "binary/octet-stream"
@@ -94,16 +97,29 @@ class AttrStore:
             attrs = ObjectAttrs.from_json(json.loads(raw))
         except (NotFound, ValueError, KeyError, TypeError):
             return default_attrs(info)
+        except (Forbidden, Unauthenticated):
+            # a token for a prefix does not cover /.s3: its objects read with the
+            # default attributes rather than not at all
+            return default_attrs(info)
         if attrs.file_id != info.file_id:
             return default_attrs(info)
         self._keep(rec, attrs)
         return attrs
 
     async def save(self, client: AsyncClient, bucket: str, key: str,
-                   attrs: ObjectAttrs) -> None:
+                   attrs: ObjectAttrs) -> bool:
+        """Write the record of ``attrs``' object; ``False`` where the client's token
+        may not (a token for a prefix does not cover ``/.s3``): the object, already
+        committed, then has the default attributes, and its write still succeeds."""
         rec = record_path(bucket, key)
-        await client.pipe(rec, json.dumps(attrs.to_json()).encode())
+        try:
+            await client.pipe(rec, json.dumps(attrs.to_json()).encode())
+        except (Forbidden, Unauthenticated):
+            log.info("no attribute record for /%s/%s: the token may not write %s",
+                     bucket, key, rec)
+            return False
         self._keep(rec, attrs)
+        return True
 
     async def drop(self, client: AsyncClient, bucket: str, key: str) -> None:
         rec = record_path(bucket, key)

@@ -12,7 +12,9 @@ An ``aws-chunked`` body (``Content-Encoding: aws-chunked``, or any
 boto3 ≥ 1.36 sends its default CRC32 this way, in a trailer.  The decoder yields
 the data in pieces of at most :data:`PIECE` bytes whatever the chunk size the
 sender chose (memory stays bounded), and raises :class:`S3Error` on any fault: a
-malformed size line, a body that ends early, data after the end.
+malformed size line, a body that ends early, data after the end.  A signed body
+(``signatures``) has every chunk's signature checked, and a trailer it carries must
+carry its own ``x-amz-trailer-signature``.
 """
 
 from __future__ import annotations
@@ -111,6 +113,10 @@ async def _trailer(content: StreamReader, trailer: Trailer,
         if len(lines) > MAX_TRAILER:
             raise S3Error("InvalidArgument", "too many trailing headers")
     signed: list[bytes] = []
+    if signatures is not None and lines and not any(
+            line.lower().startswith(b"x-amz-trailer-signature:") for line in lines):
+        raise S3Error("SignatureDoesNotMatch", "a signed body's trailer without its "
+                      "x-amz-trailer-signature")
     for line in lines:
         name, sep, value = line.partition(b":")
         if not sep:
