@@ -9,11 +9,12 @@ read byte-exact; a file changed at its source and refreshed is never served mixe
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,9 @@ from conftest import start_cluster
 
 from stager import Client
 from stager.config import load_config
-from stager.errors import NotFound
+from stager.dataplane.learnt import CrcMemory
+from stager.errors import NotFound, Unavailable
+from stager.protocol.cache import FillItem
 from stager.testing import ThreadCluster
 from stager.testing.countingsource import CountingSource
 
@@ -157,3 +160,35 @@ def _reads(client: Client, path: str) -> bytes | None:
         return client.cat(path)
     except NotFound:
         return None
+
+
+def test_the_memory_is_bounded_and_forgets_what_a_target_lacked() -> None:
+    memory = CrcMemory(limit=4)
+    f, g, h = "f" * 32, "a" * 32, "b" * 32
+    memory.learn([f"{f}.0", f"{f}.1", f"{g}.0"], [1, 2, 3])
+    assert (memory.crc(f"{f}.1"), memory.crc(f"{g}.0"), memory.crc(f"{g}.1")) == (2, 3, None)
+    memory.learn([f"{h}.0", f"{h}.1"], [4, 5])          # past the limit: the first file goes
+    assert len(memory) == 3 and memory.crc(f"{f}.0") is None and memory.crc(f"{h}.1") == 5
+    memory.forget([f"{h}.1", f"{h}.9"])
+    assert len(memory) == 2 and memory.crc(f"{h}.1") is None
+
+
+def test_reads_are_reported_in_bulk_and_a_refused_report_costs_nothing() -> None:
+    sent: list[list[FillItem]] = []
+
+    async def report(items: Sequence[FillItem]) -> None:
+        sent.append(list(items))
+        if len(sent) == 1:
+            raise Unavailable("the metadata server is away")
+
+    async def run() -> None:
+        memory = CrcMemory(report, every=0.01)
+        memory.read(["f" * 32 + ".0", "f" * 32 + ".1"])
+        memory.read(["a" * 32 + ".3"])
+        await asyncio.sleep(0.1)                 # one report, refused: logged, not raised
+        memory.read(["a" * 32 + ".4"])
+        await memory.close()                     # the last ones reported at close
+
+    asyncio.run(run())
+    assert sent[0] == [FillItem("f" * 32, (0, 1)), FillItem("a" * 32, (3,))]
+    assert sent[1:] == [[FillItem("a" * 32, (4,))]]
