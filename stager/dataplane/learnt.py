@@ -29,7 +29,8 @@ from ..protocol.models import parse_chunk_id
 
 log = logging.getLogger(__name__)
 REPORT_EVERY = 0.2          # seconds between reports of reads (at most)
-MAX_CHUNKS = 1 << 20        # CRC32Cs kept; past this the earliest learnt files are forgotten
+MAX_CHUNKS = 1 << 18        # CRC32Cs kept (about 110 bytes each, more for one-chunk files);
+                            # past this the earliest learnt files are forgotten
 CLOSE_TIMEOUT = 2.0         # close() waits at most this long for the last report
 
 Report = Callable[[Sequence[FillItem]], Awaitable[object]]
