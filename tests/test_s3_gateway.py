@@ -25,6 +25,7 @@ from conftest import Reply, raw_http, start_cluster
 
 from stager.client import AsyncClient, Client
 from stager.config import load_config
+from stager.protocol.models import LayoutSpec
 from stager.s3 import app as s3app
 from stager.s3.attrs import AttrStore, ObjectAttrs, default_attrs
 from stager.s3.chunked import Trailer, decode
@@ -456,3 +457,35 @@ async def test_a_token_for_a_prefix_reads_and_writes_with_default_attributes(
             assert await scoped.cat("/datasets/x.bin") == b"scoped"
     finally:
         secured.stop()
+
+
+def test_a_get_that_fails_midway_is_cut_short_never_whole_looking(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A data server lost after the answer's headers went out: the gateway cannot send
+    an error any more, so it closes the connection; the client gets fewer bytes than
+    Content-Length said, never a wrong body that looks whole."""
+    import http.client
+
+    lossy = start_cluster(tmp_path_factory.mktemp("s3-lossy"), 2)
+    try:
+        with Client(lossy.meta_url, config=load_config(env={})) as c, \
+                S3Thread(lossy.meta_url) as gw:
+            c.mkdir("/lossy")
+            size = 48 << 20
+            c.pipe("/lossy/big", bytes(size), layout=LayoutSpec(chunk_size=1 << 20))
+            host, port = gw.url.rsplit("//", 1)[1].split(":")
+            conn = http.client.HTTPConnection(host, int(port), timeout=60)
+            conn.request("GET", "/lossy/big")
+            reply = conn.getresponse()
+            assert reply.status == 200 and int(reply.headers["Content-Length"]) == size
+            got = len(reply.read(1 << 20))
+            lossy.stop_data(1)
+            try:
+                while piece := reply.read(1 << 20):     # b"" once the server closed
+                    got += len(piece)
+            except http.client.IncompleteRead as short:
+                got += len(short.partial)
+            assert got < size
+            conn.close()
+    finally:
+        lossy.stop()
