@@ -254,6 +254,19 @@ def test_botocore_header_signed_put_with_a_payload(fixed_clock: float, region: s
     refused("SignatureDoesNotMatch", "PUT", target, headers, now=fixed_clock, secret="wrong")
 
 
+def test_botocore_generic_sigv4_with_a_streaming_seed(fixed_clock: float) -> None:
+    """botocore's generic SigV4Auth (not S3's) over a payload hash the request names, as
+    an SDK signing a chunked body's seed does: accepted, and marked as signed chunks."""
+    request = AWSRequest("PUT", "http://127.0.0.1:9000/b/dir/chunked.bin", headers={
+        "x-amz-content-sha256": sigv4.STREAMING_SIGNED, "Content-Encoding": "aws-chunked",
+        "x-amz-decoded-content-length": "66560"})
+    botoauth.SigV4Auth(Credentials(AKID, SECRET), "s3", "us-east-1").add_auth(request)
+    prepared = request.prepare()
+    headers = [("Host", "127.0.0.1:9000"), *prepared.headers.items()]
+    signed = checked("PUT", "/b/dir/chunked.bin", headers, now=fixed_clock)
+    assert signed.signed_chunks and signed.payload_hash == sigv4.STREAMING_SIGNED
+
+
 def test_botocore_unsigned_payload_over_https(fixed_clock: float) -> None:
     target, headers = boto_signed("PUT", "https://localhost:9000/b/k", body=b"x" * 10,
                                   headers={"Content-MD5": "dGVzdA=="}, streaming=True)
