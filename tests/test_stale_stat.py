@@ -88,6 +88,20 @@ def test_cat_after_the_old_chunks_are_collected(client: Client, stale: Client,
     assert stale.aio.meta.cached_stat(path).size == len(new)   # the fresh stat kept
 
 
+def test_read_into_after_the_old_chunks_are_collected(client: Client, stale: Client,
+                                                      cluster: ThreadCluster, ns: str,
+                                                      rewrite: Rewrite) -> None:
+    path = f"{ns}/into.bin"
+    old, new, old_id = rewrite(path)
+    buf = bytearray(len(old))
+    assert stale.read_into(path, memoryview(buf)) == len(old) and buf == old
+    client.pipe(path, new, layout=LAYOUT)
+    collected(cluster, old_id)
+    buf = bytearray(len(old))
+    assert stale.read_into(path, memoryview(buf), 100) == len(new) - 100   # the new size
+    assert buf[:len(new) - 100] == new[100:]
+
+
 def test_cat_of_a_file_removed_elsewhere(client: Client, stale: Client,
                                          cluster: ThreadCluster, ns: str,
                                          rewrite: Rewrite) -> None:
