@@ -402,3 +402,35 @@ async def test_an_upload_outlives_upload_grace(tmp_path: Path, slow_callbacks: o
             assert done.copied == 0 and await client.cat("/slow/obj") == first + b"end"
     finally:
         cluster.stop()
+
+
+async def test_parts_after_a_target_went_down_go_around_it(tmp_path: Path,
+                                                           slow_callbacks: object,
+                                                           payload) -> None:
+    """A part is not rerouted mid-write, but once a target of the upload's layout is
+    down, the next parts are placed on a layout of their own over the targets up, and
+    completion composes the object (the earlier parts read from their replicas)."""
+    cluster = start_cluster(tmp_path / "down", 3, replicas=2, multipart_min_part=PART)
+    try:
+        async with AsyncClient(cluster.meta_url, config=load_config(env={})) as client:
+            uploads = MultipartUploads(client)
+            up = await uploads.create("/down/obj", layout=LAYOUT_SPEC)
+            data = payload(2 * PART + 7)
+            await uploads.write_part(up.upload_id, 1, data[:PART], PART)
+            gone = cluster.target_id(0)
+            cluster.stop_data(0)
+            deadline = time.monotonic() + 15
+            while any(t.id == gone and t.up for t in await client.targets()):
+                assert time.monotonic() < deadline, "the target is still up"
+                await asyncio.sleep(0.1)
+            await uploads.write_part(up.upload_id, 2, data[PART:2 * PART], PART)
+            await uploads.write_part(up.upload_id, 3, data[2 * PART:], 7)
+            hidden = [hidden_part_id(up.upload_id, n) for n in (2, 3)]
+            assert all(chunk_files(cluster, f) for f in hidden)
+            done = await uploads.complete(up.upload_id, [
+                (1, md5(data[:PART])), (2, md5(data[PART:2 * PART])),
+                (3, md5(data[2 * PART:]))])
+            assert done.composed and gone not in (done.info.layout.targets or ())
+            assert await client.cat("/down/obj") == data
+    finally:
+        cluster.stop()

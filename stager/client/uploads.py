@@ -112,7 +112,8 @@ class MultipartUploads:
             await asyncio.shield(writer.abort())
             raise
         digest = md5.hexdigest() if md5_of is None else md5_of()
-        done = PartDone(slot.file_id, slot.first_chunk, written, digest, checksums)
+        done = PartDone(slot.file_id, slot.first_chunk, written, digest, checksums,
+                        writer.layout)
         return Part.from_json(await self.client.meta.request(
             route("multipart_part_done"), body=done.to_json(), upload_id=upload_id,
             number=number))

@@ -31,8 +31,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import BadRequest, NotFound, StagerError, UploadNotFound
+from ..layout import choose_layout
 from ..protocol.batch import CommitItem, CreateItem
-from ..protocol.models import FileInfo, LayoutSpec
+from ..protocol.models import FileInfo, Layout, LayoutSpec
 from ..protocol.multipart import CompleteResult, Part, PartDone, PartSlot, part_number
 from . import writes
 from .store.base import NodeEntry
@@ -91,8 +92,8 @@ def misplaced(record: MultipartRecord, chosen: Sequence[PartRecord]
     are and each of these fits its slot (parts 1..k, all but the last exactly the part
     size, the last at most); ``None`` when they cannot lie in place: composed."""
     size = record.part_size
-    if size is None:
-        return None
+    if size is None or any(p.layout is not None for p in chosen):
+        return None     # a part placed around a down target: the upload's layout names it
     per = size // record.layout.chunk_size
     if not all(p.number == i and (p.size == size or i == len(chosen) and p.size <= size)
                for i, p in enumerate(chosen, 1)):
@@ -128,21 +129,39 @@ class MultipartService:
             raise UploadNotFound(f"no multipart upload {upload_id}",
                                  upload_id=upload_id) from None
 
-    def slot(self, record: MultipartRecord, file_id: str, first_chunk: int) -> PartSlot:
+    def slot(self, record: MultipartRecord, file_id: str, first_chunk: int,
+             layout: Layout | None = None) -> PartSlot:
+        layout = layout or record.layout
         info = self.service.info(NodeEntry(record.path, "file", 0, record.created, file_id,
-                                           record.layout))
-        return PartSlot(file_id, first_chunk, record.layout, info.locations)
+                                           layout))
+        return PartSlot(file_id, first_chunk, layout, info.locations)
+
+    def around_down(self, record: MultipartRecord, file_id: str) -> Layout | None:
+        """A layout of its own for a hidden part when the upload's names a target not
+        up now (its parts would fail there: a part is not rerouted); else None."""
+        placeable = {t.id for t in self.service.placeable_targets()}
+        if set(record.layout.targets) <= placeable:
+            return None
+        old = record.layout
+        return choose_layout(self.service.placeable_targets(), chunk_size=old.chunk_size,
+                             stripe_count=0, replicas=old.replicas,     # every one up
+                             max_stripe_count=self.config.max_stripe_count,
+                             start=int(file_id[:8], 16))
 
     async def begin_part(self, upload_id: str, number: int, size: int) -> PartSlot:
         """Where part ``number`` of ``size`` bytes goes (see the module's docstring)."""
         number = part_number(number)
         record = await self.get(upload_id)
+        hidden = hidden_part_id(upload_id, number)
+        own = self.around_down(record, hidden)
+        if own is not None:
+            return self.slot(record, hidden, 0, own)
         chunk, fixed = record.layout.chunk_size, record.part_size
         if fixed is None and size > 0 and size % chunk == 0:
             fixed = await self.store.fix_part_size(upload_id, size)
         if fixed is not None and size <= fixed:
             return self.slot(record, record.file_id, (number - 1) * (fixed // chunk))
-        return self.slot(record, hidden_part_id(upload_id, number), 0)
+        return self.slot(record, hidden, 0)
 
     async def record_part(self, upload_id: str, number: int, done: PartDone) -> Part:
         """Keep part ``number`` as written where :meth:`begin_part` said."""
@@ -159,11 +178,24 @@ class MultipartService:
         if (done.file_id, done.first_chunk) not in allowed:
             raise BadRequest(f"part {number} of {upload_id} does not go to "
                              f"{done.file_id} from chunk {done.first_chunk}")
+        own = self._own_layout(record, done)
         part = PartRecord(number, done.file_id, done.first_chunk, done.size, done.md5,
-                          done.checksums, self.service.clock())
+                          done.checksums, self.service.clock(), own)
         if not await self.store.put_part(upload_id, part):
             raise UploadNotFound(f"no multipart upload {upload_id}", upload_id=upload_id)
         return Part(number, part.size, part.md5, part.written)
+
+    def _own_layout(self, record: MultipartRecord, done: PartDone) -> Layout | None:
+        """The layout a hidden part was written in, when not the upload's: the one
+        :meth:`around_down` chose (or a writer's reroute of it), of known targets."""
+        if done.layout is None or done.layout == record.layout:
+            return None
+        if done.file_id == record.file_id:
+            raise BadRequest("a part in the upload's own chunks is in the upload's layout")
+        if done.layout.chunk_size != record.layout.chunk_size or \
+                not set(done.layout.targets) <= set(self.service.targets):
+            raise BadRequest("a part's layout names unknown targets or another chunk size")
+        return done.layout
 
     async def parts(self, upload_id: str) -> tuple[MultipartRecord, list[PartRecord]]:
         return await self.get(upload_id), await self.store.list_parts(upload_id)
@@ -184,7 +216,8 @@ class MultipartService:
         moves = misplaced(record, chosen)
         if moves != []:
             listed = tuple(Part(p.number, p.size, p.md5, p.written,
-                                self.slot(record, p.file_id, p.first_chunk), p.checksums)
+                                self.slot(record, p.file_id, p.first_chunk, p.layout),
+                                p.checksums)
                            for p in (chosen if moves is None else moves))
             if moves is None:
                 return CompleteResult(etag, sizes, compose=listed)

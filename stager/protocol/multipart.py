@@ -137,25 +137,32 @@ class PartSlot:
 
 @dataclass(frozen=True)
 class PartDone:
-    """A part written: where, its size, the md5 of its bytes (hex) and its chunks' CRCs."""
+    """A part written: where (the slot's layout too), its size, the md5 of its bytes
+    (hex) and its chunks' CRCs."""
 
     file_id: str
     first_chunk: int
     size: int
     md5: str
     checksums: tuple[int, ...]
+    layout: Layout | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"file_id": self.file_id, "first_chunk": self.first_chunk, "size": self.size,
-                "md5": self.md5, "checksums": [f"{c:08x}" for c in self.checksums]}
+        out = {"file_id": self.file_id, "first_chunk": self.first_chunk, "size": self.size,
+               "md5": self.md5, "checksums": [f"{c:08x}" for c in self.checksums]}
+        if self.layout is not None:
+            out["layout"] = self.layout.to_json()
+        return out
 
     @classmethod
     def from_json(cls, obj: Any) -> PartDone:
         md5 = field_of(obj, "md5", str)
         if len(md5) != 32 or any(c not in "0123456789abcdef" for c in md5):
             raise BadRequest("md5 must be 32 lowercase hex digits")
+        layout = field_of(obj, "layout", dict, None)
         return cls(field_of(obj, "file_id", str), count_of(obj, "first_chunk"),
-                   count_of(obj, "size"), md5, _crcs(obj, "checksums"))
+                   count_of(obj, "size"), md5, _crcs(obj, "checksums"),
+                   None if layout is None else Layout.from_json(layout))
 
 
 @dataclass(frozen=True)
@@ -290,7 +297,7 @@ SCHEMAS: dict[str, Any] = {
                                                 "checksums"],
                  "properties": {"file_id": _STR, "first_chunk": _COUNT, "size": _COUNT,
                                 "md5": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
-                                "checksums": _CRCS}},
+                                "checksums": _CRCS, "layout": _OBJ}},
     "Part": {"type": "object", "required": ["number", "size", "md5", "written"],
              "properties": {"number": _NUMBER, "size": _COUNT, "md5": _STR, "written": _NUM,
                             "slot": _ref("PartSlot"), "checksums": _CRCS}},

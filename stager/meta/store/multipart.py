@@ -48,6 +48,8 @@ class PartRecord:
     md5: str
     checksums: tuple[int, ...]
     written: float
+    layout: Layout | None = None    # a hidden part's own (placed around a down target);
+                                    # None: the upload's
 
 
 class Multipart(ABC):
@@ -95,10 +97,13 @@ class Multipart(ABC):
 
 
 def hidden_files(record: MultipartRecord, parts: Sequence[PartRecord],
-                 keep: Collection[str]) -> list[str]:
-    """The file ids that dropping ``record`` with ``parts`` frees, but for ``keep``: the
-    hidden parts (the pending upload is freed by the store, as an abort does)."""
-    return sorted({p.file_id for p in parts if p.file_id != record.file_id} - set(keep))
+                 keep: Collection[str]) -> list[tuple[str, Layout]]:
+    """The file ids that dropping ``record`` with ``parts`` frees, but for ``keep``, each
+    with its layout: the hidden parts (the pending upload is freed by the store, as an
+    abort does)."""
+    return sorted({(p.file_id, p.layout or record.layout) for p in parts
+                   if p.file_id != record.file_id and p.file_id not in keep},
+                  key=lambda f: f[0])
 
 
 async def multipart_files(store: Multipart) -> list[tuple[str, Layout]]:
@@ -108,5 +113,5 @@ async def multipart_files(store: Multipart) -> list[tuple[str, Layout]]:
     for record in await store.idle_multipart(float("inf")):
         out[record.file_id] = record.layout
         for part in await store.list_parts(record.upload_id):
-            out[part.file_id] = record.layout
+            out[part.file_id] = part.layout or record.layout
     return sorted(out.items())

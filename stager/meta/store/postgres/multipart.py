@@ -13,6 +13,7 @@ from typing import Any
 import asyncpg
 
 from ....errors import NotFound
+from ....protocol.models import Layout
 from ..multipart import Multipart, MultipartRecord, PartRecord, hidden_files
 from ..sqlite.db import layout_of, layout_text, pack, unpack
 
@@ -38,11 +39,12 @@ CREATE TABLE IF NOT EXISTS multipart_parts (
     md5         TEXT NOT NULL,
     checksums   BYTEA NOT NULL,
     written     DOUBLE PRECISION NOT NULL,
+    layout      TEXT,
     PRIMARY KEY (upload_id, number)
 );
 """
 _RECORD = "upload_id, path, file_id, layout, part_size, created, touched, extra"
-_PART = "number, file_id, first_chunk, size, md5, checksums, written"
+_PART = "number, file_id, first_chunk, size, md5, checksums, written, layout"
 Op = Callable[[asyncpg.Connection], Awaitable[Any]]
 
 
@@ -51,7 +53,8 @@ def _record(r: asyncpg.Record) -> MultipartRecord:
 
 
 def _part(r: asyncpg.Record) -> PartRecord:
-    return PartRecord(r[0], r[1], r[2], r[3], r[4], unpack(r[5]), r[6])
+    return PartRecord(r[0], r[1], r[2], r[3], r[4], unpack(r[5]), r[6],
+                      None if r[7] is None else layout_of(r[7]))
 
 
 async def get(conn: asyncpg.Connection, upload_id: str, *, lock: bool = False
@@ -63,11 +66,12 @@ async def get(conn: asyncpg.Connection, upload_id: str, *, lock: bool = False
     return _record(row)
 
 
-async def _garbage(conn: asyncpg.Connection, file_ids: Sequence[str],
-                   record: MultipartRecord, now: float) -> None:
+async def _garbage(conn: asyncpg.Connection, files: Sequence[tuple[str, Layout]],
+                   now: float) -> None:
+    """``files`` (file id, the layout it was written in) go to garbage."""
     await conn.executemany(
         "INSERT INTO garbage VALUES ($1, $2, 0, $3) ON CONFLICT (file_id) DO NOTHING",
-        [(f, layout_text(record.layout), now) for f in file_ids])
+        [(f, layout_text(layout), now) for f, layout in files])
 
 
 async def put_part(conn: asyncpg.Connection, upload_id: str, p: PartRecord) -> bool:
@@ -78,15 +82,16 @@ async def put_part(conn: asyncpg.Connection, upload_id: str, p: PartRecord) -> b
     old = await conn.fetchrow(f"SELECT {_PART} FROM multipart_parts "
                               "WHERE upload_id = $1 AND number = $2", upload_id, p.number)
     if old is not None:
-        await _garbage(conn, hidden_files(record, [_part(old)], {p.file_id}), record,
-                       p.written)
+        await _garbage(conn, hidden_files(record, [_part(old)], {p.file_id}), p.written)
     await conn.execute(
-        f"INSERT INTO multipart_parts (upload_id, {_PART}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8) "
+        f"INSERT INTO multipart_parts (upload_id, {_PART}) "
+        "VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9) "
         "ON CONFLICT (upload_id, number) DO UPDATE SET file_id = EXCLUDED.file_id, "
         "first_chunk = EXCLUDED.first_chunk, size = EXCLUDED.size, md5 = EXCLUDED.md5, "
-        "checksums = EXCLUDED.checksums, written = EXCLUDED.written",
+        "checksums = EXCLUDED.checksums, written = EXCLUDED.written, "
+        "layout = EXCLUDED.layout",
         upload_id, p.number, p.file_id, p.first_chunk, p.size, p.md5, pack(p.checksums),
-        p.written)
+        p.written, None if p.layout is None else layout_text(p.layout))
     await conn.execute("UPDATE multipart_uploads SET touched = greatest(touched, $1) "
                        "WHERE upload_id = $2", p.written, upload_id)
     return True
@@ -101,12 +106,11 @@ async def parts(conn: asyncpg.Connection, upload_id: str) -> list[PartRecord]:
 async def drop(conn: asyncpg.Connection, upload_id: str, keep: Collection[str],
                now: float) -> MultipartRecord:
     record = await get(conn, upload_id, lock=True)
-    await _garbage(conn, hidden_files(record, await parts(conn, upload_id), keep), record,
-                   now)
+    await _garbage(conn, hidden_files(record, await parts(conn, upload_id), keep), now)
     if record.file_id not in keep:      # the pending upload, as an abort drops it
         status = await conn.execute("DELETE FROM uploads WHERE file_id = $1", record.file_id)
         if status == "DELETE 1":
-            await _garbage(conn, [record.file_id], record, now)
+            await _garbage(conn, [(record.file_id, record.layout)], now)
     await conn.execute("DELETE FROM multipart_parts WHERE upload_id = $1", upload_id)
     await conn.execute("DELETE FROM multipart_uploads WHERE upload_id = $1", upload_id)
     return record

@@ -9,6 +9,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from ....errors import NotFound
+from ....protocol.models import Layout
 from ..multipart import Multipart, MultipartRecord, PartRecord, hidden_files
 from .db import Database, layout_of, layout_text, pack, unpack
 from .thread import StoreThread
@@ -34,11 +35,12 @@ CREATE TABLE IF NOT EXISTS multipart_parts (
     md5         TEXT NOT NULL,
     checksums   BLOB NOT NULL,
     written     REAL NOT NULL,
+    layout      TEXT,
     PRIMARY KEY (upload_id, number)
 );
 """
 _RECORD = "upload_id, path, file_id, layout, part_size, created, touched, extra"
-_PART = "number, file_id, first_chunk, size, md5, checksums, written"
+_PART = "number, file_id, first_chunk, size, md5, checksums, written, layout"
 
 
 def record_of(row: Sequence[Any]) -> MultipartRecord:
@@ -48,8 +50,9 @@ def record_of(row: Sequence[Any]) -> MultipartRecord:
 
 
 def part_of(row: Sequence[Any]) -> PartRecord:
-    number, file_id, first_chunk, size, md5, checksums, written = row
-    return PartRecord(number, file_id, first_chunk, size, md5, unpack(checksums), written)
+    number, file_id, first_chunk, size, md5, checksums, written, layout = row
+    return PartRecord(number, file_id, first_chunk, size, md5, unpack(checksums), written,
+                      None if layout is None else layout_of(layout))
 
 
 class MultipartSQL:
@@ -89,12 +92,13 @@ class MultipartSQL:
                                   "WHERE upload_id = ? AND number = ?",
                                   (upload_id, p.number)).fetchone()
             if old is not None:
-                self._garbage(hidden_files(record, [part_of(old)], {p.file_id}), record,
+                self._garbage(hidden_files(record, [part_of(old)], {p.file_id}),
                               now=p.written)
             self.db.execute(f"INSERT OR REPLACE INTO multipart_parts (upload_id, {_PART}) "
-                            "VALUES (?,?,?,?,?,?,?,?)",
+                            "VALUES (?,?,?,?,?,?,?,?,?)",
                             (upload_id, p.number, p.file_id, p.first_chunk, p.size, p.md5,
-                             pack(p.checksums), p.written))
+                             pack(p.checksums), p.written,
+                             None if p.layout is None else layout_text(p.layout)))
             self.db.execute("UPDATE multipart_uploads SET touched = max(touched, ?) "
                             "WHERE upload_id = ?", (p.written, upload_id))
         return True
@@ -113,12 +117,12 @@ class MultipartSQL:
     def drop(self, upload_id: str, keep: Collection[str], now: float) -> MultipartRecord:
         with self.database.transaction():
             record = self.get(upload_id)
-            self._garbage(hidden_files(record, self.parts(upload_id), keep), record, now=now)
+            self._garbage(hidden_files(record, self.parts(upload_id), keep), now=now)
             if record.file_id not in keep:      # the pending upload, as an abort drops it
                 gone = self.db.execute("DELETE FROM uploads WHERE file_id = ?",
                                        (record.file_id,)).rowcount
                 if gone:
-                    self._garbage([record.file_id], record, now=now)
+                    self._garbage([(record.file_id, record.layout)], now=now)
             self.db.execute("DELETE FROM multipart_parts WHERE upload_id = ?", (upload_id,))
             self.db.execute("DELETE FROM multipart_uploads WHERE upload_id = ?", (upload_id,))
         return record
@@ -128,11 +132,10 @@ class MultipartSQL:
             f"SELECT {_RECORD} FROM multipart_uploads WHERE touched < ? ORDER BY touched",
             (before,))]
 
-    def _garbage(self, file_ids: Sequence[str], record: MultipartRecord, *,
-                 now: float) -> None:
-        """``file_ids``, written in ``record``'s layout, go to garbage."""
+    def _garbage(self, files: Sequence[tuple[str, Layout]], *, now: float) -> None:
+        """``files`` (file id, the layout it was written in) go to garbage."""
         self.db.executemany("INSERT OR REPLACE INTO garbage VALUES (?, ?, ?, ?)",
-                            [(f, layout_text(record.layout), 0, now) for f in file_ids])
+                            [(f, layout_text(layout), 0, now) for f, layout in files])
 
 
 class SQLiteMultipart(Multipart):
