@@ -153,6 +153,17 @@ class Cpu:
         self.spent.setdefault(case, []).append(
             tuple(b - a for a, b in zip(before, after, strict=True)))  # type: ignore[arg-type]
 
+    def total(self, case: str) -> float:
+        """The median over the rounds of all three together."""
+        return median([sum(c) for c in self.spent[case]])
+
+    def bound(self, case: str, base: str) -> str:
+        """What the case's rate over ``base``'s would be if both were bound by CPU
+        alone (two cores shared by every process here): the inverse of their CPU."""
+        return (f"{case} / {base}: {self.total(base) / self.total(case):.2f} "
+                f"(gateway {median([c[0] for c in self.spent[case]]) / self.total(case):.0%} "
+                "of the S3 path's CPU)")
+
     def line(self, case: str, per: float, unit: str) -> str:
         each = self.spent[case]
         med = [median([c[i] for c in each]) / per for i in range(3)]
@@ -341,7 +352,7 @@ class Bench:
 
 def run(quick: bool) -> dict[str, Any]:
     big = 32 * MiB if quick else 1024 * MiB
-    objects = 256 if quick else 4000
+    objects = 128 if quick else 4000
     rounds = 1 if quick else 3
     figures: dict[str, list[float]] = {}
     loads: list[float] = []
@@ -363,6 +374,10 @@ def run(quick: bool) -> dict[str, Any]:
         peaks = bench.gateway.peaks
         cpu = [bench.cpu.line(n, big / GiB, "GiB") for n in GETS + PUTS]
         cpu += [bench.cpu.line(n, objects / 1000, "1000 objects") for n in SMALLS]
+        bound = [bench.cpu.bound(n, "stager:// open/read") for n in GETS[:3]]
+        bound.append(bench.cpu.bound("boto3 upload_fileobj", "Client.put"))
+        cpu.append("the ratio each S3 case would reach if CPU alone bound it (the stager "
+                   "case's CPU over the S3 case's, all processes): " + "; ".join(bound))
     return _result(figures, peaks, idle_rss, loads, cpu, big, objects, rounds, quick)
 
 
