@@ -11,6 +11,7 @@ import hashlib
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,15 @@ async def test_drop_frees_the_pending_file_and_hidden_parts_but_keeps_what_it_is
     assert (await store.stat("/b/b")).file_id == b.file_id
     with pytest.raises(NotFound):
         await store.drop_multipart("ub", keep=(), now=7.0)
+    # a part placed around a down target keeps its own layout, and is collected in it
+    c = await begun(store, "uc", "/b/c", "mc")
+    own = replace(LAYOUT, targets=("t1", "t0"))
+    hc = "hc".ljust(32, "0")
+    await store.put_part("uc", replace(part(1, hc), layout=own))
+    assert [p.layout for p in await store.list_parts("uc")] == [own]
+    await store.drop_multipart("uc", keep=(), now=8.0)
+    assert {g.file_id: g.layout for g in await store.take_garbage(10)
+            if g.file_id in (hc, c.file_id)} == {hc: own, c.file_id: LAYOUT}
 
 
 # -- the client over a real cluster (both stores) ---------------------------------------------
