@@ -19,6 +19,8 @@ import pytest
 from botocore import auth as botoauth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stager.s3 import sigv4
 from stager.s3.errors import S3Error
@@ -395,3 +397,32 @@ def test_a_gateway_that_checks_signatures_needs_the_metadata_server() -> None:
 
     with pytest.raises(ValueError, match="metadata server"):
         Authenticator(required=True)
+
+
+# -- any key, any query: what botocore signs is accepted, a change to it is not ----------
+_KEY_TEXT = st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=40)
+
+
+@settings(max_examples=150, deadline=None)
+@given(key=_KEY_TEXT, query=st.dictionaries(_KEY_TEXT, st.text(max_size=20), max_size=4),
+       presign=st.booleans())
+def test_any_key_and_query_botocore_signs_is_accepted(key: str, query: dict[str, str],
+                                                      presign: bool) -> None:
+    from urllib.parse import quote, urlencode
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(botoauth, "get_current_datetime",
+                   lambda *a, **k: datetime.datetime(2013, 5, 24))
+        query = {k: v for k, v in query.items() if not k.startswith("X-Amz-")}
+        url = f"http://127.0.0.1:9000/bucket/{quote(key, safe='/~')}"
+        if query:
+            url += "?" + urlencode(query, quote_via=quote)
+        target, headers = boto_signed("GET", url, presign=3600 if presign else None)
+        if presign:
+            headers = [(k, v) for k, v in headers if k.lower() != "authorization"]
+        checked("GET", target, headers, now=EXAMPLE_NOW)
+        path, _, rest = target.partition("?")
+        changed = path + "x" + ("?" + rest if rest else "")
+        with pytest.raises(S3Error) as info:
+            checked("GET", changed, headers, now=EXAMPLE_NOW)
+        assert info.value.code == "SignatureDoesNotMatch"
