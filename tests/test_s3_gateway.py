@@ -27,6 +27,7 @@ from stager.client import AsyncClient, Client
 from stager.config import load_config
 from stager.protocol.models import LayoutSpec
 from stager.s3 import app as s3app
+from stager.s3 import context as s3context
 from stager.s3.attrs import AttrStore, ObjectAttrs, default_attrs
 from stager.s3.chunked import Trailer, decode
 from stager.s3.errors import S3Error
@@ -489,3 +490,19 @@ def test_a_get_that_fails_midway_is_cut_short_never_whole_looking(
             conn.close()
     finally:
         lossy.stop()
+
+
+async def test_clients_evicted_from_the_gateway_are_closed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One client per token, the oldest evicted past KEPT_CLIENTS and closed later or at
+    the gateway's close: no session is left open."""
+    monkeypatch.setattr(s3context, "KEPT_CLIENTS", 1)
+    gateway = s3context.Gateway("http://127.0.0.1:9", load_config(env={}))
+    first = gateway.client("token-1")
+    session = first.plane.session           # opened by its first use
+    second = gateway.client("token-2")
+    assert gateway.client("token-2") is second
+    assert gateway.client("token-1") is not first     # evicted: a new one
+    assert not session.closed                          # still lent to its requests
+    await gateway.close()
+    assert session.closed

@@ -41,6 +41,8 @@ class Gateway:
         self.domain = domain
         self.authenticator = authenticator or Authenticator(required=False)
         self._clients: OrderedDict[str | None, AsyncClient] = OrderedDict()
+        self._retired: set[AsyncClient] = set()     # evicted, closed after CLOSE_AFTER
+        self._closing: set[asyncio.Task[None]] = set()
         self.attrs = AttrStore()
 
     def client(self, token: str | None) -> AsyncClient:
@@ -51,15 +53,24 @@ class Gateway:
         self._clients[token] = got
         while len(self._clients) > KEPT_CLIENTS:
             _, old = self._clients.popitem(last=False)
-            # closed once the requests that hold it are surely done
-            asyncio.get_running_loop().call_later(
-                CLOSE_AFTER, lambda c=old: asyncio.ensure_future(c.close()))
+            # closed once the requests that hold it are surely done (or at close)
+            self._retired.add(old)
+            asyncio.get_running_loop().call_later(CLOSE_AFTER, self._retire, old)
         return got
 
+    def _retire(self, client: AsyncClient) -> None:
+        if client in self._retired:
+            self._retired.discard(client)
+            task = asyncio.ensure_future(client.close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
     async def close(self) -> None:
-        for c in self._clients.values():
+        for c in [*self._clients.values(), *self._retired]:
             await c.close()
         self._clients.clear()
+        self._retired.clear()
+        await asyncio.gather(*self._closing, return_exceptions=True)
         await self.authenticator.close()
 
 
