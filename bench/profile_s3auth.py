@@ -4,9 +4,12 @@ remembered (parse, canonical request, time, one HMAC) and when the metadata serv
 asked (``s3key_verify``, over loopback HTTP, to a real metadata server with auth on).
 
     python -m bench.profile_s3auth [N]        # N requests each way (default 2000)
+    python -m bench.profile_s3auth e2e [N]    # boto3 GETs of 16 KiB, --auth or not
 
 One process; wall time per call, median of N.  A presigned URL and a header-signed
-GET cost the same here: both are one parse and one HMAC.
+GET cost the same here: both are one parse and one HMAC.  ``e2e``: N GETs of one
+16 KiB object, one after another, through ``stager up --s3-port`` with and without
+``--auth`` (boto3, a key for the bucket): what signature checks add to a small read.
 """
 
 from __future__ import annotations
@@ -68,7 +71,35 @@ async def main(n: int, meta_url: str, admin: str) -> None:
           f"{auth.asked} questions)")
 
 
+def e2e(n: int) -> None:
+    from stager.testing.s3cluster import S3Cluster, boto3_client
+
+    for auth in (False, True):
+        with tempfile.TemporaryDirectory() as tmp, S3Cluster(tmp, auth=auth) as s3:
+            key, secret = s3.access_key, s3.secret_key
+            if auth:
+                async def mint() -> tuple[str, str]:
+                    async with AsyncClient(s3.meta_url, token=s3.cluster.admin_token) as c:
+                        made = await c.create_s3_key(["read", "write"], ["/"], 3600, "e2e")
+                        return made.access_key, made.secret_key
+                key, secret = asyncio.run(mint())
+            c = boto3_client(s3.url, access_key=key, secret_key=secret)
+            c.create_bucket(Bucket="bench")
+            c.put_object(Bucket="bench", Key="k", Body=b"x" * 16384)
+            times = []
+            for _ in range(n):
+                t = time.perf_counter()
+                c.get_object(Bucket="bench", Key="k")["Body"].read()
+                times.append(time.perf_counter() - t)
+            print(f"boto3 GET 16 KiB, auth {'on ' if auth else 'off'}: median "
+                  f"{statistics.median(times) * 1e3:.2f} ms, {n / sum(times):.0f} GETs/s "
+                  f"({n} one after another)")
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["e2e"]:
+        e2e(int(sys.argv[2]) if len(sys.argv) > 2 else 500)
+        raise SystemExit(0)
     count = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
     with tempfile.TemporaryDirectory() as tmp:
         cluster = ThreadCluster(Path(tmp), 1, auth=True)
