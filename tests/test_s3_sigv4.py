@@ -426,3 +426,44 @@ def test_any_key_and_query_botocore_signs_is_accepted(key: str, query: dict[str,
         with pytest.raises(S3Error) as info:
             checked("GET", changed, headers, now=EXAMPLE_NOW)
         assert info.value.code == "SignatureDoesNotMatch"
+
+
+_HEADER_TEXT = st.text(st.characters(min_codepoint=32, max_codepoint=255), max_size=120)
+
+
+@settings(max_examples=300, deadline=None)
+@given(authorization=st.one_of(st.none(), _HEADER_TEXT, st.builds(
+           "AWS4-HMAC-SHA256 Credential={}, SignedHeaders={}, Signature={}".format,
+           _HEADER_TEXT, _HEADER_TEXT, _HEADER_TEXT)),
+       amz_date=st.one_of(st.none(), _HEADER_TEXT, st.from_regex(r"\A\d{8}T\d{6}Z\Z")),
+       query=st.lists(st.tuples(st.sampled_from(["X-Amz-Algorithm", "X-Amz-Credential",
+                                                 "X-Amz-Date", "X-Amz-Expires",
+                                                 "X-Amz-SignedHeaders", "X-Amz-Signature",
+                                                 "AWSAccessKeyId", "Signature", "x"]),
+                                _HEADER_TEXT), max_size=8))
+def test_whatever_a_request_claims_it_is_read_or_refused_as_s3_refuses(
+        authorization: str | None, amz_date: str | None,
+        query: list[tuple[str, str]]) -> None:
+    """Any header or query: ``None`` (unsigned), a claim, or an :class:`S3Error`: never
+    anything else (a 500)."""
+    from urllib.parse import quote
+
+    headers = [("Host", "h"), ("x-amz-content-sha256", sigv4.EMPTY_SHA256)]
+    headers += [] if authorization is None else [("Authorization", authorization)]
+    headers += [] if amz_date is None else [("x-amz-date", amz_date)]
+    target = "/b/k?" + "&".join(f"{quote(k)}={quote(v)}" for k, v in query)
+    try:
+        signed = sigv4.parse("GET", target, headers)
+        if signed is not None:
+            sigv4.check_time(signed, EXAMPLE_NOW)
+            sigv4.verify(sigv4.signing_key(SECRET, signed.scope), signed)
+    except S3Error as exc:
+        assert 400 <= exc.status < 500
+
+
+def test_a_date_no_calendar_has_is_refused() -> None:
+    headers = [("Host", "h"), ("x-amz-date", "20131399T256199Z"),
+               ("x-amz-content-sha256", sigv4.EMPTY_SHA256),
+               ("Authorization", "AWS4-HMAC-SHA256 Credential=AKID/20131399/us-east-1/s3/"
+                                 "aws4_request, SignedHeaders=host, Signature=" + "0" * 64)]
+    refused("AccessDenied", "GET", "/b/k", headers)

@@ -241,7 +241,7 @@ def _presigned(method: str, path: str, pairs: list[tuple[str, str]],
 
 def _claim(access_key: str, scope: Scope, amz_date: str, signature: str, payload_hash: str,
            expires: int | None, canonical: str) -> SignedRequest:
-    if not _AMZ_DATE.fullmatch(amz_date):
+    if not _AMZ_DATE.fullmatch(amz_date) or _when(amz_date) is None:
         raise S3Error("AccessDenied" if expires is None else
                       "AuthorizationQueryParametersError",
                       f"the request's date {amz_date!r} is not YYYYMMDDTHHMMSSZ")
@@ -263,7 +263,7 @@ def _claim(access_key: str, scope: Scope, amz_date: str, signature: str, payload
 def check_time(signed: SignedRequest, now: float) -> None:
     """A header-signed request within :data:`MAX_SKEW` of ``now``; a presigned URL not
     before its date (less the skew) nor after its expiry."""
-    at = calendar.timegm(time.strptime(signed.amz_date, AMZ_DATE))
+    at = _when(signed.amz_date) or 0
     if signed.expires is None:
         if abs(now - at) > MAX_SKEW:
             raise S3Error("RequestTimeTooSkewed",
@@ -274,6 +274,14 @@ def check_time(signed: SignedRequest, now: float) -> None:
         raise S3Error("AccessDenied", "Request is not valid yet")
     if now > at + signed.expires:
         raise S3Error("AccessDenied", "Request has expired")
+
+
+def _when(amz_date: str) -> int | None:
+    """Unix seconds of an amz date; ``None`` for one no calendar has (month 13)."""
+    try:
+        return calendar.timegm(time.strptime(amz_date, AMZ_DATE))
+    except ValueError:
+        return None
 
 
 def _credential(text: str) -> tuple[str, Scope]:
