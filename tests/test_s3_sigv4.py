@@ -436,13 +436,15 @@ _HEADER_TEXT = st.text(st.characters(min_codepoint=32, max_codepoint=255), max_s
            "AWS4-HMAC-SHA256 Credential={}, SignedHeaders={}, Signature={}".format,
            _HEADER_TEXT, _HEADER_TEXT, _HEADER_TEXT)),
        amz_date=st.one_of(st.none(), _HEADER_TEXT, st.from_regex(r"\A\d{8}T\d{6}Z\Z")),
+       http_date=st.one_of(st.none(), _HEADER_TEXT, st.from_regex(
+           r"\A(Mon|Fri), \d{1,2} (Jan|May) \d{1,6} \d\d:\d\d:\d\d (GMT|[+-]\d{4})\Z")),
        query=st.lists(st.tuples(st.sampled_from(["X-Amz-Algorithm", "X-Amz-Credential",
                                                  "X-Amz-Date", "X-Amz-Expires",
                                                  "X-Amz-SignedHeaders", "X-Amz-Signature",
                                                  "AWSAccessKeyId", "Signature", "x"]),
                                 _HEADER_TEXT), max_size=8))
 def test_whatever_a_request_claims_it_is_read_or_refused_as_s3_refuses(
-        authorization: str | None, amz_date: str | None,
+        authorization: str | None, amz_date: str | None, http_date: str | None,
         query: list[tuple[str, str]]) -> None:
     """Any header or query: ``None`` (unsigned), a claim, or an :class:`S3Error`: never
     anything else (a 500)."""
@@ -451,6 +453,7 @@ def test_whatever_a_request_claims_it_is_read_or_refused_as_s3_refuses(
     headers = [("Host", "h"), ("x-amz-content-sha256", sigv4.EMPTY_SHA256)]
     headers += [] if authorization is None else [("Authorization", authorization)]
     headers += [] if amz_date is None else [("x-amz-date", amz_date)]
+    headers += [] if http_date is None else [("Date", http_date)]
     target = "/b/k?" + "&".join(f"{quote(k)}={quote(v)}" for k, v in query)
     try:
         signed = sigv4.parse("GET", target, headers)
@@ -467,3 +470,14 @@ def test_a_date_no_calendar_has_is_refused() -> None:
                ("Authorization", "AWS4-HMAC-SHA256 Credential=AKID/20131399/us-east-1/s3/"
                                  "aws4_request, SignedHeaders=host, Signature=" + "0" * 64)]
     refused("AccessDenied", "GET", "/b/k", headers)
+
+
+@pytest.mark.parametrize("date", ["Fri, 24 May 999999 00:00:00 GMT", "Fri, 24 May 1 00:00:00 GMT",
+                                  "yesterday"])
+def test_a_date_header_past_what_time_can_say_is_refused(date: str) -> None:
+    headers = [("Host", "h"), ("Date", date), ("x-amz-content-sha256", sigv4.EMPTY_SHA256),
+               ("Authorization", "AWS4-HMAC-SHA256 Credential=AKID/20130524/us-east-1/s3/"
+                                 "aws4_request, SignedHeaders=date;host, Signature=" + "0" * 64)]
+    with pytest.raises(S3Error) as info:          # a clean refusal, never a ValueError
+        checked("GET", "/b/k", headers)
+    assert 400 <= info.value.status < 500

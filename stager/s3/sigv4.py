@@ -314,12 +314,15 @@ def _header(headers: list[tuple[str, str]], name: str) -> str | None:
 
 def _from_http_date(text: str | None) -> str:
     """A ``Date:`` header (RFC 7231) as an amz date; ``""`` (refused later) if none."""
-    parsed = parsedate_tz(text) if text else None
-    if parsed is None:
+    try:
+        parsed = parsedate_tz(text) if text else None
+        if parsed is None:
+            return ""
+        offset = parsed[9] or 0
+        at = calendar.timegm(parsed[:6] + (0, 1, -1)) - offset     # type: ignore[arg-type]
+        return time.strftime(AMZ_DATE, time.gmtime(at))
+    except (ValueError, OverflowError, OSError):        # a date past what time can say
         return ""
-    offset = parsed[9] or 0
-    at = calendar.timegm(parsed[:6] + (0, 1, -1)) - offset     # type: ignore[arg-type]
-    return time.strftime(AMZ_DATE, time.gmtime(at))
 
 
 def _version_2() -> S3Error:
