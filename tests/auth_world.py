@@ -416,6 +416,8 @@ CASES: dict[str, Case] = {
     "detach": Case(lambda w: get("detach", path=w.attach()), **ADMIN),
     "fill": Case(lambda w: post("fill", {"items": [{"file_id": w.cached_file(), "chunks": [0]}]}),
                  **READ_M),
+    "cache_reads": Case(lambda w: post("cache_reads", {"items": [
+        {"file_id": w.cached_file(), "chunks": [0]}]}), **READ_M),
     "register_plan": Case(lambda w: Sent("PUT", route("register_plan").target(
         plan_id=plan_id(next(w.fresh))), *w.plan_body()), **READ_M),
     "plan_position": Case(_plan_position, **READ_M),
