@@ -30,7 +30,10 @@ import io
 import logging
 import os
 import random
+import re
 import time
+import urllib.request
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
@@ -133,6 +136,37 @@ class Gateway:
         self.peaks.setdefault(case, []).append(self.rss("VmHWM"))
 
 
+class MetaRequests:
+    """The metadata server's requests each case caused, by operation and status (its
+    ``/metrics`` counters; heartbeats and the scrapes themselves left out)."""
+
+    def __init__(self, meta_url: str) -> None:
+        self.url = meta_url
+        self.seen: dict[str, Counter[str]] = {}
+
+    def now(self) -> Counter[str]:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=30) as answer:
+            text = answer.read().decode()
+        out: Counter[str] = Counter()
+        for m in re.finditer(r'^stager_requests_total\{op="([^"]+)",status="(\d+)"\} (\S+)$',
+                             text, re.M):
+            if m[1] not in ("heartbeat", "metrics"):
+                out[f"{m[1]} {m[2]}"] += int(float(m[3]))
+        return out
+
+    @contextmanager
+    def watch(self, case: str) -> Iterator[None]:
+        before = self.now()
+        yield
+        if case not in self.seen:           # the first round's: the same every round
+            self.seen[case] = self.now() - before
+
+    def line(self, case: str, per: float, unit: str) -> str:
+        got = self.seen[case]
+        return f"{case}: " + (", ".join(f"{k} {v / per:.1f}" for k, v in sorted(got.items()))
+                              or "none") + f" per {unit}"
+
+
 class Cpu:
     """CPU seconds each case cost the gateway, the stager servers (data and metadata)
     and this process (the clients, moto's server too), from ``/proc``."""
@@ -183,6 +217,7 @@ class Bench:
         self.buf = memoryview(bytearray(big))
         self.keys = [f"small/{i:06d}.bin" for i in range(objects)]
         self.gateway = Gateway(int(s3.cluster.info["s3"]["pid"]))
+        self.meta = MetaRequests(s3.meta_url)
         self.cpu = Cpu(self.gateway.pid, [s3.cluster.meta_pid()]
                        + [s3.cluster.data_pid(i) for i in range(DATA_SERVERS)])
 
@@ -366,7 +401,7 @@ def run(quick: bool) -> dict[str, Any]:
             order = random.Random(r).sample(bench.keys, len(bench.keys))
             cases = list(bench.cases(order).items())
             for name, case in (cases if r % 2 == 0 else cases[::-1]):
-                with bench.cpu.watch(name), \
+                with bench.meta.watch(name), bench.cpu.watch(name), \
                         bench.gateway.watch(name) if name in WATCHED else nullcontext():
                     figure = case()
                 figures.setdefault(name, []).append(figure)
@@ -378,6 +413,11 @@ def run(quick: bool) -> dict[str, Any]:
         bound.append(bench.cpu.bound("boto3 upload_fileobj", "Client.put"))
         cpu.append("the ratio each S3 case would reach if CPU alone bound it (the stager "
                    "case's CPU over the S3 case's, all processes): " + "; ".join(bound))
+        meta = [bench.meta.line(n, 1, "case") for n in GETS + PUTS]
+        meta += [bench.meta.line(n, objects, "object") for n in SMALLS]
+        cpu.append("metadata server requests (op status: count) per case, first round "
+                   "(a GET through S3 of a file not written through S3 also looks for its "
+                   "attribute record: stat 404): " + "; ".join(meta))
     return _result(figures, peaks, idle_rss, loads, cpu, big, objects, rounds, quick)
 
 
