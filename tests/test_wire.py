@@ -278,6 +278,7 @@ def _examples() -> dict[str, object]:
         "PinRequest": q.PinRequest(60.0),
         "PlanRequest": cache.PlanRequest({"seed": 1}, {"files": []}, cache.PlanPosition(1, 2)),
         "PlanPosition": cache.PlanPosition(1, 2),
+        "ReadsCounted": cache.ReadsCounted(3),
         "AttachRequest": cache.AttachRequest("s3://bucket/data", 60.0, ("*.tar",), ("*.log",),
                                              {"endpoint_url": "http://h:1"}),
         "Listing": m.Listing("/d", (), "x"),
