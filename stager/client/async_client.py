@@ -323,26 +323,29 @@ class AsyncClient(CacheCalls):
         return list(PinList.from_json(await self.meta.request(route("list_pins"))).pins)
 
     # -- reading ---------------------------------------------------------------------
-    def reader(self, info: FileInfo) -> StripedReader:
+    def reader(self, info: FileInfo, *, retries: int | None = None) -> StripedReader:
+        """A reader of the file ``info``; ``retries``: rounds over its replicas after
+        the first (default: config ``retries``)."""
         if info.is_dir:
             raise IsADirectory(f"{info.path} is a directory", path=info.path)
         return StripedReader(self.plane, info, concurrency=self.limit,
-                             readahead=self.config.readahead_chunks, retries=self.config.retries)
+                             readahead=self.config.readahead_chunks,
+                             retries=self.config.retries if retries is None else retries)
 
     async def cat(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
         """The bytes of ``path`` in ``[start, end)``; negative values count from the end.
         One version's bytes: a stale cached stat is taken again (:mod:`.stale`)."""
-        async def read(info: FileInfo) -> bytes:
-            lo, hi = _span(info.size, start, end)
-            return bytes(await self.reader(info).read(lo, hi))
+        async def read(reader: StripedReader) -> bytes:
+            lo, hi = _span(reader.size, start, end)
+            return bytes(await reader.read(lo, hi))
 
         return await read_current(self, path, read)
 
     async def read_into(self, path: str, out: memoryview, offset: int = 0) -> int:
         """Fill ``out`` from ``offset`` (clipped at the end); returns bytes read."""
-        async def read(info: FileInfo) -> int:
-            n = max(0, min(len(out), info.size - offset))
-            await self.reader(info).read_into(offset, out[:n])
+        async def read(reader: StripedReader) -> int:
+            n = max(0, min(len(out), reader.size - offset))
+            await reader.read_into(offset, out[:n])
             return n
 
         return await read_current(self, path, read)

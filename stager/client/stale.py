@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
+from ..dataplane import StripedReader
 from ..errors import NotFound, StagerError, TargetUnavailable
 from ..protocol import paths
 from ..protocol.models import FileInfo
@@ -52,17 +53,26 @@ async def current_or_none(client: AsyncClient, info: FileInfo) -> FileInfo | Non
 
 
 async def read_current(client: AsyncClient, path: str,
-                       read: Callable[[FileInfo], Awaitable[T]]) -> T:
-    """``read(info)`` with ``path``'s stat (cached or not); when that read finds the
-    file's chunks gone, ``read`` again, once, with the file the path names now."""
-    info = await client.stat(paths.normalize(path))
+                       read: Callable[[StripedReader], Awaitable[T]]) -> T:
+    """``read(reader)`` of the file ``path`` names (its stat cached or not); when that
+    read finds the file's chunks gone, ``read`` again, once, of the file the path
+    names now.
+
+    Through a cached stat the first read makes one round over the replicas, without
+    the pauses between rounds (``retries``: 0.7 s in all by default) that a missing
+    chunk would otherwise wait out before the stat is taken again; when the path
+    still names the same file, the read is made again with every retry, so a target
+    that is down is waited for as long as through a fresh stat."""
+    path = paths.normalize(path)
+    hit = client.meta.cached_stat(path)
+    info = hit or await client.stat(path, cached=False)
     try:
-        return await read(info)
+        return await read(client.reader(info, retries=0 if hit is not None else None))
     except (TargetUnavailable, NotFound):
         fresh = await current_or_none(client, info)
-        if fresh is None:
+        if fresh is None and hit is None:
             raise
-    return await read(fresh)
+    return await read(client.reader(fresh or info))
 
 
 async def gone_while_open(client: AsyncClient, info: FileInfo,

@@ -228,40 +228,57 @@ class StagerFileSystem(AsyncFileSystem):
             raise ValueError("paths, starts and ends must have the same length")
         names = [self._strip_protocol(p) for p in paths_]
         unique = sorted(set(names))
+        quick = any(self.client.meta.cached_stat(p) is not None for p in unique)
         stats = await asyncio.gather(*(self.client.stat(p) for p in unique),
                                      return_exceptions=True)
         infos: dict[str, FileInfo | BaseException] = dict(zip(unique, stats, strict=True))
-        out = await self._ranges_of(names, starts, ends, infos, max_gap or 0)
-        # A file whose chunks were gone: its stat went stale (see stager/client/stale.py).
-        # Every range of such a file is read again, once, from the file the path names
-        # now; so is every other range that failed: a target answers a batch that
-        # names one missing chunk with a 404 for the whole batch.
-        stale = {name: info for name, got in zip(names, out, strict=True)
-                 if isinstance(got, TargetUnavailable | NotFound)
-                 and isinstance(info := infos[name], FileInfo)}
-        fresh = await asyncio.gather(*(current_or_none(self.client, info)
-                                       for info in stale.values()), return_exceptions=True)
-        again = {name: now for name, now in zip(stale, fresh, strict=True)
-                 if isinstance(now, FileInfo | NotFound)}
-        if again:
-            infos.update(again)
-            redo = [i for i, name in enumerate(names)
-                    if name in again or isinstance(out[i], TargetUnavailable)]
-            got = await self._ranges_of([names[i] for i in redo], [starts[i] for i in redo],
-                                        [ends[i] for i in redo], infos, max_gap or 0)
-            for i, data in zip(redo, got, strict=True):
-                out[i] = data
+        # through cached stats, one round over the replicas first (stager/client/stale.py)
+        out = await self._ranges_of(names, starts, ends, infos, max_gap or 0,
+                                    retries=0 if quick else None)
+        await self._read_again(names, starts, ends, infos, max_gap or 0, out, quick)
         if on_error != "return":
             for item in out:
                 if isinstance(item, BaseException):
                     raise item
         return out
 
+    async def _read_again(self, names: list[str], starts: list[Any], ends: list[Any],
+                          infos: dict[str, FileInfo | BaseException], max_gap: int,
+                          out: list[Any], quick: bool) -> None:
+        """The ranges of ``out`` that failed as a stale stat does (the file's chunks
+        gone: see :mod:`stager.client.stale`) read again, in place, once.  Every range
+        of a file the path now names another of is read from that one; so is every
+        other range that failed, after a ``quick`` first read (one round over the
+        replicas) or when a stale file shared its batches (a target answers a batch
+        that names one missing chunk with a 404 for the whole batch)."""
+        failed: set[int] = set()
+        stale: dict[str, FileInfo] = {}
+        for i, got in enumerate(out):
+            info = infos[names[i]]
+            if isinstance(got, TargetUnavailable | NotFound) and isinstance(info, FileInfo):
+                failed.add(i)
+                stale[names[i]] = info
+        if not failed:
+            return
+        fresh = await asyncio.gather(*(current_or_none(self.client, info)
+                                       for info in stale.values()), return_exceptions=True)
+        again = {name: now for name, now in zip(stale, fresh, strict=True)
+                 if isinstance(now, FileInfo | NotFound)}
+        if not (again or quick):
+            return
+        infos.update(again)
+        redo = [i for i, name in enumerate(names) if name in again or i in failed]
+        got = await self._ranges_of([names[i] for i in redo], [starts[i] for i in redo],
+                                    [ends[i] for i in redo], infos, max_gap)
+        for i, data in zip(redo, got, strict=True):
+            out[i] = data
+
     async def _ranges_of(self, names: list[str], starts: list[Any], ends: list[Any],
-                         infos: dict[str, FileInfo | BaseException], max_gap: int
-                         ) -> list[Any]:
+                         infos: dict[str, FileInfo | BaseException], max_gap: int,
+                         retries: int | None = None) -> list[Any]:
         """Each ``(name, start, end)``'s bytes read from the file ``infos`` gives for
-        the name, or the error in its place."""
+        the name, or the error in its place (``retries``: rounds over the replicas
+        after the first; default: config ``retries``)."""
         out: list[Any] = [None] * len(names)
         wanted: list[tuple[int, tuple[FileInfo, int, int]]] = []
         for i, (name, start, end) in enumerate(zip(names, starts, ends, strict=True)):
@@ -272,13 +289,13 @@ class StagerFileSystem(AsyncFileSystem):
                 out[i] = IsADirectory(f"{name} is a directory", path=name)
             else:
                 wanted.append((i, (info, *_bounds(info.size, start, end))))
-        got = await self._read_ranges([w for _, w in wanted], max_gap)
+        got = await self._read_ranges([w for _, w in wanted], max_gap, retries)
         for (i, _), data in zip(wanted, got, strict=True):
             out[i] = data
         return out
 
     async def _read_ranges(self, wanted: list[tuple[FileInfo, int, int]],
-                           max_gap: int) -> list[Any]:
+                           max_gap: int, retries: int | None = None) -> list[Any]:
         """The bytes of each clipped ``(info, start, stop)``, or its error in its place."""
         number: dict[str | None, int] = {}
         infos: list[FileInfo] = []
@@ -288,7 +305,7 @@ class StagerFileSystem(AsyncFileSystem):
                 infos.append(info)
         engine = ReadEngine(self.client.plane, self.client.limit, ReadOptions(
             merge_gap=max_gap, max_request_bytes=RANGES_REQUEST_BYTES,
-            retries=self.client.config.retries))
+            retries=self.client.config.retries if retries is None else retries))
         return await engine.read_extents(
             FileTable(infos), np.array([number[info.file_id] for info, _, _ in wanted]),
             np.array([start for _, start, _ in wanted]),
