@@ -232,3 +232,15 @@ def test_no_stat_cache_and_own_writes_see_a_change_at_once(
         assert stale.cat(path) == old
     finally:
         fresh.close()
+
+
+def test_the_profile_of_a_stale_read_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m bench.profile_stale_stat`` (docs/client.md quotes its figures),
+    one rewrite: it reads the new version through stale stats and prints three lines."""
+    from bench.profile_stale_stat import main
+
+    main(1)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "Client.cat through a stale stat", "cat_ranges through a stale stat",
+        "Client.cat through a good cached stat"]
