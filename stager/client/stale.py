@@ -61,18 +61,19 @@ async def read_current(client: AsyncClient, path: str,
     Through a cached stat the first read makes one round over the replicas, without
     the pauses between rounds (``retries``: 0.7 s in all by default) that a missing
     chunk would otherwise wait out before the stat is taken again; when the path
-    still names the same file, the read is made again with every retry, so a target
-    that is down is waited for as long as through a fresh stat."""
+    still names the same file, the read is made again with every retry (and the
+    targets' URLs that stat gives), so a target that is down is waited for as long as
+    through a fresh stat."""
     path = paths.normalize(path)
     hit = client.meta.cached_stat(path)
     info = hit or await client.stat(path, cached=False)
     try:
         return await read(client.reader(info, retries=0 if hit is not None else None))
     except (TargetUnavailable, NotFound):
-        fresh = await current_or_none(client, info)
-        if fresh is None and hit is None:
+        fresh = await client.stat(path, cached=False)   # NotFound: the path names nothing
+        if hit is None and same_version(fresh, info):
             raise
-    return await read(client.reader(fresh or info))
+    return await read(client.reader(fresh))     # the same file: its targets' URLs now
 
 
 async def gone_while_open(client: AsyncClient, info: FileInfo,
