@@ -12,7 +12,9 @@ the object with default attributes, never another object's.  The default ETag is
 ``"FILE_ID-1"``: not an MD5 (clients that compare ETags with MD5s, such as rclone,
 skip a value with a ``-`` as they do for multipart uploads).  Records are cached
 per gateway, keyed by path and file id, so a HEAD or GET of a known object costs
-no extra round trip.
+no extra round trip; so is the absence of a record (a file staged or written by
+stager itself), for ``ABSENT_TTL`` seconds only, as another gateway may be writing
+the record of a version just committed.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -32,6 +35,7 @@ from .names import HIDDEN
 log = logging.getLogger(__name__)
 
 KEPT = 100_000               # records cached per gateway
+ABSENT_TTL = 5.0             # seconds "no record for this version" is believed
 DEFAULT_TYPE = "binary/octet-stream"
 
 
@@ -76,13 +80,20 @@ class AttrStore:
     """Reads and writes the attribute records, with a cache of those seen."""
 
     def __init__(self) -> None:
-        self._seen: OrderedDict[str, ObjectAttrs] = OrderedDict()
+        # path -> (attributes, monotonic time until which they hold; inf: a record read)
+        self._seen: OrderedDict[str, tuple[ObjectAttrs, float]] = OrderedDict()
 
-    def _keep(self, path: str, attrs: ObjectAttrs) -> None:
+    def _keep(self, path: str, attrs: ObjectAttrs, until: float = float("inf")) -> None:
         self._seen.pop(path, None)
-        self._seen[path] = attrs
+        self._seen[path] = (attrs, until)
         while len(self._seen) > KEPT:
             self._seen.popitem(last=False)
+
+    def _absent(self, path: str, info: FileInfo) -> ObjectAttrs:
+        """No record of this version: the defaults, believed for ``ABSENT_TTL``."""
+        attrs = default_attrs(info)
+        self._keep(path, attrs, time.monotonic() + ABSENT_TTL)
+        return attrs
 
     async def load(self, client: AsyncClient, bucket: str, key: str,
                    info: FileInfo) -> ObjectAttrs:
@@ -90,19 +101,19 @@ class AttrStore:
         of this version exists)."""
         rec = record_path(bucket, key)
         hit = self._seen.get(rec)
-        if hit is not None and hit.file_id == info.file_id:
-            return hit
+        if hit is not None and hit[0].file_id == info.file_id and time.monotonic() < hit[1]:
+            return hit[0]
         try:
             raw = await client.cat(rec)
             attrs = ObjectAttrs.from_json(json.loads(raw))
         except (NotFound, ValueError, KeyError, TypeError):
-            return default_attrs(info)
+            return self._absent(rec, info)
         except (Forbidden, Unauthenticated):
             # a token for a prefix does not cover /.s3: its objects read with the
             # default attributes rather than not at all
-            return default_attrs(info)
+            return self._absent(rec, info)
         if attrs.file_id != info.file_id:
-            return default_attrs(info)
+            return self._absent(rec, info)
         self._keep(rec, attrs)
         return attrs
 
