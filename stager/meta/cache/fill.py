@@ -234,25 +234,33 @@ class Filler:
 
     async def _store_copies(self, chunk: str, targets: list[str], data: bytes,
                             crc: int) -> None:
-        """Write the chunk to each of its targets; at least one must take it."""
+        """Write the chunk to each of its targets; at least one must take it.  Targets
+        this server believes down are tried only when no other took the chunk: its view
+        of presence (heartbeats read from the shared store) can lag behind a live data
+        server, and a fill refused for that alone would fail a reader for nothing."""
         plane, known = self.plane(), self.service.targets
 
         async def put(target: str) -> StagerError | None:
             info = known.get(target)
-            if info is None or not info.up:
-                return TargetUnavailable(f"target {target} is down", target=target)
+            if info is None:
+                return TargetUnavailable(f"target {target} is unknown", target=target)
             try:
                 await plane.put_chunk(target, info.url, chunk, data, crc)
             except StagerError as exc:
                 return exc
             return None
 
-        errors = await asyncio.gather(*(put(t) for t in targets))
-        if all(e is not None for e in errors):
-            first = next(e for e in errors if e is not None)
+        up = [t for t in targets if t in known and known[t].up]
+        errors = dict(zip(up, await asyncio.gather(*(put(t) for t in up)), strict=True))
+        if all(e is not None for e in errors.values()):
+            rest = [t for t in targets if t not in errors]
+            errors.update(zip(rest, await asyncio.gather(*(put(t) for t in rest)),
+                              strict=True))
+        if all(e is not None for e in errors.values()):
+            first = next((e for e in errors.values() if e is not None), "no targets")
             raise TargetUnavailable(f"no target of chunk {chunk} took it: {first}",
                                     chunk=chunk, targets=targets)
-        for target, error in zip(targets, errors, strict=True):
+        for target, error in errors.items():
             if error is not None:
                 log.info("fill of %s: copy on %s not stored: %s", chunk, target, error)
 

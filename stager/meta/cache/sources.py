@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ...sources.open import open_source
+from ...sources.open import open_source_off_loop
 from ...sources.source import Source
 from ..store.caching import AttachmentRecord
 from .secrets import OptionsBox
@@ -27,7 +27,7 @@ class Sources:
         kept = self._open.get(record.path)
         if kept is not None and kept[0] == record.source:
             return kept[1]
-        source = open_source(record.source, **self.box.open(record.options))
+        source = await open_source_off_loop(record.source, **self.box.open(record.options))
         self._open[record.path] = (record.source, source)
         if kept is not None:
             await kept[1].close()
