@@ -22,6 +22,7 @@ import pytest
 from stager import Client
 from stager.config import load_config
 from stager.testing import ProcessCluster
+from stager.testing.cluster import wait_for_targets
 from stager.testing.countingsource import CountingSource
 
 pytestmark = pytest.mark.slow          # stager up and PostgreSQL in subprocesses
@@ -35,6 +36,9 @@ READERS = 16
 def two_metas(tmp_path: Path, pg_url: str) -> Iterator[ProcessCluster]:
     with ProcessCluster(tmp_path / "c", data_servers=2, meta_store=pg_url, meta_servers=2,
                         up_args=["--chunk-size", "64KiB"]) as c:
+        # the second server learns the targets from the store a moment after the first
+        for url in c.meta_urls:
+            wait_for_targets(url, up=2)
         yield c
 
 

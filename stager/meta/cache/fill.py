@@ -238,7 +238,10 @@ class Filler:
         this server believes down are tried only when no other took the chunk: its view
         of presence (heartbeats read from the shared store) can lag behind a live data
         server, and a fill refused for that alone would fail a reader for nothing."""
-        plane, known = self.plane(), self.service.targets
+        plane, known = self.plane(), dict(self.service.targets)
+        unknown = [t for t in targets if t not in known]
+        if unknown:     # registered through another metadata server since this one read
+            known.update({t.id: t for t in await self.store.list_targets() if t.id in unknown})
 
         async def put(target: str) -> StagerError | None:
             info = known.get(target)
