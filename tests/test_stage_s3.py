@@ -40,6 +40,7 @@ from stager.sources.open import open_source  # noqa: E402
 from stager.sources.source import AsyncSource, source_etag  # noqa: E402
 from stager.stage import stage_sync  # noqa: E402
 from stager.testing import ThreadCluster  # noqa: E402
+from stager.testing.s3clients import stop_moto  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
 KEY, SECRET = "stager-test-key", "stager-test-secret"   # moto takes any credentials
@@ -124,8 +125,7 @@ def s3() -> Iterator[S3]:
             yield S3(endpoint, api, log)
         finally:
             api.close()
-            server.stop()
-            server._server.server_close()     # stop() leaves the listening socket open
+            stop_moto(server)
             werkzeug.removeHandler(handler)
             werkzeug.setLevel(old_level)
 

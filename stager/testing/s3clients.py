@@ -289,5 +289,11 @@ def moto_endpoint() -> Iterator[S3Endpoint]:
     try:
         yield S3Endpoint(f"http://{host}:{port}", "moto-key", "moto-secret")
     finally:
-        server.stop()
-        server._server.server_close()     # stop() leaves the listening socket open
+        stop_moto(server)
+
+
+def stop_moto(server: Any) -> None:
+    """Stop a ``ThreadedMotoServer`` and close its socket: its ``stop()`` leaves the
+    listening socket open, and only its private server object can close it (here, once)."""
+    server.stop()
+    server._server.server_close()

@@ -3,7 +3,7 @@
 Every ``cache_interval`` the duty holder (the one metadata server that collects
 garbage) sums the filled bytes; past ``cache_high`` of the limit it frees down to
 ``cache_low`` (under ``plan`` with a live plan, down to ``cache_high`` only: see
-:meth:`Evictor._floor`).  Candidates are filled chunks only: written files, staged files and
+:meth:`Evictor.floor`).  Candidates are filled chunks only: written files, staged files and
 every file outside an attached directory have no chunk rows and are never touched;
 a chunk of a pinned path is never a victim; a chunk handed to a reader in the last
 ``GRACE`` seconds is spared while another will do (its reader is on its way to it): a
@@ -66,7 +66,7 @@ class Evictor:
             if self.filled <= limit * self.config.cache_high:
                 return 0
             plans = await self._plans()
-            return await self._free(self.filled - self._floor(limit, plans), plans)
+            return await self._free(self.filled - self.floor(limit, plans), plans)
 
     async def reserve(self, size: int) -> None:
         """Room for a fill of ``size`` bytes under the limit, evicting first if need be
@@ -82,7 +82,7 @@ class Evictor:
             wanted = self.filled + self.inflight + size
             if wanted > limit:
                 plans = await self._plans()
-                await self._free(wanted - self._floor(limit, plans), plans,
+                await self._free(wanted - self.floor(limit, plans), plans,
                                  patience=2 * GRACE)
             if self.filled + self.inflight + size > limit:
                 raise InsufficientStorage(
@@ -102,7 +102,7 @@ class Evictor:
         """The registered plans' next uses, where the policy is ``plan`` (else None)."""
         return await self.next_use() if self.config.cache_policy == "plan" else None
 
-    def _floor(self, limit: int, plans: NextUse | None) -> int:
+    def floor(self, limit: int, plans: NextUse | None) -> int:
         """The filled bytes an eviction frees down to: the low watermark; under ``plan``
         with a live plan, the high one.  A chunk freed ahead of need is one a plan will
         read (the furthest, but read: a second fetch), so plan-aware eviction frees in
