@@ -31,6 +31,7 @@ from stager import Loader
 from stager.client import Client
 from stager.config import load_config
 from stager.testing.s3cluster import S3Cluster, boto3_client
+from stager.testing.s3cluster import error_of as err
 
 pytestmark = [pytest.mark.slow]
 MiB = 1 << 20
@@ -58,11 +59,6 @@ def sc(s3: S3Cluster) -> Iterator[Client]:
 def bucket(c: Any) -> str:
     c.create_bucket(Bucket="data")
     return "data"
-
-
-def err(exc: pytest.ExceptionInfo[ClientError]) -> tuple[str, int]:
-    response = exc.value.response
-    return response["Error"]["Code"], response["ResponseMetadata"]["HTTPStatusCode"]
 
 
 def blob(n: int, seed: int = 0) -> bytes:

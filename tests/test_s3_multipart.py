@@ -23,6 +23,7 @@ from botocore.exceptions import ClientError
 from stager.client import Client
 from stager.config import load_config
 from stager.testing.s3cluster import S3Cluster, boto3_client
+from stager.testing.s3cluster import error_of as err
 
 pytestmark = [pytest.mark.slow]
 MiB = 1 << 20
@@ -52,11 +53,6 @@ def sc(s3: S3Cluster) -> Iterator[Client]:
 def bucket(c: Any) -> str:
     c.create_bucket(Bucket="mpu")
     return "mpu"
-
-
-def err(exc: pytest.ExceptionInfo[ClientError]) -> tuple[str, int]:
-    response = exc.value.response
-    return response["Error"]["Code"], response["ResponseMetadata"]["HTTPStatusCode"]
 
 
 def data_of(size: int, seed: int = 1) -> bytes:

@@ -137,3 +137,10 @@ def boto3_client(endpoint: str, *, access_key: str = ACCESS_KEY,
                         config=Config(s3={"addressing_style": "path"},
                                       retries={"max_attempts": 2, "mode": "standard"},
                                       **config))
+
+
+def error_of(raised: Any) -> tuple[str, int]:
+    """The S3 error code and HTTP status of a botocore ``ClientError`` (or of pytest's
+    ``ExceptionInfo`` holding one)."""
+    response = getattr(raised, "value", raised).response
+    return response["Error"]["Code"], response["ResponseMetadata"]["HTTPStatusCode"]
