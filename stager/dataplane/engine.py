@@ -43,6 +43,7 @@ from ..checksum import crc32c
 from ..errors import ChunkNotFound, CorruptChunk, StagerError, StorageError, TargetUnavailable
 from ..protocol.batch import MAX_BATCH_ITEMS
 from ..protocol.models import ReadItem
+from .failover import Failover, final_error
 from .readplan import Chunks, FileTable, ReadOptions, ReadPlan
 from .transport import DataPlane, unknown_target
 
@@ -58,96 +59,6 @@ Buffer = bytes | bytearray | memoryview
 Outcome = tuple[np.ndarray, StagerError | None]     # the pieces a request served, its error
 Job = Callable[[], Awaitable[None]]
 T = TypeVar("T")
-
-
-def final_error(name: str, errors: Sequence[StagerError]) -> StagerError:
-    """What a reader sees when chunk ``name`` could not be read from any replica."""
-    if errors and all(isinstance(e, CorruptChunk) for e in errors):
-        return CorruptChunk(f"every replica of chunk {name} is corrupt", chunk=name)
-    last = errors[-1] if errors else TargetUnavailable(f"no replica of {name} is reachable")
-    targets = sorted({str(e.details.get("target")) for e in errors if e.details.get("target")})
-    if isinstance(last, TargetUnavailable | ChunkNotFound):
-        return TargetUnavailable(f"chunk {name} unavailable: {last}", chunk=name,
-                                 targets=targets, target=targets[0] if targets else None)
-    return last
-
-
-class _Failover:
-    """Where one plan's run stands: the pieces read, and per chunk the replicas
-    tried this round and the errors seen."""
-
-    def __init__(self, plan: ReadPlan) -> None:
-        self.chunks = plan.chunks
-        self.done = np.zeros(len(plan), dtype=bool)
-        self.left = len(plan)                # pieces not done (cheaper than done.all())
-        self.untouched = True                # no piece done yet
-        self.tried: dict[int, set[str]] = {}
-        self.errors: dict[int, list[StagerError]] = {}
-        self.dead: set[int] = set()          # chunks of cached files their fill failed for
-        self.recalled: set[int] = set()      # chunks of cached files read by a learnt CRC32C
-        self.doubt: set[int] = set()         # of those, the ones a target had not: ask again
-
-    def read(self, ids: np.ndarray) -> None:
-        self.done[ids] = True
-        self.left -= len(ids)
-        self.untouched = False
-
-    def failed(self, rows: np.ndarray, target: str, error: StagerError) -> None:
-        for c in rows.tolist():
-            self.tried.setdefault(c, set()).add(target)
-            self.errors.setdefault(c, []).append(error)
-
-    def assign(self, rows: Sequence[int], order: Callable[[Sequence[str]], list[str]],
-               last: bool,
-               ) -> tuple[dict[str, list[int]], set[int]]:
-        """Each chunk's next target (grouped by target) and the chunks to be
-        patient for: no other replica is left to try after this one."""
-        groups: dict[str, list[int]] = {}
-        patient: set[int] = set()
-        for c in rows:
-            if c in self.dead or c in self.doubt:
-                continue
-            replicas = self.chunks.replicas[c]
-            tried = self.tried.get(c)
-            left = [t for t in replicas if t not in tried] if tried else replicas
-            if not left:
-                continue
-            groups.setdefault(order(left)[0], []).append(c)
-            if len(set(replicas)) == 1 or (last and len(left) == 1):
-                patient.add(c)
-        return groups, patient
-
-    def hopeless(self, c: int) -> bool:
-        """Every replica answered, each with bad bytes: retrying will not help."""
-        if c in self.dead:
-            return True
-        errors = self.errors.get(c, [])
-        return bool(errors) and all(isinstance(e, CorruptChunk) for e in errors)
-
-    def blame(self, rows: np.ndarray, names: list[str], error: StagerError) -> np.ndarray:
-        """The chunks of a failed request that failed.  A target that misses a chunk
-        answers 404 naming the first one it misses, before sending anything: that one
-        failed; when it was read by a learnt CRC32C, it was likely evicted since, and so
-        may every chunk of the request read that way: all of those are put in doubt
-        (asked of the metadata server again).  The other chunks of the request are not
-        blamed, and are asked for again at once."""
-        named = error.details.get("chunk") if isinstance(error, ChunkNotFound) else None
-        if named is None or not self.recalled:
-            return rows
-        listed = rows.tolist()
-        hit = [c for c in listed if names[c] == named]
-        if not hit:
-            return rows
-        if hit[0] in self.recalled:
-            self.doubt.update(c for c in listed if c in self.recalled)
-            return rows[:0]
-        return np.asarray(hit, dtype=rows.dtype)
-
-    def give_up(self, rows: Sequence[int], error: StagerError) -> None:
-        """Chunks ``rows`` cannot be read at all (their source failed): ``error`` each."""
-        for c in rows:
-            self.dead.add(c)
-            self.errors[c] = [error]
 
 
 class ReadEngine:
@@ -188,7 +99,7 @@ class ReadEngine:
         first chunk's error, or with ``raise_errors=False`` returns the error of
         each destination that could not be read."""
         cached = plan.chunks.cached
-        state = _Failover(plan)
+        state = Failover(plan)
         if cached.any():
             rows = np.flatnonzero(cached).tolist()
             state.recalled = self._recall(plan.chunks, rows)
@@ -234,7 +145,7 @@ class ReadEngine:
         return {c for c, _ in known}
 
     async def _ask_again(self, plan: ReadPlan, out: list[Any], kinds: list[int],
-                         state: _Failover) -> None:
+                         state: Failover) -> None:
         """The chunks in doubt (read by a learnt CRC32C, a target had not one of them)
         forgotten and asked of the metadata server (which fetches those evicted), then
         read: a miss, as a read without a learnt CRC32C would have been from the start."""
@@ -249,7 +160,7 @@ class ReadEngine:
         await self._fill(plan, state, doubt)
         await self._rounds(plan, out, kinds, state)
 
-    def _report(self, plan: ReadPlan, state: _Failover) -> None:
+    def _report(self, plan: ReadPlan, state: Failover) -> None:
         """The chunks read by a learnt CRC32C, whole, queued to be reported (they count
         as hits, and as used, for eviction)."""
         bounds, done = plan.bounds.tolist(), state.done
@@ -273,7 +184,7 @@ class ReadEngine:
         return failed
 
     async def _rounds(self, plan: ReadPlan, out: list[Any], kinds: list[int],
-                      state: _Failover) -> None:
+                      state: Failover) -> None:
         """Rounds over every replica, with a pause between, until each piece is read,
         the retries are spent, or only hopeless chunks are left."""
         retries = self.options.retries
@@ -288,7 +199,7 @@ class ReadEngine:
             state.tried.clear()
             await asyncio.sleep(0.1 * 2 ** attempt)
 
-    async def _fill(self, plan: ReadPlan, state: _Failover, rows: list[int],
+    async def _fill(self, plan: ReadPlan, state: Failover, rows: list[int],
                     again: set[int] | frozenset[int] = frozenset()) -> None:
         """Have chunks ``rows`` of cached files filled, their CRC32Cs learnt; a file
         whose fill failed (its source down, the file gone) has its chunks given up
@@ -337,7 +248,7 @@ class ReadEngine:
         return direct * DIRECT + whole * (1 - direct) * WHOLE
 
     async def _round(self, plan: ReadPlan, out: list[Any], kinds: list[int],
-                     state: _Failover, *, last: bool) -> None:
+                     state: Failover, *, last: bool) -> None:
         """Every replica in turn until each piece is read or its chunk has none left."""
         rows: Sequence[int] = range(len(kinds)) if state.untouched else \
             np.unique(plan.chunk[~state.done]).tolist()
@@ -363,7 +274,7 @@ class ReadEngine:
             rows = np.unique(plan.chunk[~state.done]).tolist()
 
     def _requests(self, plan: ReadPlan, out: list[Any], kinds: list[int], target: str,
-                  rows: list[int], state: _Failover, patient: set[int],
+                  rows: list[int], state: Failover, patient: set[int],
                   ) -> list[tuple[np.ndarray, Job]]:
         """The requests that read chunks ``rows`` (their pieces not yet done) from
         ``target``, each with the pieces it serves."""
