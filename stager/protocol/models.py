@@ -7,6 +7,7 @@ never see half-valid input.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -32,6 +33,9 @@ CHUNK_SIZE_BOUNDS = {"minimum": MIN_CHUNK_SIZE, "maximum": INT64_MAX - INT64_MAX
                      "multipleOf": MIN_CHUNK_SIZE}
 STRIPE_COUNT_BOUNDS = {"minimum": 0, "maximum": MAX_STRIPE_COUNT}
 REPLICAS_BOUNDS = {"minimum": 1, "maximum": MAX_REPLICAS}
+# A file version's attributes (what the S3 gateway keeps with an object: ETag,
+# Content-Type, x-amz-meta-*): a small JSON object, at most this many bytes encoded.
+MAX_ATTRS = 8192
 
 
 def field_of(obj: Mapping[str, Any], key: str, kind: type[T] | tuple[type, ...],
@@ -64,6 +68,26 @@ def count_of(obj: Mapping[str, Any], key: str, default: Any = ...) -> Any:
 
 def _names(kinds: tuple[type, ...]) -> str:
     return " or ".join(k.__name__ for k in kinds)
+
+
+def attrs_text(attrs: Mapping[str, Any] | None) -> str | None:
+    """How a file version's attributes are stored and bounded: compact JSON, ``None``
+    for none."""
+    return json.dumps(attrs, separators=(",", ":"), sort_keys=True) if attrs else None
+
+
+def attrs_of(obj: Mapping[str, Any], key: str = "attrs") -> dict[str, Any]:
+    """``obj[key]``, a file version's attributes: a JSON object of at most
+    :data:`MAX_ATTRS` bytes encoded ({} when absent); BadRequest when not."""
+    attrs = field_of(obj, key, dict, {})
+    try:
+        size = len((attrs_text(attrs) or "").encode())
+    except (TypeError, ValueError, UnicodeEncodeError):
+        raise BadRequest(f"field {key!r} must be a JSON object") from None
+    if size > MAX_ATTRS:
+        raise BadRequest(f"field {key!r} is {size} bytes encoded, over the limit of "
+                         f"{MAX_ATTRS}", size=size, limit=MAX_ATTRS)
+    return dict(attrs)
 
 
 def chunk_id(file_id: str, index: int) -> str:
@@ -199,6 +223,9 @@ class FileInfo:
     checksums: tuple[int, ...] | None = None   # per chunk CRC32C (stat only, not listings)
     locations: dict[str, str] = field(default_factory=dict)  # target id → URL
     capability: str | None = None  # with auth on, a file's stat: a read capability for it
+    # files: the attributes committed with this version (S3's ETag, Content-Type, …);
+    # a version written by any other way has none
+    attrs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def is_dir(self) -> bool:
@@ -223,6 +250,8 @@ class FileInfo:
             out["locations"] = dict(self.locations)
         if self.capability is not None:
             out["capability"] = self.capability
+        if self.attrs:
+            out["attrs"] = dict(self.attrs)
         return out
 
     @classmethod
@@ -241,6 +270,7 @@ class FileInfo:
             checksums=tuple(int(c, 16) for c in checksums) if checksums is not None else None,
             locations=dict(field_of(obj, "locations", dict, {})),
             capability=field_of(obj, "capability", str, None),
+            attrs=attrs_of(obj),
         )
 
 
