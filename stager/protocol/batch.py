@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..checksum import from_hex, to_hex
 from ..errors import BadRequest, PayloadTooLarge, StagerError, error_from_wire
 from . import paths
-from .models import LayoutSpec, check_file_id, count_of, field_of, parse_chunk_id
+from .models import LayoutSpec, attrs_of, check_file_id, count_of, field_of, parse_chunk_id
 
 T = TypeVar("T")
 
@@ -78,12 +78,15 @@ class CommitItem:
     size: int
     checksums: tuple[int, ...]
     mtime: float | None = None
+    attrs: dict[str, Any] = field(default_factory=dict)   # the version's (models.attrs_of)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"file_id": self.file_id, "size": self.size,
                                "checksums": [to_hex(c) for c in self.checksums]}
         if self.mtime is not None:
             out["mtime"] = self.mtime
+        if self.attrs:
+            out["attrs"] = dict(self.attrs)
         return out
 
     @classmethod
@@ -96,7 +99,7 @@ class CommitItem:
         mtime = field_of(obj, "mtime", (int, float), None)
         return cls(file_id=check_file_id(field_of(obj, "file_id", str)),
                    size=count_of(obj, "size"), checksums=checksums,
-                   mtime=float(mtime) if mtime is not None else None)
+                   mtime=float(mtime) if mtime is not None else None, attrs=attrs_of(obj))
 
 
 def parse_items(body: dict[str, Any], parse: Callable[[Any], T],
