@@ -28,7 +28,7 @@ import hashlib
 import logging
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BadRequest, NotFound, StagerError, UploadNotFound
 from ..layout import choose_layout
@@ -204,10 +204,11 @@ class MultipartService:
                       ) -> list[MultipartRecord]:
         return await self.store.list_multipart(prefix, after=after, limit=limit)
 
-    async def complete(self, upload_id: str, requested: Sequence[tuple[int, str]]
-                       ) -> CompleteResult:
-        """Commit the final file as its parts lie (no copy), or answer the parts to
-        compose; the checks are S3's (:func:`check_completion`)."""
+    async def complete(self, upload_id: str, requested: Sequence[tuple[int, str]],
+                       attrs: dict[str, Any] | None = None) -> CompleteResult:
+        """Commit the final file as its parts lie (no copy), with ``attrs``, or answer
+        the parts to compose (the client commits the composed file with them); the
+        checks are S3's (:func:`check_completion`)."""
         record, parts = await self.parts(upload_id)
         chosen = check_completion(requested, {p.number: p for p in parts},
                                   self.config.multipart_min_part)
@@ -224,8 +225,8 @@ class MultipartService:
             return CompleteResult(etag, sizes, move=listed)
         checksums = tuple(c for p in chosen for c in p.checksums)
         size = sum(p.size for p in chosen)
-        [done] = await writes.commit(self.service, [CommitItem(record.file_id, size,
-                                                               checksums)])
+        [done] = await writes.commit(self.service, [CommitItem(
+            record.file_id, size, checksums, attrs=dict(attrs or {}))])
         if isinstance(done, UploadNotFound):
             done = await self._committed_before(record, done)
         if isinstance(done, StagerError):

@@ -132,8 +132,9 @@ def new_upload(service: MetaService, path: str, spec: LayoutSpec, *, overwrite: 
 
 async def commit(service: MetaService, items: Sequence[CommitItem]
                  ) -> list[FileInfo | StagerError]:
-    """Make each upload visible, in one transaction; failed items change nothing.  An
-    upload found gone answers the file an earlier try committed (:mod:`.opkey`)."""
+    """Make each upload visible, with its attributes, in one transaction; failed items
+    change nothing.  An upload found gone answers the file an earlier try committed
+    (:mod:`.opkey`)."""
     check_count(len(items))
     sizes = await _chunk_sizes(service, [i.file_id for i in items])
     results: list[NodeEntry | StagerError | None] = [None] * len(items)
@@ -149,8 +150,8 @@ async def commit(service: MetaService, items: Sequence[CommitItem]
         todo.append(i)
     now = service.clock()
     entries = await service.store.commit_uploads([
-        (items[i].file_id, items[i].size, items[i].checksums, items[i].mtime or now)
-        for i in todo], now=now) if todo else []
+        (items[i].file_id, items[i].size, items[i].checksums, items[i].mtime or now,
+         items[i].attrs) for i in todo], now=now) if todo else []
     for i, entry in zip(todo, entries, strict=True):
         results[i] = entry
     return [await _committed(service, item.file_id, result)

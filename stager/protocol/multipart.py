@@ -16,11 +16,11 @@ is named in one place (:mod:`stager.meta.store.multipart`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import BadRequest
-from .models import FileInfo, Layout, LayoutSpec, count_of, field_of
+from .models import FileInfo, Layout, LayoutSpec, attrs_of, count_of, field_of
 
 MAX_PART_NUMBER = 10000         # S3's
 MAX_PARTS_LISTED = 1000
@@ -221,12 +221,17 @@ class MultipartList:
 
 @dataclass(frozen=True)
 class CompleteRequest:
-    """The parts of the object, in order: (number, md5 hex: the part's ETag)."""
+    """The parts of the object, in order: (number, md5 hex: the part's ETag); and the
+    attributes its file is committed with (as a commit item's)."""
 
     parts: tuple[tuple[int, str], ...]
+    attrs: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"parts": [[n, md5] for n, md5 in self.parts]}
+        out: dict[str, Any] = {"parts": [[n, md5] for n, md5 in self.parts]}
+        if self.attrs:
+            out["attrs"] = dict(self.attrs)
+        return out
 
     @classmethod
     def from_json(cls, obj: Any) -> CompleteRequest:
@@ -239,7 +244,7 @@ class CompleteRequest:
             if not (isinstance(item, list) and len(item) == 2 and isinstance(item[1], str)):
                 raise BadRequest("each part is [number, etag]", reason="malformed")
             parts.append((part_number(item[0]), item[1]))
-        return cls(tuple(parts))
+        return cls(tuple(parts), attrs_of(obj))
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import StagerError
@@ -36,6 +36,7 @@ from ...protocol.models import Layout, LayoutSpec, TargetInfo
 from ...protocol.quotas import Pin, Quota
 from .caching import Caching
 from .multipart import Multipart
+from .records import EntryRecord, ManifestRecord
 from .s3keys import S3Keys
 
 
@@ -51,6 +52,7 @@ class NodeEntry:
     layout: Layout | None = None     # files
     default_layout: LayoutSpec | None = None  # directories
     checksums: tuple[int, ...] | None = None
+    attrs: dict[str, Any] = field(default_factory=dict)  # files: the version's attributes
 
     @property
     def is_dir(self) -> bool:
@@ -91,33 +93,6 @@ class StoredFile:
 
 
 @dataclass(frozen=True)
-class EntryRecord:
-    """One namespace entry exactly as stored, for copying a whole namespace
-    (:mod:`stager.meta.store.migrate`): its row id and its parent's row id (the root is
-    row 1, with parent 0), so a copy keeps the tree, and the row order, as it was."""
-
-    row: int
-    parent: int
-    name: str
-    kind: str                        # "file" or "directory"
-    size: int
-    mtime: float
-    file_id: str | None = None
-    layout: Layout | None = None     # files
-    default_layout: LayoutSpec | None = None  # directories
-    checksums: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class ManifestRecord:
-    """A manifest as stored: on the directory of row ``dir_row``."""
-
-    dir_row: int
-    body: bytes
-    created: float
-
-
-@dataclass(frozen=True)
 class ManifestVersion:
     """Which manifest a directory has and how far its resolution has changed: the
     directory's row, the manifest's ``gen`` (bumped, in the same transaction, by every
@@ -132,8 +107,13 @@ class ManifestVersion:
 
 # (path, overwrite, parents) of one file about to be created
 CreateCheck = tuple[str, bool, bool]
-# (file_id, size, checksums, mtime) of one upload to commit
-CommitArgs = tuple[str, int, tuple[int, ...], float]
+# (file_id, size, checksums, mtime[, attrs]) of one upload to commit; attrs: the version's
+Committing = tuple[str, int, tuple[int, ...], float, dict[str, Any]]
+CommitArgs = tuple[str, int, tuple[int, ...], float] | Committing
+
+
+def committing(item: CommitArgs) -> Committing:
+    return item if len(item) == 5 else (*item, {})  # type: ignore[return-value]
 
 
 class Namespace(ABC):
@@ -216,7 +196,7 @@ class Uploads(ABC):
     @abstractmethod
     async def commit_uploads(self, items: Sequence[CommitArgs], *,
                              now: float) -> list[NodeEntry | StagerError]:
-        """Make each upload ``(file_id, size, checksums, mtime)`` visible at its path,
+        """Make each upload ``(file_id, size, checksums, mtime, attrs)`` visible at its path,
         in one transaction: a file is visible only after this.  A file it replaces (if
         the upload allows) goes to garbage in the same transaction; missing parents are
         made if the upload allows.  An item that fails changes nothing and does not

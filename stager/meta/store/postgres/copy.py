@@ -17,7 +17,7 @@ from ..sqlite.copy import entry_record, entry_values
 from ..sqlite.db import layout_of, layout_text
 from .db import ROOT_ID
 
-_ENTRY_COLS = "id, parent, name, kind, size, mtime, file_id, layout, checksums"
+_ENTRY_COLS = "id, parent, name, kind, size, mtime, file_id, layout, checksums, attrs"
 
 async def dump_entries(conn: asyncpg.Connection, after: int, limit: int) -> list[EntryRecord]:
     rows = await conn.fetch(f"SELECT {_ENTRY_COLS} FROM entries WHERE id > $1 "
@@ -34,7 +34,7 @@ async def load_entries(conn: asyncpg.Connection, records: Sequence[EntryRecord])
     rest = [v for r, v in zip(records, values, strict=True) if r.row != ROOT_ID]
     if rest:
         await conn.executemany(f"INSERT INTO entries ({_ENTRY_COLS}) "
-                               "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)", rest)
+                               "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)", rest)
     await conn.execute("SELECT setval(pg_get_serial_sequence('entries', 'id'), "
                        "(SELECT max(id) FROM entries))")
 

@@ -30,7 +30,12 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 from ....errors import InternalError, StagerError, Unavailable
-from .functions import COMMIT_FUNCTION, LAZY_FUNCTIONS, QUOTA_COMMIT_FUNCTION
+from .functions import (
+    ATTRS_COMMIT_FUNCTION,
+    COMMIT_FUNCTION,
+    LAZY_FUNCTIONS,
+    QUOTA_COMMIT_FUNCTION,
+)
 from .multipart import TABLES as MULTIPART_TABLES
 from .s3keys import TABLES as S3KEY_TABLES
 
@@ -42,7 +47,7 @@ Op = Callable[[asyncpg.Connection], Awaitable[R]]
 CONFLICT_RETRIES = 50        # serialization failures and deadlocks, per transaction
 RECONNECTS = 3               # connections found dead before the transaction began
 ROOT_ID = 1
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 
 # Each migration takes the schema from version N-1 to N; applied in order, each in
 # the transaction that records its number.  Names sort bytewise (COLLATE "C"), as in
@@ -183,7 +188,7 @@ CREATE TABLE IF NOT EXISTS cache_chunks (
     until     DOUBLE PRECISION,
     PRIMARY KEY (file_id, idx)
 );
-""", 11: MULTIPART_TABLES, 12: S3KEY_TABLES}
+""", 11: MULTIPART_TABLES, 12: S3KEY_TABLES, 13: ATTRS_COMMIT_FUNCTION}
 
 # Errors after which the connection is gone or the server cannot serve: the
 # database is unavailable (the pool reconnects once it is back).

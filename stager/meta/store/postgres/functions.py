@@ -259,3 +259,18 @@ BEGIN
 END
 $fn$;
 """
+
+# Schema migration 13: a file version's attributes (S3's ETag, Content-Type, …) are set
+# by its commit, in the same one statement.  The body is migration 9's with the new
+# argument and column, derived from it so that the two cannot drift apart.
+_INSERT_FILE = ("INSERT INTO entries (parent, name, kind, size, mtime, file_id, layout, "
+                "checksums)\n"
+                "        VALUES (cur, names[n], 'file', p_size, p_mtime, p_file_id, up.layout, "
+                "p_checksums);")
+_HEAD = "p_checksums BYTEA, p_now DOUBLE PRECISION,\n"
+assert QUOTA_COMMIT_FUNCTION.count(_INSERT_FILE) == 1 and QUOTA_COMMIT_FUNCTION.count(_HEAD) == 1
+ATTRS_COMMIT_FUNCTION = "ALTER TABLE entries ADD COLUMN IF NOT EXISTS attrs TEXT;\n" + (
+    QUOTA_COMMIT_FUNCTION
+    .replace(_HEAD, "p_checksums BYTEA, p_now DOUBLE PRECISION, p_attrs TEXT,\n")
+    .replace(_INSERT_FILE, _INSERT_FILE.replace("checksums)", "checksums, attrs)")
+             .replace("p_checksums);", "p_checksums, p_attrs);")))

@@ -26,18 +26,19 @@ from ....errors import (
 from ....protocol import paths
 from ....protocol.models import LayoutSpec
 from ..base import ManifestVersion, NodeEntry
-from ..sqlite.db import layout_of, subtree_entries, unpack
+from ..sqlite.db import attrs_from, layout_of, subtree_entries, unpack
 from . import quotas
 from .db import ROOT_ID
 
 Row = asyncpg.Record
-COLS = "id, kind, size, mtime, file_id, layout, checksums"
+COLS = "id, kind, size, mtime, file_id, layout, checksums, attrs"
 
 _WALK_CTE = f"""
 WITH RECURSIVE walk AS (
     SELECT 0 AS depth, {COLS} FROM entries WHERE id = {ROOT_ID}
   UNION ALL
-    SELECT w.depth + 1, e.id, e.kind, e.size, e.mtime, e.file_id, e.layout, e.checksums
+    SELECT w.depth + 1, e.id, e.kind, e.size, e.mtime, e.file_id, e.layout, e.checksums,
+           e.attrs
     FROM walk w JOIN entries e ON e.parent = w.id AND e.name = ($1::text[])[w.depth + 1]
     WHERE w.kind = 'directory' AND w.depth < cardinality($1::text[])
 )"""
@@ -114,7 +115,8 @@ def entry(path: str, row: Row, checksums: bool) -> NodeEntry:
     if row["kind"] == "file":
         return NodeEntry(path, "file", row["size"], row["mtime"], row["file_id"],
                          layout=layout_of(row["layout"]),
-                         checksums=unpack(row["checksums"]) if checksums else None)
+                         checksums=unpack(row["checksums"]) if checksums else None,
+                         attrs=attrs_from(row["attrs"]))
     layout = row["layout"]
     spec = LayoutSpec.from_json(json.loads(layout)) if layout else None
     return NodeEntry(path, "directory", 0, row["mtime"], default_layout=spec)

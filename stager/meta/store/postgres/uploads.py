@@ -24,8 +24,8 @@ from ....errors import (
     UploadNotFound,
 )
 from ....protocol import paths
-from ....protocol.models import Layout, LayoutSpec
-from ..base import CommitArgs, CreateCheck, Garbage, NodeEntry, Upload
+from ....protocol.models import Layout, LayoutSpec, attrs_text
+from ..base import CommitArgs, CreateCheck, Garbage, NodeEntry, Upload, committing
 from ..sqlite.db import layout_of, layout_text, pack
 from ..sqlite.namespace import checked_create
 from . import quotas
@@ -81,8 +81,8 @@ WITH RECURSIVE target AS (
 ), bumped AS (
     UPDATE manifests SET gen = gen + 1 WHERE dir_id IN (SELECT id FROM dirs)
 )
-SELECT * FROM stager_commit($1, $2, $3, $4, $5)"""
-_COMMIT = "SELECT * FROM stager_commit($1, $2, $3, $4, $5)"
+SELECT * FROM stager_commit($1, $2, $3, $4, $5, $6)"""
+_COMMIT = "SELECT * FROM stager_commit($1, $2, $3, $4, $5, $6)"
 
 
 async def _commit(conn: asyncpg.Connection, item: CommitArgs, now: float, *,
@@ -90,9 +90,9 @@ async def _commit(conn: asyncpg.Connection, item: CommitArgs, now: float, *,
     """One statement (:data:`.functions.COMMIT_FUNCTION`); the error it answers comes
     after it changed nothing but manifest versions (the upload stays pending).
     ``bump=False``: a batch bumps the manifests of all its files at its end."""
-    file_id, size, checksums, mtime = item
+    file_id, size, checksums, mtime, attrs = committing(item)
     row = await conn.fetchrow(_COMMIT_BUMPING if bump else _COMMIT,
-                              file_id, size, mtime, pack(checksums), now)
+                              file_id, size, mtime, pack(checksums), now, attrs_text(attrs))
     if row["r_err"] is not None:
         if row["r_err"].startswith("quota_"):       # final: its chunks are collected
             async with conn.transaction():  # (a commit alone ran outside of one)
@@ -100,7 +100,7 @@ async def _commit(conn: asyncpg.Connection, item: CommitArgs, now: float, *,
             return await quotas.commit_refused(conn, row)
         return _commit_error(file_id, row["r_err"], row["r_at"], row["r_path"])
     return NodeEntry(row["r_path"], "file", size, mtime, file_id, layout_of(row["r_layout"]),
-                     checksums=checksums)
+                     checksums=checksums, attrs=attrs)
 
 
 def _commit_error(file_id: str, code: str, at: str | None, path: str | None) -> StagerError:

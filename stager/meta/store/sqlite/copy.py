@@ -10,20 +10,21 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ....protocol.models import LayoutSpec
+from ....protocol.models import LayoutSpec, attrs_text
 from ..base import EntryRecord, Garbage, ManifestRecord
-from .db import ROOT_ID, Database, layout_of, layout_text, pack, unpack
+from .db import ROOT_ID, Database, attrs_from, layout_of, layout_text, pack, unpack
 
-_ENTRY_COLS = "id, parent, name, kind, size, mtime, file_id, layout, checksums"
+_ENTRY_COLS = "id, parent, name, kind, size, mtime, file_id, layout, checksums, attrs"
 
 
 def entry_record(row: Sequence[Any]) -> EntryRecord:
     """A stored entry row (``_ENTRY_COLS``) as a record; shared with the PostgreSQL
     store, whose encodings are the same."""
-    row_id, parent, name, kind, size, mtime, file_id, layout, blob = row
+    row_id, parent, name, kind, size, mtime, file_id, layout, blob, attrs = row
     if kind == "file":
         return EntryRecord(int(row_id), int(parent), str(name), kind, int(size), float(mtime),
-                           file_id, layout=layout_of(layout), checksums=unpack(blob))
+                           file_id, layout=layout_of(layout), checksums=unpack(blob),
+                           attrs=attrs_from(attrs))
     spec = LayoutSpec.from_json(json.loads(layout)) if layout else None
     return EntryRecord(int(row_id), int(parent), str(name), kind, 0, float(mtime),
                        default_layout=spec)
@@ -38,7 +39,8 @@ def entry_values(r: EntryRecord) -> tuple[Any, ...]:
         spec = r.default_layout.to_json() if r.default_layout is not None else {}
         layout = json.dumps(spec) if spec else None
     blob = pack(r.checksums) if r.kind == "file" else None
-    return (r.row, r.parent, r.name, r.kind, r.size, r.mtime, r.file_id, layout, blob)
+    return (r.row, r.parent, r.name, r.kind, r.size, r.mtime, r.file_id, layout, blob,
+            attrs_text(r.attrs) if r.kind == "file" else None)
 
 
 class CopySQL:
@@ -60,7 +62,7 @@ class CopySQL:
                                     (r.mtime, values[7], ROOT_ID))
                     continue
                 self.db.execute(f"INSERT INTO entries ({_ENTRY_COLS}) "
-                                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", values)
+                                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", values)
 
     def dump_manifests(self, *, after: int, limit: int) -> list[ManifestRecord]:
         rows = self.db.execute("SELECT dir_id, body, created FROM manifests WHERE dir_id > ? "

@@ -31,6 +31,7 @@ CREATE TABLE IF NOT EXISTS entries (
     file_id   TEXT,
     layout    TEXT,
     checksums BLOB,
+    attrs     TEXT,
     UNIQUE (parent, name)
 );
 CREATE TABLE IF NOT EXISTS uploads (
@@ -163,6 +164,11 @@ def layout_text(layout: Layout) -> str:
     return json.dumps(layout.to_json())
 
 
+def attrs_from(text: str | None) -> dict[str, Any]:
+    """The attributes stored as ``text`` (``NULL``: none)."""
+    return json.loads(text) if text else {}
+
+
 @functools.lru_cache(maxsize=4096)
 def layout_of(text: str) -> Layout:
     """The layout stored as ``text``.  Files written together mostly share one (the
@@ -187,6 +193,9 @@ class Database:
         columns = {r[1] for r in self.db.execute("PRAGMA table_info(tokens)")}
         if "uses" not in columns:       # a database made before join tokens had limits
             self.db.execute("ALTER TABLE tokens ADD COLUMN uses INTEGER")
+        columns = {r[1] for r in self.db.execute("PRAGMA table_info(entries)")}
+        if "attrs" not in columns:      # a database made before file versions had attributes
+            self.db.execute("ALTER TABLE entries ADD COLUMN attrs TEXT")
         # Directories whose manifests (theirs and their ancestors') the transaction
         # under way changes: bumped in one statement just before its COMMIT.
         self.changed: set[int] = set()

@@ -26,13 +26,21 @@ from ....errors import (
     UploadNotFound,
 )
 from ....protocol import paths
-from ....protocol.models import Layout, LayoutSpec, TargetInfo
+from ....protocol.models import Layout, LayoutSpec, TargetInfo, attrs_text
 from ....protocol.quotas import Pin, Quota
-from ..base import CommitArgs, CreateCheck, Garbage, ManifestVersion, NodeEntry, Upload
-from .db import ROOT_ID, Database, layout_of, layout_text, pack, subtree_entries, unpack
+from ..base import (
+    CommitArgs,
+    CreateCheck,
+    Garbage,
+    ManifestVersion,
+    NodeEntry,
+    Upload,
+    committing,
+)
+from .db import ROOT_ID, Database, attrs_from, layout_of, layout_text, pack, subtree_entries, unpack
 from .quotas import QuotaSQL
 
-_COLS = "id, kind, size, mtime, file_id, layout, checksums"
+_COLS = "id, kind, size, mtime, file_id, layout, checksums, attrs"
 Row = tuple[Any, ...]
 R = TypeVar("R")
 
@@ -116,10 +124,11 @@ class NamespaceSQL:
         return int(row[0])
 
     def _entry(self, path: str, row: Row, checksums: bool) -> NodeEntry:
-        _, kind, size, mtime, file_id, layout, blob = row
+        _, kind, size, mtime, file_id, layout, blob, attrs = row
         if kind == "file":
             return NodeEntry(path, kind, size, mtime, file_id, layout=layout_of(layout),
-                             checksums=unpack(blob) if checksums else None)
+                             checksums=unpack(blob) if checksums else None,
+                             attrs=attrs_from(attrs))
         spec = LayoutSpec.from_json(json.loads(layout)) if layout else None
         return NodeEntry(path, kind, 0, mtime, default_layout=spec)
 
@@ -208,7 +217,7 @@ class NamespaceSQL:
         return spec
 
     def _garbage_file(self, row: Row, now: float) -> None:
-        _, _, size, _, file_id, layout, _ = row
+        _, _, size, _, file_id, layout, *_ = row
         self.db.execute("INSERT OR REPLACE INTO garbage VALUES (?, ?, ?, ?)",
                         (file_id, layout, size, now))
 
@@ -393,14 +402,14 @@ class NamespaceSQL:
     def commit_uploads(self, items: Sequence[CommitArgs], *, now: float
                        ) -> list[NodeEntry | StagerError]:
         with self.tx():     # each item's own transaction nests: a savepoint
-            out = [_each(self._commit, *item, now) for item in items]
+            out = [_each(self._commit, *committing(item), now) for item in items]
             for item, result in zip(items, out, strict=True):
                 if isinstance(result, QuotaExceeded):   # final: its chunks are collected
                     self._abort(item[0], now)
             return out
 
     def _commit(self, file_id: str, size: int, checksums: tuple[int, ...], mtime: float,
-                now: float) -> NodeEntry:
+                attrs: dict[str, Any], now: float) -> NodeEntry:
         with self.tx():
             upload = self._upload(file_id)
             parent, name = paths.split(upload.path)
@@ -414,15 +423,15 @@ class NamespaceSQL:
                 self._garbage_file(existing, now)
                 self.db.execute("DELETE FROM entries WHERE id = ?", (existing[0],))
             self.db.execute(
-                "INSERT INTO entries (parent, name, kind, size, mtime, file_id, layout, checksums)"
-                " VALUES (?, ?, 'file', ?, ?, ?, ?, ?)",
+                "INSERT INTO entries (parent, name, kind, size, mtime, file_id, layout, checksums,"
+                " attrs) VALUES (?, ?, 'file', ?, ?, ?, ?, ?, ?)",
                 (parent_id, name, size, mtime, file_id, layout_text(upload.layout),
-                 pack(checksums)))
+                 pack(checksums), attrs_text(attrs)))
             self.db.execute("DELETE FROM uploads WHERE file_id = ?", (file_id,))
             self._touch(parent_id, now)
             self.changed(parent_id)
         return NodeEntry(upload.path, "file", size, mtime, file_id, upload.layout,
-                         checksums=checksums)
+                         checksums=checksums, attrs=attrs)
 
     def abort_uploads(self, file_ids: Sequence[str], *, now: float) -> list[StagerError | None]:
         with self.tx():
