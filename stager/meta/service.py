@@ -112,7 +112,7 @@ class MetaService:
                         default_layout=entry.default_layout,
                         # a cached file's chunks are checked against their fills' CRCs
                         checksums=None if entry.layout is not None and entry.layout.cached
-                        else entry.checksums, locations=locations)
+                        else entry.checksums, locations=locations, attrs=entry.attrs)
 
     async def stat(self, path: str) -> FileInfo:
         return self.info(await self.store.stat(paths.normalize(path)))
