@@ -143,7 +143,7 @@ async def multipart_part_done(request: web.Request) -> web.Response:
 async def multipart_complete(request: web.Request) -> web.Response:
     record = await _record(request)
     req = CompleteRequest.from_json(await read_json(request, MAX_BODY))
-    result = await request.app[MULTIPART].complete(record.upload_id, req.parts)
+    result = await request.app[MULTIPART].complete(record.upload_id, req.parts, req.attrs)
     result = replace(result, compose=tuple(
         replace(p, slot=_capable(request, p.slot, "read")) if p.slot is not None else p
         for p in result.compose))
