@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
@@ -68,6 +68,11 @@ def count_of(obj: Mapping[str, Any], key: str, default: Any = ...) -> Any:
 
 def _names(kinds: tuple[type, ...]) -> str:
     return " or ".join(k.__name__ for k in kinds)
+
+
+# A version's attributes known only once its bytes are read (an S3 PUT's ETag is their
+# md5): a write asks for them just before its commit.
+LateAttrs = Callable[[], dict[str, Any]]
 
 
 def attrs_text(attrs: Mapping[str, Any] | None) -> str | None:
