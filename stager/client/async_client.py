@@ -6,7 +6,7 @@ import asyncio
 import gzip
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from ..protocol.batch import CommitItem, CreateItem, batch_body, one, read_resul
 from ..protocol.cluster import FsckResult, ScrubResult, Status
 from ..protocol.jobreport import JobList
 from ..protocol.manifest import Manifest
-from ..protocol.models import FileInfo, LayoutSpec, TargetInfo
+from ..protocol.models import FileInfo, LateAttrs, LayoutSpec, TargetInfo
 from ..protocol.quotas import (
     Pin,
     PinList,
@@ -390,12 +390,9 @@ class AsyncClient(CacheCalls):
             self.capabilities.learn(op, file_id, capability)
 
     async def commit(self, file_id: str, writer: StripedWriter, *,
-                     mtime: float | None = None, attrs: dict[str, Any] | None = None
-                     ) -> FileInfo:
-        """``attrs``: the version's attributes (FileInfo.attrs), set with the commit."""
-        size, checksums = await writer.close()
-        body = batch_body([CommitItem(file_id, size, tuple(checksums), mtime,
-                                      dict(attrs or {})).to_json()])
+                     mtime: float | None = None, attrs: dict[str, Any] | None = None) -> FileInfo:
+        size, sums = await writer.close()
+        body = batch_body([CommitItem(file_id, size, tuple(sums), mtime, attrs or {}).to_json()])
         # A commit whose outcome is unknown is asked again (the same key), never the
         # file written afresh: that could apply it twice, over a later writer's.
         try:
@@ -422,16 +419,13 @@ class AsyncClient(CacheCalls):
 
     async def write_stream(self, path: str, source: AsyncIterator[bytes], *,
                            layout: LayoutSpec | None = None, overwrite: bool = True,
-                           mtime: float | None = None,
-                           attrs: Callable[[], dict[str, Any]] | None = None) -> FileInfo:
-        """Write everything ``source`` yields; visible at ``path`` only when complete.
-        ``attrs``: the version's attributes, asked for once ``source`` is read."""
+                           mtime: float | None = None, attrs: LateAttrs | None = None) -> FileInfo:
+        """Write everything ``source`` yields; visible at ``path`` only when complete."""
         file_id, writer = await self.create(path, layout=layout, overwrite=overwrite)
         try:
             async for data in source:
                 await writer.write(data)
-            return await self.commit(file_id, writer, mtime=mtime,
-                                     attrs=attrs() if attrs is not None else None)
+            return await self.commit(file_id, writer, mtime=mtime, attrs=attrs() if attrs else None)
         except BaseException:
             await asyncio.shield(self.abort(file_id, writer))
             raise
