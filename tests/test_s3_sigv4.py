@@ -349,6 +349,7 @@ def test_malformed_authorization_headers(authorization: str, code: str) -> None:
     (("X-Amz-Expires=86400", "X-Amz-Expires=604801"), "AuthorizationQueryParametersError"),
     (("X-Amz-Expires=86400", "X-Amz-Expires=0"), "AuthorizationQueryParametersError"),
     (("X-Amz-Expires=86400", "X-Amz-Expires=-5"), "AuthorizationQueryParametersError"),
+    (("X-Amz-Expires=86400", "X-Amz-Expires=%C2%B2"), "AuthorizationQueryParametersError"),
     (("X-Amz-Algorithm=AWS4-HMAC-SHA256", "X-Amz-Algorithm=AWS4-HMAC-SHA1"),
      "AuthorizationQueryParametersError"),
     (("&X-Amz-SignedHeaders=host", ""), "AuthorizationQueryParametersError"),

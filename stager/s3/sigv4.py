@@ -225,7 +225,8 @@ def _presigned(method: str, path: str, pairs: list[tuple[str, str]],
     if query["X-Amz-Algorithm"] != ALGORITHM:
         raise _query_error(f"X-Amz-Algorithm only supports {ALGORITHM}")
     expires = query["X-Amz-Expires"]
-    if not expires.isdigit() or len(expires) > 9:
+    # isascii: str.isdigit() is true of "²", which int() refuses (a 500, not a 400)
+    if not (expires.isascii() and expires.isdigit()) or len(expires) > 9:
         raise _query_error("X-Amz-Expires should be a number")
     if not 1 <= int(expires) <= MAX_PRESIGNED:
         raise _query_error("X-Amz-Expires must be from 1 to a week (in seconds) that is "
