@@ -18,6 +18,7 @@ import asyncio
 import hashlib
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..dataplane.writer import StripedWriter
 from ..errors import BadRequest, Unavailable
@@ -144,18 +145,20 @@ class MultipartUploads:
         return MultipartList.from_json(await self.client.meta.request(
             route("multipart_list"), query=query))
 
-    async def complete(self, upload_id: str, parts: Sequence[tuple[int, str]]) -> Completed:
-        """Make the object of ``parts`` ((number, ETag), ascending) visible at once."""
+    async def complete(self, upload_id: str, parts: Sequence[tuple[int, str]],
+                       attrs: dict[str, Any] | None = None) -> Completed:
+        """Make the object of ``parts`` ((number, ETag), ascending) visible at once, its
+        file committed with ``attrs``."""
         moved = 0
+        body = CompleteRequest(tuple(parts), dict(attrs or {})).to_json()
         for _ in range(MAX_MOVES):      # a part sent again meanwhile may need moving again
             result = CompleteResult.from_json(await self.client.meta.request(
-                route("multipart_complete"), body=CompleteRequest(tuple(parts)).to_json(),
-                upload_id=upload_id))
+                route("multipart_complete"), body=body, upload_id=upload_id))
             if result.file is not None:
                 self.client.meta.forget(result.file.path)
                 return Completed(result.file, result.etag, moved, False, result.part_sizes)
             if result.compose:
-                return await self._compose(upload_id, result)
+                return await self._compose(upload_id, result, dict(attrs or {}))
             for part in result.move:
                 await self.write_part(upload_id, part.number, self._read(part), part.size,
                                       md5_of=lambda md5=part.md5: md5)      # the same bytes
@@ -174,7 +177,8 @@ class MultipartUploads:
                         locations=slot.locations, capability=slot.capability)
         return self.client.reader(info).stream(before, before + part.size)
 
-    async def _compose(self, upload_id: str, result: CompleteResult) -> Completed:
+    async def _compose(self, upload_id: str, result: CompleteResult,
+                       attrs: dict[str, Any]) -> Completed:
         """Copy the parts, in order, into a new file at the upload's path; then drop the
         upload (its pending file and parts are collected)."""
         upload = (await self.parts(upload_id)).upload
@@ -184,7 +188,7 @@ class MultipartUploads:
                 async for piece in self._read(part):
                     yield piece
 
-        info = await self.client.write_stream(upload.path, pieces())
+        info = await self.client.write_stream(upload.path, pieces(), attrs=lambda: attrs)
         await self.abort(upload_id)
         return Completed(info, result.etag, info.size, True, result.part_sizes)
 
