@@ -447,3 +447,9 @@ CASES: dict[str, Case] = {
     "list_chunks": Case(lambda w: get("list_chunks"), **CLUSTER_CAP),
     "scrub_chunks": Case(lambda w: post("scrub_chunks", {}), **CLUSTER_CAP),
 }
+# batched heartbeats (issue 30): the bearer, target 0's credential, proves the one item;
+# another target's refuses the whole batch
+CASES["heartbeats"] = Case(lambda w: post("heartbeats", {"items": [{
+    "target_id": w.targets[0]["id"], "heartbeat": {
+        "capacity": w.targets[0]["capacity"], "used": w.targets[0]["used"],
+        "chunks": w.targets[0]["chunks"]}}]}), **TARGET)

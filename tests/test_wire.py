@@ -345,3 +345,16 @@ def test_every_json_answer_has_a_model() -> None:
                         "CommitResult", "AbortResult",
                         "CapabilityResult", "FillResults"}  # batch answers (results_json)
     assert answers - shaped_elsewhere <= set(_examples())
+
+
+def test_a_batched_heartbeat_item_round_trips() -> None:
+    """``POST /v1/heartbeats`` (issue 30): an item with and without its credential."""
+    from stager.protocol.heartbeats import BeatItem
+
+    for item in (BeatItem("t0", m.Heartbeat(1, 2, 3, 4, 5)),
+                 BeatItem("t1", m.Heartbeat(scrub=m.ScrubProgress("idle")), "stg1.x.y")):
+        assert BeatItem.from_json(json.loads(json.dumps(item.to_json()))) == item
+    for bad in ({"target_id": "../x", "heartbeat": {}}, {"target_id": "t0"},
+                {"target_id": "t0", "heartbeat": {}, "credential": ""}):
+        with pytest.raises(BadRequest):
+            BeatItem.from_json(bad)

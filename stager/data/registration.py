@@ -1,9 +1,9 @@
-"""A data server announces its target to the metadata server and keeps heartbeating."""
+"""A data server announces its target to the metadata server and keeps heartbeating
+(with the other targets of its process, in one request: stager/data/beats.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 
@@ -15,12 +15,15 @@ from ..auth.tls import client_ssl
 from ..config import Config
 from ..errors import TRANSPORT_FAILURES, StagerError, Unauthenticated, error_from_wire
 from ..protocol.authmsg import PublicKey, TargetRegistered
+from ..protocol.heartbeats import BeatItem
 from ..protocol.messages import Heartbeat
 from ..protocol.metaurls import meta_urls
 from ..protocol.models import TargetInfo
 from ..protocol.routes import route
 from ..storage import Usage
 from ..web.authmw import CapabilityGate
+from .beats import Beats, joined, post_json
+from .credential import TargetCredential
 from .service import DataService
 
 log = logging.getLogger("stager.data")
@@ -46,7 +49,8 @@ async def register_and_heartbeat(service: DataService, config: Config, url: str,
     ident, credential = service.identity, service.credential
     urls, current = meta_urls(config.meta_url), 0
     connector = aiohttp.TCPConnector(ssl=client_ssl(config.ca_file))
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session, \
+            joined(config) as hub:      # the other targets of this process beat with it
         registered = False
         delay = 0.1
         while True:
@@ -60,7 +64,7 @@ async def register_and_heartbeat(service: DataService, config: Config, url: str,
                     body = TargetInfo(id=ident.target_id, node=ident.node, url=url,
                                       capacity=usage.capacity, used=usage.used,
                                       chunks=usage.chunks, boot=boot).to_json()
-                    _, answer = await _post(session, route("register_target").url(meta), body,
+                    _, answer = await post_json(session, route("register_target").url(meta), body,
                                             credential.headers())
                     minted = TargetRegistered.from_json(answer).credential
                     if minted is not None:
@@ -68,9 +72,8 @@ async def register_and_heartbeat(service: DataService, config: Config, url: str,
                     log.info("registered target %s at %s", ident.target_id, meta)
                     registered = True
                 else:
-                    status, _ = await _post(
-                        session, route("heartbeat").url(meta, target_id=ident.target_id),
-                        _heartbeat(service, usage).to_json(), credential.headers())
+                    status = await _beat(hub.to(meta), BeatItem(
+                        ident.target_id, _heartbeat(service, usage)), credential, config)
                     if status == 404:
                         registered = False
                         continue
@@ -105,7 +108,7 @@ async def leave(service: DataService, config: Config, *, within: float = 2.0) ->
         for meta in meta_urls(config.meta_url):
             try:
                 async with asyncio.timeout(within):
-                    status, _ = await _post(session, route("leave_target").url(
+                    status, _ = await post_json(session, route("leave_target").url(
                         meta, target_id=target_id), {}, service.credential.headers())
             except (*TRANSPORT_FAILURES, StagerError, TimeoutError) as exc:
                 log.warning("could not tell %s that target %s is leaving: %s",
@@ -115,6 +118,18 @@ async def leave(service: DataService, config: Config, *, within: float = 2.0) ->
                 log.info("told %s that target %s is leaving", meta, target_id)
                 return True
     return False
+
+
+async def _beat(beats: Beats, item: BeatItem, credential: TargetCredential,
+                config: Config) -> int:
+    """Send ``item``: in this process's next batch, unless auth is on and the target
+    holds no credential of its own yet (a batch item is proven by one); its status."""
+    if config.auth and not credential.held:
+        status, _ = await post_json(beats.session, route("heartbeat").url(
+            beats.meta, target_id=item.target_id), item.beat.to_json(), credential.headers())
+        return status
+    status, _ = await beats.send(item, credential.headers())
+    return status
 
 
 def _heartbeat(service: DataService, usage: Usage) -> Heartbeat:
@@ -128,15 +143,3 @@ async def _public_key(session: aiohttp.ClientSession, meta: str) -> Ed25519Publi
         if resp.status >= 400:
             raise error_from_wire(resp.status, await resp.read())
         return load_public_key(PublicKey.from_json(await resp.json()).public_key)
-
-
-async def _post(session: aiohttp.ClientSession, url: str, body: object,
-                auth: dict[str, str]) -> tuple[int, object]:
-    """POST ``body`` as JSON: the status and the JSON answer (404: ``None``)."""
-    async with session.post(url, data=json.dumps(body),
-                            headers={"Content-Type": "application/json", **auth}) as resp:
-        if resp.status == 404:
-            return 404, None
-        if resp.status >= 400:
-            raise error_from_wire(resp.status, await resp.read())
-        return resp.status, await resp.json()

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from ..auth import Token
-from ..auth.policy import allows
+from ..auth.policy import acts_for, allows
 from ..auth.tls import client_ssl
 from ..config import Config
 from ..errors import TRANSPORT_FAILURES, AlreadyExists, BadRequest, Forbidden
@@ -143,3 +143,22 @@ async def forget(auth: MetaAuth | None, service: MetaService, target_id: str) ->
     if auth is not None and pinned is not None:
         await auth.revoke(pinned)
     return info
+
+
+def prove(auth: MetaAuth | None, bearer: Token | None, target_id: str,
+          credential: str | None) -> None:
+    """One item of a batched heartbeat speaks for ``target_id`` only when proven: by its
+    own ``credential`` (that target's, verified and not revoked), or, with none, by the
+    request's ``bearer`` (the sender's own target's credential, or an admin token).  A
+    data server process thus speaks for exactly the targets whose credentials it holds.
+    Raises :class:`Unauthenticated` (a credential refused: the target joins again) or
+    :class:`Forbidden`; nothing to prove with auth off."""
+    if auth is None or bearer is None:
+        return
+    token = bearer if credential is None else auth.authenticate(credential)
+    if credential is not None and token.target is None:
+        raise Forbidden(f"the credential of item {target_id} is not a target's",
+                        target=target_id)
+    if not acts_for(token, target_id):
+        raise Forbidden(f"token {token.name!r} does not speak for target {target_id}",
+                        token=token.id, target=target_id)

@@ -76,6 +76,9 @@ class TargetRates:
 
 
 RATES = web.AppKey("rates", TargetRates)
+# The service heartbeats go to, for the batched route (stager/meta/http/heartbeats.py),
+# which stager/meta/http/app.py imports: it cannot import that module's keys back.
+BEATEN = web.AppKey("beaten", MetaService)
 
 
 def install(app: web.Application, service: MetaService) -> TargetRates:
@@ -84,6 +87,7 @@ def install(app: web.Application, service: MetaService) -> TargetRates:
     them (:func:`observe`)."""
     rates = TargetRates()
     app[RATES] = rates
+    app[BEATEN] = service
     service.status_extras.append(rates.status)
     service.status_extras.append(rates.scrub_status)
     return rates

@@ -408,6 +408,13 @@ _MULTIPART_ROUTES: tuple[Route, ...] = (
           params=(P_UPLOAD,), responses={200: "MultipartUpload", **ERR}),
 )
 ROUTES = ROUTES + _MULTIPART_ROUTES
+# A data server process's heartbeats for all its targets in one request, each item proven
+# by its target's credential (stager/protocol/heartbeats.py, stager/meta/http/heartbeats.py).
+ROUTES = ROUTES + (Route("POST", "/v1/heartbeats", "heartbeats",
+                         "a data server reports all its targets alive in one request: items "
+                         "of {target_id, heartbeat, credential}; a result (Target or error) "
+                         "per item", "meta", responses={200: "object", 400: "Error",
+                                                        413: "Error"}),)
 
 # What each operation needs when auth is on: one line per route, checked complete below.
 ACCESS: dict[str, Access] = {
@@ -448,6 +455,7 @@ ACCESS: dict[str, Access] = {
     "batch_write": Access("write", "body"), "batch_read": Access("read", "body"),
     "purge": Access("cluster"), "list_chunks": Access("cluster"),
     "scrub_chunks": Access("cluster"),
+    "heartbeats": Access("target", "body"),     # each item proven by its handler
 }
 _OPS = {r.op for r in ROUTES}
 if set(ACCESS) != _OPS:

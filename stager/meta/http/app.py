@@ -35,7 +35,7 @@ from ..service import MetaService
 from ..store.base import Upload
 from ..store.factory import open_store
 from ..upkeep import reliability
-from . import authapp, gauges, quotas, ui
+from . import authapp, gauges, heartbeats, quotas, ui
 from . import cache as cachehttp
 from . import multipart as mphttp
 from . import s3keys as s3keyhttp
@@ -394,3 +394,4 @@ HANDLERS = {
     **ui.HANDLERS, **quotas.HANDLERS, **cachehttp.HANDLERS, **s3keyhttp.HANDLERS,
     **mphttp.HANDLERS,
 }
+HANDLERS.update(heartbeats.HANDLERS)    # batched heartbeats (stager/meta/http/heartbeats.py)

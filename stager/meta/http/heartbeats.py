@@ -1,0 +1,55 @@
+"""The batched heartbeat route: one request for every target of a data server process.
+
+See :mod:`stager.protocol.heartbeats` for why and for the wire shape.  Every item is
+proven (:func:`~stager.meta.targetauth.prove`) before any is taken: a credential that is
+another target's refuses the whole batch (403: the sender speaks for a target it does
+not hold); a refused credential (revoked, expired: 401) or a target this server does not
+know (404: the sender registers it again) fails its own item, and the others go ahead.
+The per-target route (``heartbeat`` in :mod:`.app`) stays for data servers older than this one.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from ...errors import StagerError, Unauthenticated
+from ...protocol.batch import parse_items, results_json
+from ...protocol.heartbeats import BeatItem
+from ...protocol.models import TargetInfo
+from ...web.authmw import token_of
+from ...web.middleware import json_response
+from ...web.requests import read_json
+from .. import targetauth, targetstats
+from .authapp import auth_of
+
+
+async def heartbeats(request: web.Request) -> web.Response:
+    service = request.app[targetstats.BEATEN]
+    body = await read_json(request, service.config.max_json_body)
+    items = parse_items(body, BeatItem.from_json, key=lambda i: i.target_id)
+    auth, bearer = auth_of(request), token_of(request)
+    # Every item proven before any is taken: a credential that is not its target's
+    # (Forbidden) refuses the whole batch; one refused outright (revoked, expired: the
+    # target joins again) fails its own item.
+    results: list[TargetInfo | StagerError | None] = []
+    for item in items:
+        try:
+            targetauth.prove(auth, bearer, item.target_id, item.credential)
+            results.append(None)
+        except Unauthenticated as exc:
+            results.append(exc)
+    for index, item in enumerate(items):
+        if results[index] is not None:
+            continue
+        beat = item.beat
+        try:
+            results[index] = await service.heartbeat(item.target_id, capacity=beat.capacity,
+                                                     used=beat.used, chunks=beat.chunks)
+        except StagerError as exc:
+            results[index] = exc
+            continue
+        targetstats.observe(request, item.target_id, beat)
+    return json_response(results_json(results, TargetInfo.to_json))
+
+
+HANDLERS = {"heartbeats": heartbeats}
