@@ -272,5 +272,5 @@ assert QUOTA_COMMIT_FUNCTION.count(_INSERT_FILE) == 1 and QUOTA_COMMIT_FUNCTION.
 ATTRS_COMMIT_FUNCTION = "ALTER TABLE entries ADD COLUMN IF NOT EXISTS attrs TEXT;\n" + (
     QUOTA_COMMIT_FUNCTION
     .replace(_HEAD, "p_checksums BYTEA, p_now DOUBLE PRECISION, p_attrs TEXT,\n")
-    .replace(_INSERT_FILE, _INSERT_FILE.replace("checksums)", "checksums, attrs)")
+    .replace(_INSERT_FILE, _INSERT_FILE.replace("layout, checksums)", "layout, checksums, attrs)")
              .replace("p_checksums);", "p_checksums, p_attrs);")))
