@@ -1,47 +1,41 @@
 """What S3 keeps with an object besides its bytes: ETag, Content-Type, ``x-amz-meta-*``.
 
-A stager file carries no attributes, and the metadata store is left as it is: each
-object written through S3 gets a small JSON record of its own, a stager file at
-``/.s3/attrs/BUCKET/SHA256(KEY)`` (the ``.s3`` top-level directory is no bucket).
-The record names the file id of the version it describes, so it is ignored once the
-object is written again by another way (``stager put``, fsspec, the mount): such a
-file has the default attributes, as has any file never written through S3.
+They are the attributes of the file version the object is (``FileInfo.attrs``, under
+the key ``"s3"``), stored by the metadata store in the row of that version and set by
+its commit: a PUT, a CopyObject or a CompleteMultipartUpload commits its file with
+them, atomically, so no object is ever seen without its own.  They come back with the
+file's stat and with every directory listing entry, so HEAD, GET and a listing's
+ETags cost no round trip of their own, and whatever a token may read of a file it
+may read of its attributes.
 
-The record is written after the object is committed; a crash between the two leaves
-the object with default attributes, never another object's.  The default ETag is
-``"FILE_ID-1"``: not an MD5 (clients that compare ETags with MD5s, such as rclone,
-skip a value with a ``-`` as they do for multipart uploads).  Records are cached
-per gateway, keyed by path and file id, so a HEAD or GET of a known object costs
-no extra round trip; so is the absence of a record (a file staged or written by
-stager itself), for ``ABSENT_TTL`` seconds only, as another gateway may be writing
-the record of a version just committed.
+A version written by any other way (``stager put``, fsspec, the mount) has none, so
+an object written again that way has the default attributes, as has any file never
+written through S3.  The default ETag is ``"FILE_ID-1"``: unique to the version, not
+an MD5 (clients that compare ETags with MD5s, such as rclone, skip a value with a
+``-`` as they do for multipart uploads).
+
+A file version's attributes are bounded (:data:`~stager.protocol.models.MAX_ATTRS`
+bytes encoded), so a multipart object's part sizes are kept run-length encoded (its
+parts are mostly of one size); an object whose sizes still do not fit keeps its part
+count only, and a GET of one of its parts is refused.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import logging
-import time
-from collections import OrderedDict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..client import AsyncClient
-from ..errors import Forbidden, NotFound, StagerError, Unauthenticated
-from ..protocol.models import FileInfo
+from ..errors import StagerError
+from ..protocol.models import MAX_ATTRS, FileInfo, attrs_text
 from .names import HIDDEN
 
-log = logging.getLogger(__name__)
-
-KEPT = 100_000               # records cached per gateway
-ABSENT_TTL = 5.0             # seconds "no record for this version" is believed
+KEY = "s3"                   # the gateway's key in a file version's attributes
 DEFAULT_TYPE = "binary/octet-stream"
 
 
 @dataclass(frozen=True)
 class ObjectAttrs:
-    file_id: str
     etag: str                                  # quoted, as sent in the ETag header
     content_type: str = DEFAULT_TYPE
     metadata: dict[str, str] = field(default_factory=dict)     # x-amz-meta-NAME -> value
@@ -51,99 +45,82 @@ class ObjectAttrs:
     extra: dict[str, str] = field(default_factory=dict)        # Content-Encoding and kin
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The record, without the fields at their defaults (the bound is on bytes)."""
+        out: dict[str, Any] = {"etag": self.etag}
+        if self.content_type != DEFAULT_TYPE:
+            out["content_type"] = self.content_type
+        for name in ("metadata", "checksums", "extra", "parts"):
+            if getattr(self, name):
+                out[name] = getattr(self, name)
+        if self.part_sizes:
+            out["part_sizes"] = _runs(self.part_sizes)
+        return out
 
     @classmethod
     def from_json(cls, obj: Any) -> ObjectAttrs:
         if not isinstance(obj, dict):
             raise ValueError("an attribute record is a JSON object")
-        return cls(file_id=str(obj["file_id"]), etag=str(obj["etag"]),
+        return cls(etag=str(obj["etag"]),
                    content_type=str(obj.get("content_type") or DEFAULT_TYPE),
-                   metadata={str(k): str(v) for k, v in dict(obj.get("metadata", {})).items()},
-                   checksums={str(k): str(v)
-                              for k, v in dict(obj.get("checksums", {})).items()},
+                   metadata=_strings(obj.get("metadata")),
+                   checksums=_strings(obj.get("checksums")),
                    parts=int(obj.get("parts", 0)),
-                   part_sizes=tuple(int(n) for n in obj.get("part_sizes", ())),
-                   extra={str(k): str(v) for k, v in dict(obj.get("extra", {})).items()})
+                   part_sizes=tuple(int(size) for size, count in obj.get("part_sizes", ())
+                                    for _ in range(int(count))),
+                   extra=_strings(obj.get("extra")))
+
+    def stored(self) -> dict[str, Any]:
+        """The file version's attributes that hold these: within the bound, the part
+        sizes dropped where they alone would pass it."""
+        attrs = {KEY: self.to_json()}
+        if self.part_sizes and len(attrs_text(attrs) or "") > MAX_ATTRS:
+            attrs[KEY].pop("part_sizes")
+        return attrs
+
+
+def _runs(sizes: tuple[int, ...]) -> list[list[int]]:
+    runs: list[list[int]] = []
+    for size in sizes:
+        if runs and runs[-1][0] == size:
+            runs[-1][1] += 1
+        else:
+            runs.append([size, 1])
+    return runs
+
+
+def _strings(obj: Any) -> dict[str, str]:
+    return {str(k): str(v) for k, v in dict(obj or {}).items()}
 
 
 def default_attrs(info: FileInfo) -> ObjectAttrs:
-    return ObjectAttrs(file_id=info.file_id or "", etag=f'"{info.file_id or "0"}-1"')
+    return ObjectAttrs(etag=f'"{info.file_id or "0"}-1"')
 
 
-def record_path(bucket: str, key: str) -> str:
-    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
-    return f"/{HIDDEN}/attrs/{bucket}/{digest}"
+def attrs_of(info: FileInfo) -> ObjectAttrs:
+    """The attributes of the object ``info`` is: those its version was committed with,
+    else the defaults."""
+    record = info.attrs.get(KEY)
+    if record is not None:
+        try:
+            return ObjectAttrs.from_json(record)
+        except (ValueError, KeyError, TypeError):
+            pass        # not the gateway's record: the version is as any other file
+    return default_attrs(info)
+
+
+def fits(attrs: ObjectAttrs) -> bool:
+    """Whether ``attrs`` are within a file version's bound."""
+    return len((attrs_text(attrs.stored()) or "").encode()) <= MAX_ATTRS
 
 
 class AttrStore:
-    """Reads and writes the attribute records, with a cache of those seen."""
-
-    def __init__(self) -> None:
-        # path -> (attributes, monotonic time until which they hold; inf: a record read)
-        self._seen: OrderedDict[str, tuple[ObjectAttrs, float]] = OrderedDict()
-
-    def _keep(self, path: str, attrs: ObjectAttrs, until: float = float("inf")) -> None:
-        self._seen.pop(path, None)
-        self._seen[path] = (attrs, until)
-        while len(self._seen) > KEPT:
-            self._seen.popitem(last=False)
-
-    def _absent(self, path: str, info: FileInfo) -> ObjectAttrs:
-        """No record of this version: the defaults, believed for ``ABSENT_TTL``."""
-        attrs = default_attrs(info)
-        self._keep(path, attrs, time.monotonic() + ABSENT_TTL)
-        return attrs
-
-    async def load(self, client: AsyncClient, bucket: str, key: str,
-                   info: FileInfo) -> ObjectAttrs:
-        """The attributes of the object ``info`` is (the default ones when no record
-        of this version exists)."""
-        rec = record_path(bucket, key)
-        hit = self._seen.get(rec)
-        if hit is not None and hit[0].file_id == info.file_id and time.monotonic() < hit[1]:
-            return hit[0]
-        try:
-            raw = await client.cat(rec)
-            attrs = ObjectAttrs.from_json(json.loads(raw))
-        except (NotFound, ValueError, KeyError, TypeError):
-            return self._absent(rec, info)
-        except (Forbidden, Unauthenticated):
-            # a token for a prefix does not cover /.s3: its objects read with the
-            # default attributes rather than not at all
-            return self._absent(rec, info)
-        if attrs.file_id != info.file_id:
-            return self._absent(rec, info)
-        self._keep(rec, attrs)
-        return attrs
-
-    async def save(self, client: AsyncClient, bucket: str, key: str,
-                   attrs: ObjectAttrs) -> bool:
-        """Write the record of ``attrs``' object; ``False`` where the client's token
-        may not (a token for a prefix does not cover ``/.s3``): the object, already
-        committed, then has the default attributes, and its write still succeeds."""
-        rec = record_path(bucket, key)
-        try:
-            await client.pipe(rec, json.dumps(attrs.to_json()).encode())
-        except (Forbidden, Unauthenticated):
-            log.info("no attribute record for /%s/%s: the token may not write %s",
-                     bucket, key, rec)
-            return False
-        self._keep(rec, attrs)
-        return True
-
-    async def drop(self, client: AsyncClient, bucket: str, key: str) -> None:
-        rec = record_path(bucket, key)
-        self._seen.pop(rec, None)
-        try:
-            await client.rm(rec)
-        except StagerError:
-            pass        # none, or already gone: a stale record is ignored anyway
+    """What is left of the attribute records of earlier gateways, hidden stager files at
+    ``/.s3/attrs/BUCKET/SHA256(KEY)``: they are never read now (an object written by
+    such a gateway has the default attributes until it is written again), and a deleted
+    bucket's are removed with it."""
 
     async def drop_bucket(self, client: AsyncClient, bucket: str) -> None:
         try:
             await client.rm(f"/{HIDDEN}/attrs/{bucket}", recursive=True)
         except StagerError:
-            pass
-        for rec in [p for p in self._seen if p.startswith(f"/{HIDDEN}/attrs/{bucket}/")]:
-            del self._seen[rec]
+            pass        # none (or a token that may not): they are ignored anyway

@@ -9,8 +9,8 @@ request body (decoded and checked by :meth:`~stager.s3.context.S3Context.payload
 into the write engine: memory stays near a few chunks whatever the part size.
 
 What CreateMultipartUpload declares (Content-Type, ``x-amz-meta-*``) is kept with the
-upload on the metadata server (its ``extra``) and becomes the object's attribute record
-(:mod:`.attrs`) with S3's multipart ETag.
+upload on the metadata server (its ``extra``); the completion commits the object's file
+with those attributes (:mod:`.attrs`), S3's multipart ETag and its part sizes.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
 
 from aiohttp import web
 
@@ -84,7 +86,7 @@ async def create_upload(ctx: S3Context) -> web.StreamResponse:
     if ctx.key.endswith("/"):
         raise S3Error("InvalidArgument", "a key ending in / is a directory here and holds "
                       "no bytes", resource=f"/{ctx.bucket}/{ctx.key}")
-    declared = request_attrs(ctx, "", "", {})      # refused here, before any part
+    declared = request_attrs(ctx)      # refused here, before any part
     try:
         upload = await MultipartUploads(ctx.client).create(
             path, extra=json.dumps(declared.to_json()))
@@ -220,20 +222,28 @@ async def complete_upload(ctx: S3Context) -> web.StreamResponse:
             raise
         return again
     try:
-        declared = ObjectAttrs.from_json(json.loads(listed.upload.extra))
-    except (ValueError, KeyError, TypeError):
-        declared = ObjectAttrs(file_id="", etag="")
-    try:
-        done = await MultipartUploads(ctx.client).complete(upload_id, requested)
+        done = await MultipartUploads(ctx.client).complete(
+            upload_id, requested, _final_attrs(listed, requested))
     except StagerError as exc:
         raise s3_error(exc, ctx) from None
-    etag = f'"{done.etag}"'
-    attrs = ObjectAttrs(file_id=done.info.file_id or "", etag=etag,
-                        content_type=declared.content_type, metadata=declared.metadata,
-                        parts=len(done.part_sizes), part_sizes=done.part_sizes,
-                        extra=declared.extra)
-    await ctx.gateway.attrs.save(ctx.client, ctx.bucket, ctx.key, attrs)
-    return _completed(ctx, etag)
+    return _completed(ctx, f'"{done.etag}"')
+
+
+def _final_attrs(listed: PartList, requested: Sequence[tuple[int, str]]) -> dict[str, Any]:
+    """The attributes the completion of ``requested`` commits its file with: those the
+    upload declared, the multipart ETag and the part sizes (as the server will check
+    them: a part named with another md5 than its own fails the completion)."""
+    etag = _requested_etag(requested)
+    if etag is None:
+        return {}           # refused by the server (InvalidPart): no file to describe
+    try:
+        declared = ObjectAttrs.from_json(json.loads(listed.upload.extra))
+    except (ValueError, KeyError, TypeError):
+        declared = ObjectAttrs(etag="")
+    sizes = {p.number: p.size for p in listed.parts}
+    part_sizes = tuple(sizes.get(n, 0) for n, _ in requested)
+    return replace(declared, etag=etag, checksums={}, parts=len(requested),
+                   part_sizes=part_sizes).stored()
 
 
 async def abort_upload(ctx: S3Context) -> web.StreamResponse:

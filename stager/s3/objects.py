@@ -19,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from email.utils import parsedate_to_datetime
+from typing import Any
 from urllib.parse import unquote
 
 from aiohttp import web
@@ -30,7 +32,7 @@ from ..protocol import paths
 from ..protocol.models import FileInfo
 from ..protocol.ranges import content_range, parse_range
 from . import xml
-from .attrs import DEFAULT_TYPE, ObjectAttrs
+from .attrs import DEFAULT_TYPE, ObjectAttrs, attrs_of, fits
 from .buckets import bucket_info, xml_response
 from .context import S3Context
 from .errors import S3Error, from_stager
@@ -62,9 +64,7 @@ async def find(ctx: S3Context, bucket: str, key: str) -> tuple[FileInfo, ObjectA
         await bucket_info(ctx.client, bucket)
         raise S3Error("NoSuchKey", "the specified key does not exist",
                       resource=f"/{bucket}/{key}")
-    if folder:
-        return info, ObjectAttrs(file_id="", etag=EMPTY_ETAG)
-    return info, await ctx.gateway.attrs.load(ctx.client, bucket, key, info)
+    return info, ObjectAttrs(etag=EMPTY_ETAG) if folder else attrs_of(info)
 
 
 def object_headers(info: FileInfo, attrs: ObjectAttrs) -> dict[str, str]:
@@ -126,6 +126,9 @@ def _span(ctx: S3Context, info: FileInfo, attrs: ObjectAttrs) -> tuple[int, int]
             raise S3Error("InvalidRequest", "Range and partNumber together")
         if not part.isdigit() or not 1 <= int(part) <= 10000:
             raise S3Error("InvalidArgument", "partNumber is an integer from 1 to 10000")
+        if attrs.parts and not attrs.part_sizes:
+            raise S3Error("NotImplemented", "this object's part sizes are not kept (too "
+                          "many sizes to keep with it): read it by Range")
         sizes = attrs.part_sizes or (info.size,)
         n = int(part)
         if n > len(sizes):
@@ -203,10 +206,10 @@ async def get_object(ctx: S3Context) -> web.StreamResponse:
 
 
 # -- writing ---------------------------------------------------------------------------
-def request_attrs(ctx: S3Context, file_id: str, etag: str,
-                  checksums: dict[str, str], parts: int = 0,
-                  part_sizes: tuple[int, ...] = ()) -> ObjectAttrs:
-    """The attributes a PUT (or a multipart create) declares in its headers."""
+def request_attrs(ctx: S3Context, etag: str = EMPTY_ETAG,
+                  checksums: dict[str, str] | None = None) -> ObjectAttrs:
+    """The attributes a PUT (or a multipart create) declares in its headers; refused
+    when they are over S3's bound on ``x-amz-meta-*`` or a file version's on all."""
     metadata = {k[len("x-amz-meta-"):].lower(): v for k, v in ctx.headers.items()
                 if k.lower().startswith("x-amz-meta-")}
     if sum(len(k) + len(v) for k, v in metadata.items()) > MAX_METADATA:
@@ -217,10 +220,12 @@ def request_attrs(ctx: S3Context, file_id: str, etag: str,
     extra.pop("Content-Encoding", None)
     if encoding:
         extra["Content-Encoding"] = encoding
-    return ObjectAttrs(file_id=file_id, etag=etag,
-                       content_type=ctx.headers.get("Content-Type") or DEFAULT_TYPE,
-                       metadata=metadata, checksums=checksums, parts=parts,
-                       part_sizes=part_sizes, extra=extra)
+    attrs = ObjectAttrs(etag=etag, content_type=ctx.headers.get("Content-Type") or DEFAULT_TYPE,
+                        metadata=metadata, checksums=checksums or {}, extra=extra)
+    if not fits(attrs):
+        raise S3Error("MetadataTooLarge", "the object's Content-Type, x-amz-meta-* and "
+                      "kept headers are over the bound of what stager keeps with it")
+    return attrs
 
 
 async def put_object(ctx: S3Context) -> web.StreamResponse:
@@ -229,23 +234,22 @@ async def put_object(ctx: S3Context) -> web.StreamResponse:
     payload = ctx.payload()
     if ctx.key.endswith("/"):
         return await _put_folder(ctx, path, payload.stream())
-    request_attrs(ctx, "", "", {})          # metadata refused before any byte is written
+    request_attrs(ctx)          # metadata refused before any byte is written
     if_none_match = ctx.headers.get("If-None-Match")
     if if_none_match not in (None, "*"):
         raise S3Error("NotImplemented", "a PUT's If-None-Match takes only *")
     try:
         # If-None-Match: * (a conditional write): only where no object is, checked at
         # the create and again at the commit, so of two such writers one wins
-        info = await ctx.client.write_stream(path, payload.stream(),
-                                             overwrite=if_none_match is None)
+        info = await ctx.client.write_stream(
+            path, payload.stream(), overwrite=if_none_match is None,
+            attrs=lambda: request_attrs(ctx, f'"{payload.md5}"', payload.checksums).stored())
     except StagerError as exc:
         if exc.code == "exists" and if_none_match == "*":
             raise S3Error("PreconditionFailed", "an object of this key exists "
                           "(If-None-Match: *)", resource=f"/{ctx.bucket}/{ctx.key}") from None
         raise _write_error(exc, ctx) from None
-    attrs = request_attrs(ctx, info.file_id or "", f'"{payload.md5}"', payload.checksums)
-    await ctx.gateway.attrs.save(ctx.client, ctx.bucket, ctx.key, attrs)
-    headers = {"ETag": attrs.etag}
+    headers = {"ETag": attrs_of(info).etag}
     for alg, value in payload.checksums.items():
         headers[f"x-amz-checksum-{alg}"] = value
     return web.Response(headers=headers)
@@ -299,26 +303,27 @@ async def copy_object(ctx: S3Context) -> web.StreamResponse:
     if info.is_dir or ctx.key.endswith("/"):
         raise S3Error("InvalidRequest", "a directory (a key ending in /) is not copied")
     md5 = hashlib.md5()
+    declared = request_attrs(ctx) if directive == "REPLACE" else None
 
     async def pieces() -> AsyncIterator[bytes]:
         async for piece in ctx.client.reader(info).stream(0, info.size):
             md5.update(piece)
             yield bytes(piece)
 
+    def made() -> dict[str, Any]:
+        etag = f'"{md5.hexdigest()}"'
+        if declared is not None:
+            return replace(declared, etag=etag).stored()
+        # a copy is one object, no parts: its checksums only where they were of the whole
+        return replace(attrs, etag=etag, checksums={} if attrs.parts else attrs.checksums,
+                       parts=0, part_sizes=()).stored()
+
     try:
-        new = await ctx.client.write_stream(path, pieces())
+        new = await ctx.client.write_stream(path, pieces(), attrs=made)
     except StagerError as exc:
         raise _write_error(exc, ctx) from None
-    etag = f'"{md5.hexdigest()}"'
-    if directive == "COPY":
-        made = ObjectAttrs(file_id=new.file_id or "", etag=etag, content_type=attrs.content_type,
-                           metadata=attrs.metadata, checksums=attrs.checksums if not attrs.parts
-                           else {}, extra=attrs.extra)
-    else:
-        made = request_attrs(ctx, new.file_id or "", etag, {})
-    await ctx.gateway.attrs.save(ctx.client, ctx.bucket, ctx.key, made)
     body = xml.document("CopyObjectResult", [("LastModified", xml.iso(new.mtime)),
-                                             ("ETag", etag)])
+                                             ("ETag", attrs_of(new).etag)])
     return xml_response(body)
 
 
@@ -337,8 +342,6 @@ async def remove(client: AsyncClient, ctx: S3Context, key: str) -> None:
         await client.rm(path, recursive=False)
     except (NotFound, DirectoryNotEmpty):
         return          # gone meanwhile; a folder that holds keys stays (their prefix)
-    if not info.is_dir:
-        await ctx.gateway.attrs.drop(client, ctx.bucket, key)
     parent = paths.split(path)[0]
     while parent != bucket_path(ctx.bucket):
         try:
