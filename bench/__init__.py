@@ -21,3 +21,4 @@ side with stager in the same run, so the ratios hold even on a busy machine.
 BENCHMARKS = ("striping", "loopback", "small_samples", "metadata", "writes", "write_failover",
               "memory", "auth", "jobcluster", "jobstart", "loader", "mount", "stage",
               "cache", "floors", "s3")
+BENCHMARKS = BENCHMARKS + ("scale",)    # heartbeats and telemetry per 1,000 nodes (issue 30)
