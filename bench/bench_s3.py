@@ -26,17 +26,13 @@ aim is met only when the lower quartile of those rounds reaches it.
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import random
-import re
 import time
-import urllib.request
-from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +41,12 @@ from stager.config import load_config
 from stager.testing.s3clients import S3Endpoint, moto_endpoint
 from stager.testing.s3cluster import S3Cluster
 
+from . import s3_null
 from .common import (
     GiB,
     KiB,
     MiB,
     aim,
-    cpu_seconds,
     median,
     new_client,
     paired,
@@ -61,6 +57,7 @@ from .common import (
     scratch,
     write_local,
 )
+from .s3_watch import BufferFile, Cpu, Gateway, MetaRequests
 
 DATA_SERVERS = 4
 BUCKET = "bench"
@@ -75,6 +72,13 @@ PUT_AIM = 0.8
 GETS = ("boto3 get_object", "boto3 download_fileobj", "s3fs open/read",
         "stager:// open/read", "AsyncClient.read_into")
 PUTS = ("boto3 upload_fileobj", "Client.put")
+# each S3 client against a server that costs nothing (bench.s3_null): its ceiling here
+CEILINGS = {"boto3 get_object": "boto3 get_object -> null",
+            "boto3 download_fileobj": "boto3 download_fileobj -> null",
+            "s3fs open/read": "s3fs open/read -> null",
+            "boto3 upload_fileobj": "boto3 upload_fileobj -> null"}
+CASE_METHODS = {"boto3 get_object": "boto3_get", "boto3 download_fileobj": "boto3_download",
+                "s3fs open/read": "s3fs_read", "boto3 upload_fileobj": "boto3_upload"}
 SMALLS = ("boto3 -> stager S3", "boto3 -> moto", "stager:// cat_ranges")
 WATCHED = ("boto3 get_object", "boto3 download_fileobj", "s3fs open/read",
            "boto3 upload_fileobj")
@@ -85,126 +89,6 @@ MOSAIC = ("Mosaic Streaming with its S3 remote (issue 29's last benchmark) is no
           "(/work/shared/notes/s3-clients.md).")
 
 
-class BufferFile(io.RawIOBase):
-    """A seekable writable file over a preallocated buffer (``download_fileobj``'s
-    target: it seeks to each part's offset and writes it there)."""
-
-    def __init__(self, buf: memoryview) -> None:
-        self.buf = buf
-        self.pos = 0
-        self.written = 0
-
-    def writable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        self.pos = offset + (self.pos if whence == io.SEEK_CUR else
-                             len(self.buf) if whence == io.SEEK_END else 0)
-        return self.pos
-
-    def tell(self) -> int:
-        return self.pos
-
-    def write(self, data: Any) -> int:
-        n = len(data)
-        self.buf[self.pos:self.pos + n] = data
-        self.pos += n
-        self.written += n
-        return n
-
-
-class Gateway:
-    """The gateway process's peak resident memory over one case, from ``/proc``."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.peaks: dict[str, list[int]] = {}
-
-    def rss(self, field: str = "VmRSS") -> int:
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * KiB
-        raise RuntimeError(f"no {field} for pid {self.pid}")
-
-    @contextmanager
-    def watch(self, case: str) -> Iterator[None]:
-        Path(f"/proc/{self.pid}/clear_refs").write_text("5")    # VmHWM := VmRSS
-        yield
-        self.peaks.setdefault(case, []).append(self.rss("VmHWM"))
-
-
-class MetaRequests:
-    """The metadata server's requests each case caused, by operation and status (its
-    ``/metrics`` counters; heartbeats and the scrapes themselves left out)."""
-
-    def __init__(self, meta_url: str) -> None:
-        self.url = meta_url
-        self.seen: dict[str, Counter[str]] = {}
-
-    def now(self) -> Counter[str]:
-        with urllib.request.urlopen(self.url + "/metrics", timeout=30) as answer:
-            text = answer.read().decode()
-        out: Counter[str] = Counter()
-        for m in re.finditer(r'^stager_requests_total\{op="([^"]+)",status="(\d+)"\} (\S+)$',
-                             text, re.M):
-            if m[1] not in ("heartbeat", "metrics"):
-                out[f"{m[1]} {m[2]}"] += int(float(m[3]))
-        return out
-
-    @contextmanager
-    def watch(self, case: str) -> Iterator[None]:
-        before = self.now()
-        yield
-        if case not in self.seen:           # the first round's: the same every round
-            self.seen[case] = self.now() - before
-
-    def line(self, case: str, per: float, unit: str) -> str:
-        got = self.seen[case]
-        return f"{case}: " + (", ".join(f"{k} {v / per:.1f}" for k, v in sorted(got.items()))
-                              or "none") + f" per {unit}"
-
-
-class Cpu:
-    """CPU seconds each case cost the gateway, the stager servers (data and metadata)
-    and this process (the clients, moto's server too), from ``/proc``."""
-
-    def __init__(self, gateway: int, servers: list[int]) -> None:
-        self.gateway, self.servers = gateway, servers
-        self.spent: dict[str, list[tuple[float, float, float]]] = {}
-
-    def now(self) -> tuple[float, float, float]:
-        return (cpu_seconds(self.gateway), sum(cpu_seconds(p) for p in self.servers),
-                time.process_time())
-
-    @contextmanager
-    def watch(self, case: str) -> Iterator[None]:
-        before = self.now()
-        yield
-        after = self.now()
-        self.spent.setdefault(case, []).append(
-            tuple(b - a for a, b in zip(before, after, strict=True)))  # type: ignore[arg-type]
-
-    def total(self, case: str) -> float:
-        """The median over the rounds of all three together."""
-        return median([sum(c) for c in self.spent[case]])
-
-    def bound(self, case: str, base: str) -> str:
-        """What the case's rate over ``base``'s would be if both were bound by CPU
-        alone (two cores shared by every process here): the inverse of their CPU."""
-        return (f"{case} / {base}: {self.total(base) / self.total(case):.2f} "
-                f"(gateway {median([c[0] for c in self.spent[case]]) / self.total(case):.0%} "
-                "of the S3 path's CPU)")
-
-    def line(self, case: str, per: float, unit: str) -> str:
-        each = self.spent[case]
-        med = [median([c[i] for c in each]) / per for i in range(3)]
-        return (f"{case}: gateway {med[0]:.2f}, servers {med[1]:.2f}, this process "
-                f"{med[2]:.2f} CPU s per {unit}")
-
-
 class Bench:
     """The cluster, moto, the data on both and one function per case."""
 
@@ -213,6 +97,7 @@ class Bench:
         self.tmp, self.s3, self.moto = tmp, s3, moto
         self.big, self.objects = big, objects
         self.stager = S3Endpoint(s3.url, s3.access_key, s3.secret_key)
+        self.null: S3Endpoint | None = None      # bench.s3_null, once the local file is
         self.local = tmp / "big.bin"
         self.buf = memoryview(bytearray(big))
         self.keys = [f"small/{i:06d}.bin" for i in range(objects)]
@@ -253,8 +138,8 @@ class Bench:
         self.buf[:4096] = bytes(4096)
 
     # -- big GETs: MB/s --------------------------------------------------------------
-    def boto3_get(self) -> float:
-        api = self.stager.boto3()
+    def boto3_get(self, endpoint: S3Endpoint | None = None) -> float:
+        api = (endpoint or self.stager).boto3()
         start = time.perf_counter()
         body = api.get_object(Bucket=BUCKET, Key=BIG_KEY)["Body"]
         n = 0
@@ -266,8 +151,8 @@ class Bench:
         self.check(n)
         return rate(n, seconds)
 
-    def boto3_download(self) -> float:
-        api = self.stager.boto3()
+    def boto3_download(self, endpoint: S3Endpoint | None = None) -> float:
+        api = (endpoint or self.stager).boto3()
         target = BufferFile(self.buf)
         start = time.perf_counter()
         api.download_fileobj(BUCKET, BIG_KEY, target)
@@ -276,8 +161,8 @@ class Bench:
         self.check(target.written)
         return rate(self.big, seconds)
 
-    def s3fs_read(self) -> float:
-        fs = self.stager.s3fs()
+    def s3fs_read(self, endpoint: S3Endpoint | None = None) -> float:
+        fs = (endpoint or self.stager).s3fs()
         fs.connect()            # aiobotocore's session and client, made once, not timed
         return self._fsspec_read(fs, f"{BUCKET}/{BIG_KEY}")
 
@@ -313,8 +198,8 @@ class Bench:
         return rate(n, seconds)
 
     # -- big PUTs: MB/s --------------------------------------------------------------
-    def boto3_upload(self) -> float:
-        api = self.stager.boto3()
+    def boto3_upload(self, endpoint: S3Endpoint | None = None) -> float:
+        api = (endpoint or self.stager).boto3()
         start = time.perf_counter()
         with open(self.local, "rb") as f:
             api.upload_fileobj(f, BUCKET, "put-boto3.bin")
@@ -382,7 +267,10 @@ class Bench:
             "boto3 -> stager S3": lambda: self.small_boto3(self.stager, order),
             "boto3 -> moto": lambda: self.small_boto3(self.moto, order),
             "stager:// cat_ranges": lambda: self.small_stager(order),
-        }
+        } | {null: self._on_null(CASE_METHODS[case]) for case, null in CEILINGS.items()}
+
+    def _on_null(self, method: str) -> Callable[[], float]:
+        return lambda: getattr(self, method)(self.null)
 
 
 def run(quick: bool) -> dict[str, Any]:
@@ -392,10 +280,11 @@ def run(quick: bool) -> dict[str, Any]:
     figures: dict[str, list[float]] = {}
     loads: list[float] = []
     logging.getLogger("werkzeug").setLevel(logging.WARNING)    # moto's access log
-    with scratch("s3") as tmp, moto_endpoint() as moto, \
+    with scratch("s3") as tmp, moto_endpoint() as moto, ExitStack() as stack, \
             S3Cluster(tmp / "cluster", data_servers=DATA_SERVERS) as s3:
         bench = Bench(tmp, s3, moto, big, objects)
         bench.settle()
+        bench.null = stack.enter_context(s3_null.running(bench.local))
         idle_rss = bench.gateway.rss()
         for r in range(rounds):
             order = random.Random(r).sample(bench.keys, len(bench.keys))
@@ -407,7 +296,7 @@ def run(quick: bool) -> dict[str, Any]:
                 figures.setdefault(name, []).append(figure)
             loads.append(os.getloadavg()[0])
         peaks = bench.gateway.peaks
-        cpu = [bench.cpu.line(n, big / GiB, "GiB") for n in GETS + PUTS]
+        cpu = [bench.cpu.line(n, big / GiB, "GiB") for n in GETS + PUTS + (*CEILINGS.values(),)]
         cpu += [bench.cpu.line(n, objects / 1000, "1000 objects") for n in SMALLS]
         bound = [bench.cpu.bound(n, "stager:// open/read") for n in GETS[:3]]
         bound.append(bench.cpu.bound("boto3 upload_fileobj", "Client.put"))
@@ -448,6 +337,8 @@ def _result(figures: dict[str, list[float]], peaks: dict[str, list[int]], idle_r
              for n in PUTS]
     rows += [row(n, f"GET {objects} x 16 KiB", "objects/s",
                  None if n == small_base else small_base) for n in SMALLS]
+    rows += [row(null, f"{'PUT' if case in PUTS else 'GET'} {big // MiB} MiB", "MB/s",
+                 put_base if case in PUTS else get_base) for case, null in CEILINGS.items()]
     ratios: dict[str, float] = {}
     aims: dict[str, Any] = {}
     spreads: list[str] = []
@@ -456,7 +347,9 @@ def _result(figures: dict[str, list[float]], peaks: dict[str, list[int]], idle_r
                                ("AsyncClient.read_into", get_base, None),
                                ("boto3 -> stager S3", small_base, None),
                                ("stager:// cat_ranges", small_base, None),
-                               ("boto3 -> stager S3", "stager:// cat_ranges", None)]:
+                               ("boto3 -> stager S3", "stager:// cat_ranges", None),
+                               *((null, put_base if case in PUTS else get_base, None)
+                                 for case, null in CEILINGS.items())]:
         each = paired(figures[case], figures[base])
         label = f"{case} / {base}"
         ratios[label] = r2(median(each))
@@ -500,6 +393,11 @@ def _result(figures: dict[str, list[float]], peaks: dict[str, list[int]], idle_r
             f"files, {CAT_BATCH} paths a call (a stat each, in parallel, then one read plan, "
             "one batched POST /v1/read per data server); the Client has no batch read of "
             "whole files of its own.",
+            "Ceilings: each S3 client against bench.s3_null, a server of its own process "
+            "that serves the same bytes from memory and discards what is put (no "
+            "signature check, no hash, no storage): the ratio that client could reach "
+            "here were the gateway free; the rows '... -> null' and the ratios with "
+            "'-> null' stand next to the gateway's.",
             memory,
             "CPU per case (medians over the rounds, from /proc; this process holds the "
             "clients and moto's server): " + "; ".join(cpu) + ".",
