@@ -10,22 +10,27 @@
             step(batch)
         save({"data": dl.state_dict(), ...})
 
-The dataset yields whole batches (the loader batches, prefetches and shards);
-inside a rank, DataLoader worker ``w`` of ``k`` reads steps ``w, w + k, …`` and
-the DataLoader hands them back round-robin, i.e. in step order, so no sample is
-read twice and :class:`StagerDataLoader` can keep the exact resume state by
-counting batches in the main process.  Workers may be forked: the loader's
-client, pool and pipeline are re-created in each process.
+The dataset yields whole batches (the loader batches, prefetches and shards).
+Under :class:`StagerDataLoader`, the workers of a rank share its epoch plan
+(computed once, before they fork) and split its fetch groups: worker ``w`` of
+``k`` reads runs of consecutive steps in turn (:mod:`stager.loader.workers`;
+about one shuffle window a run, so each worker reads whole windows' chunks),
+tags each batch with its step, and the main process hands them out in step
+order, so no sample is read twice and the exact resume state is the count of
+batches handed out.  Under a plain DataLoader, worker ``w`` reads steps ``w,
+w + k, …``, which the DataLoader's round-robin puts back in order.  Workers may
+be forked: the loader's client, pool and pipeline are re-created in each process.
 
 From a worker, a batch of sample dicts travels as a :class:`SharedBatch`: its
-``bytes`` values copied into one of the worker's shared-memory buffers, and the
-rest pickled; the main process copies them back out and frees the buffer for
-the worker's next batch.  That is two copies of each sample where pickling
-through the pipe made four.
+``bytes`` values copied once into one of the worker's shared-memory buffers,
+and the rest pickled.  The main process hands out read-only ``memoryview`` s of
+that buffer (no copy), and the buffer goes back to the worker when the last of
+them is dropped; ``share_bytes="copy"`` hands out ``bytes`` copied out instead.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -34,6 +39,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, default_convert, get_worker_info
 
 from .loader import Loader
+from .loader.workers import run_length
 
 __all__ = ["DeviceFeeder", "SharedBatch", "StagerDataLoader", "StagerDataset", "convert",
            "dist_rank_world", "to_tensors"]
@@ -57,6 +63,10 @@ class StagerDataset(IterableDataset):  # type: ignore[type-arg]
         rank, world_size = dist_rank_world(rank, world_size)
         self.loader = Loader(source, batch_size=batch_size, rank=rank, world_size=world_size,
                              **loader_kwargs)
+        # Set by StagerDataLoader: workers read runs of ``run`` steps and yield each
+        # batch as a _Step (a plain DataLoader wants bare batches, round-robin).
+        self.run = 1
+        self.tagged = False
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
@@ -66,9 +76,13 @@ class StagerDataset(IterableDataset):  # type: ignore[type-arg]
             yield from self.loader
             return
         # In a worker: a copy that reads this worker's steps only.
-        clone = self.loader.for_worker(info.id, info.num_workers)
+        clone = self.loader.for_worker(info.id, info.num_workers, self.run)
         try:
-            yield from clone
+            if self.tagged:
+                for step, batch in zip(clone.worker_steps(), clone, strict=True):
+                    yield _Step(step, batch)
+            else:
+                yield from clone
         finally:
             clone.close()
 
@@ -98,6 +112,19 @@ class StagerDataset(IterableDataset):  # type: ignore[type-arg]
         self.close()
 
 
+class _Step:
+    """A worker's batch with its step number in the rank's pass (for the main
+    process to hand the workers' runs out in step order)."""
+
+    __slots__ = ("step", "batch")
+
+    def __init__(self, step: int, batch: Any) -> None:
+        self.step, self.batch = step, batch
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _Step, (self.step, self.batch)
+
+
 class SharedBatch:
     """A batch of sample dicts on its way from a DataLoader worker to the main process.
 
@@ -107,8 +134,9 @@ class SharedBatch:
     tensor (torch passes a file descriptor) only the first time; after that the
     batch names it by (worker, slot) and the main process, which keeps it
     mapped, reads the same pages again: no descriptor passing, no page faults.
-    :meth:`unpack` puts the bytes back, in the same keys and order, and hands
-    the buffer back to the worker.
+    :meth:`unpack` puts the samples back, in the same keys and order, as
+    read-only memoryviews of the buffer, which goes back to the worker once the
+    last of them is gone (or, with ``copy``, as bytes, the buffer back at once).
     """
 
     __slots__ = ("samples", "spots", "keys", "lengths", "worker", "slot", "data", "busy")
@@ -146,9 +174,10 @@ class SharedBatch:
                    [len(v) for _, _, v in found], -1 if slots is None else slots.worker, slot,
                    data if new else None, busy)
 
-    def unpack(self, mapped: dict[tuple[int, int], torch.Tensor] | None = None
-               ) -> list[dict[str, Any]]:
-        """The batch as it was packed.  ``mapped`` keeps the buffers that came with
+    def unpack(self, mapped: dict[tuple[int, int], torch.Tensor] | None = None,
+               copy: bool = False) -> list[dict[str, Any]]:
+        """The batch as it was packed, its bytes as views of the shared buffer (or,
+        with ``copy``, as ``bytes``).  ``mapped`` keeps the buffers that came with
         earlier batches of this pass (the caller's, from one batch to the next)."""
         mapped = {} if mapped is None else mapped
         if self.busy is not None:
@@ -158,14 +187,29 @@ class SharedBatch:
             data = mapped[self.worker, self.slot]
         elif self.slot >= 0:
             mapped[self.worker, self.slot] = data
-        view = memoryview(data.numpy())
+        # A new array object for this batch: its views keep it alive, and it hands
+        # the buffer back when the last of them goes.
+        array = data.numpy()
+        view = memoryview(array).toreadonly()
         pos = 0
+        if copy:
+            for i, k, n in zip(self.spots, self.keys, self.lengths, strict=True):
+                self.samples[i][k] = bytes(view[pos:pos + n])
+                pos += n
+            if self.slot >= 0:
+                _release(mapped[self.worker, -1], self.slot)
+            return self.samples
         for i, k, n in zip(self.spots, self.keys, self.lengths, strict=True):
-            self.samples[i][k] = bytes(view[pos:pos + n])
+            self.samples[i][k] = view[pos:pos + n]
             pos += n
         if self.slot >= 0:
-            mapped[self.worker, -1].numpy()[self.slot] = 0
+            weakref.finalize(array, _release, mapped[self.worker, -1], self.slot)
         return self.samples
+
+
+def _release(busy: torch.Tensor, slot: int) -> None:
+    """Hand buffer ``slot`` back to its worker (see :class:`_Slots`)."""
+    busy.numpy()[slot] = 0
 
 
 def _shared(n: int) -> torch.Tensor:
@@ -175,11 +219,13 @@ def _shared(n: int) -> torch.Tensor:
 class _Slots:
     """A worker's shared-memory batch buffers: reused, so neither process faults in
     fresh pages for every batch.  ``busy[j]`` is set by the worker when it sends
-    buffer ``j`` and cleared by the main process once it has copied it out; with
-    every buffer busy (the main process holds ``prefetch_factor`` batches per
-    worker, and the user may keep more) a batch gets a buffer of its own."""
+    buffer ``j`` and cleared by the main process once the batch's samples are gone;
+    with every buffer busy (the main process holds ``prefetch_factor`` batches per
+    worker and up to a run of a worker's batches while it hands out another's, and
+    the user may keep more) a batch gets a buffer of its own.  Buffers are made
+    on first use: a worker whose batches are dropped at once uses a few."""
 
-    COUNT = 8
+    COUNT = 16
 
     def __init__(self, worker: int) -> None:
         self.worker = worker
@@ -205,22 +251,28 @@ class _Slots:
         return j, buffer, new
 
 
-class _PackAfter:
-    """A worker's collate step, then :meth:`SharedBatch.pack` into its buffers
-    (picklable for spawn; the buffers are made in the worker, on first use)."""
+class _InWorker:
+    """A worker's collate step, then (with ``share``) :meth:`SharedBatch.pack` into
+    its buffers; a :class:`_Step` keeps its tag (picklable for spawn; the buffers
+    are made in the worker, on first use)."""
 
-    def __init__(self, collate: Any) -> None:
-        self.collate = collate
+    def __init__(self, collate: Any, share: bool) -> None:
+        self.collate, self.share = collate, share
         self.slots: _Slots | None = None
 
-    def __call__(self, batch: Any) -> Any:
+    def __call__(self, item: Any) -> Any:
+        if type(item) is _Step:
+            return _Step(item.step, self(item.batch))
+        batch = self.collate(item)
+        if not self.share:
+            return batch
         if self.slots is None:
             info = get_worker_info()
             self.slots = _Slots(0 if info is None else info.id)
-        return SharedBatch.pack(self.collate(batch), self.slots)
+        return SharedBatch.pack(batch, self.slots)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"collate": self.collate, "slots": None}
+        return {"collate": self.collate, "share": self.share, "slots": None}
 
 
 _PLAIN = (bytes, str, int, float, bool, type(None))
@@ -242,23 +294,31 @@ def convert(batch: Any) -> Any:
 class StagerDataLoader(DataLoader):  # type: ignore[type-arg]
     """A DataLoader over a :class:`StagerDataset` that keeps an exact resume state.
 
-    Batches arrive in step order (see the module doc), so the position is the
-    number of batches handed out.  ``persistent_workers`` is refused: workers
+    Batches are handed out in step order (see the module doc), so the position is
+    the number of batches handed out.  ``persistent_workers`` is refused: workers
     must be forked afresh for each pass to start at the right position.  With
     workers, batches of sample dicts cross over in shared memory
-    (:class:`SharedBatch`) unless ``share_bytes=False``.  Without a
-    ``collate_fn``, batches go through :func:`convert`.
+    (:class:`SharedBatch`): their bytes as read-only memoryviews of it, or with
+    ``share_bytes="copy"`` as bytes copied out; ``share_bytes=False`` pickles them
+    through the pipe.  Without a ``collate_fn``, batches go through :func:`convert`.
     """
 
-    def __init__(self, dataset: StagerDataset, *, share_bytes: bool = True,
+    def __init__(self, dataset: StagerDataset, *, share_bytes: bool | str = True,
                  **kwargs: Any) -> None:
         if kwargs.pop("batch_size", None) is not None:
             raise ValueError("the dataset batches; leave batch_size unset")
         if kwargs.get("persistent_workers"):
             raise ValueError("persistent_workers would keep stale positions; leave it off")
+        if share_bytes not in (True, False, "copy"):
+            raise ValueError(f"share_bytes is True, False or 'copy', not {share_bytes!r}")
+        self.copy_bytes = share_bytes == "copy"
         collate = kwargs.get("collate_fn") or convert
-        if share_bytes and kwargs.get("num_workers", 0) > 0:
-            collate = _PackAfter(collate)
+        if kwargs.get("num_workers", 0) > 0:
+            collate = _InWorker(collate, bool(share_bytes))
+            loader = dataset.loader
+            dataset.tagged = True
+            dataset.run = run_length(loader.window, loader.batch_size, loader.world_size,
+                                     loader.prefetch.batches)
         kwargs["collate_fn"] = collate
         super().__init__(dataset, batch_size=None, **kwargs)
 
@@ -271,11 +331,28 @@ class StagerDataLoader(DataLoader):  # type: ignore[type-arg]
         if self.num_workers == 0:
             yield from super().__iter__()   # the loader itself counts what it hands out
             return
-        self.loader.begin_pass()        # before the workers fork: they start here
+        loader = self.loader
+        loader.begin_pass()             # before the workers fork: they start here
+        loader.global_order()           # the epoch's order, planned once for them all
         mapped: dict[tuple[int, int], torch.Tensor] = {}   # the workers' shared buffers
-        for batch in super().__iter__():
-            self.loader.advance()
-            yield batch.unpack(mapped) if type(batch) is SharedBatch else batch
+        # The DataLoader takes the workers' batches round-robin; a worker reads runs
+        # of steps, so the next step may come a run later: hold it until its turn.
+        waiting: dict[int, Any] = {}
+        step = 0
+        for item in super().__iter__():
+            waiting[item.step] = item.batch
+            del item
+            while step in waiting:
+                # in a box: while the consumer holds the batch this generator does
+                # not, so its buffer goes back as soon as the consumer drops it
+                box = [waiting.pop(step)]
+                if type(box[0]) is SharedBatch:
+                    box[0] = box[0].unpack(mapped, self.copy_bytes)
+                step += 1
+                loader.advance()
+                yield box.pop()
+        if waiting:
+            raise RuntimeError(f"the workers skipped step {step} of the pass")
 
     def state_dict(self) -> dict[str, Any]:
         return self.loader.state_dict()

@@ -80,16 +80,18 @@ def test_dataloader_workers_read_every_sample_once_in_order(make: Any, workers: 
     assert len(dl) == len(expected)
 
 
-@pytest.mark.parametrize("share", [True, False])
-def test_worker_batches_arrive_whole(make: Any, share: bool) -> None:
+@pytest.mark.parametrize("share", [True, "copy", False])
+def test_worker_batches_arrive_whole(make: Any, share: bool | str) -> None:
     """Every field of every sample, the bytes included, as the loader in this process
-    makes them: through shared memory or pickled."""
+    makes them: views of shared memory, copied out of it, or pickled.  Every batch
+    is kept here, so the workers never get a buffer back: none is overwritten."""
     data = make()
     expected = list(data.loader.for_worker(0, 1))
     got = list(StagerDataLoader(data, num_workers=2, multiprocessing_context="fork",
                                 share_bytes=share))
     assert got == expected
-    assert {type(s["data"]) for b in got for s in b} == {bytes}
+    assert {type(s["data"]) for b in got for s in b} == \
+        {memoryview if share is True else bytes}
     assert sum(len(s["data"]) for b in got for s in b) >= 300 * N
     assert all(list(s) == list(e) for b, c in zip(got, expected, strict=True)
                for s, e in zip(b, c, strict=True))         # keys in the same order
@@ -115,15 +117,59 @@ def test_workers_reuse_their_shared_buffers(make: Any) -> None:
     data.loader.begin_pass()
     mapped: dict[tuple[int, int], Any] = {}
     sent, samples, workers = 0, [], set()
-    for batch in torch.utils.data.DataLoader.__iter__(dl):  # as they come from workers
+    for item in torch.utils.data.DataLoader.__iter__(dl):  # as they come from workers
+        batch = item.batch
         assert type(batch) is SharedBatch and batch.slot >= 0
         workers.add(batch.worker)
         sent += batch.data is not None
-        samples += batch.unpack(mapped)
+        samples += batch.unpack(mapped, copy=True)
     assert sorted(int(s["__index__"]) for s in samples) == list(range(N))
     assert all(type(s["data"]) is bytes for s in samples)
     assert workers == {0, 1}
-    assert 2 <= sent <= 2 * 8 < N       # a buffer's handle crosses once, then its slot
+    assert 2 <= sent <= 2 * 16 < N      # a buffer's handle crosses once, then its slot
+
+
+def test_batches_are_views_of_the_workers_shared_buffers(make: Any) -> None:
+    """No copy in the main process: a sample's bytes are a read-only view of the
+    worker's shared-memory buffer, and once the batch is dropped the buffer goes
+    back to the worker, which fills it again (few buffers for many batches)."""
+    data = make(batch_size=1)           # 61 batches
+    expected = {int(b[0]["__index__"]): bytes(b[0]["data"])
+                for b in data.loader.for_worker(0, 1)}
+    buffers, seen = set(), []
+    for batch in StagerDataLoader(data, num_workers=2, multiprocessing_context="fork"):
+        view = batch[0]["data"]
+        assert type(view) is memoryview and view.readonly
+        array = view.obj                    # the batch's array over the buffer
+        assert isinstance(array, np.ndarray) and isinstance(array.base, torch.Tensor)
+        assert array.base.is_shared()       # the worker's pages, mapped here
+        start = array.ctypes.data
+        address = np.frombuffer(view, dtype=np.uint8).ctypes.data
+        assert start <= address < start + len(array)        # inside it: not copied
+        buffers.add(array.base.data_ptr())
+        seen.append(int(batch[0]["__index__"]))
+        assert bytes(view) == expected[seen[-1]]
+        del batch, view, array
+    assert sorted(seen) == list(range(N))
+    assert len(buffers) <= 2 * 4 < N        # handed back and reused
+
+
+def test_workers_read_runs_of_steps_in_turn_and_share_one_plan(make: Any) -> None:
+    """Each worker reads whole runs of consecutive steps (its fetch groups are a
+    shuffle window's, not every other batch of it); together they read every step
+    of the pass exactly once, and the main process hands them out in plan order."""
+    from stager.loader.workers import worker_steps
+    data = make(batch_size=2)
+    plan = [keys_of(b) for b in data.loader.for_worker(0, 1)]
+    dl = StagerDataLoader(data, num_workers=2, multiprocessing_context="fork")
+    assert data.run >= 2 and data.tagged
+    parts = [[keys_of(b) for b in data.loader.for_worker(w, 2, data.run)] for w in (0, 1)]
+    steps = [worker_steps(len(plan), w, 2, data.run) for w in (0, 1)]
+    assert steps[0][:data.run] == list(range(data.run))         # a run, then the other's
+    assert steps[1][0] == data.run
+    assert sorted(steps[0] + steps[1]) == list(range(len(plan)))
+    assert parts == [[plan[i] for i in s] for s in steps]
+    assert [keys_of(b) for b in dl] == plan
 
 
 def test_counting_batches_handed_out_does_not_plan_the_pass_again(
@@ -158,7 +204,9 @@ def test_shared_batch_packs_only_lists_of_sample_dicts() -> None:
     assert batch == copy                            # the worker's own batch is untouched
     out = packed.unpack()
     assert out == copy and [list(s) for s in out] == [list(s) for s in copy]
-    assert all(type(s["jpg"]) is bytes for s in out)
+    assert all(type(s["jpg"]) is memoryview for s in out)
+    assert SharedBatch.pack(batch).unpack(copy=True) == copy
+    assert all(type(s["jpg"]) is bytes for s in SharedBatch.pack(batch).unpack(copy=True))
     for other in ([1, 2], [{"n": 1}], np.arange(3), {"jpg": b"x"}, [], ([{"a": b"x"}],),
                   [{"a": b""}]):
         assert SharedBatch.pack(other) is other

@@ -35,7 +35,7 @@ from ..client.cluster import Cluster
 from ..client.holder import current
 from ..config import Config
 from ..plans.order import TWO_LEVEL, epoch_order, regular_blocks
-from ..plans.partition import PARTITIONS, WORKER_SPLITS, Span, cursor_after
+from ..plans.partition import PARTITIONS, Span, cursor_after
 from . import formats
 from .dataset import parse_source, resolve
 from .fetch import Fetcher
@@ -45,6 +45,7 @@ from .pipeline import Pipeline
 from .planreg import PlanRegistrar
 from .report import Reporter
 from .stats import Counters, copy_counters
+from .workers import worker_steps
 
 STATE_VERSION = 1
 
@@ -82,7 +83,8 @@ class Loader:
       :mod:`stager.loader.memory`).  ``prefetch_next_epoch``: when a pass ends,
       keep prefetching the next epoch from its start (what the next ``iter()``
       reads unless ``set_epoch`` or ``load_state_dict`` moves elsewhere; then that
-      prefetch is dropped).  ``fetch``: :class:`~.fetch.FetchOptions`;
+      prefetch is dropped).  ``prefetch_fill`` (default on): a new pipeline's first
+      batch waits for a full window (:mod:`.pipeline`).  ``fetch``: :class:`~.fetch.FetchOptions`;
     - on the samples: ``map`` runs on each sample and ``collate`` on each batch's
       list of samples, both in a thread pool of ``decode_threads`` (default: the
       cores, at most 4).  ``output="numpy"`` gives Parquet batches as dicts of
@@ -130,6 +132,7 @@ class Loader:
         mean_block = len(self.index) / max(1, len(self.blocks))
         self.window = self.ordering.window or max(1, int(round(8 * mean_block)))
         self.workers = (0, 1)           # (worker id, worker count) inside this rank
+        self.worker_run = 1             # workers take runs of this many steps in turn
         self.lookahead = self.prefetch.next_epoch   # prefetch on into the next epoch
         self.in_worker = False          # a copy made by for_worker (reports its worker id)
         self._move_to(0, 0)
@@ -195,7 +198,16 @@ class Loader:
         """This rank's (and worker's) batches from ``cursor``, as spans of the order."""
         worker, count = self.workers
         steps = self._rank_plan(cursor)
-        return steps if count == 1 else WORKER_SPLITS["round_robin"](steps, count, worker)
+        if count == 1:
+            return steps
+        return [steps[i] for i in worker_steps(len(steps), worker, count, self.worker_run)]
+
+    def worker_steps(self) -> list[int]:
+        """The rank's step numbers (from the start of the next pass) of this copy's
+        batches, in the order it yields them (see :mod:`.workers`)."""
+        worker, count = self.workers
+        return worker_steps(len(self._rank_plan(self._next_pass()[1])), worker, count,
+                            self.worker_run)
 
     def _next_pass(self) -> tuple[int, int]:
         """(epoch, cursor) where the next batch comes from."""
@@ -396,7 +408,7 @@ class Loader:
                         pool=self._pool, prefetch=self.prefetch, assemble=self._assemble,
                         counters=self.counters,
                         segments=self._next_epochs(self._epoch, self.seed),
-                        blocks=self.blocks,
+                        blocks=self.blocks, fill=self.prefetch.fill,
                         assemble_inline=self.decoding.plain and self.index.batch_inline)
 
     def _assemble(self, samples: np.ndarray, units: np.ndarray, decoded: dict[int, Any]) -> Any:
@@ -410,12 +422,14 @@ class Loader:
         return decoding.collate(items) if decoding.collate is not None else items
 
     # -- workers, telemetry, lifecycle ----------------------------------------------------
-    def for_worker(self, worker: int, workers: int) -> Loader:
-        """A copy of this loader that reads only worker ``worker`` of ``workers``'s steps."""
-        WORKER_SPLITS["round_robin"]([], workers, worker)  # checks the numbers
+    def for_worker(self, worker: int, workers: int, run: int = 1) -> Loader:
+        """A copy of this loader that reads only worker ``worker`` of ``workers``'s steps:
+        every ``workers``-th step (``run`` 1), else runs of ``run`` steps in turn."""
+        worker_steps(0, worker, workers, run)       # checks the numbers
         clone = object.__new__(Loader)
         clone.__dict__.update(self.__dict__)
         clone.workers = (worker, workers)
+        clone.worker_run = run
         clone._pass_steps = None
         clone.in_worker = True
         clone.lookahead = False         # a worker lives for one pass

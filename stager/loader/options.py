@@ -61,12 +61,14 @@ class Ordering:
 class Prefetch:
     """What is read ahead of the consumer: at most ``batches`` batches and
     ``bytes`` bytes held; with ``next_epoch``, on into the next epoch when a
-    pass ends; ``fetch`` tunes the reads themselves."""
+    pass ends; with ``fill``, a new pipeline's first batch waits until the window
+    is full (so the later ones need not); ``fetch`` tunes the reads themselves."""
 
     batches: int = 6
     bytes: int = 256 << 20
     next_epoch: bool = True
     fetch: FetchOptions = field(default_factory=FetchOptions)
+    fill: bool = True
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,8 @@ def group_options(config: Config, environ: Mapping[str, str], *, batch_size: int
                   shuffle_window: int | None = None, partition: str = "interleaved",
                   prefetch_batches: int = 6, prefetch_bytes: int = 256 << 20,
                   decode_threads: int | None = None, fetch: FetchOptions | None = None,
-                  prefetch_next_epoch: bool = True, job: str | None = None,
+                  prefetch_next_epoch: bool = True, prefetch_fill: bool = True,
+                  job: str | None = None,
                   report: bool | None = None, report_interval: float | None = None
                   ) -> tuple[Sharding, Ordering, Prefetch, Decoding, Telemetry]:
     """The Loader's keyword arguments (see :class:`~stager.loader.Loader`) by role,
@@ -112,7 +115,7 @@ def group_options(config: Config, environ: Mapping[str, str], *, batch_size: int
     return (Sharding(batch_size, rank, world_size, drop_last, partition),
             Ordering(seed, shuffle, order, shuffle_block, shuffle_window),
             Prefetch(max(1, prefetch_batches), max(1, prefetch_bytes), prefetch_next_epoch,
-                     fetch or FetchOptions()),
+                     fetch or FetchOptions(), bool(prefetch_fill)),
             Decoding(map, collate, output,
                      max(1, decode_threads or min(4, os.cpu_count() or 1))),
             Telemetry(job_to_report(report, job, config.job, environ),

@@ -1,0 +1,33 @@
+"""How DataLoader workers of one rank split its steps.
+
+Worker ``w`` of ``k`` takes runs of ``run`` consecutive steps in turn: steps
+``w·run … w·run + run - 1``, then ``(w + k)·run …``.  Consecutive steps of a
+two-level shuffle draw on the same shuffle window, so with ``run`` about the
+steps of one window a worker's fetch groups read whole windows' chunks, as a
+single Loader does; split round-robin (``run`` 1), each worker read half of
+every window's samples, in fragments, and both read the same chunks.  The
+adapter (:mod:`stager.torch`) puts the workers' batches back in step order.
+"""
+
+from __future__ import annotations
+
+from ..plans.partition import WORKER_SPLITS
+
+
+def worker_steps(total: int, worker: int, workers: int, run: int = 1) -> list[int]:
+    """The steps (of ``total`` in the pass) worker ``worker`` of ``workers`` reads,
+    in order: runs of ``run`` steps, the workers taking them in turn."""
+    WORKER_SPLITS["round_robin"]([], workers, worker)  # checks the numbers
+    if run < 1:
+        raise ValueError(f"a worker run must be at least 1 step, not {run}")
+    if run == 1:
+        return list(range(worker, total, workers))
+    return [i for i in range(total) if (i // run) % workers == worker]
+
+
+def run_length(window: int, batch_size: int, world_size: int, prefetch_batches: int) -> int:
+    """Steps per worker run: the rank's steps in one shuffle window of ``window``
+    positions, at most half the prefetch window (the main process holds up to a
+    run of one worker's batches while it hands out the other's)."""
+    per_window = window / (batch_size * world_size)
+    return max(1, min(prefetch_batches // 2, int(round(per_window))))
