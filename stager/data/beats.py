@@ -7,7 +7,7 @@ cluster's) hand their beats to one :class:`Beats` per metadata server URL, which
 gathers what arrives within a short window and sends it as one batch: each item
 carries its target's own credential, so the batch speaks for exactly the targets
 whose credentials this process holds.  Each sender gets its own item's answer, as if
-it had sent it alone: ``(200, target)``, ``(404, None)`` for a target the server does
+it had sent it alone: ``(200, …)``, ``(404, None)`` for a target the server does
 not know, or the error raised.
 
 A metadata server older than the batch route answers it 404: from then on this URL
@@ -37,7 +37,6 @@ from ..errors import (
 )
 from ..protocol.batch import batch_body, read_results
 from ..protocol.heartbeats import BeatItem
-from ..protocol.models import TargetInfo
 from ..protocol.routes import route
 
 Answer = tuple[int, object]
@@ -107,14 +106,14 @@ class Beats:
         if status in (401, 404):
             await asyncio.gather(*(self._alone(p) for p in batch))
             return
-        for p, result in zip(batch, read_results(answer, TargetInfo.from_json), strict=True):
+        for p, result in zip(batch, read_results(answer, lambda taken: taken), strict=True):
             if isinstance(result, StagerError):
                 if result.status == 404:
                     p.answer.set_result((404, None))
                 else:
                     p.answer.set_exception(result)
             else:
-                p.answer.set_result((200, result.to_json()))
+                p.answer.set_result((200, result))
 
     async def _alone(self, p: _Pending) -> None:
         try:

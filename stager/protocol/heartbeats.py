@@ -10,8 +10,8 @@ A batch speaks only for targets it can prove: each item names its target and car
 that target's own credential (``credential``, the text the target was handed at its
 first registration); an item without one is proven by the request's bearer token
 alone (the sender's own target, or an admin token).  With auth off there is nothing to
-prove.  The answer is per item (:func:`~stager.protocol.batch.results_json`): the
-target's record, or its error — 404 for a target the server does not know (register
+prove.  The answer is per item (:func:`~stager.protocol.batch.results_json`): ``null``
+for a beat taken, or its error — 404 for a target the server does not know (register
 again), 401 for a credential refused (revoked: join again) — and the other items go
 ahead; a credential that is another target's refuses the whole batch (403).
 """

@@ -15,7 +15,6 @@ from aiohttp import web
 from ...errors import StagerError, Unauthenticated
 from ...protocol.batch import parse_items, results_json
 from ...protocol.heartbeats import BeatItem
-from ...protocol.models import TargetInfo
 from ...web.authmw import token_of
 from ...web.middleware import json_response
 from ...web.requests import read_json
@@ -31,7 +30,7 @@ async def heartbeats(request: web.Request) -> web.Response:
     # Every item proven before any is taken: a credential that is not its target's
     # (Forbidden) refuses the whole batch; one refused outright (revoked, expired: the
     # target joins again) fails its own item.
-    results: list[TargetInfo | StagerError | None] = []
+    results: list[StagerError | None] = []
     for item in items:
         try:
             targetauth.prove(auth, bearer, item.target_id, item.credential)
@@ -43,13 +42,15 @@ async def heartbeats(request: web.Request) -> web.Response:
             continue
         beat = item.beat
         try:
-            results[index] = await service.heartbeat(item.target_id, capacity=beat.capacity,
-                                                     used=beat.used, chunks=beat.chunks)
+            await service.heartbeat(item.target_id, capacity=beat.capacity, used=beat.used,
+                                    chunks=beat.chunks)
         except StagerError as exc:
             results[index] = exc
             continue
         targetstats.observe(request, item.target_id, beat)
-    return json_response(results_json(results, TargetInfo.to_json))
+    # null for a beat taken: the sender needs no more, and the target's record
+    # (dataclasses.asdict) was two fifths of the handler's time
+    return json_response(results_json(results, lambda r: None))
 
 
 HANDLERS = {"heartbeats": heartbeats}
