@@ -92,7 +92,10 @@ def auth_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadClu
 
 
 def _credential(c: ThreadCluster, i: int) -> str:
-    return (c.root / f"data{i}" / "target.credential").read_text().strip()
+    """Data server ``i``'s credential ("" between dropping a refused one and keeping
+    the next)."""
+    path = c.root / f"data{i}" / "target.credential"
+    return path.read_text().strip() if path.exists() else ""
 
 
 def test_with_auth_the_data_servers_batch_with_their_credentials(
@@ -174,3 +177,29 @@ async def test_an_older_metadata_server_gets_one_request_per_target(tmp_path: Pa
             assert hits[-1] == "t9"
     finally:
         await runner.cleanup()
+
+
+def test_a_revoked_credential_joins_again_while_the_others_beat_on(
+        auth_cluster: ThreadCluster) -> None:
+    """An operator revokes one target's credential (to rotate it): that data server's
+    next batched beat fails alone, it registers again with the join token and keeps a
+    fresh credential; its neighbours' beats never stop."""
+    c = auth_cluster
+    t1, old = c.target_id(1), _credential(c, 1)
+    admin = {"Authorization": f"Bearer {c.admin_token}"}
+    tokens = json.loads(raw_http(c.meta_url, "GET", route("list_tokens").target(),
+                                 headers=admin).body)["tokens"]
+    token_id = next(t["id"] for t in tokens if t["name"] == f"target:{t1}"
+                    and t.get("revoked") in (None, 0, False))
+    reply = raw_http(c.meta_url, "POST", route("revoke_token").target(token_id=token_id),
+                     b"{}", {**admin, "Content-Type": "application/json"})
+    assert reply.status == 200, reply.body
+    deadline = time.time() + 10
+    while time.time() < deadline and _credential(c, 1) in (old, ""):
+        time.sleep(0.1)
+    assert _credential(c, 1) not in (old, "")
+    time.sleep(0.6)
+    targets = json.loads(raw_http(c.meta_url, "GET", "/v1/targets",
+                                  headers=admin).body)["targets"]
+    assert all(t["state"] == "up" and time.time() - t["last_heartbeat"] < 1.5
+               for t in targets), targets

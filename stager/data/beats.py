@@ -12,8 +12,8 @@ not know, or the error raised.
 
 A metadata server older than the batch route answers it 404: from then on this URL
 gets one request per target, as before.  A batch refused whole (its bearer credential
-revoked: 401) is sent again one request per target, so that each target learns its own
-verdict, not its neighbour's.
+revoked, 401, or one item's credential another target's, 403) is sent again one request
+per target, so that each target learns its own verdict, not its neighbour's.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from ..auth.tls import client_ssl
 from ..config import Config
 from ..errors import (
     TRANSPORT_FAILURES,
+    Forbidden,
     StagerError,
     Unauthenticated,
     Unavailable,
@@ -71,13 +72,14 @@ class Beats:
         return await asyncio.shield(pending.answer)
 
     async def _flush(self) -> None:
+        batch: list[_Pending] = []
         try:
             await asyncio.sleep(self.window)
-        finally:
             batch, self._pending, self._flusher = self._pending, [], None
-        try:
             await self._deliver(batch)
         except (Exception, asyncio.CancelledError) as exc:
+            if not batch:           # stopped while gathering: these are ours to answer
+                batch, self._pending, self._flusher = self._pending, [], None
             # Each sender handles what a lone heartbeat would have raised: a stager
             # error or a transport failure; anything else (a malformed answer) as the
             # server being unavailable this round.
@@ -99,11 +101,11 @@ class Beats:
         try:
             status, answer = await post_json(self.session, route("heartbeats").url(self.meta),
                                          body, auth)
-        except Unauthenticated:
-            status, answer = 401, None
+        except (Unauthenticated, Forbidden) as exc:
+            status, answer = exc.status, None
         if status == 404:
             self.batched = False    # an older metadata server: one request per target
-        if status in (401, 404):
+        if status in (401, 403, 404):
             await asyncio.gather(*(self._alone(p) for p in batch))
             return
         for p, result in zip(batch, read_results(answer, lambda taken: taken), strict=True):
