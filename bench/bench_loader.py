@@ -40,7 +40,7 @@ from stager import Client, Loader
 from stager.testing.nodes import NodeCluster
 
 from . import baselines as B
-from . import plain_stall
+from . import loader_workers, plain_stall
 from .common import KiB, MiB, aim, r2, scratch
 from .training_loop import drive, sleep_late
 
@@ -51,6 +51,9 @@ STAGER_FILES = "stager Loader, file per sample"
 STAGER_TORCH = "stager.torch DataLoader(2 workers), tar shards"
 TORCH_HTTP = "torch DataLoader(2 workers), HTTP GET per file (nginx)"
 WDS = "webdataset + DataLoader(2 workers), tar shards over HTTP (nginx)"
+WORKERS_ROW = "stager.torch StagerDataLoader(num_workers={}), tar shards, whole epoch"
+FIRST = "stager Loader, plain stall, first epoch of a fresh Loader paced"
+LATER = "stager Loader, plain stall, the same Loader's next epoch paced"
 
 
 @dataclass(frozen=True)
@@ -254,11 +257,26 @@ def run(quick: bool) -> dict[str, Any]:
         for size in sizes(quick):
             results[size.label] = one_size(tmp, size)
         results["16 KiB"][PLAIN] = plain_stall.measure(tmp, quick)
-    return _result(results, quick, idle_late)
+        workers = loader_workers.measure(tmp, quick)
+    return _result(results, quick, idle_late, workers)
+
+
+def _workers_rows(workers: dict[str, Any]) -> list[list[Any]]:
+    """Rows of :mod:`bench.loader_workers`: samples/s per ``num_workers``, and the plain
+    stall of a fresh Loader's first epoch and of its next one (other columns empty)."""
+    rows = []
+    for w, f in workers["workers"].items():
+        rows.append(["16 KiB", f"16 KiB: {WORKERS_ROW.format(w)}", r2(f["rate"]),
+                     " ".join(f"{x:,.0f}" for x in f["rates"])] + [""] * 9)
+    for name, key in ((FIRST, "first"), (LATER, "later")):
+        rows.append(["16 KiB", f"16 KiB: {name}", "", "", "", "", "", "", "",
+                     r2(100 * workers[f"stall_{key}"]),
+                     " ".join(f"{100 * x:.2f}" for x in workers[key]), "", ""])
+    return rows
 
 
 def _result(results: dict[str, dict[str, dict[str, Any]]], quick: bool,
-            idle_late: float) -> dict[str, Any]:
+            idle_late: float, workers: dict[str, Any]) -> dict[str, Any]:
     rows = []
     for label, figures in results.items():
         for name, f in figures.items():
@@ -270,6 +288,7 @@ def _result(results: dict[str, dict[str, dict[str, Any]]], quick: bool,
                          r2(100 * f["stall"]),
                          " ".join(f"{100 * x:.2f}" for x in f.get("stalls", [f["stall"]])),
                          r2(f["paced_rate"]), r2(1000 * f["late"])])
+    rows += _workers_rows(workers)
     small, big = results["16 KiB"], results["1 MiB"]
     ratios = {
         "16 KiB: stager tar / torch HTTP per file": r2(small[STAGER_TAR]["rate"]
@@ -286,7 +305,17 @@ def _result(results: dict[str, dict[str, dict[str, Any]]], quick: bool,
                                                             / small[WDS]["rate"])
         ratios["1 MiB: stager tar / webdataset HTTP"] = r2(big[STAGER_TAR]["rate"]
                                                            / big[WDS]["rate"])
+    by_workers = {int(w): f["rate"] for w, f in workers["workers"].items()}
+    ratios["16 KiB: StagerDataLoader 2 workers / 0 workers"] = r2(by_workers[2]
+                                                                  / by_workers[0])
     aims = {
+        "16 KiB StagerDataLoader: 1 and 2 workers at least num_workers=0's rate": aim(
+            r2(min(by_workers[1], by_workers[2]) / by_workers[0]), ">= 1x",
+            min(by_workers[1], by_workers[2]) >= by_workers[0]),
+        "16 KiB plain stall at 80% of max, first epoch of a fresh Loader": aim(
+            100 * workers["stall_first"], "< 1 %", workers["stall_first"] < 0.01),
+        "16 KiB plain stall at 80% of max, its next epoch": aim(
+            100 * workers["stall_later"], "< 1 %", workers["stall_later"] < 0.01),
         "16 KiB stall at 80% of max, benchmark's method (stager tar)": aim(
             100 * small[STAGER_TAR]["stall"], "< 1 %", small[STAGER_TAR]["stall"] < 0.01),
         "16 KiB stall at 80% of max, plain (stager tar)": aim(
@@ -350,10 +379,21 @@ def _result(results: dict[str, dict[str, dict[str, Any]]], quick: bool,
             "planned as arrays, a chunk they mostly cover read whole (sendfile, CRC32C checked "
             "by the client, the body read a MiB at a time with SO_RCVLOWAT), the rest in one "
             "POST /v1/read per data server; 1 MiB samples: each batch alone, striped reads.",
-            "stager.torch: StagerDataLoader(num_workers=2, forked); worker w of 2 reads steps "
-            "w, w + 2, ... with a Loader of its own (the same settings); batches cross to the "
-            "main process in shared-memory buffers each worker reuses (SharedBatch), the "
-            "sample dicts pickled without their bytes.",
+            "stager.torch: StagerDataLoader(num_workers=2, forked); the workers share the "
+            "epoch plan (made before they fork) and read runs of consecutive steps in turn "
+            "(about one shuffle window a run), each with a Loader of its own (the same "
+            "settings); the main process hands the batches out in step order; sample bytes "
+            "cross in shared-memory buffers each worker reuses (SharedBatch), handed out "
+            "as read-only memoryviews of them (no copy), the sample dicts pickled without "
+            "their bytes.",
+            f"'{WORKERS_ROW.format('N')}' (bench.loader_workers): one whole epoch per run "
+            f"of {loader_workers._samples(quick):,} samples of 16 KiB in tar shards of "
+            f"{plain_stall.SHARD:,}, {plain_stall.DATA_SERVERS} data servers, the Loader "
+            "settings of the rows above, 0, 1 and 2 workers in rounds (every count once a "
+            "round); samples/s after the first batch, the median of the runs. "
+            f"'{FIRST}': a fresh Loader's no-compute epoch 0 gives R; another fresh Loader "
+            "reads epoch 0 with a sleep of batch / (0.8 R) after each batch, then epoch 1 "
+            f"('{LATER}'); stall as in the plain row, the median of the runs.",
             "webdataset: shard shuffle + a 1000-sample shuffle buffer, shards split between "
             "the 2 workers, each shard streamed with curl from nginx.",
             "Every loader is measured over the same number of batches, all inside its first "
