@@ -1,16 +1,16 @@
-"""The S3 gateway in process, with raw requests: the aws-chunked decoder, bad input.
+"""The S3 gateway in process, with raw requests: aws-chunked bodies, bad input.
 
 The gateway app runs in a thread (:class:`stager.testing.s3cluster.S3Thread`) over
 the module's in-process cluster; requests are sent byte for byte (``raw_http``),
 so malformed bodies, truncated chunked encodings and hostile keys reach it as a
 client could send them.  Every refusal must be S3's XML error with its code and a
 request id, never a 5xx, and must leave nothing visible: no object, no listing
-entry, no stager file.
+entry, no stager file.  The decoder alone is `test_s3_chunked`; generated and
+hand-written hostile input against a whole cluster is `test_s3_fuzz`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import xml.etree.ElementTree as ET
@@ -18,19 +18,14 @@ import zlib
 from collections.abc import Iterator
 
 import pytest
-from aiohttp import StreamReader
-from aiohttp.base_protocol import BaseProtocol
 from awscrt.checksums import crc64nvme
 from conftest import Reply, raw_http, start_cluster
 
-from stager.client import AsyncClient, Client
+from stager.client import Client
 from stager.config import load_config
 from stager.protocol.models import LayoutSpec
 from stager.s3 import app as s3app
 from stager.s3 import context as s3context
-from stager.s3.attrs import AttrStore, ObjectAttrs, default_attrs
-from stager.s3.chunked import Trailer, decode
-from stager.s3.errors import S3Error
 from stager.testing.cluster import ThreadCluster
 from stager.testing.s3cluster import S3Thread
 
@@ -149,65 +144,6 @@ def test_a_failed_overwrite_keeps_the_old_object(s3: S3Thread, client: Client) -
                      {"x-amz-checksum-crc32": "AAAAAA=="})
     assert code(reply) == "BadDigest"
     assert raw_http(s3.url, "GET", f"/{BUCKET}/keep").body == b"old bytes"
-
-
-class Chain:
-    """Records what the decoder hands the signature seam (stager/s3/auth.py)."""
-
-    def __init__(self) -> None:
-        self.chunks: list[tuple[str, str]] = []
-        self.trailers: list[tuple[bytes, str]] = []
-
-    def chunk(self, payload_sha256: str, signature: str) -> None:
-        if signature == "f" * 64:
-            raise S3Error("SignatureDoesNotMatch", "a wrong link")
-        self.chunks.append((payload_sha256, signature))
-
-    def trailer(self, trailer: bytes, signature: str) -> None:
-        self.trailers.append((trailer, signature))
-
-
-async def decoded(raw: bytes, chain: Chain | None = None) -> tuple[bytes, Trailer]:
-    reader = StreamReader(BaseProtocol(asyncio.get_running_loop()), 2 ** 16,
-                          loop=asyncio.get_running_loop())
-    reader.feed_data(raw)
-    reader.feed_eof()
-    trailer = Trailer()
-    out = b"".join([p async for p in decode(reader, trailer, chain)])  # type: ignore[arg-type]
-    return out, trailer
-
-
-async def test_signed_chunks_go_to_the_signature_seam_one_by_one() -> None:
-    sig = "a" * 64
-    raw = (b"5;chunk-signature=" + sig.encode() + b"\r\nhello\r\n"
-           b"0;chunk-signature=" + sig.encode() + b"\r\n"
-           b"x-amz-checksum-crc32:" + crc32_b64(b"hello").encode() + b"\r\n"
-           b"x-amz-trailer-signature:" + b"b" * 64 + b"\r\n\r\n")
-    chain = Chain()
-    data, trailer = await decoded(raw, chain)
-    assert data == b"hello"
-    assert chain.chunks == [(hashlib.sha256(b"hello").hexdigest(), sig),
-                            (hashlib.sha256(b"").hexdigest(), sig)]
-    assert chain.trailers == [(b"x-amz-checksum-crc32:" + crc32_b64(b"hello").encode()
-                               + b"\n", "b" * 64)]
-    assert trailer.headers == {"x-amz-checksum-crc32": crc32_b64(b"hello")}
-    with pytest.raises(S3Error) as err:
-        await decoded(b"5\r\nhello\r\n0\r\n\r\n", Chain())
-    assert err.value.code == "SignatureDoesNotMatch"
-    with pytest.raises(S3Error) as err:
-        await decoded(b"5;chunk-signature=" + b"f" * 64 + b"\r\nhello\r\n", Chain())
-    assert err.value.code == "SignatureDoesNotMatch"
-
-
-async def test_the_decoder_yields_bounded_pieces_of_a_huge_chunk() -> None:
-    data = bytes(3 << 20)
-    raw = b"%x\r\n" % len(data) + data + b"\r\n0\r\n\r\n"
-    reader = StreamReader(BaseProtocol(asyncio.get_running_loop()), 2 ** 24,
-                          loop=asyncio.get_running_loop())
-    reader.feed_data(raw)
-    reader.feed_eof()
-    sizes = [len(p) async for p in decode(reader, Trailer())]
-    assert sum(sizes) == len(data) and max(sizes) <= 1 << 20
 
 
 # -- bad requests ------------------------------------------------------------------------
@@ -427,37 +363,6 @@ def test_hostile_requests_get_s3_errors_not_5xx(s3: S3Thread, client: Client, me
         ET.fromstring(reply.body)           # an answer any XML parser reads
     assert not client.exists(f"/{BUCKET}/k") and not client.exists(f"/{BUCKET}/copy")
     assert not client.exists("/new-bucket-xml") and not client.exists("/new-bucket-big")
-
-
-async def test_a_signed_trailer_must_carry_its_signature() -> None:
-    sig = "a" * 64
-    raw = (b"5;chunk-signature=" + sig.encode() + b"\r\nhello\r\n"
-           b"0;chunk-signature=" + sig.encode() + b"\r\n"
-           b"x-amz-checksum-crc32:" + crc32_b64(b"hello").encode() + b"\r\n\r\n")
-    with pytest.raises(S3Error) as err:
-        await decoded(raw, Chain())
-    assert err.value.code == "SignatureDoesNotMatch"
-
-
-async def test_a_token_for_a_prefix_reads_and_writes_with_default_attributes(
-        tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Attribute records live under /.s3, which a token for a prefix does not cover:
-    its objects read and write with the default attributes instead of failing."""
-    secured = start_cluster(tmp_path_factory.mktemp("s3-auth"), 1, auth=True)
-    try:
-        token = secured.mint(["read", "write"], ("/datasets",))
-        store = AttrStore()
-        async with AsyncClient(secured.meta_url, config=load_config(env={}),
-                               token=token) as scoped:
-            info = await scoped.pipe("/datasets/x.bin", b"scoped")
-            attrs = ObjectAttrs(file_id=info.file_id or "", etag='"md5"',
-                                content_type="text/plain")
-            assert await store.save(scoped, "datasets", "x.bin", attrs) is False
-            got = await AttrStore().load(scoped, "datasets", "x.bin", info)
-            assert got == default_attrs(info)
-            assert await scoped.cat("/datasets/x.bin") == b"scoped"
-    finally:
-        secured.stop()
 
 
 def test_a_get_that_fails_midway_is_cut_short_never_whole_looking(

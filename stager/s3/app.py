@@ -12,7 +12,9 @@ the principal's token; ``None`` token on an open cluster), ``ctx.bucket``,
 ``ctx.principal``, ``ctx.gateway`` (app-wide: ``gateway.attrs``, the object
 attribute records of :mod:`.attrs`), and ``ctx.payload()``, the body decoded
 (``aws-chunked``) and checked (Content-MD5, ``x-amz-checksum-*``, chunk
-signatures) as it streams.  Handlers raise :class:`~stager.s3.errors.S3Error` or
+signatures) as it streams.  Before any handler runs, :func:`~stager.s3.syntax.check`
+refuses the malformed numbers and header-bound values that are easy to misread in
+a handler.  Handlers raise :class:`~stager.s3.errors.S3Error` or
 let a :class:`~stager.errors.StagerError` through: the middleware here turns both
 into S3's XML error (one place: :func:`~stager.s3.errors.from_stager`) and puts
 ``x-amz-request-id`` and ``x-amz-id-2`` on every answer.
@@ -46,7 +48,7 @@ from aiohttp import web
 
 from ..config import Config
 from ..errors import StagerError
-from . import buckets, listing, objects
+from . import buckets, listing, objects, syntax
 from .auth import Authenticator
 from .context import Gateway, S3Context
 from .errors import S3Error, from_stager
@@ -142,6 +144,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
     try:
         target = locate(request.host, request.raw_path, gateway.domain)
         principal = await gateway.authenticator.authenticate(request)
+        syntax.check(request)
         ctx = S3Context(request, gateway, principal, gateway.client(principal.token),
                         target.bucket, target.key, request_id)
         response = await route(ctx)(ctx)
@@ -154,7 +157,14 @@ async def handle(request: web.Request) -> web.StreamResponse:
         response = _error(S3Error(code, exc.reason, status=400 if exc.status == 413
                                   else exc.status), request, target, request_id)
     except ConnectionResetError:
-        raise                           # a read failed mid-answer: the connection is cut
+        if request.transport is not None and not request.transport.is_closing():
+            raise                       # a read failed mid-answer: the connection is cut
+        # The client went away mid-request (its body cut short): the write was aborted
+        # and there is no one to answer; no fault of ours, so no traceback in the log.
+        log.info("S3 %s %s: the client closed the connection mid-request", request.method,
+                 request.path)
+        response = _error(S3Error("IncompleteBody", "the connection closed mid-request"),
+                          request, target, request_id)
     except Exception as exc:        # a fault of ours: logged, answered as S3 does
         log.exception("S3 %s %s failed", request.method, request.path)
         response = _error(S3Error("InternalError", f"{type(exc).__name__}"), request, target,
@@ -188,5 +198,7 @@ def make_s3_app(meta_url: str, config: Config, *, domain: str = "",
         await gateway.close()
 
     app.cleanup_ctx.append(lifetime)
-    app.router.add_route("*", "/{tail:.*}", handle)
+    # [\s\S]: "." stops at a newline, and aiohttp matches the decoded path, so a key
+    # with %0A met aiohttp's plain-text 404 instead of this gateway's S3 answer
+    app.router.add_route("*", "/{tail:[\\s\\S]*}", handle)
     return app

@@ -6,6 +6,7 @@ Everything the gateway refuses is an :class:`S3Error`; stager's own errors
 
 from __future__ import annotations
 
+import re
 from xml.sax.saxutils import escape
 
 from ..errors import StagerError
@@ -30,6 +31,7 @@ STATUS: dict[str, int] = {
     "InvalidPartOrder": 400,
     "InvalidRange": 416,
     "InvalidRequest": 400,
+    "InvalidURI": 400,
     "KeyTooLongError": 400,
     "MalformedXML": 400,
     "MetadataTooLarge": 400,
@@ -50,6 +52,23 @@ STATUS: dict[str, int] = {
 }
 
 
+# What XML 1.0 cannot carry at all, escaped or not: an answer holding one is no XML
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def xml_text(text: str) -> str:
+    """``text`` as XML character data: escaped, and each character XML 1.0 cannot
+    carry (a control character echoed from a request, ``U+FFFE``) replaced by
+    ``U+FFFD``, so every answer is one any XML parser reads."""
+    return escape(_NOT_XML.sub("\ufffd", text))
+
+
+def is_xml_text(text: str) -> bool:
+    """Whether XML 1.0 can carry ``text`` as it is (a key it cannot could be listed
+    only garbled)."""
+    return _NOT_XML.search(text) is None
+
+
 class S3Error(Exception):
     """An S3 error answer: ``code`` names it (a key of :data:`STATUS`)."""
 
@@ -64,9 +83,9 @@ class S3Error(Exception):
 
     def xml(self, request_id: str) -> bytes:
         return ("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error>"
-                f"<Code>{escape(self.code)}</Code><Message>{escape(self.message)}</Message>"
-                f"<Resource>{escape(self.resource)}</Resource>"
-                f"<RequestId>{escape(request_id)}</RequestId></Error>").encode()
+                f"<Code>{xml_text(self.code)}</Code><Message>{xml_text(self.message)}</Message>"
+                f"<Resource>{xml_text(self.resource)}</Resource>"
+                f"<RequestId>{xml_text(request_id)}</RequestId></Error>").encode()
 
 
 # stager's wire codes (stager.errors) -> S3 codes; one home for the mapping

@@ -7,8 +7,12 @@ A bucket is a top-level directory of the namespace: ``s3://datasets/a/b.tar`` is
 
 A key maps onto a stager path as it is: its ``/`` separate directories.  So a key
 with an empty, ``.`` or ``..`` segment, a NUL or a control character has no path
-and is refused (``InvalidArgument``), and one over 1,024 bytes is
-``KeyTooLongError`` as on S3.  A key ending in ``/`` names a directory (the "folder"
+and is refused (``InvalidArgument``), as is one with a character XML 1.0 cannot
+carry (``U+FFFE``: no listing could name it), and one over 1,024 bytes is
+``KeyTooLongError`` as on S3.  A path whose percent-encoding is broken (``%ZZ``, a
+lone ``%``) or decodes to bytes that are no UTF-8 (``%FF``) is ``InvalidURI``: read
+leniently, ``%FF`` and ``%FE`` would both name the key ``U+FFFD``, and ``%ZZ`` the
+same key as ``%25ZZ``.  A key ending in ``/`` names a directory (the "folder"
 object of S3 consoles): see :mod:`stager.s3.objects`.
 """
 
@@ -20,7 +24,7 @@ from urllib.parse import unquote
 
 from ..errors import InvalidPath
 from ..protocol import paths
-from .errors import S3Error
+from .errors import S3Error, is_xml_text
 
 MAX_KEY = 1024
 # What CreateBucket accepts (S3's rules for new buckets) ...
@@ -28,6 +32,7 @@ _NEW_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 # ... and what any other request may name: an existing top-level directory
 _BUCKET = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,254}$")
 HIDDEN = ".s3"      # the gateway's own top-level directory (object attributes)
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 
 @dataclass(frozen=True)
@@ -41,7 +46,7 @@ class Target:
 def locate(host: str, raw_path: str, domain: str = "") -> Target:
     """The bucket and key of a request, path-style or, under ``domain``,
     virtual-hosted-style (``bucket.domain``)."""
-    path = unquote(raw_path.split("?", 1)[0])
+    path = decode_path(raw_path.split("?", 1)[0])
     hostname = host.rsplit(":", 1)[0] if not host.endswith("]") else host
     hostname = hostname.lower()
     if domain and hostname.endswith("." + domain.lower()):
@@ -50,6 +55,18 @@ def locate(host: str, raw_path: str, domain: str = "") -> Target:
     body = path[1:] if path.startswith("/") else path
     bucket, _, key = body.partition("/")
     return Target(check_bucket(bucket) if bucket else "", key)
+
+
+def decode_path(raw: str) -> str:
+    """A request path's percent-encoding decoded, strictly (``InvalidURI``)."""
+    if _BAD_ESCAPE.search(raw):
+        raise S3Error("InvalidURI", "Couldn't parse the specified URI: a % is not "
+                      "followed by two hexadecimal digits")
+    try:
+        return unquote(raw, errors="strict")
+    except UnicodeDecodeError:
+        raise S3Error("InvalidURI", "Couldn't parse the specified URI: its "
+                      "percent-encoding is not UTF-8") from None
 
 
 def check_bucket(name: str) -> str:
@@ -78,6 +95,9 @@ def object_path(bucket: str, key: str) -> str:
     if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY:
         raise S3Error("KeyTooLongError", f"the key is over {MAX_KEY} bytes",
                       resource=f"/{bucket}")
+    if not is_xml_text(key):
+        raise S3Error("InvalidArgument", "the key has a character XML cannot carry, so no "
+                      "listing could name it", resource=f"/{bucket}")
     body = key[:-1] if key.endswith("/") else key
     try:
         if not body or body.startswith("/"):

@@ -1,9 +1,12 @@
 """S3's XML: the answers the gateway writes and the one request body it reads.
 
 Answers are built from nested ``(tag, content)`` values by :func:`document`, so
-every text is escaped in one place.  The one body parsed (DeleteObjects) is read
-with the standard library's expat parser, after refusing any DTD (no entity can
-be declared, so none can expand).
+every text is escaped in one place (:func:`~stager.s3.errors.xml_text`).  Request
+bodies (DeleteObjects, CompleteMultipartUpload, CreateBucketConfiguration) are read
+by :func:`parse` with the standard library's expat parser, as UTF-8 only and after
+refusing any DTD (no entity can be declared, so none can expand).  UTF-8 first:
+the DTD check reads the text, and a body in UTF-16 (which an XML declaration may
+name) would slip a ``<!DOCTYPE`` past a check of the bytes.
 """
 
 from __future__ import annotations
@@ -12,9 +15,8 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from email.utils import formatdate
-from xml.sax.saxutils import escape
 
-from .errors import S3Error
+from .errors import S3Error, xml_text
 
 NS = "http://s3.amazonaws.com/doc/2006-03-01/"
 MAX_BODY = 2 << 20          # a DeleteObjects body of 1,000 keys is well under this
@@ -43,7 +45,7 @@ def _render(node: Node, out: list[str]) -> None:
     if isinstance(content, bool):
         out.append("true" if content else "false")
     elif isinstance(content, (str, int)):
-        out.append(escape(str(content)))
+        out.append(xml_text(str(content)))
     elif content is not None:
         for child in content:
             _render(child, out)
@@ -62,11 +64,17 @@ def parse(body: bytes, root: str) -> ET.Element:
     """A small XML request body whose root is ``root`` (namespace ignored)."""
     if len(body) > MAX_BODY:
         raise S3Error("MalformedXML", "the XML body is too large")
-    if b"<!DOCTYPE" in body.upper() or b"<!ENTITY" in body.upper():
+    try:
+        text = body.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise S3Error("MalformedXML", "the XML body is not UTF-8") from None
+    if "<!DOCTYPE" in text.upper() or "<!ENTITY" in text.upper():
         raise S3Error("MalformedXML", "a DTD is not allowed")
     try:
-        elem = ET.fromstring(body)
-    except ET.ParseError as exc:
+        # parsed as text: the declaration's encoding (UTF-16, or one Python does not
+        # know, a LookupError) has no say any more
+        elem = ET.fromstring(text)
+    except (ET.ParseError, ValueError, LookupError) as exc:
         raise S3Error("MalformedXML", f"the XML is not well-formed: {exc}") from None
     if local(elem.tag) != root:
         raise S3Error("MalformedXML", f"the XML's root is not {root}")

@@ -1,0 +1,97 @@
+"""Raw S3 requests for tests that must control every byte (``test_s3_fuzz``).
+
+:func:`request` writes one HTTP/1.1 request as bytes; :func:`raw` sends them on a
+socket of its own (pausing, or half-closing, as asked) and reads the answer;
+:func:`refused` holds the checks every S3 error answer must pass.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from http.client import HTTPResponse
+
+from stager.testing.s3cluster import S3Cluster
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]         # lower-case names
+    body: bytes
+
+
+def raw(s3: S3Cluster, data: bytes, *, method: str = "GET", pause_at: int = 0,
+        half_close: bool = False) -> Reply | None:
+    """Write ``data`` (pausing after ``pause_at`` bytes, if given), read the answer;
+    ``None`` when the gateway closed without one."""
+    host, port = s3.host_port.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        if pause_at:
+            sock.sendall(data[:pause_at])
+            time.sleep(0.3)
+            data = data[pause_at:]
+        try:
+            sock.sendall(data)
+            if half_close:
+                sock.shutdown(socket.SHUT_WR)
+        except (BrokenPipeError, ConnectionResetError):
+            pass        # refused before the body was all sent: the answer is there
+        response = HTTPResponse(sock, method=method)
+        try:
+            response.begin()
+        except (ConnectionError, OSError) as exc:
+            if "Remote end closed" in str(exc) or isinstance(exc, ConnectionResetError):
+                return None
+            raise
+        return Reply(response.status, {k.lower(): v for k, v in response.getheaders()},
+                     response.read())
+
+
+def request(method: str, path: str, body: bytes = b"",
+            headers: dict[str, str | bytes] | None = None) -> bytes:
+    """The bytes of one request; ``Content-Length`` is the body's unless given
+    (``None``: sent without one)."""
+    head = {"Host": "s3.test", "Connection": "close", "Content-Length": str(len(body)),
+            **(headers or {})}
+    lines = [f"{method} {path} HTTP/1.1".encode()]
+    for name, value in head.items():
+        if value is not None:
+            lines.append(name.encode() + b": " + (value if isinstance(value, bytes)
+                                                  else value.encode("latin-1")))
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+def send(s3: S3Cluster, method: str, path: str, body: bytes = b"",
+         headers: dict[str, str | bytes] | None = None, **kw: object) -> Reply:
+    reply = raw(s3, request(method, path, body, headers), method=method, **kw)  # type: ignore[arg-type]
+    assert reply is not None, f"{method} {path}: the gateway closed without an answer"
+    return reply
+
+
+def refused(reply: Reply, *codes: str, method: str = "GET") -> str:
+    """The S3 error code of ``reply``, after every check an error answer must pass
+    (and, given ``codes``, that it is one of them)."""
+    assert 400 <= reply.status < 500 or reply.status == 501, (reply.status, reply.body)
+    assert reply.headers.get("x-amz-request-id"), reply.headers
+    assert b"Traceback" not in reply.body
+    if method == "HEAD":
+        assert reply.body == b""
+        return ""
+    root = ET.fromstring(reply.body)
+    assert root.tag == "Error" and root.findtext("RequestId") == \
+        reply.headers["x-amz-request-id"]
+    code = str(root.findtext("Code"))
+    assert not codes or code in codes, (code, root.findtext("Message"))
+    return code
+
+
+def readable(reply: Reply) -> None:
+    """A success that is XML is XML any parser reads."""
+    assert reply.status < 300, (reply.status, reply.body)
+    if reply.headers.get("content-type") == "application/xml" and reply.body:
+        ET.fromstring(reply.body)
+
+
