@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator
+from typing import Any
 
 from ..aio import cancel_and_wait
 from ..layout import pieces
 from ..protocol.models import FileInfo
 from .engine import ReadEngine
 from .readplan import FileTable, ReadOptions
+from .tails import AHEAD, tails_of
 from .transport import DataPlane
 
 
@@ -22,7 +24,9 @@ class StripedReader:
         if info.layout is None or info.file_id is None:
             raise ValueError(f"{info.path} is not a file")
         self.info = info
+        self.file_id = info.file_id
         self.layout = info.layout
+        self.plane = plane
         self.readahead = max(1, readahead)
         # every whole chunk straight into the caller's buffer (sendfile on the server)
         self.engine = ReadEngine(plane, concurrency, ReadOptions(stream_above=0,
@@ -58,30 +62,58 @@ class StripedReader:
         it is only lent: a consumer that has copied it out hands it back with
         :meth:`give_back`, and a later piece is read into it instead of into a
         new buffer, which is zero-filled first (0.05-0.09 s of CPU per GB on the
-        2-core build machine, of the ~0.4 s a GB costs the stream's thread)."""
+        2-core build machine, of the ~0.4 s a GB costs the stream's thread).
+
+        Without ``lend``, a range that ends before the file reads on past its end
+        for the range that may follow, and takes what a range before it read on
+        (:mod:`.tails`: a run of ranged GETs streams from its first byte)."""
         stop = self.size if stop is None else min(stop, self.size)
         todo = iter(pieces(self.layout.chunk_size, self.size, start, stop))
-        window: deque[tuple[asyncio.Task[None], bytearray]] = deque()
+        window: deque[tuple[asyncio.Future[None], memoryview]] = deque()
+        tails = None if lend or not stop > start else tails_of(self.plane.session)
+        if tails is not None:
+            tails.begin(self.file_id, start)
 
         def launch() -> bool:
             piece = next(todo, None)
             if piece is None:
+                if tails is not None and stop < self.size:
+                    self._read_on(tails, start, stop)
                 return False
+            got = tails.take(self.file_id, piece.file_offset, piece.length) \
+                if tails is not None else None
+            if got is not None:
+                window.append((got[0], memoryview(got[1])[:piece.length]))
+                return True
             buf = self.engine.take(piece.length) if lend else bytearray(piece.length)
             read = self.read_into(piece.file_offset, memoryview(buf))
-            window.append((asyncio.ensure_future(read), buf))
+            window.append((asyncio.ensure_future(read), memoryview(buf)))
             return True
 
         try:
             while len(window) < self.readahead and launch():
                 pass
             while window:
-                task, buf = window.popleft()
+                task, view = window.popleft()
                 await task
                 launch()
-                yield memoryview(buf)
+                yield view
         finally:
             await cancel_and_wait(t for t, _ in window)
+
+    def _read_on(self, tails: Any, start: int, stop: int) -> None:
+        """Park reads of the bytes after ``stop`` (as many as ``[start, stop)``, at most
+        AHEAD, to a chunk boundary) unless a stream began there or they are parked."""
+        if not tails.wanted(self.file_id, stop):
+            return
+        chunk = self.layout.chunk_size
+        end = min(self.size, -(-(stop + min(stop - start, AHEAD)) // chunk) * chunk)
+        for piece in pieces(chunk, self.size, stop, end):
+            if not tails.has(self.file_id, piece.file_offset):
+                buf = bytearray(piece.length)
+                task = asyncio.ensure_future(self.read_into(piece.file_offset,
+                                                            memoryview(buf)))
+                tails.park(self.file_id, piece.file_offset, task, buf)
 
     def give_back(self, piece: memoryview) -> None:
         """Take back a piece lent by ``stream(lend=True)``; the caller no longer

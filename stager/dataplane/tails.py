@@ -1,0 +1,105 @@
+"""Read-ahead past a ranged read's end, kept a moment for the range that follows.
+
+A client that reads a big object as a run of ranged GETs (s3fs: one range after
+the other; boto3's ``download_fileobj``: 8 MiB ranges on 10 threads) makes the
+gateway a new reader per range, and each would start cold: its first piece read
+from a data server before its first byte goes out, while the connection idles.
+So a stream whose range ends before the file does, where no read began yet, reads
+on past its end (as far again as its range, at most :data:`AHEAD`, to a chunk
+boundary) into buffers parked here, keyed by file version and offset; a stream
+that begins there takes them instead of reading them again.  A piece parked is
+dropped after :data:`TTL` seconds, and the oldest first beyond :data:`BUDGET` bytes
+per data plane, so memory stays bounded; a file version's bytes never change, so
+a parked piece is never stale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from collections import OrderedDict
+from typing import Any
+
+AHEAD = 16 << 20        # bytes read past a range's end, at most
+BUDGET = 64 << 20       # bytes parked per data plane, at most
+TTL = 5.0               # seconds a parked piece (and the note of a read begun) is kept
+
+Key = tuple[str, int]   # (file id, offset)
+
+
+def _retrieve(task: asyncio.Future[None]) -> None:
+    """A parked read nobody took may fail: its error is not an unretrieved one."""
+    if not task.cancelled():
+        task.exception()
+
+
+class Tails:
+    """The pieces parked for one data plane, and where streams began lately."""
+
+    def __init__(self) -> None:
+        self.parked: OrderedDict[Key, tuple[asyncio.Future[None], bytearray, float]] = \
+            OrderedDict()
+        self.begun: OrderedDict[Key, float] = OrderedDict()
+        self.bytes = 0
+
+    def begin(self, file_id: str, offset: int) -> None:
+        """A stream begins at ``offset``: no other reads ahead to there."""
+        self._expire()
+        self.begun[(file_id, offset)] = time.monotonic()
+        self.begun.move_to_end((file_id, offset))
+
+    def wanted(self, file_id: str, offset: int) -> bool:
+        """Whether to read ahead from ``offset``: no stream began there lately and
+        nothing is parked there yet."""
+        self._expire()
+        return (file_id, offset) not in self.begun and (file_id, offset) not in self.parked
+
+    def has(self, file_id: str, offset: int) -> bool:
+        return (file_id, offset) in self.parked
+
+    def take(self, file_id: str, offset: int, length: int
+             ) -> tuple[asyncio.Future[None], bytearray] | None:
+        """The read parked at ``offset`` if it holds at least ``length`` bytes and did
+        not fail; it is the caller's from now on."""
+        got = self.parked.pop((file_id, offset), None)
+        if got is None:
+            return None
+        task, buf, _ = got
+        self.bytes -= len(buf)
+        if len(buf) < length or (task.done() and (task.cancelled() or task.exception())):
+            task.cancel()
+            return None
+        return task, buf
+
+    def park(self, file_id: str, offset: int, task: asyncio.Future[None],
+             buf: bytearray) -> None:
+        task.add_done_callback(_retrieve)
+        self.parked[(file_id, offset)] = (task, buf, time.monotonic())
+        self.bytes += len(buf)
+        while self.bytes > BUDGET and self.parked:
+            self._drop(next(iter(self.parked)))
+
+    def _drop(self, key: Key) -> None:
+        task, buf, _ = self.parked.pop(key)
+        self.bytes -= len(buf)
+        task.cancel()
+
+    def _expire(self) -> None:
+        old = time.monotonic() - TTL
+        while self.parked and next(iter(self.parked.values()))[2] < old:
+            self._drop(next(iter(self.parked)))
+        while self.begun and next(iter(self.begun.values())) < old:
+            self.begun.popitem(last=False)
+
+
+_TAILS: weakref.WeakKeyDictionary[Any, Tails] = weakref.WeakKeyDictionary()
+
+
+def tails_of(session: Any) -> Tails:
+    """The tails of the data plane on ``session`` (its aiohttp session: a plane is a
+    dataclass, not hashable)."""
+    tails = _TAILS.get(session)
+    if tails is None:
+        tails = _TAILS[session] = Tails()
+    return tails
