@@ -358,3 +358,22 @@ def test_a_batched_heartbeat_item_round_trips() -> None:
                 {"target_id": "t0", "heartbeat": {}, "credential": ""}):
         with pytest.raises(BadRequest):
             BeatItem.from_json(bad)
+
+
+def test_a_file_versions_attrs_ride_with_its_info_commit_and_completion() -> None:
+    """``attrs`` (issue 29): round-trips where set, absent from the wire where empty (so
+    every other answer keeps its shape), a JSON object of at most MAX_ATTRS bytes."""
+    from stager.protocol.models import MAX_ATTRS
+
+    attrs = {"s3": {"etag": '"e"', "metadata": {"k": "v"}}}
+    for model in (FileInfo("/d/x", "file", 3, file_id="a" * 32, attrs=attrs),
+                  CommitItem("a" * 32, 0, (), attrs=attrs),
+                  mp.CompleteRequest(((1, "b" * 32),), attrs)):
+        wire = json.loads(json.dumps(model.to_json()))
+        assert wire["attrs"] == attrs and type(model).from_json(wire) == model
+        assert "attrs" not in replace(model, attrs={}).to_json()
+    assert {"attrs", "Attrs"} <= set(SCHEMAS["FileInfo"]["properties"]) | set(SCHEMAS)
+    for bad in ([1], "x", {"s3": "x" * MAX_ATTRS}):
+        with pytest.raises(BadRequest, match="attrs"):
+            CommitItem.from_json({"file_id": "a" * 32, "size": 0, "checksums": [],
+                                  "attrs": bad})
