@@ -313,7 +313,7 @@ SCHEMAS: dict[str, Any] = {
         "truncated": {"type": "boolean"}}},
     "CompleteRequest": {"type": "object", "required": ["parts"], "properties": {
         "parts": {"type": "array", "minItems": 1, "maxItems": MAX_PART_NUMBER, "items": {
-            "type": "array", "minItems": 2, "maxItems": 2}}}},
+            "type": "array", "minItems": 2, "maxItems": 2}}, "attrs": _ref("Attrs")}},
     "CompleteResult": {"type": "object", "required": ["etag", "part_sizes", "file", "compose"],
                        "properties": {"etag": _STR, "file": {"type": ["object", "null"]},
                                       "part_sizes": {"type": "array", "items": _COUNT},

@@ -16,6 +16,7 @@ from .models import (
     CHUNK_SIZE_BOUNDS,
     COUNT_BOUNDS,
     FILE_ID_RE,
+    MAX_ATTRS,
     REPLICAS_BOUNDS,
     STRIPE_COUNT_BOUNDS,
     TARGET_ID_RE,
@@ -68,8 +69,12 @@ SCHEMAS: dict[str, Any] = {
                       "default_layout": _ref("LayoutSpec"),
                       "checksums": {"type": "array", "items": _STR},
                       "locations": {"type": "object", "additionalProperties": _STR},
-                      "capability": _STR},
+                      "capability": _STR, "attrs": _ref("Attrs")},
                      ("path", "type", "size", "mtime")),
+    # a file version's attributes (the S3 gateway's under "s3"): set by its commit, absent
+    # when empty; a rewrite by any other way has none
+    "Attrs": {"type": "object", "description": f"any JSON object, at most {MAX_ATTRS} bytes "
+              "as compact JSON with sorted keys (more: 400 bad_request)"},
     "Listing": _obj({"path": _STR, "entries": {"type": "array", "items": _ref("FileInfo")},
                      "next": {"type": ["string", "null"]}}, ("entries",)),
     "Target": _obj({"id": _TARGET_ID, "node": _STR, "url": _URL, "capacity": _COUNT,
@@ -113,7 +118,7 @@ SCHEMAS: dict[str, Any] = {
                     "capability": _STR},
                    ("file_id", "path", "layout", "locations")),
     "CommitItem": _obj({"file_id": _FILE_ID, "size": _COUNT, "mtime": _NUM,
-                        "checksums": {"type": "array", "items": _STR}},
+                        "checksums": {"type": "array", "items": _STR}, "attrs": _ref("Attrs")},
                        ("file_id", "size", "checksums")),
     "RerouteRequest": _obj({"target": _STR, "code": _STR, "reason": _STR, "items": {
         "type": "array", "items": _obj({"file_id": _STR, "chunks": _INT},
