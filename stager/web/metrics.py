@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -22,6 +24,18 @@ class ServerMetrics:
         self.bytes_out = Counter("stager_sent_bytes", "response body bytes sent",
                                  ["target"], registry=self.registry)
         self.gauges: dict[str, Gauge] = {}
+        # (op, status) -> the two children a request counts in: labels() locks and
+        # builds its key on every call, a good part of a small request's middleware time
+        self._children: dict[tuple[str, int], tuple[Any, Any]] = {}
+
+    def observe(self, op: str, status: int, seconds: float) -> None:
+        """Count one request of ``op`` answered with ``status`` in ``seconds``."""
+        pair = self._children.get((op, status))
+        if pair is None:
+            pair = self._children[op, status] = (self.requests.labels(op, str(status)),
+                                                 self.latency.labels(op))
+        pair[0].inc()
+        pair[1].observe(seconds)
 
     def gauge(self, name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
         if name not in self.gauges:
