@@ -18,6 +18,12 @@ over the floor measured in that same round), so a busy machine moves both alike.
   one chunk written and fsynced, commit), against the local floor:
   ``open(O_CREAT)``, write, ``fsync`` the file and its directory.
 
+Besides the wall time, each case's CPU time per operation: the server's (the bare
+server's process, or the metadata server's; not the data server's) from
+``/proc/PID/stat``, and this process's (the client, its I/O thread included).  On a
+machine other work loads, the wall time is mostly waiting for a core; the CPU
+time is what a request costs, and moves little with the load.
+
 Not measured here yet (issue 30's other rows): PostgreSQL creates, the Loader's
 workers, the first epoch's stall, fsspec against nginx, auth on the small-file path
 (``bench auth``), TLS (``bench auth``), a client over 8 network-namespace nodes.
@@ -81,25 +87,56 @@ SMALL_AIM_MS = 1.5
 class Bare:
     """The floor's server process."""
 
-    def __enter__(self) -> str:
+    def __enter__(self) -> tuple[str, int]:
+        """Its URL and process id."""
         self.proc = subprocess.Popen([sys.executable, "-c", BARE], stdout=subprocess.PIPE,
                                      text=True)
         assert self.proc.stdout is not None
-        return f"http://127.0.0.1:{int(self.proc.stdout.readline())}/"
+        return f"http://127.0.0.1:{int(self.proc.stdout.readline())}/", self.proc.pid
 
     def __exit__(self, *exc: object) -> None:
         self.proc.kill()
         self.proc.wait()
 
 
-async def per_op(op: Callable[[int], Awaitable[Any]], n: int) -> float:
-    """Microseconds per call of ``op``, one at a time, after a short warm-up."""
+TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_of(pid: int) -> float:
+    """Seconds of CPU process ``pid`` used so far (user and system), ``nan`` without
+    /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+class Cost:
+    """Microseconds per operation over a stretch: wall, the server's CPU, ours."""
+
+    def __init__(self, server: int, n: int) -> None:
+        self.server, self.n = server, n
+
+    def __enter__(self) -> Cost:
+        self.t0, self.s0, self.c0 = time.perf_counter(), cpu_of(self.server), time.process_time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        per = 1e6 / self.n
+        self.wall = (time.perf_counter() - self.t0) * per
+        self.server_cpu = (cpu_of(self.server) - self.s0) * per
+        self.client_cpu = (time.process_time() - self.c0) * per
+
+
+async def per_op(op: Callable[[int], Awaitable[Any]], n: int, server: int) -> Cost:
+    """Cost per call of ``op``, one at a time, after a short warm-up."""
     for i in range(min(50, n)):
         await op(i)
-    start = time.perf_counter()
-    for i in range(n):
-        await op(i)
-    return (time.perf_counter() - start) / n * 1e6
+    with Cost(server, n) as cost:
+        for i in range(n):
+            await op(i)
+    return cost
 
 
 def local_small(directory: Path, n: int) -> float:
@@ -121,31 +158,33 @@ def local_small(directory: Path, n: int) -> float:
         os.close(dfd)
 
 
-async def one_round(bare: str, meta: str, n: int, small: int, r: int,
-                    local: Path) -> dict[str, float]:
-    out: dict[str, float] = {}
-    async with aiohttp.ClientSession() as http, new_client(meta) as c:
+async def one_round(bare: tuple[str, int], meta: tuple[str, int], n: int, small: int, r: int,
+                    local: Path) -> dict[str, Cost | float]:
+    (bare_url, bare_pid), (url, pid) = bare, meta
+    out: dict[str, Cost | float] = {}
+    async with aiohttp.ClientSession() as http, new_client(url) as c:
         async def get(url: str) -> None:
             async with http.get(url) as resp:
                 await resp.read()
                 assert resp.status == 200, resp.status
 
-        out["bare"] = await per_op(lambda i: get(bare), n)
-        out["health"] = await per_op(lambda i: get(f"{meta}/v1/health"), n)
-        out["stat, raw HTTP"] = await per_op(lambda i: get(f"{meta}/v1/stat/floors/f"), n)
-        out["stat, AsyncClient"] = await per_op(lambda i: c.stat("/floors/f", cached=False), n)
+        out["bare"] = await per_op(lambda i: get(bare_url), n, bare_pid)
+        out["health"] = await per_op(lambda i: get(f"{url}/v1/health"), n, pid)
+        out["stat, raw HTTP"] = await per_op(lambda i: get(f"{url}/v1/stat/floors/f"), n, pid)
+        out["stat, AsyncClient"] = await per_op(lambda i: c.stat("/floors/f", cached=False), n,
+                                                pid)
         lists = max(3, n // 100)
-        out["list 1,000 entries"] = await per_op(lambda i: c.ls("/floors/listed"), lists)
+        out["list 1,000 entries"] = await per_op(lambda i: c.ls("/floors/listed"), lists, pid)
         out["1 KiB durable file"] = await per_op(
-            lambda i: c.pipe(f"/floors/small{r}/f{i:06d}", SMALL), small)
+            lambda i: c.pipe(f"/floors/small{r}/f{i:06d}", SMALL), small, pid)
     out["local 1 KiB durable file"] = local_small(local / f"small{r}", small)
-    with Client(meta, config=load_config(env={})) as sync:
+    with Client(url, config=load_config(env={})) as sync:
         for _ in range(50):
             sync.stat("/floors/f", cached=False)
-        start = time.perf_counter()
-        for _ in range(n):
-            sync.stat("/floors/f", cached=False)
-        out["stat, sync Client"] = (time.perf_counter() - start) / n * 1e6
+        with Cost(pid, n) as cost:
+            for _ in range(n):
+                sync.stat("/floors/f", cached=False)
+        out["stat, sync Client"] = cost
     return out
 
 
@@ -164,25 +203,36 @@ def run(quick: bool) -> dict[str, Any]:
             ProcessCluster(tmp / "cluster", data_servers=1) as cluster:
         uvloop.run(prepare(cluster.meta_url))
         figures: dict[str, list[float]] = {}
+        cpu: dict[str, list[tuple[float, float]]] = {}
         for r in range(rounds):
-            got = uvloop.run(one_round(bare, cluster.meta_url, n, small, r, tmp / "local"))
+            got = uvloop.run(one_round(bare, (cluster.meta_url, cluster.meta_pid()), n, small,
+                                       r, tmp / "local"))
             for k, v in got.items():
-                figures.setdefault(k, []).append(v)
-    return _result(figures, rounds, n, small, quick)
+                if isinstance(v, Cost):
+                    figures.setdefault(k, []).append(v.wall)
+                    cpu.setdefault(k, []).append((v.server_cpu, v.client_cpu))
+                else:
+                    figures.setdefault(k, []).append(v)
+    return _result(figures, cpu, rounds, n, small, quick)
 
 
-def _result(figures: dict[str, list[float]], rounds: int, n: int, small: int,
-            quick: bool) -> dict[str, Any]:
+def _result(figures: dict[str, list[float]], cpu: dict[str, list[tuple[float, float]]],
+            rounds: int, n: int, small: int, quick: bool) -> dict[str, Any]:
     rows = []
     ratios: dict[str, float] = {}
     aims: dict[str, Any] = {}
     notes: list[str] = []
     for case, values in figures.items():
-        row = [case, r2(median(values)), " / ".join(f"{v:.0f}" for v in values)]
+        spent = cpu.get(case, [])
+        row = [case, r2(median(values)), " / ".join(f"{v:.0f}" for v in values),
+               r2(median([s for s, _ in spent])) if spent else "",
+               r2(median([c for _, c in spent])) if spent else ""]
         floor = AIMS.get(case, ("", 0.0))[0]
         if floor:
             each = paired(values, figures[floor])
             ratios[f"{case} / {floor}"] = r2(median(each))
+            ratios[f"{case} / {floor}, CPU"] = r2(median(paired(
+                [s + c for s, c in spent], [s + c for s, c in cpu[floor]])))
             # an upper bound met only when the upper quartile stays under it
             low, high = quartiles(each)
             target = AIMS[case][1]
@@ -202,14 +252,17 @@ def _result(figures: dict[str, list[float]], rounds: int, n: int, small: int,
     notes.append(f"{rounds} round(s); each round: {n} requests per request case one at a time "
                  f"after 50 unmeasured, {max(3, n // 100)} listings, {small} small files, "
                  "every case in turn; ratios are each round's own, then their median; an "
-                 "upper-bound aim is met only when the upper quartile of the rounds is under it.")
+                 "upper-bound aim is met only when the upper quartile of the rounds is under it. "
+                 "CPU: the server's (bare or metadata; not the data server's) and the client "
+                 "process's, per operation; the ', CPU' ratios compare their sums.")
     notes.append("Servers: stager.testing.ProcessCluster (one metadata server on SQLite, "
                  "one data server, processes, loopback); the bare server a process of its own.")
     notes.append(NOT_YET)
     return {
         "title": "Hot paths against their floors: metadata round trips",
         "command": "python -m bench floors" + (" --quick" if quick else ""),
-        "columns": ["case", "us per op (median)", "every round, us"],
+        "columns": ["case", "us per op (median)", "every round, us",
+                    "server CPU us per op (median)", "client CPU us per op (median)"],
         "rows": rows,
         "ratios": ratios,
         "aims": aims,
