@@ -73,11 +73,14 @@ class StripedReader:
         tails = None if lend or not stop > start else tails_of(self.plane.session)
         if tails is not None:
             tails.begin(self.file_id, start)
+        read_on = tails is not None and stop < self.size
 
         def launch() -> bool:
+            nonlocal read_on
             piece = next(todo, None)
             if piece is None:
-                if tails is not None and stop < self.size:
+                if read_on:         # once: every piece of the range is on its way
+                    read_on = False
                     self._read_on(tails, start, stop)
                 return False
             got = tails.take(self.file_id, piece.file_offset, piece.length) \
