@@ -84,6 +84,38 @@ async def test_a_schema_9_database_gets_the_cache_tables(postgres: PostgresServe
     assert postgres.sql("SELECT version FROM stager_schema", database) == str(SCHEMA_VERSION)
 
 
+async def test_a_schema_12_database_gets_file_attrs(pg_url: str) -> None:
+    """Migration 13 on a database made before file versions had attributes: its files
+    kept (with none), its commit function replaced by the one that sets them."""
+    import asyncpg
+
+    from stager.meta.store.postgres.functions import QUOTA_COMMIT_FUNCTION
+
+    store = PostgreSQLStore(pg_url)
+    try:
+        file_id = await put(store, "m1", "/old/f")
+    finally:
+        store.close()
+    conn = await asyncpg.connect(pg_url)
+    try:    # back to schema 12: no column, migration 9's commit function
+        await conn.execute("DROP FUNCTION stager_commit(TEXT, BIGINT, DOUBLE PRECISION, BYTEA, "
+                           "DOUBLE PRECISION, TEXT); ALTER TABLE entries DROP COLUMN attrs; "
+                           "UPDATE stager_schema SET version = 12; "
+                           + QUOTA_COMMIT_FUNCTION.split("\n", 2)[2])
+    finally:
+        await conn.close()
+    again = PostgreSQLStore(pg_url)
+    try:
+        old = await again.stat("/old/f")
+        assert (old.file_id, old.attrs) == (file_id, {})
+        u = upload("m2", "/old/g")
+        await again.begin_uploads([u])
+        await again.commit_uploads([(u.file_id, 0, (), 1.0, {"s3": {"etag": '"x"'}})], now=1.0)
+        assert (await again.stat("/old/g")).attrs == {"s3": {"etag": '"x"'}}
+    finally:
+        again.close()
+
+
 async def test_queued_writes_share_one_transaction_and_fail_alone(pg_url: str) -> None:
     store = PostgreSQLStore(pg_url)
     try:

@@ -29,7 +29,7 @@ from stager.protocol.manifest import Manifest, ManifestFile
 from stager.protocol.models import LayoutSpec, TargetInfo
 from stager.testing import ThreadCluster
 from stager.testing.cachestore import attachment, cached
-from stager.testing.metastore import commit_one, upload
+from stager.testing.metastore import upload
 from stager.testing.s3keystore import s3key
 
 
@@ -56,8 +56,8 @@ async def fill(store: MetaStore) -> None:
     for i in range(5):
         u = upload(f"f{i}", f"/data/old/f{i}")
         await store.begin_uploads([u])
-        await commit_one(store, u.file_id, size=10 * i, checksums=(i,) * (i % 3),
-                         mtime=2.0 + i, now=3.0)
+        await store.commit_uploads([(u.file_id, 10 * i, (i,) * (i % 3), 2.0 + i,
+                                     {"s3": {"etag": f'"e{i}"'}} if i == 2 else {})], now=3.0)
     await store.mkdir("/later", parents=False, exist_ok=False, now=4.0,
                       layout=LayoutSpec(stripe_count=1))
     await store.rename("/data/old", "/later/moved", overwrite=False, now=5.0)
@@ -105,7 +105,9 @@ async def test_a_store_is_copied_exactly(open_kind: Callable[[str, str], MetaSto
         assert await everything(target) == await everything(source)
         assert await source.cache_usage() == {"/later/moved": (1, 30, 1, 30)}
         assert await target.cache_usage() == {"/later/moved": (1, 30, 0, 0)}   # cold
-        assert (await target.stat("/later/moved/f2")).checksums == (2, 2)
+        f2 = await target.stat("/later/moved/f2")
+        assert (f2.checksums, f2.attrs) == ((2, 2), {"s3": {"etag": '"e2"'}})
+        assert (await target.stat("/later/moved/f1")).attrs == {}
         # the removed file and the pending upload both wait to be purged
         garbage = {g.file_id[:2] for g in await target.take_garbage(10)}
         assert garbage == {"f0", "p1"}
