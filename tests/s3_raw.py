@@ -24,9 +24,10 @@ class Reply:
 
 
 def raw(s3: S3Cluster, data: bytes, *, method: str = "GET", pause_at: int = 0,
-        half_close: bool = False) -> Reply | None:
+        half_close: bool = False, hang_up: bool = False) -> Reply | None:
     """Write ``data`` (pausing after ``pause_at`` bytes, if given), read the answer;
-    ``None`` when the gateway closed without one."""
+    ``None`` when the gateway closed without one, or with ``hang_up`` (closed at once
+    by this side, mid-request)."""
     host, port = s3.host_port.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         if pause_at:
@@ -39,6 +40,8 @@ def raw(s3: S3Cluster, data: bytes, *, method: str = "GET", pause_at: int = 0,
                 sock.shutdown(socket.SHUT_WR)
         except (BrokenPipeError, ConnectionResetError):
             pass        # refused before the body was all sent: the answer is there
+        if hang_up:
+            return None
         response = HTTPResponse(sock, method=method)
         try:
             response.begin()

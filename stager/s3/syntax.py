@@ -14,7 +14,8 @@ refuses to send a header whose value holds a control character, so a
 - ``x-amz-content-sha256``: a SHA-256 in hex or one of S3's named payload kinds;
 - ``x-amz-checksum-algorithm`` / ``x-amz-sdk-checksum-algorithm``: an algorithm the
   gateway computes (``InvalidRequest``);
-- ``response-*`` overrides: a value a header can carry.
+- ``response-*`` overrides: a value a header can carry;
+- ``x-amz-copy-source-range``: ASCII (its digits are read with ``isdigit``).
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ def check(request: web.Request) -> None:
         if name in headers and headers[name].lower() not in ALGORITHMS:
             raise S3Error("InvalidRequest", f"Value for {name} header is invalid: "
                           f"{headers[name][:40]!r}")
+    if not headers.get("x-amz-copy-source-range", "").isascii():
+        raise S3Error("InvalidArgument", "x-amz-copy-source-range is bytes=FIRST-LAST")
     for name, text in query.items():
         if name.startswith("response-") and _NOT_HEADER.search(text):
             raise S3Error("InvalidArgument", f"{name} holds a control character")
