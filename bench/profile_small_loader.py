@@ -146,9 +146,11 @@ def torch_workers_ab(rounds: int) -> None:
 
 def worker_reads(rounds: int) -> None:
     """A Loader reading every step of an epoch, and a copy reading only the steps of
-    DataLoader worker 0 of 2 (``for_worker``), alternating in this process: what
+    DataLoader worker 0 of 2 (``for_worker``, in runs of steps as StagerDataLoader
+    splits them), alternating in this process: what
     each costs the machine per sample, and what it asks the data servers for."""
     from stager import Loader
+    from stager.loader.workers import run_length
 
     with tempfile.TemporaryDirectory(prefix="profile-worker-reads-") as tmp, \
             tar_cluster(Path(tmp)) as (meta, pids):
@@ -157,7 +159,9 @@ def worker_reads(rounds: int) -> None:
                 with Loader("/tar", meta_url=meta, batch_size=256, seed=r,
                             index_cache=Path(tmp) / "index", prefetch_bytes=256 << 20,
                             prefetch_batches=16) as whole:
-                    loader = whole if worker is None else whole.for_worker(worker, 2)
+                    run = run_length(whole.window, whole.batch_size, whole.world_size,
+                                     whole.prefetch.batches)
+                    loader = whole if worker is None else whole.for_worker(worker, 2, run)
                     it = iter(loader)
                     next(it)
                     busy = machine_busy()

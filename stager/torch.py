@@ -315,10 +315,9 @@ class StagerDataLoader(DataLoader):  # type: ignore[type-arg]
         collate = kwargs.get("collate_fn") or convert
         if kwargs.get("num_workers", 0) > 0:
             collate = _InWorker(collate, bool(share_bytes))
-            loader = dataset.loader
-            dataset.tagged = True
-            dataset.run = run_length(loader.window, loader.batch_size, loader.world_size,
-                                     loader.prefetch.batches)
+        loader = dataset.loader
+        self.run = run_length(loader.window, loader.batch_size, loader.world_size,
+                              loader.prefetch.batches)     # steps per worker run
         kwargs["collate_fn"] = collate
         super().__init__(dataset, batch_size=None, **kwargs)
 
@@ -334,12 +333,21 @@ class StagerDataLoader(DataLoader):  # type: ignore[type-arg]
         loader = self.loader
         loader.begin_pass()             # before the workers fork: they start here
         loader.global_order()           # the epoch's order, planned once for them all
+        dataset = self.dataset
+        assert isinstance(dataset, StagerDataset)
+        # Only for the workers started now (forked, or pickled for spawn, here): a
+        # plain DataLoader over the same dataset later gets it round-robin, untagged.
+        dataset.tagged, dataset.run = True, self.run
+        try:
+            batches = super().__iter__()
+        finally:
+            dataset.tagged, dataset.run = False, 1
         mapped: dict[tuple[int, int], torch.Tensor] = {}   # the workers' shared buffers
         # The DataLoader takes the workers' batches round-robin; a worker reads runs
         # of steps, so the next step may come a run later: hold it until its turn.
         waiting: dict[int, Any] = {}
         step = 0
-        for item in super().__iter__():
+        for item in batches:
             waiting[item.step] = item.batch
             del item
             while step in waiting:

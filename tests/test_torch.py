@@ -117,8 +117,7 @@ def test_workers_reuse_their_shared_buffers(make: Any) -> None:
     data.loader.begin_pass()
     mapped: dict[tuple[int, int], Any] = {}
     sent, samples, workers = 0, [], set()
-    for item in torch.utils.data.DataLoader.__iter__(dl):  # as they come from workers
-        batch = item.batch
+    for batch in torch.utils.data.DataLoader.__iter__(dl):  # as they come from workers
         assert type(batch) is SharedBatch and batch.slot >= 0
         workers.add(batch.worker)
         sent += batch.data is not None
@@ -162,14 +161,20 @@ def test_workers_read_runs_of_steps_in_turn_and_share_one_plan(make: Any) -> Non
     data = make(batch_size=2)
     plan = [keys_of(b) for b in data.loader.for_worker(0, 1)]
     dl = StagerDataLoader(data, num_workers=2, multiprocessing_context="fork")
-    assert data.run >= 2 and data.tagged
-    parts = [[keys_of(b) for b in data.loader.for_worker(w, 2, data.run)] for w in (0, 1)]
-    steps = [worker_steps(len(plan), w, 2, data.run) for w in (0, 1)]
-    assert steps[0][:data.run] == list(range(data.run))         # a run, then the other's
-    assert steps[1][0] == data.run
+    run = dl.run
+    assert run >= 2
+    parts = [[keys_of(b) for b in data.loader.for_worker(w, 2, run)] for w in (0, 1)]
+    steps = [worker_steps(len(plan), w, 2, run) for w in (0, 1)]
+    assert steps[0][:run] == list(range(run))       # a run, then the other worker's
+    assert steps[1][0] == run
     assert sorted(steps[0] + steps[1]) == list(range(len(plan)))
     assert parts == [[plan[i] for i in s] for s in steps]
     assert [keys_of(b) for b in dl] == plan
+    # a plain DataLoader over the same dataset afterwards: bare batches, round-robin
+    plain = torch.utils.data.DataLoader(data, batch_size=None, num_workers=2,
+                                        multiprocessing_context="fork")
+    got = [keys_of(b) for b in plain]               # (the next epoch: another order)
+    assert sorted(i for b in got for i in b) == sorted(i for b in plan for i in b)
 
 
 def test_counting_batches_handed_out_does_not_plan_the_pass_again(
