@@ -5,6 +5,13 @@ PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 PIP     := $(BIN)/python -m pip
+# Mosaic Streaming (tests/test_s3_mosaic.py, `python -m bench mosaic`) in a venv of its own:
+# it pins numpy<2.2 and imports torchvision at `import streaming`, and PyPI's torchvision
+# loads only beside a CUDA build of torch (the CPU torch 2.13.0 fails: `operator
+# torchvision::nms does not exist`).  torch 2.14.1 and torchvision 0.29.1 lie on this
+# machine's disk for Python 3.11 (about 5.5 GB installed, a few minutes).
+MOSAIC  := .venv-mosaic
+MOSAIC_PACKAGES ?= torch==2.14.1 torchvision==0.29.1 mosaicml-streaming==0.13.0
 # Debian packages the tests use (FUSE mounts, nginx baselines, network namespaces,
 # fault injection: fiu-run, the PostgreSQL metadata store's tests: initdb, pg_ctl,
 # a real Slurm with burst buffers: tests/slurm/, the dashboard in a headless browser,
@@ -37,12 +44,20 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python sysdeps
 	$(PIP) install -q -e '.[fuse]' || echo "pyfuse3 did not build (needs libfuse3-dev and pkg-config): the FUSE tests will skip"
 	@touch $@ $(VENV)/.installed
 
+# Where it cannot be installed, the Mosaic tests skip and say why (and --strict-skips
+# fails the run: CI is meant to have it).
+$(MOSAIC)/.installed:
+	$(PY) -m venv $(MOSAIC)
+	$(MOSAIC)/bin/python -m pip install -q --upgrade pip
+	$(MOSAIC)/bin/python -m pip install -q $(MOSAIC_PACKAGES) || echo "mosaicml-streaming did not install in $(MOSAIC): the Mosaic tests will skip"
+	@touch $@
+
 demo: $(VENV)/.installed
 	$(BIN)/python -m stager.demo
 
 # The whole suite, as CI runs it (.ci/run).  Every skip is printed with its reason (-rs),
 # and one outside tests/skip_budget.py's short list fails the run (--strict-skips).
-test: $(VENV)/.installed-dev sysdeps pidspace
+test: $(VENV)/.installed-dev $(MOSAIC)/.installed sysdeps pidspace
 	$(PYTEST) -rs --strict-skips --durations=30
 
 # The suite starts and kills thousands of processes on a small machine, and Slurm's
@@ -78,11 +93,11 @@ sysdeps:
 
 # The benchmarks (see bench/RESULTS.md); bench-quick is the smoke-test size and
 # writes to .stager/bench-quick so the committed results stay as they are.
-bench: $(VENV)/.installed-dev sysdeps
+bench: $(VENV)/.installed-dev $(MOSAIC)/.installed sysdeps
 	$(BIN)/python -m bench
 
-bench-quick: $(VENV)/.installed-dev sysdeps
+bench-quick: $(VENV)/.installed-dev $(MOSAIC)/.installed sysdeps
 	$(BIN)/python -m bench --quick
 
 clean:
-	rm -rf $(VENV) .stager .pytest_cache
+	rm -rf $(VENV) $(MOSAIC) .stager .pytest_cache
