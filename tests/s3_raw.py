@@ -7,9 +7,11 @@ socket of its own (pausing, or half-closing, as asked) and reads the answer;
 
 from __future__ import annotations
 
+import base64
 import socket
 import time
 import xml.etree.ElementTree as ET
+import zlib
 from dataclasses import dataclass
 from http.client import HTTPResponse
 
@@ -98,3 +100,19 @@ def readable(reply: Reply) -> None:
         ET.fromstring(reply.body)
 
 
+
+
+def crc32(data: bytes) -> str:
+    """A CRC32 as ``x-amz-checksum-crc32`` carries it."""
+    return base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+
+
+def chunked_headers(decoded: str, **more: str) -> dict[str, str | bytes]:
+    """The headers of an unsigned ``aws-chunked`` body whose data is ``decoded`` bytes
+    long (``""``: no ``x-amz-decoded-content-length``)."""
+    headers: dict[str, str | bytes] = {
+        "Content-Encoding": "aws-chunked",
+        "x-amz-content-sha256": "STREAMING-UNSIGNED-PAYLOAD-TRAILER", **more}
+    if decoded:
+        headers["x-amz-decoded-content-length"] = decoded.encode()
+    return headers

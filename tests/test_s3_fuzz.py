@@ -14,17 +14,15 @@ serves the module; at its end the gateway's log holds no traceback of ours.
 
 from __future__ import annotations
 
-import base64
 import re
 import time
-import zlib
 from collections.abc import Iterator
 from urllib.parse import quote
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from s3_raw import raw, readable, refused, request, send
+from s3_raw import chunked_headers, crc32, raw, readable, refused, request, send
 
 from stager.testing.s3cluster import S3Cluster
 
@@ -269,10 +267,6 @@ def test_bad_copy_sources_and_ranges(s3: S3Cluster, source: str, span: str) -> N
 
 
 # -- bodies: aws-chunked, lengths, checksums --------------------------------------------
-def crc32(data: bytes) -> str:
-    return base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
-
-
 TRAILER = b"x-amz-checksum-crc32:" + crc32(b"hello").encode() + b"\r\n"
 CHUNKED = {     # name -> (body, x-amz-decoded-content-length, more headers)
     "size-larger-than-sent": (b"a\r\nhello\r\n0\r\n\r\n", "10", {}),
@@ -301,15 +295,6 @@ CHUNKED = {     # name -> (body, x-amz-decoded-content-length, more headers)
 }
 
 
-def chunked_headers(decoded: str, **more: str) -> dict[str, str | bytes]:
-    headers: dict[str, str | bytes] = {
-        "Content-Encoding": "aws-chunked",
-        "x-amz-content-sha256": "STREAMING-UNSIGNED-PAYLOAD-TRAILER", **more}
-    if decoded:
-        headers["x-amz-decoded-content-length"] = decoded.encode()
-    return headers
-
-
 @pytest.mark.parametrize("name", CHUNKED)
 def test_bad_aws_chunked_bodies_leave_the_object_as_it_was(s3: S3Cluster, name: str) -> None:
     body, decoded, more = CHUNKED[name]
@@ -318,6 +303,12 @@ def test_bad_aws_chunked_bodies_leave_the_object_as_it_was(s3: S3Cluster, name: 
     holds(s3, "chunked", b"previous")
     refused(send(s3, "PUT", f"/{BUCKET}/chunked-new", body, chunked_headers(decoded, **more)))
     holds(s3, "chunked-new", None)
+    upload = create_upload(s3, "mp-chunked")
+    refused(send(s3, "PUT", f"/{BUCKET}/mp-chunked?partNumber=1&uploadId={upload}", body,
+                 chunked_headers(decoded, **more)))
+    parts = send(s3, "GET", f"/{BUCKET}/mp-chunked?uploadId={upload}")
+    assert parts.status == 200 and b"<Part>" not in parts.body      # no part half-written
+    assert send(s3, "DELETE", f"/{BUCKET}/mp-chunked?uploadId={upload}").status == 204
 
 
 @given(cut=st.integers(0, 200), flip=st.integers(0, 200), byte=st.integers(0, 255),
@@ -354,13 +345,18 @@ def test_a_connection_closed_mid_body_leaves_the_object_as_it_was(s3: S3Cluster,
         headers = {"Transfer-Encoding": "chunked", "Content-Length": None}  # type: ignore[dict-item]
     body = {"plain": b"z" * 5000, "aws-chunked": b"14\r\nabcdefghij",
             "transfer-chunked": b"5\r\nhello\r\n"}[how]
+    upload = create_upload(s3, "cut")
     for half_close in (False, True):
-        reply = raw(s3, request("PUT", f"/{BUCKET}/cut", body, headers), method="PUT",
-                    half_close=half_close, hang_up=not half_close)
-        if reply is not None:
-            refused(reply)
+        for path in (f"/{BUCKET}/cut", f"/{BUCKET}/cut?partNumber=1&uploadId={upload}"):
+            reply = raw(s3, request("PUT", path, body, headers), method="PUT",
+                        half_close=half_close, hang_up=not half_close)
+            if reply is not None:
+                refused(reply)
         time.sleep(0.5)         # the gateway sees the cut and aborts its write
         holds(s3, "cut", b"previous")
+        parts = send(s3, "GET", f"/{BUCKET}/cut?uploadId={upload}")
+        assert parts.status == 200 and b"<Part>" not in parts.body
+    assert send(s3, "DELETE", f"/{BUCKET}/cut?uploadId={upload}").status == 204
 
 
 def test_a_body_longer_than_its_content_length_is_a_shorter_put(s3: S3Cluster) -> None:
