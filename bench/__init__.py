@@ -22,3 +22,4 @@ BENCHMARKS = ("striping", "loopback", "small_samples", "metadata", "writes", "wr
               "memory", "auth", "jobcluster", "jobstart", "loader", "mount", "stage",
               "cache", "floors", "s3")
 BENCHMARKS = BENCHMARKS + ("scale",)    # heartbeats and telemetry per 1,000 nodes (issue 30)
+BENCHMARKS = BENCHMARKS + ("mosaic",)   # Mosaic Streaming beside the Loader (issues 29, 30)

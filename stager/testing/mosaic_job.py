@@ -22,7 +22,9 @@ in the order written or read.
 from __future__ import annotations
 
 import json
+import os
 import pickle
+import shutil
 import sys
 import time
 from typing import Any
@@ -76,7 +78,11 @@ def read(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def rate(spec: dict[str, Any]) -> dict[str, Any]:
-    """One epoch: time to the first batch (from making the dataset) and samples/s after it."""
+    """One epoch: time to the first batch (from making the dataset) and samples/s after
+    it.  ``spec["env"]`` is set first (Mosaic reads ``S3_ENDPOINT_URL`` at each download,
+    so one process can time several endpoints); with ``cleanup`` the downloaded shards
+    are removed after."""
+    os.environ.update(spec.get("env", {}))
     start = time.perf_counter()
     it = iter(batches(spec))
     first = next(it)
@@ -86,6 +92,9 @@ def rate(spec: dict[str, Any]) -> dict[str, Any]:
         samples += len(batch)
         nbytes += sum(len(s["data"]) for s in batch)
     end = time.perf_counter()
+    del it
+    if spec.get("cleanup"):
+        shutil.rmtree(spec["local"], ignore_errors=True)
     return {"ttfb": t_first - start, "rate": samples / (end - t_first),
             "samples": samples + len(first), "bytes": nbytes}
 
