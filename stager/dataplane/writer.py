@@ -18,6 +18,25 @@ from .transport import DataPlane
 from .writeengine import Reroute, WriteEngine, WriteOptions
 from .writeplan import Placement, WritePlan
 
+# Chunk buffers whose chunk is stored (every PUT from it answered), by size, for the
+# next writer of this process to fill: the gateway makes a writer per part, and a new
+# buffer is zero-filled and faulted in (bytearray(n): 0.1-0.5 CPU s a GiB).
+_SPARE: dict[int, list[bytearray]] = {}
+SPARE_BYTES = 32 << 20      # kept per chunk size, at most
+
+
+def _take(size: int) -> bytearray:
+    try:
+        return _SPARE[size].pop()
+    except (KeyError, IndexError):
+        return bytearray(size)
+
+
+def _keep(buf: bytearray) -> None:
+    spare = _SPARE.setdefault(len(buf), [])
+    if len(buf) * (len(spare) + 1) <= SPARE_BYTES:
+        spare.append(buf)
+
 
 class StripedWriter:
     """Accepts bytes in any sizes; stores each full chunk on every replica.
@@ -43,8 +62,8 @@ class StripedWriter:
         limit = asyncio.Semaphore(self.max_in_flight * max(1, layout.replicas))
         options = WriteOptions(copy_bytes=self.max_in_flight * layout.chunk_size)
         self.engine = WriteEngine(plane, self.plan, limit, options=options, reroute=reroute)
-        self._spare: list[bytearray] = []   # chunk buffers stored and free to refill
-        self._buf = bytearray(layout.chunk_size)
+        self._chunk = layout.chunk_size
+        self._buf: bytearray | None = None  # the chunk being filled, taken when needed
         self._fill = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -64,7 +83,7 @@ class StripedWriter:
         if self._closed:
             raise ValueError("write to a closed writer")
         view = memoryview(data).cast("B")
-        total, chunk = len(view), len(self._buf)
+        total, chunk = len(view), self._chunk
         holders = 1         # this call, and each chunk sent from ``data``
 
         def let_go(_: object = None) -> None:
@@ -83,6 +102,8 @@ class StripedWriter:
                     self.size += chunk
                     continue
                 n = min(len(view), chunk - self._fill)
+                if self._buf is None:
+                    self._buf = _take(chunk)
                 self._buf[self._fill:self._fill + n] = view[:n]
                 self._fill += n
                 self.size += n
@@ -118,17 +139,15 @@ class StripedWriter:
         self._tasks.clear()
 
     async def _send_buffer(self) -> None:
-        buf, data = self._buf, memoryview(self._buf)[:self._fill]
-        # A buffer comes back once its chunk is stored (every PUT from it answered):
-        # at most max_in_flight + 1 are ever made, and none is zero-filled again
-        # (bytearray(n) is, 0.1-0.2 CPU s a GiB on top of its page faults).
-        self._buf = self._spare.pop() if self._spare else bytearray(self.layout.chunk_size)
-        self._fill = 0
+        buf = self._buf
+        assert buf is not None
+        data = memoryview(buf)[:self._fill]
+        self._buf, self._fill = None, 0
 
         def reuse(task: asyncio.Task[None]) -> None:
             # not after a failure or a cancel: a request may still be sending from it
-            if not task.cancelled() and task.exception() is None and not self._closed:
-                self._spare.append(buf)
+            if not task.cancelled() and task.exception() is None:
+                _keep(buf)
 
         await self._send(data, reuse)
 
