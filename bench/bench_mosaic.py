@@ -23,6 +23,7 @@ Rounds rotate the order of the Mosaic cases; the figure is the median over round
 from __future__ import annotations
 
 import io
+import logging
 import pickle
 import random
 import statistics
@@ -114,6 +115,7 @@ def mosaic_steps(tmp: Path, r: int, stager: S3Endpoint,
 
 def run(quick: bool) -> dict[str, Any]:
     mosaic_python()                         # says how to make the venv when it is missing
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)    # moto's access log
     n = samples(quick)
     figures: dict[str, list[dict[str, float]]] = {}
     with scratch("mosaic") as tmp:
