@@ -43,9 +43,10 @@ async def test_the_range_after_a_range_takes_what_it_read_on(aclient: AsyncClien
     assert await _read(aclient, info, 0, at) == data[:at]
     assert tails.has(info.file_id, at) and tails.has(info.file_id, 3 * CHUNK)
     await _settled(aclient)
-    before = _requests(aclient)
+    before, taken = _requests(aclient), tails.taken
     # [at, 4 CHUNK + 10): three pieces, all parked; it reads on from its own end only
     assert await _read(aclient, info, at, 4 * CHUNK + 10) == data[at:4 * CHUNK + 10]
+    assert tails.taken - taken == 3
     assert not tails.has(info.file_id, at) and not tails.has(info.file_id, 3 * CHUNK)
     assert _requests(aclient) - before <= 3     # its read-on: [4C+10, 5C) .. the end
     await _settled(aclient)
@@ -69,3 +70,19 @@ async def test_no_read_on_where_a_read_began_or_the_file_ends(aclient: AsyncClie
     await second.aclose()               # type: ignore[attr-defined]
     assert await _read(aclient, info, 2 * CHUNK, 4 * CHUNK) == data[2 * CHUNK:]
     assert not any(k[0] == info.file_id and k[1] >= 4 * CHUNK for k in tails.parked)
+
+
+async def test_a_second_pass_over_the_ranges_reads_on_again(aclient: AsyncClient, ns: str,
+                                                            payload: Any) -> None:
+    """A range read before (its stream ended) does not keep the one before it from
+    reading on: only a stream still running there does."""
+    data = payload(4 * CHUNK)
+    await aclient.pipe(f"{ns}/h", data, layout=LayoutSpec(chunk_size=CHUNK))
+    info = await aclient.stat(f"{ns}/h")
+    tails = tails_of(aclient.plane.session)
+    for _ in range(2):
+        taken = tails.taken
+        for at in range(0, len(data), CHUNK):
+            assert await _read(aclient, info, at, at + CHUNK) == data[at:at + CHUNK]
+            await _settled(aclient)
+        assert tails.taken - taken == 3

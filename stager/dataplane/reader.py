@@ -102,6 +102,8 @@ class StripedReader:
                 launch()
                 yield view
         finally:
+            if tails is not None:
+                tails.end(self.file_id, start)
             await cancel_and_wait(t for t, _ in window)
 
     def _read_on(self, tails: Any, start: int, stop: int) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 AHEAD = 16 << 20        # bytes read past a range's end, at most
 BUDGET = 64 << 20       # bytes parked per data plane, at most
-TTL = 5.0               # seconds a parked piece (and the note of a read begun) is kept
+TTL = 5.0               # seconds a parked piece is kept
 
 Key = tuple[str, int]   # (file id, offset)
 
@@ -40,20 +40,27 @@ class Tails:
     def __init__(self) -> None:
         self.parked: OrderedDict[Key, tuple[asyncio.Future[None], bytearray, float]] = \
             OrderedDict()
-        self.begun: OrderedDict[Key, float] = OrderedDict()
+        self.reading: dict[Key, int] = {}       # streams running, by where they began
         self.bytes = 0
+        self.taken = self.dropped = 0           # pieces taken by a stream, dropped unused
 
     def begin(self, file_id: str, offset: int) -> None:
-        """A stream begins at ``offset``: no other reads ahead to there."""
+        """A stream begins at ``offset``: while it runs, no other reads ahead to there."""
         self._expire()
-        self.begun[(file_id, offset)] = time.monotonic()
-        self.begun.move_to_end((file_id, offset))
+        key = (file_id, offset)
+        self.reading[key] = self.reading.get(key, 0) + 1
+
+    def end(self, file_id: str, offset: int) -> None:
+        key = (file_id, offset)
+        left = self.reading.pop(key, 1) - 1
+        if left:
+            self.reading[key] = left
 
     def wanted(self, file_id: str, offset: int) -> bool:
-        """Whether to read ahead from ``offset``: no stream began there lately and
-        nothing is parked there yet."""
+        """Whether to read ahead from ``offset``: no stream that began there is running
+        (boto3's ranges run ten at once) and nothing is parked there yet."""
         self._expire()
-        return (file_id, offset) not in self.begun and (file_id, offset) not in self.parked
+        return (file_id, offset) not in self.reading and (file_id, offset) not in self.parked
 
     def has(self, file_id: str, offset: int) -> bool:
         return (file_id, offset) in self.parked
@@ -69,7 +76,9 @@ class Tails:
         self.bytes -= len(buf)
         if len(buf) < length or (task.done() and (task.cancelled() or task.exception())):
             task.cancel()
+            self.dropped += 1
             return None
+        self.taken += 1
         return task, buf
 
     def park(self, file_id: str, offset: int, task: asyncio.Future[None],
@@ -83,14 +92,13 @@ class Tails:
     def _drop(self, key: Key) -> None:
         task, buf, _ = self.parked.pop(key)
         self.bytes -= len(buf)
+        self.dropped += 1
         task.cancel()
 
     def _expire(self) -> None:
         old = time.monotonic() - TTL
         while self.parked and next(iter(self.parked.values()))[2] < old:
             self._drop(next(iter(self.parked)))
-        while self.begun and next(iter(self.begun.values())) < old:
-            self.begun.popitem(last=False)
 
 
 _TAILS: weakref.WeakKeyDictionary[Any, Tails] = weakref.WeakKeyDictionary()
