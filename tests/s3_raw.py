@@ -2,20 +2,26 @@
 
 :func:`request` writes one HTTP/1.1 request as bytes; :func:`raw` sends them on a
 socket of its own (pausing, or half-closing, as asked) and reads the answer;
-:func:`refused` holds the checks every S3 error answer must pass.
+:func:`refused` holds the checks every S3 error answer must pass.  The helpers that
+name keys (:func:`put`, :func:`holds`, …) name them in :data:`BUCKET`, which the
+module using them makes.
 """
 
 from __future__ import annotations
 
 import base64
+import re
 import socket
 import time
 import xml.etree.ElementTree as ET
 import zlib
 from dataclasses import dataclass
 from http.client import HTTPResponse
+from urllib.parse import quote
 
 from stager.testing.s3cluster import S3Cluster
+
+BUCKET = "fuzz"
 
 
 @dataclass
@@ -116,3 +122,32 @@ def chunked_headers(decoded: str, **more: str) -> dict[str, str | bytes]:
     if decoded:
         headers["x-amz-decoded-content-length"] = decoded.encode()
     return headers
+
+
+def holds(s3: S3Cluster, key: str, data: bytes | None) -> None:
+    """``key`` holds exactly ``data``; ``None``: it is absent, to HEAD and a listing."""
+    got = send(s3, "GET", f"/{BUCKET}/{key}")
+    if data is None:
+        assert send(s3, "HEAD", f"/{BUCKET}/{key}").status == 404
+        listing = send(s3, "GET", f"/{BUCKET}?list-type=2&prefix={quote(key)}")
+        assert listing.status == 200 and b"<Key>" not in listing.body
+        assert got.status == 404
+    else:
+        assert (got.status, got.body) == (200, data)
+
+
+def put(s3: S3Cluster, key: str, data: bytes) -> None:
+    assert send(s3, "PUT", f"/{BUCKET}/{key}", data).status == 200
+
+
+def create_upload(s3: S3Cluster, key: str) -> str:
+    reply = send(s3, "POST", f"/{BUCKET}/{key}?uploads")
+    found = re.search(rb"<UploadId>([^<]+)</UploadId>", reply.body)
+    assert reply.status == 200 and found, reply.body
+    return found.group(1).decode()
+
+
+def listed(s3: S3Cluster) -> bytes:
+    reply = send(s3, "GET", f"/{BUCKET}?list-type=2")
+    readable(reply)
+    return reply.body

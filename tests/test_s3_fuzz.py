@@ -22,11 +22,23 @@ from urllib.parse import quote
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from s3_raw import chunked_headers, crc32, raw, readable, refused, request, send
+from s3_raw import (
+    BUCKET,
+    chunked_headers,
+    crc32,
+    create_upload,
+    holds,
+    listed,
+    put,
+    raw,
+    readable,
+    refused,
+    request,
+    send,
+)
 
 from stager.testing.s3cluster import S3Cluster
 
-BUCKET = "fuzz"
 DATA = b"0123456789"
 FUZZ = settings(max_examples=25, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -38,35 +50,6 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Cluster]:
     with S3Cluster(tmp_path_factory.mktemp("s3fuzz")) as cluster:
         assert send(cluster, "PUT", f"/{BUCKET}").status == 200
         yield cluster
-
-
-def holds(s3: S3Cluster, key: str, data: bytes | None) -> None:
-    """``key`` holds exactly ``data``; ``None``: it is absent, to HEAD and a listing."""
-    got = send(s3, "GET", f"/{BUCKET}/{key}")
-    if data is None:
-        assert send(s3, "HEAD", f"/{BUCKET}/{key}").status == 404
-        listing = send(s3, "GET", f"/{BUCKET}?list-type=2&prefix={quote(key)}")
-        assert listing.status == 200 and b"<Key>" not in listing.body
-        assert got.status == 404
-    else:
-        assert (got.status, got.body) == (200, data)
-
-
-def put(s3: S3Cluster, key: str, data: bytes) -> None:
-    assert send(s3, "PUT", f"/{BUCKET}/{key}", data).status == 200
-
-
-def create_upload(s3: S3Cluster, key: str) -> str:
-    reply = send(s3, "POST", f"/{BUCKET}/{key}?uploads")
-    found = re.search(rb"<UploadId>([^<]+)</UploadId>", reply.body)
-    assert reply.status == 200 and found, reply.body
-    return found.group(1).decode()
-
-
-def listed(s3: S3Cluster) -> bytes:
-    reply = send(s3, "GET", f"/{BUCKET}?list-type=2")
-    readable(reply)
-    return reply.body
 
 
 # -- XML bodies ---------------------------------------------------------------------------
@@ -93,6 +76,8 @@ BAD_XML: dict[str, bytes | str] = {
     "oversized": b"<ROOT>" + b"<a/>" * 600_000 + b"</ROOT>",
     "unclosed-deep": b"<ROOT>" + b"<a>" * 200_000,
 }
+
+
 def xml_body(name: str, root: str) -> bytes:
     body = BAD_XML[name]
     if isinstance(body, str):
