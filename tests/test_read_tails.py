@@ -41,18 +41,21 @@ async def test_the_range_after_a_range_takes_what_it_read_on(aclient: AsyncClien
     tails = tails_of(aclient.plane.session)
     at = 2 * CHUNK + 10                         # not on a chunk boundary
     assert await _read(aclient, info, 0, at) == data[:at]
-    assert tails.has(info.file_id, at) and tails.has(info.file_id, 3 * CHUNK)
+    assert tails.has(info.file_id, at) and tails.has(info.file_id, 4 * CHUNK)
     await _settled(aclient)
     before, taken = _requests(aclient), tails.taken
-    # [at, 4 CHUNK + 10): three pieces, all parked; it reads on from its own end only
+    # [at, 4 CHUNK + 10): three pieces, all parked ([at, 3C), [3C, 4C), [4C, 4C+20));
+    # it reads on from its own end only
     assert await _read(aclient, info, at, 4 * CHUNK + 10) == data[at:4 * CHUNK + 10]
     assert tails.taken - taken == 3
-    assert not tails.has(info.file_id, at) and not tails.has(info.file_id, 3 * CHUNK)
+    assert not tails.has(info.file_id, at) and not tails.has(info.file_id, 4 * CHUNK)
     assert _requests(aclient) - before <= 3     # its read-on: [4C+10, 5C) .. the end
     await _settled(aclient)
     before = _requests(aclient)
     assert await _read(aclient, info, 4 * CHUNK + 10, len(data)) == data[4 * CHUNK + 10:]
-    assert _requests(aclient) - before == 0     # every piece parked, none past the end
+    # parked: [4C+10, 5C), [5C, 6C), [6C, 6C+10) (as long as the range before), which
+    # is too short for [6C, 6C+123): read again; nothing past the file's end
+    assert _requests(aclient) - before == 1
 
 
 async def test_no_read_on_where_a_read_began_or_the_file_ends(aclient: AsyncClient, ns: str,

@@ -107,13 +107,13 @@ class StripedReader:
             await cancel_and_wait(t for t, _ in window)
 
     def _read_on(self, tails: Any, start: int, stop: int) -> None:
-        """Park reads of the bytes after ``stop`` (as many as ``[start, stop)``, at most
-        AHEAD, to a chunk boundary) unless a stream began there or they are parked."""
+        """Park reads of the bytes after ``stop``, as many as ``[start, stop)`` (at most
+        AHEAD: the next range is likely as long), unless a stream is running from
+        there or they are parked."""
         if not tails.wanted(self.file_id, stop):
             return
-        chunk = self.layout.chunk_size
-        end = min(self.size, -(-(stop + min(stop - start, AHEAD)) // chunk) * chunk)
-        for piece in pieces(chunk, self.size, stop, end):
+        end = min(self.size, stop + min(stop - start, AHEAD))
+        for piece in pieces(self.layout.chunk_size, self.size, stop, end):
             if not tails.has(self.file_id, piece.file_offset):
                 buf = bytearray(piece.length)
                 task = asyncio.ensure_future(self.read_into(piece.file_offset,

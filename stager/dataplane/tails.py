@@ -4,10 +4,10 @@ A client that reads a big object as a run of ranged GETs (s3fs: one range after
 the other; boto3's ``download_fileobj``: 8 MiB ranges on 10 threads) makes the
 gateway a new reader per range, and each would start cold: its first piece read
 from a data server before its first byte goes out, while the connection idles.
-So a stream whose range ends before the file does, where no read began yet, reads
-on past its end (as far again as its range, at most :data:`AHEAD`, to a chunk
-boundary) into buffers parked here, keyed by file version and offset; a stream
-that begins there takes them instead of reading them again.  A piece parked is
+So a stream whose range ends before the file does, where no stream is running
+yet, reads on past its end (as far again as its range: the next range is likely as
+long; at most :data:`AHEAD`) into buffers parked here, keyed by file version and
+offset; a stream that begins there takes them instead of reading them again.  A piece parked is
 dropped after :data:`TTL` seconds, and the oldest first beyond :data:`BUDGET` bytes
 per data plane, so memory stays bounded; a file version's bytes never change, so
 a parked piece is never stale.
