@@ -166,7 +166,7 @@ async def test_a_database_of_the_schema_before_quotas_upgrades_in_place(
         store.close()
     database = pg_url.rsplit("/", 1)[1]
     postgres.sql("DROP TABLE quotas; DROP TABLE pins; DROP FUNCTION stager_commit("
-                 "TEXT, BIGINT, DOUBLE PRECISION, BYTEA, DOUBLE PRECISION);"
+                 "TEXT, BIGINT, DOUBLE PRECISION, BYTEA, DOUBLE PRECISION, TEXT);"
                  + COMMIT_FUNCTION + "; UPDATE stager_schema SET version = 8", database)
     again = PostgreSQLStore(pg_url)
     try:
