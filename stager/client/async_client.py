@@ -41,6 +41,7 @@ from .cache import CacheCalls
 from .capabilities import CapabilityBook
 from .cluster import Cluster
 from .fileio import AsyncReadFile, AsyncWriteFile
+from .listing import listing_of
 from .metaconn import LONG, MetaConnection
 from .rewrite import written_again
 from .stale import read_current
@@ -134,12 +135,11 @@ class AsyncClient(CacheCalls):
     async def iter_dir(self, path: str, *, page_size: int | None = None, after: str = ""
                        ) -> AsyncIterator[FileInfo]:
         """Every entry of a directory (those named after ``after``, in the names' byte
-        order), one page request at a time."""
+        order), one page request at a time (read by :func:`.listing.listing_of`)."""
         cursor: str | None = after
         while cursor is not None:
-            page = m.Listing.from_json(await self.meta.request(
-                route("list"), path=paths.normalize(path),
-                query={"after": cursor, "limit": page_size or None}))
+            page = listing_of(await self.meta.request(route("list"), path=paths.normalize(path),
+                              query={"after": cursor, "limit": page_size or None}))
             for entry in page.entries:
                 yield entry
             cursor = page.next

@@ -1,0 +1,81 @@
+"""A directory page read quickly: ``Listing.from_json`` for the shape servers send.
+
+A 1,000-entry page took ``FileInfo.from_json`` some 40 ms on a busy machine, most
+of a listing's time: every field goes through ``field_of``, and every entry's
+layout through ``Layout.from_json`` (its checks, a ``LayoutSpec`` validated),
+though the files of a directory mostly share one layout.  :func:`listing_of`
+builds the same :class:`~stager.protocol.messages.Listing`: an entry of the usual
+shape (the fields below, each of its exact JSON type or null) directly, its layout
+parsed by ``Layout.from_json`` once per distinct layout in the page (a Layout is
+immutable, so entries share it); any other entry through ``FileInfo.from_json``,
+which accepts or refuses it as it always did.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..protocol.messages import Listing
+from ..protocol.models import INT64_MAX, FileInfo, Layout, field_of
+
+# The fields an entry of the usual shape may have (a directory's default layout or a
+# version's attrs send the entry the long way).
+PLAIN = frozenset({"path", "type", "size", "mtime", "file_id", "layout", "checksums",
+                   "locations"})
+
+
+def listing_of(obj: Any) -> Listing:
+    """``Listing.from_json(obj)``, quicker for the entries servers send."""
+    if not isinstance(obj, dict):
+        return Listing.from_json(obj)
+    layouts: dict[tuple[Any, ...], Layout] = {}
+    path = field_of(obj, "path", str)           # checked in from_json's order
+    entries = tuple(_entry(e, layouts) for e in field_of(obj, "entries", list))
+    return Listing(path=path, entries=entries, next=field_of(obj, "next", str, None))
+
+
+def _entry(e: Any, layouts: dict[tuple[Any, ...], Layout]) -> FileInfo:
+    if type(e) is not dict or not PLAIN.issuperset(e):
+        return FileInfo.from_json(e)
+    path, kind = e.get("path"), e.get("type")
+    size, mtime = e.get("size"), e.get("mtime")
+    file_id, sums, where = e.get("file_id"), e.get("checksums"), e.get("locations")
+    if (type(path) is not str or type(kind) is not str
+            or (size is not None and (type(size) is not int or not 0 <= size <= INT64_MAX))
+            or (mtime is not None and type(mtime) is not float and type(mtime) is not int)
+            or (file_id is not None and type(file_id) is not str)
+            or (sums is not None and type(sums) is not list)
+            or (where is not None and type(where) is not dict)):
+        return FileInfo.from_json(e)
+    layout = e.get("layout")
+    if layout is not None:
+        layout = _layout(layout, layouts)
+        if layout is None:
+            return FileInfo.from_json(e)
+    return FileInfo(path=path, type=kind, size=size or 0,
+                    mtime=float(mtime) if mtime is not None else 0.0, file_id=file_id,
+                    layout=layout,
+                    checksums=tuple(int(c, 16) for c in sums) if sums is not None else None,
+                    locations=dict(where) if where else {})
+
+
+def _layout(obj: Any, layouts: dict[tuple[Any, ...], Layout]) -> Layout | None:
+    """The page's Layout for ``obj``, parsed by ``Layout.from_json`` the first time (a
+    layout it refuses is never kept); ``None`` when ``obj`` is not a JSON object or
+    holds what cannot be a key (the entry goes the long way).  The key holds each
+    number's type: ``True == 1``, but from_json takes only the one."""
+    if type(obj) is not dict:
+        return None
+    get = obj.get
+    size, count, copies = get("chunk_size"), get("stripe_count"), get("replicas")
+    targets, nodes, cached = get("targets"), get("nodes"), get("cached")
+    try:
+        key = (type(size), size, type(count), count, type(copies), copies,
+               tuple(targets) if type(targets) is list else targets,
+               tuple(nodes) if type(nodes) is list else nodes, type(cached), cached)
+        layout = layouts.get(key)
+    except TypeError:                   # unhashable: a list or an object in there
+        return None
+    if layout is None:
+        layout = layouts[key] = Layout.from_json(obj)
+    return layout

@@ -1,0 +1,88 @@
+"""The client's quick page reader (stager/client/listing.py) answers exactly what
+``Listing.from_json`` answers: the same Listing, or the same error."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from stager.client.listing import listing_of
+from stager.protocol.messages import Listing
+
+LAYOUT = {"chunk_size": 4194304, "stripe_count": 2, "replicas": 1, "targets": ["t0", "t1"],
+          "nodes": ["n0", "n1"]}
+
+
+def entry(i: int, **fields: Any) -> dict[str, Any]:
+    out = {"path": f"/d/f{i:04d}", "type": "file", "size": i, "mtime": 1733540000.5 + i,
+           "file_id": f"{i:032x}", "layout": copy.deepcopy(LAYOUT), "checksums": ["0000abcd"],
+           "locations": {"t0": "http://h0:1", "t1": "http://h1:1"}}
+    out.update(fields)
+    return {k: v for k, v in out.items() if v is not ...}
+
+
+def page(*entries: Any, **fields: Any) -> dict[str, Any]:
+    return {"path": "/d", "entries": list(entries), "next": None, **fields}
+
+
+def outcome(fn: Any, obj: Any) -> Any:
+    try:
+        return fn(obj)
+    except Exception as exc:  # noqa: BLE001 - the error itself is what is compared
+        return type(exc), str(exc)
+
+
+ODD_LAYOUTS = [
+    {**LAYOUT, "stripe_count": 3},                     # != len(targets)
+    {**LAYOUT, "chunk_size": True},                    # a bool is not a size
+    {**LAYOUT, "chunk_size": "4194304"},
+    {**LAYOUT, "chunk_size": 0},
+    {**LAYOUT, "targets": ["t0", 1]},
+    {**LAYOUT, "targets": [["t0"], "t1"]},             # unhashable inside
+    {**LAYOUT, "nodes": ["n0"]},
+    {**LAYOUT, "cached": True},
+    {**LAYOUT, "cached": 1},
+    {**LAYOUT, "replicas": True},                      # == 1, the replicas of LAYOUT
+    {**LAYOUT, "extra": 1},
+    {k: v for k, v in LAYOUT.items() if k != "replicas"},
+    [1, 2], "layout", 5,
+]
+
+CASES = [
+    page(*(entry(i) for i in range(20))),
+    page(entry(1), entry(2, size=None, mtime=None, file_id=None, checksums=None, layout=None,
+                         locations=None)),
+    page(entry(1, size=..., mtime=..., file_id=..., checksums=..., locations=...)),
+    page(entry(1, type="directory", layout=..., default_layout={"chunk_size": 1048576})),
+    page(entry(1, attrs={"etag": "x"}), entry(2, capability="cap")),
+    page(entry(1, size=-1)), page(entry(1, size=True)), page(entry(1, size=2 ** 63)),
+    page(entry(1, size=1.5)), page(entry(1, mtime=True)), page(entry(1, mtime=3)),
+    page(entry(1, mtime="3")), page(entry(1, path=None)), page(entry(1, path=5)),
+    page(entry(1, type=...)), page(entry(1, file_id=7)), page(entry(1, checksums="ab")),
+    page(entry(1, checksums=["zz"])), page(entry(1, checksums=[5])),
+    page(entry(1, locations=["t0"])), page(entry(1, locations={})),
+    page(entry(1, unknown=1)), page(5), page([entry(1)]),
+    page(entry(1), path=None), page(entry(1), next="f0001"), page(entry(1), next=3),
+    {"path": "/d", "entries": None}, {"path": "/d"}, [page(entry(1))], None,
+    page(entry(1, size=None, path=None), path=5),
+    *(page(entry(1), entry(2, layout=odd), entry(3, layout=odd)) for odd in ODD_LAYOUTS),
+    # a layout refused first, then one that is fine, then the refused one again
+    page(entry(1, layout={**LAYOUT, "chunk_size": True}), entry(2),
+         entry(3, layout={**LAYOUT, "chunk_size": True})),
+    page(entry(1), entry(2, layout={**LAYOUT, "chunk_size": True})),
+    page(entry(1, layout={**LAYOUT, "cached": True}), entry(2, layout={**LAYOUT, "cached": 1})),
+]
+
+
+@pytest.mark.parametrize("obj", CASES)
+def test_the_same_as_from_json(obj: Any) -> None:
+    assert outcome(listing_of, copy.deepcopy(obj)) == outcome(Listing.from_json,
+                                                              copy.deepcopy(obj))
+
+
+def test_entries_of_one_layout_share_it() -> None:
+    got = listing_of(page(*(entry(i) for i in range(5))))
+    assert len({id(e.layout) for e in got.entries}) == 1
+    assert got == Listing.from_json(page(*(entry(i) for i in range(5))))
