@@ -129,8 +129,10 @@ class MetaConnection:
         for attempt in range(tries):
             which = (first + attempt) % count
             base = self.urls[which]
-            # quoted already (Route.target quotes every part): yarl need not check it again
-            url = URL(route.url(base, query=query, **path_params), encoded=True)
+            # quoted already (Route.target quotes every part): yarl need not check it
+            # again; a base URL with a non-ASCII host name still goes through yarl (IDNA)
+            text = route.url(base, query=query, **path_params)
+            url = URL(text, encoded=True) if text.isascii() else URL(text)
             # ChunkBody: a large manifest is megabytes; raw bytes of that size make
             # aiohttp warn.  A new one each try: a payload is written once.
             data = ChunkBody(raw_body) if raw_body is not None else None
