@@ -7,7 +7,8 @@ import re
 from ..errors import RangeNotSatisfiable
 
 _UNIT = re.compile(r"^bytes\s*=", re.IGNORECASE)
-_RANGE = re.compile(r"^\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*$", re.IGNORECASE)
+_RANGE = re.compile(r"^\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*$",
+                    re.IGNORECASE | re.ASCII)     # \d: not the digits of other scripts
 
 
 def parse_range(header: str | None, size: int) -> tuple[int, int] | None:

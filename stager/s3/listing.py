@@ -189,7 +189,7 @@ async def page(client: AsyncClient, bucket: str, prefix: str, delimiter: str,
 
 def _max_keys(ctx: S3Context) -> int:
     text = ctx.query.get("max-keys", str(MAX_KEYS))
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):
         raise S3Error("InvalidArgument", "max-keys is a non-negative integer")
     return min(int(text), MAX_KEYS)
 

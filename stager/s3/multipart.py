@@ -39,6 +39,11 @@ MAX_LISTED = 1000
 MAX_PART = 5 << 30               # S3's largest part
 
 
+def _ascii_digits(text: str) -> bool:
+    """A decimal number S3 would read: ASCII digits only (str.isdigit passes '²' and '١')."""
+    return text.isascii() and text.isdigit()
+
+
 def s3_error(exc: StagerError, ctx: S3Context) -> S3Error:
     """A stager error of a multipart call as S3 names it: a refused completion by its
     reason (InvalidPart, …), a missing upload as NoSuchUpload."""
@@ -62,7 +67,7 @@ def _upload_id(ctx: S3Context) -> str:
 
 def _part_number(ctx: S3Context) -> int:
     text = ctx.query.get("partNumber", "")
-    if not text.isdigit() or not 1 <= int(text) <= MAX_PART_NUMBER:
+    if not _ascii_digits(text) or not 1 <= int(text) <= MAX_PART_NUMBER:
         raise S3Error("InvalidArgument", f"Part number must be an integer between 1 and "
                       f"{MAX_PART_NUMBER}, inclusive", resource=f"/{ctx.bucket}/{ctx.key}")
     return int(text)
@@ -122,7 +127,7 @@ def _copy_range(ctx: S3Context, size: int) -> tuple[int, int]:
     if text is None:
         return 0, size
     first, dash, last = text.removeprefix("bytes=").partition("-")
-    if not (text.startswith("bytes=") and dash and first.isdigit() and last.isdigit()):
+    if not (text.startswith("bytes=") and dash and _ascii_digits(first) and _ascii_digits(last)):
         raise S3Error("InvalidArgument", "x-amz-copy-source-range is bytes=FIRST-LAST")
     start, stop = int(first), int(last) + 1
     if start >= stop or stop > size:
@@ -157,7 +162,7 @@ def parse_complete(body: bytes) -> list[tuple[int, str]]:
     parts = []
     for elem in children(root, "Part"):
         number, etag = text_of(elem, "PartNumber"), text_of(elem, "ETag")
-        if number is None or etag is None or not number.strip().isdigit():
+        if number is None or etag is None or not _ascii_digits(number.strip()):
             raise S3Error("MalformedXML", "each Part needs a PartNumber and an ETag")
         if not 1 <= int(number) <= MAX_PART_NUMBER:
             raise S3Error("InvalidArgument", f"Part number must be an integer between 1 "
@@ -173,10 +178,14 @@ def parse_complete(body: bytes) -> list[tuple[int, str]]:
 async def _read_body(ctx: S3Context, limit: int) -> bytes:
     if ctx.request.content_length is not None and ctx.request.content_length > limit:
         raise S3Error("MalformedXML", "the XML body is too large")
-    body = await ctx.request.content.read(limit + 1)
+    # read(n) returns what has arrived (at most n), not n bytes: read to the end (a
+    # body of a few hundred KB came in pieces and was answered MalformedXML, cut short)
+    body = bytearray()
+    while len(body) <= limit and (piece := await ctx.request.content.read(limit + 1 - len(body))):
+        body += piece
     if len(body) > limit:
         raise S3Error("MalformedXML", "the XML body is too large")
-    return body
+    return bytes(body)
 
 
 def _requested_etag(requested: Sequence[tuple[int, str]]) -> str | None:
@@ -260,7 +269,7 @@ def _count(ctx: S3Context, name: str, default: int, most: int) -> int:
     text = ctx.query.get(name)
     if text is None:
         return default
-    if not text.isdigit():
+    if not _ascii_digits(text):
         raise S3Error("InvalidArgument", f"{name} must be a whole number")
     return min(int(text), most)
 

@@ -22,7 +22,6 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from email.utils import parsedate_to_datetime
 from typing import Any
-from urllib.parse import unquote
 
 from aiohttp import web
 
@@ -36,7 +35,7 @@ from .attrs import DEFAULT_TYPE, ObjectAttrs, attrs_of, fits
 from .buckets import bucket_info, xml_response
 from .context import S3Context
 from .errors import S3Error, from_stager
-from .names import bucket_path, check_bucket, object_path
+from .names import bucket_path, check_bucket, decode_path, object_path
 
 EMPTY_ETAG = '"d41d8cd98f00b204e9800998ecf8427e"'
 MAX_METADATA = 2048          # bytes of x-amz-meta-* (S3's limit)
@@ -124,7 +123,7 @@ def _span(ctx: S3Context, info: FileInfo, attrs: ObjectAttrs) -> tuple[int, int]
     if part is not None:
         if rng is not None:
             raise S3Error("InvalidRequest", "Range and partNumber together")
-        if not part.isdigit() or not 1 <= int(part) <= 10000:
+        if not (part.isascii() and part.isdigit()) or not 1 <= int(part) <= 10000:
             raise S3Error("InvalidArgument", "partNumber is an integer from 1 to 10000")
         if attrs.parts and not attrs.part_sizes:
             raise S3Error("NotImplemented", "this object's part sizes are not kept (too "
@@ -281,7 +280,7 @@ def copy_source(ctx: S3Context) -> tuple[str, str]:
     text, _, version = raw.partition("?")
     if version and version not in ("versionId=null",):
         raise S3Error("NotImplemented", "versions are not supported")
-    text = unquote(text)
+    text = decode_path(text)       # as strict as a request path: InvalidURI
     bucket, _, key = (text[1:] if text.startswith("/") else text).partition("/")
     if not bucket or not key:
         raise S3Error("InvalidArgument", "x-amz-copy-source is not BUCKET/KEY")
