@@ -188,7 +188,8 @@ def test_the_wrong_prefix_or_file_is_403(world: World, audit: pytest.LogCaptureF
 
 # -- between servers: a join token and a target credential do their purpose, nothing else --
 SERVER_CREDS = {"join": {"register_target"},
-                "target": {"register_target", "heartbeat", "leave_target", "scrub_report"},
+                "target": {"register_target", "heartbeat", "heartbeats", "leave_target",
+                           "scrub_report"},
                 # an S3 gateway's: it reads, writes, lists and mints nothing
                 "s3gateway": {"s3key_verify"}}
 ELSEWHERE = [pytest.param(r, cred, id=f"{r.op}-{cred}") for cred, purpose in SERVER_CREDS.items()

@@ -173,7 +173,8 @@ def test_with_auth_on_nothing_is_admitted_without_a_valid_credential(
 
 
 SERVER_PURPOSE = {"join": {"register_target"},
-                  "target": {"register_target", "heartbeat", "leave_target", "scrub_report"}}
+                  "target": {"register_target", "heartbeat", "heartbeats", "leave_target",
+                             "scrub_report"}}
 ELSEWHERE = [pytest.param(cred, r, id=f"{cred}-{r.method}-{r.path}")
              for cred, purpose in SERVER_PURPOSE.items() for r in routes_for("meta")
              if r.op not in purpose and r.access is not None and r.access.scope != "public"]

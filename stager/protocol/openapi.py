@@ -90,6 +90,10 @@ SCHEMAS: dict[str, Any] = {
     "Heartbeat": _obj({"capacity": _COUNT, "used": _COUNT, "chunks": _COUNT,
                        "bytes_read": _COUNT, "bytes_written": _COUNT,
                        "scrub": _ref("ScrubProgress")}),
+    "HeartbeatBatch": _obj({"items": {"type": "array", "items": _obj(
+        {"target_id": {"type": "string", "pattern": TARGET_ID_RE.pattern},
+         "heartbeat": _ref("Heartbeat"), "credential": {"type": ["string", "null"]}},
+        ("target_id", "heartbeat"))}}, ("items",)),
     "ScrubProgress": _obj({"state": {"enum": ["idle", "running"]}, "passes": _COUNT,
                            "chunks_done": _COUNT, "chunks_total": _COUNT,
                            "bytes_done": _COUNT, "bytes_total": _COUNT,

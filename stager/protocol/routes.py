@@ -413,8 +413,8 @@ ROUTES = ROUTES + _MULTIPART_ROUTES
 ROUTES = ROUTES + (Route("POST", "/v1/heartbeats", "heartbeats",
                          "a data server reports all its targets alive in one request: items "
                          "of {target_id, heartbeat, credential}; a result (Target or error) "
-                         "per item", "meta", responses={200: "object", 400: "Error",
-                                                        413: "Error"}),)
+                         "per item", "meta", body="HeartbeatBatch",
+                         responses={200: "object", 400: "Error", 413: "Error"}),)
 
 # What each operation needs when auth is on: one line per route, checked complete below.
 ACCESS: dict[str, Access] = {

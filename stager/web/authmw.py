@@ -54,7 +54,7 @@ from ..protocol.routes import Route, route
 audit = logging.getLogger("stager.audit")
 # POSTs and PUTs that change nothing a user owns, sent every few seconds by machines:
 # audited only when refused.
-CHATTER = frozenset({"heartbeat", "report_rank", "capabilities"})
+CHATTER = frozenset({"heartbeat", "heartbeats", "report_rank", "capabilities"})
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_CAPABILITIES = 4096         # per request: a batch of many small files carries many
 # ... all in one header: a capability's text is at most 276 characters, and a space
