@@ -9,8 +9,8 @@ the multipart ones in ``stager/s3/multipart.py`` — has the same shape::
 context: ``ctx.request`` (aiohttp), ``ctx.client`` (an ``AsyncClient`` acting with
 the principal's token; ``None`` token on an open cluster), ``ctx.bucket``,
 ``ctx.key``, ``ctx.path`` (the key's stager path), ``ctx.request_id``,
-``ctx.principal``, ``ctx.gateway`` (app-wide: ``gateway.attrs``, the object
-attribute records of :mod:`.attrs`), and ``ctx.payload()``, the body decoded
+``ctx.principal``, ``ctx.gateway`` (app-wide: the clients per token), and
+``ctx.payload()``, the body decoded
 (``aws-chunked``) and checked (Content-MD5, ``x-amz-checksum-*``, chunk
 signatures) as it streams.  Before any handler runs, :func:`~stager.s3.syntax.check`
 refuses the malformed numbers and header-bound values that are easy to misread in

@@ -113,14 +113,12 @@ def fits(attrs: ObjectAttrs) -> bool:
     return len((attrs_text(attrs.stored()) or "").encode()) <= MAX_ATTRS
 
 
-class AttrStore:
-    """What is left of the attribute records of earlier gateways, hidden stager files at
-    ``/.s3/attrs/BUCKET/SHA256(KEY)``: they are never read now (an object written by
-    such a gateway has the default attributes until it is written again), and a deleted
-    bucket's are removed with it."""
-
-    async def drop_bucket(self, client: AsyncClient, bucket: str) -> None:
-        try:
-            await client.rm(f"/{HIDDEN}/attrs/{bucket}", recursive=True)
-        except StagerError:
-            pass        # none (or a token that may not): they are ignored anyway
+async def drop_old_records(client: AsyncClient, bucket: str) -> None:
+    """Remove a deleted bucket's attribute records left by earlier gateways, hidden
+    stager files at ``/.s3/attrs/BUCKET/SHA256(KEY)``: they are never read now (an
+    object written by such a gateway has the default attributes until it is written
+    again)."""
+    try:
+        await client.rm(f"/{HIDDEN}/attrs/{bucket}", recursive=True)
+    except StagerError:
+        pass        # none (or a token that may not): they are ignored anyway

@@ -15,6 +15,7 @@ from ..client import AsyncClient
 from ..errors import DirectoryNotEmpty, NotFound
 from ..protocol.models import FileInfo
 from . import xml
+from .attrs import drop_old_records
 from .context import S3Context
 from .errors import S3Error
 from .names import HIDDEN, bucket_path, check_new_bucket
@@ -80,7 +81,7 @@ async def get_location(ctx: S3Context) -> web.StreamResponse:
 async def delete_bucket(ctx: S3Context) -> web.StreamResponse:
     await bucket_info(ctx.client, ctx.bucket)
     await _remove_empty(ctx.client, bucket_path(ctx.bucket))
-    await ctx.gateway.attrs.drop_bucket(ctx.client, ctx.bucket)
+    await drop_old_records(ctx.client, ctx.bucket)
     return web.Response(status=204)
 
 

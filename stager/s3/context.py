@@ -20,7 +20,6 @@ from aiohttp import web
 
 from ..client import AsyncClient
 from ..config import Config
-from .attrs import AttrStore
 from .auth import Authenticator, Principal
 from .names import object_path
 
@@ -43,7 +42,6 @@ class Gateway:
         self._clients: OrderedDict[str | None, AsyncClient] = OrderedDict()
         self._retired: set[AsyncClient] = set()     # evicted, closed after CLOSE_AFTER
         self._closing: set[asyncio.Task[None]] = set()
-        self.attrs = AttrStore()
 
     def client(self, token: str | None) -> AsyncClient:
         """The client acting with ``token`` (``None``: no token, an open cluster)."""
