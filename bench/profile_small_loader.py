@@ -33,8 +33,8 @@ def tar_cluster(root: Path, large: bool = False) -> Iterator[tuple[str, dict[str
 
     from .bench_loader import DATA_SERVERS, Size, make_data
 
-    make_data(root / "www", Size("1 MiB", 1 << 20, 16, 1536, 8, 0, 0) if large
-              else Size("16 KiB", SMALL, 256, 65536, 8, 0, 0))
+    make_data(root / "www", Size("1 MiB", 1 << 20, 16, 1536, 8, 0, 0, 1) if large
+              else Size("16 KiB", SMALL, 256, 65536, 8, 0, 0, 1))
     with NodeCluster(root / "cluster", DATA_SERVERS, mode="loopback") as cluster:
         with Client(cluster.meta_url) as c:
             c.put(root / "www" / "tar", "/tar", files_in_flight=8)
@@ -110,18 +110,20 @@ def loader_client(meta: str, index: Path, rounds: int, pids: dict[str, int],
 
 
 def torch_workers_ab(rounds: int) -> None:
-    """``StagerDataLoader(num_workers=2)`` with its batches through shared memory and
-    pickled through the pipe, alternating in one process: samples/s, and the CPU
-    per sample of this process and of the workers (after they exit)."""
+    """``StagerDataLoader(num_workers=2)`` with its batches' bytes handed out as views
+    of shared memory (``share_bytes=True``), copied out of it (``"copy"``) and
+    pickled through the pipe (False), in turn in one process: samples/s, and the
+    CPU per sample of this process and of the workers (after they exit)."""
     from stager.torch import StagerDataLoader, StagerDataset
 
-    results: dict[bool, list[tuple[float, float, float]]] = {True: [], False: []}
+    modes: list[bool | str] = [True, "copy", False]
+    results: dict[bool | str, list[tuple[float, float, float]]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory(prefix="profile-torch-ab-") as tmp, \
             tar_cluster(Path(tmp)) as (meta, _):
         with StagerDataset("/tar", meta_url=meta, batch_size=256, index_cache=Path(tmp) / "i",
                            prefetch_bytes=256 << 20, prefetch_batches=16) as ds:
             for r in range(rounds):
-                for share in (True, False) if r % 2 == 0 else (False, True):
+                for share in modes[r % 3:] + modes[:r % 3]:
                     ds.set_epoch(r)
                     dl = StagerDataLoader(ds, num_workers=2, multiprocessing_context="fork",
                                           share_bytes=share)
