@@ -284,7 +284,8 @@ class Pipeline:
         slots = [asyncio.wrap_future(self._slot(i)) for i in range(j)]
 
         async def built() -> None:
-            await asyncio.wait(slots)
+            if slots:
+                await asyncio.wait(slots)
             if not filled.done():
                 filled.set_result(j)
         self._spawn(built())
