@@ -100,13 +100,14 @@ def mosaic_steps(tmp: Path, r: int, stager: S3Endpoint,
                  moto: S3Endpoint) -> list[tuple[str, tuple[str, dict[str, Any]]]]:
     steps = []
     for w in WORKERS:
-        for name, endpoint in ((MOSAIC[0], stager), (MOSAIC[1], moto), (MOSAIC[2], None)):
+        for k, (name, endpoint) in enumerate(((MOSAIC[0], stager), (MOSAIC[1], moto),
+                                              (MOSAIC[2], None))):
             spec: dict[str, Any] = {"batch_size": BATCH, "workers": w, "shuffle": True,
-                                    "seed": r}
+                                    "seed": r, "context": "spawn"}
             if endpoint is None:
                 spec.update(remote=None, local=str(tmp / "mds"))
             else:
-                spec.update(remote=f"s3://{BUCKET}/mds", local=str(tmp / f"cache-{r}-{w}"),
+                spec.update(remote=f"s3://{BUCKET}/mds", local=str(tmp / f"cache-{r}-{w}-{k}"),
                             cleanup=True, env={"S3_ENDPOINT_URL": endpoint.url})
             steps.append((f"{name}, {w} workers", ("rate", spec)))
     turn = r % len(steps)
@@ -177,9 +178,15 @@ def _result(figures: dict[str, list[dict[str, float]]], n: int, shards: int,
             "from making the dataset (Mosaic: its index.json and first shards downloaded).",
             f"Mosaic (mosaicml-streaming 0.13, in .venv-mosaic): MDSWriter's default 64 MiB "
             f"shards ({shards} files with the index), StreamingDataset(shuffle=True, "
-            f"batch_size={BATCH}) through torch's DataLoader (0 or 2 forked workers, "
-            "collate_fn=list); an S3 remote downloads into a fresh local folder each run "
-            "(boto3 GetObject of whole shards, S3_ENDPOINT_URL naming the endpoint).",
+            f"batch_size={BATCH}) through torch's DataLoader (0 or 2 workers, collate_fn=list); "
+            "an S3 remote downloads into a fresh local folder each run (boto3's download_file: "
+            "ranged 8 MiB GETs on up to 10 threads; S3_ENDPOINT_URL names the endpoint). The "
+            "workers are spawned, not forked: forked workers inherit the boto3 client (and its "
+            "open keep-alive connections) that fetched index.json in the parent, and here a "
+            "forked run read a shard garbled ('Relative sample index … is not present'); each "
+            "spawned worker imports torch, torchvision and transformers before its first "
+            "sample, which the 2-worker rows' time to first batch and, when one worker is "
+            "still starting after the first batch, their rate include.",
             f"stager: metadata + {DATA_SERVERS} data servers as processes with the S3 "
             "gateway (stager up --s3-port 0); its Loader reads the same samples from "
             f"{SHARDS} tar shards (default settings), with 2 workers through "

@@ -64,5 +64,5 @@ def run_jobs(steps: Sequence[tuple[str, dict[str, Any]]], endpoint: S3Endpoint |
         os.unlink(f.name)
     if done.returncode != 0:
         raise AssertionError(f"mosaic_job.py {[a for a, _ in steps]} exited {done.returncode}\n"
-                             f"stdout: {done.stdout[-4000:]}\nstderr: {done.stderr[-6000:]}")
+                             f"stdout: {done.stdout[-4000:]}\nstderr: {done.stderr[-8000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -21,6 +21,7 @@ in the order written or read.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import pickle
@@ -62,12 +63,14 @@ def dataset(spec: dict[str, Any]) -> Any:
 
 
 def batches(spec: dict[str, Any]) -> Any:
-    """The dataset's batches through torch's DataLoader with ``spec["workers"]``."""
+    """The dataset's batches through torch's DataLoader with ``spec["workers"]`` (started
+    with ``spec["context"]``, torch's default ``fork`` unless given)."""
     from torch.utils.data import DataLoader
 
     workers = spec.get("workers", 0)
+    context = {"multiprocessing_context": spec.get("context", "fork")} if workers else {}
     return DataLoader(dataset(spec), batch_size=spec["batch_size"], num_workers=workers,
-                      collate_fn=list, **({"multiprocessing_context": "fork"} if workers else {}))
+                      collate_fn=list, **context)
 
 
 def read(spec: dict[str, Any]) -> dict[str, Any]:
@@ -103,7 +106,12 @@ def main(argv: list[str]) -> int:
     with open(argv[0]) as f:
         steps = json.load(f)
     actions = {"write": write, "read": read, "rate": rate}
-    print(json.dumps([actions[action](spec) for action, spec in steps]), flush=True)
+    results = []
+    for n, (action, spec) in enumerate(steps):
+        print(f"mosaic_job: step {n}: {action} {json.dumps(spec)}", file=sys.stderr, flush=True)
+        results.append(actions[action](spec))
+        gc.collect()            # the step's dataset and its shared memory gone before the next
+    print(json.dumps(results), flush=True)
     return 0
 
 
