@@ -89,3 +89,18 @@ async def test_a_second_pass_over_the_ranges_reads_on_again(aclient: AsyncClient
             assert await _read(aclient, info, at, at + CHUNK) == data[at:at + CHUNK]
             await _settled(aclient)
         assert tails.taken - taken == 3
+
+
+async def test_a_random_range_does_not_read_on(aclient: AsyncClient, ns: str,
+                                              payload: Any) -> None:
+    """Only a run of ranges reads on: one range from the middle of the file, not
+    where another ended, would read as much again for nothing."""
+    data = payload(8 * CHUNK)
+    await aclient.pipe(f"{ns}/r", data, layout=LayoutSpec(chunk_size=CHUNK))
+    info = await aclient.stat(f"{ns}/r")
+    tails = tails_of(aclient.plane.session)
+    assert await _read(aclient, info, 3 * CHUNK + 5, 4 * CHUNK) == data[3 * CHUNK + 5:4 * CHUNK]
+    assert not any(k[0] == info.file_id for k in tails.parked)
+    # the range that follows it is a run: it reads on
+    assert await _read(aclient, info, 4 * CHUNK, 5 * CHUNK) == data[4 * CHUNK:5 * CHUNK]
+    assert tails.has(info.file_id, 5 * CHUNK)

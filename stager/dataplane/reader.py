@@ -65,15 +65,15 @@ class StripedReader:
         2-core build machine, of the ~0.4 s a GB costs the stream's thread).
 
         Without ``lend``, a range that ends before the file reads on past its end
-        for the range that may follow, and takes what a range before it read on
-        (:mod:`.tails`: a run of ranged GETs streams from its first byte)."""
+        for the range that may follow where it is sequential (from 0, or from where
+        a range ends), and takes what a range before it read on (:mod:`.tails`: a
+        run of ranged GETs streams from its first byte)."""
         stop = self.size if stop is None else min(stop, self.size)
         todo = iter(pieces(self.layout.chunk_size, self.size, start, stop))
         window: deque[tuple[asyncio.Future[None], memoryview]] = deque()
         tails = None if lend or not stop > start else tails_of(self.plane.session)
-        if tails is not None:
-            tails.begin(self.file_id, start)
-        read_on = tails is not None and stop < self.size
+        sequential = tails is not None and tails.begin(self.file_id, start, stop)
+        read_on = sequential and stop < self.size
 
         def launch() -> bool:
             nonlocal read_on

@@ -4,13 +4,14 @@ A client that reads a big object as a run of ranged GETs (s3fs: one range after
 the other; boto3's ``download_fileobj``: 8 MiB ranges on 10 threads) makes the
 gateway a new reader per range, and each would start cold: its first piece read
 from a data server before its first byte goes out, while the connection idles.
-So a stream whose range ends before the file does, where no stream is running
-yet, reads on past its end (as far again as its range: the next range is likely as
-long; at most :data:`AHEAD`) into buffers parked here, keyed by file version and
-offset; a stream that begins there takes them instead of reading them again.  A piece parked is
-dropped after :data:`TTL` seconds, and the oldest first beyond :data:`BUDGET` bytes
-per data plane, so memory stays bounded; a file version's bytes never change, so
-a parked piece is never stale.
+So a sequential stream (from 0, or from where a stream begun lately ends: a
+random ranged read does not read on) whose range ends before the file does, where
+no stream is running yet, reads on past its end (as far again as its range: the
+next range is likely as long; at most :data:`AHEAD`) into buffers parked here,
+keyed by file version and offset; a stream that begins there takes them instead of
+reading them again.  A piece parked is dropped after :data:`TTL` seconds, and the
+oldest first beyond :data:`BUDGET` bytes per data plane, so memory stays bounded;
+a file version's bytes never change, so a parked piece is never stale.
 """
 
 from __future__ import annotations
@@ -41,14 +42,21 @@ class Tails:
         self.parked: OrderedDict[Key, tuple[asyncio.Future[None], bytearray, float]] = \
             OrderedDict()
         self.reading: dict[Key, int] = {}       # streams running, by where they began
+        self.stops: OrderedDict[Key, float] = OrderedDict()  # where streams end, when begun
         self.bytes = 0
         self.taken = self.dropped = 0           # pieces taken by a stream, dropped unused
 
-    def begin(self, file_id: str, offset: int) -> None:
-        """A stream begins at ``offset``: while it runs, no other reads ahead to there."""
+    def begin(self, file_id: str, offset: int, stop: int) -> bool:
+        """A stream of ``[offset, stop)`` begins: while it runs, no other reads ahead to
+        ``offset``.  Whether it is sequential, so that reading on past ``stop`` pays:
+        it begins at 0 or where a stream begun lately ends (a random ranged read would
+        read as much again for nothing)."""
         self._expire()
         key = (file_id, offset)
         self.reading[key] = self.reading.get(key, 0) + 1
+        self.stops[(file_id, stop)] = time.monotonic()
+        self.stops.move_to_end((file_id, stop))
+        return offset == 0 or key in self.stops
 
     def end(self, file_id: str, offset: int) -> None:
         key = (file_id, offset)
@@ -99,6 +107,8 @@ class Tails:
         old = time.monotonic() - TTL
         while self.parked and next(iter(self.parked.values()))[2] < old:
             self._drop(next(iter(self.parked)))
+        while self.stops and next(iter(self.stops.values())) < old:
+            self.stops.popitem(last=False)
 
 
 _TAILS: weakref.WeakKeyDictionary[Any, Tails] = weakref.WeakKeyDictionary()
