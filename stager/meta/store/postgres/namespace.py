@@ -161,7 +161,8 @@ async def list_dir(conn: asyncpg.Connection, path: str, after: str, limit: int
     rows = await conn.fetch(
         f"SELECT name, {COLS} FROM entries WHERE parent = $1 AND name > $2 "
         "ORDER BY name LIMIT $3", dir_id, after, limit)
-    return [entry(paths.join(path, r["name"]), r, True) for r in rows]
+    base = path.rstrip("/") + "/"        # names in the table are single valid components
+    return [entry(base + r["name"], r, True) for r in rows]
 
 
 async def mkdirs(conn: asyncpg.Connection, path: str, rows: Sequence[Row], *, parents: bool,

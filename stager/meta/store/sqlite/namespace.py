@@ -152,7 +152,8 @@ class NamespaceSQL:
         rows = self.db.execute(
             f"SELECT name, {_COLS} FROM entries WHERE parent = ? AND name > ? "
             "ORDER BY name LIMIT ?", (row[0], after, limit)).fetchall()
-        return [self._entry(paths.join(path, r[0]), r[1:], True) for r in rows]
+        base = path.rstrip("/") + "/"    # names in the table are single valid components
+        return [self._entry(base + r[0], r[1:], True) for r in rows]
 
     def _mkdirs(self, path: str, *, parents: bool, exist_ok: bool, now: float) -> int:
         """Create the directory ``path`` (and parents); returns its id.  In a transaction."""
