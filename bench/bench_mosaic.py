@@ -184,8 +184,10 @@ def _result(figures: dict[str, list[dict[str, float]]], n: int, shards: int,
             "workers are spawned, not forked: in this benchmark's job (one process timing six "
             "datasets in turn) forked 2-worker epochs failed in two full runs, one of them "
             "known to be over stager's gateway, decoding a shard's samples wrong ('Relative "
-            "sample index … is not present'; cause not found: "
-            "standalone forked epochs over the gateway with each shard's SHA-1 checked pass); "
+            "sample index … is not present'; not proven, but forked workers share the "
+            "parent's boto3 keep-alive connections, and standalone forked epochs over the "
+            "gateway sometimes wait out Mosaic's 60 s download timeout, never once each worker "
+            "makes its own client); "
             "each spawned worker imports torch, torchvision and transformers before its first "
             "sample, which the 2-worker rows' time to first batch and, when one worker is "
             "still starting after the first batch, their rate include.",
