@@ -80,8 +80,8 @@ def runs(s3: S3Stack, samples: tuple[Path, list[tuple[int, bytes]]],
     """First process: MDSWriter to a local folder and ``s3://mosaic/written`` (zstd, the
     SHA-1 of each shard in the index), and to a local folder only (uncompressed), which
     stager's client puts at ``/mosaic/put``.  Second: a shuffled epoch of
-    ``StreamingDataset`` over each remote, the first with two DataLoader workers and
-    each shard's SHA-1 checked on download, the second in one process."""
+    ``StreamingDataset`` over each remote, the first with two (spawned) DataLoader workers
+    and each shard's SHA-1 checked on download, the second in one process."""
     tmp = tmp_path_factory.mktemp("mosaic")
     source = str(samples[0])
     written = run_jobs([
@@ -99,7 +99,10 @@ def runs(s3: S3Stack, samples: tuple[Path, list[tuple[int, bytes]]],
                          "batch_size": BATCH, "shuffle": True,
                          "into": str(tmp / f"{name}.pickle"), **spec})
 
-    counts = run_jobs([read(s3.url("written"), "written", workers=2, validate_hash="sha1"),
+    # spawned workers: forked ones share the parent's boto3 keep-alive connections (see
+    # bench/bench_mosaic.py's notes: stalls of Mosaic's 60 s download timeout, garbled shards)
+    counts = run_jobs([read(s3.url("written"), "written", workers=2, context="spawn",
+                            validate_hash="sha1"),
                        read(s3.url("put"), "put", workers=0)], s3.endpoint)
     got = [pickle.loads((tmp / f"{name}.pickle").read_bytes()) for name in ("written", "put")]
     assert counts == [{"read": len(g)} for g in got]
