@@ -46,6 +46,7 @@ BATCH = 256
 SHARDS = 8                  # tar shards for stager's Loader
 BUCKET = "bench"
 WORKERS = (0, 2)
+QUICK_WORKERS = (0,)         # --quick: spawned workers import torch and Mosaic each
 MOSAIC = ("Mosaic S3 remote: stager gateway", "Mosaic S3 remote: moto",
           "Mosaic local MDS (page cache)")
 STAGER = "stager Loader, tar shards"
@@ -96,10 +97,14 @@ def stager_epoch(meta: str, workers: int, cache: Path) -> dict[str, float]:
     return drive(loader, len, 0.0, 1 << 30)
 
 
-def mosaic_steps(tmp: Path, r: int, stager: S3Endpoint,
-                 moto: S3Endpoint) -> list[tuple[str, tuple[str, dict[str, Any]]]]:
+def workers(quick: bool) -> tuple[int, ...]:
+    return QUICK_WORKERS if quick else WORKERS
+
+
+def mosaic_steps(tmp: Path, r: int, stager: S3Endpoint, moto: S3Endpoint,
+                 quick: bool) -> list[tuple[str, tuple[str, dict[str, Any]]]]:
     steps = []
-    for w in WORKERS:
+    for w in workers(quick):
         for k, (name, endpoint) in enumerate(((MOSAIC[0], stager), (MOSAIC[1], moto),
                                               (MOSAIC[2], None))):
             spec: dict[str, Any] = {"batch_size": BATCH, "workers": w, "shuffle": True,
@@ -136,12 +141,12 @@ def run(quick: bool) -> dict[str, Any]:
             for p in mds:
                 ref.put_object(Bucket=BUCKET, Key=f"mds/{p.name}", Body=p.read_bytes())
             for r in range(rounds(quick)):
-                steps = mosaic_steps(tmp, r, stager, moto)
+                steps = mosaic_steps(tmp, r, stager, moto, quick)
                 done = run_jobs([step for _, step in steps], stager)
                 for (name, _), result in zip(steps, done, strict=True):
                     assert result["samples"] == n, (name, result)
                     figures.setdefault(name, []).append(result)
-                for w in WORKERS:
+                for w in workers(quick):
                     name = f"{STAGER}, {w} workers" if w else f"{STAGER}, 0 workers (Loader)"
                     figures.setdefault(name, []).append(
                         stager_epoch(cluster.meta_url, w, tmp / "index"))
@@ -155,7 +160,7 @@ def _result(figures: dict[str, list[dict[str, float]]], n: int, shards: int,
              r2(rate[name] * SAMPLE / 1e6), r2(statistics.median(f["ttfb"] for f in runs))]
             for name, runs in figures.items()]
     ratios = {}
-    for w in WORKERS:
+    for w in workers(quick):
         stager_row = f"{STAGER}, {w} workers" if w else f"{STAGER}, 0 workers (Loader)"
         ratios[f"{w} workers: Mosaic S3 on stager / on moto"] = r2(
             rate[f"{MOSAIC[0]}, {w} workers"] / rate[f"{MOSAIC[1]}, {w} workers"])

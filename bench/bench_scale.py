@@ -41,7 +41,7 @@ STAT_DIR = "/scale"
 
 def _sizes(quick: bool) -> dict[str, Any]:
     if quick:
-        return {"targets": 160, "single": 160, "ranks": 160, "window": 1.5, "warmup": 2.0}
+        return {"targets": 160, "single": 160, "ranks": 160, "window": 1.0, "warmup": 0.5}
     return {"targets": 4_000, "single": 1_000, "ranks": 2_000, "window": 10.0,
             "warmup": 8.0}
 
