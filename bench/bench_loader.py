@@ -296,8 +296,9 @@ def _result(results: dict[str, dict[str, dict[str, Any]]], quick: bool,
         "1 MiB: stager tar / torch HTTP per file": r2(big[STAGER_TAR]["rate"]
                                                        / big[TORCH_HTTP]["rate"]),
     }
-    ratios["16 KiB: machine CPU per sample, torch HTTP per file / stager tar"] = r2(
-        small[TORCH_HTTP]["cpu"] / small[STAGER_TAR]["cpu"])
+    if small[STAGER_TAR]["cpu"]:    # /proc/stat counts 10 ms ticks: a quick run may show none
+        ratios["16 KiB: machine CPU per sample, torch HTTP per file / stager tar"] = r2(
+            small[TORCH_HTTP]["cpu"] / small[STAGER_TAR]["cpu"])
     ratios["16 KiB: stager.torch 2 workers / torch HTTP per file"] = r2(
         small[STAGER_TORCH]["rate"] / small[TORCH_HTTP]["rate"])
     if WDS in small:
