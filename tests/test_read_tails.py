@@ -11,7 +11,6 @@ import asyncio
 from typing import Any
 
 from stager import AsyncClient
-from stager.dataplane.tails import tails_of
 from stager.protocol.models import LayoutSpec
 
 CHUNK = 64 * 1024
@@ -28,7 +27,7 @@ async def _read(c: AsyncClient, info: Any, start: int, stop: int) -> bytes:
 async def _settled(c: AsyncClient) -> None:
     """Until every parked read has finished."""
     for _ in range(500):
-        if all(task.done() for task, _, _ in tails_of(c.plane.session).parked.values()):
+        if all(task.done() for task, _, _ in c.plane.tails.parked.values()):
             return
         await asyncio.sleep(0.01)
 
@@ -38,7 +37,7 @@ async def test_the_range_after_a_range_takes_what_it_read_on(aclient: AsyncClien
     data = payload(6 * CHUNK + 123)
     await aclient.pipe(f"{ns}/f", data, layout=LayoutSpec(chunk_size=CHUNK))
     info = await aclient.stat(f"{ns}/f")
-    tails = tails_of(aclient.plane.session)
+    tails = aclient.plane.tails
     at = 2 * CHUNK + 10                         # not on a chunk boundary
     assert await _read(aclient, info, 0, at) == data[:at]
     assert tails.has(info.file_id, at) and tails.has(info.file_id, 4 * CHUNK)
@@ -63,7 +62,7 @@ async def test_no_read_on_where_a_read_began_or_the_file_ends(aclient: AsyncClie
     data = payload(4 * CHUNK)
     await aclient.pipe(f"{ns}/g", data, layout=LayoutSpec(chunk_size=CHUNK))
     info = await aclient.stat(f"{ns}/g")
-    tails = tails_of(aclient.plane.session)
+    tails = aclient.plane.tails
     # download_fileobj's ranges run at once: the second began before the first ended
     second = aclient.reader(info).stream(CHUNK, 2 * CHUNK)
     got = await anext(second)           # begun (and read) before the first range ends
@@ -82,7 +81,7 @@ async def test_a_second_pass_over_the_ranges_reads_on_again(aclient: AsyncClient
     data = payload(4 * CHUNK)
     await aclient.pipe(f"{ns}/h", data, layout=LayoutSpec(chunk_size=CHUNK))
     info = await aclient.stat(f"{ns}/h")
-    tails = tails_of(aclient.plane.session)
+    tails = aclient.plane.tails
     for _ in range(2):
         taken = tails.taken
         for at in range(0, len(data), CHUNK):
@@ -98,7 +97,7 @@ async def test_a_random_range_does_not_read_on(aclient: AsyncClient, ns: str,
     data = payload(8 * CHUNK)
     await aclient.pipe(f"{ns}/r", data, layout=LayoutSpec(chunk_size=CHUNK))
     info = await aclient.stat(f"{ns}/r")
-    tails = tails_of(aclient.plane.session)
+    tails = aclient.plane.tails
     assert await _read(aclient, info, 3 * CHUNK + 5, 4 * CHUNK) == data[3 * CHUNK + 5:4 * CHUNK]
     assert not any(k[0] == info.file_id for k in tails.parked)
     # the range that follows it is a run: it reads on

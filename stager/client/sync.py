@@ -97,7 +97,11 @@ def run_there(loop: asyncio.AbstractEventLoop, func: Callable[..., Any], *args: 
     """
     if "timeout" in kwargs or loop.is_closed():
         return sync(loop, func, *args, **kwargs)
-    if asyncio._get_running_loop() is loop:
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:         # it would wait on itself: refused as fsspec's sync does
         raise NotImplementedError("Calling sync() from within a running loop")
     coro = func(*args, **kwargs)
     done = threading.Lock()

@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import Any
 
 from ..aio import cancel_and_wait
 from ..layout import pieces
 from ..protocol.models import FileInfo
 from .engine import ReadEngine
 from .readplan import FileTable, ReadOptions
-from .tails import AHEAD, tails_of
+from .tails import AHEAD, Tails
 from .transport import DataPlane
 
 
@@ -71,7 +70,7 @@ class StripedReader:
         stop = self.size if stop is None else min(stop, self.size)
         todo = iter(pieces(self.layout.chunk_size, self.size, start, stop))
         window: deque[tuple[asyncio.Future[None], memoryview]] = deque()
-        tails = None if lend or not stop > start else tails_of(self.plane.session)
+        tails = None if lend or not stop > start else self.plane.tails
         sequential = tails is not None and tails.begin(self.file_id, start, stop)
         read_on = sequential and stop < self.size
 
@@ -106,7 +105,7 @@ class StripedReader:
                 tails.end(self.file_id, start)
             await cancel_and_wait(t for t, _ in window)
 
-    def _read_on(self, tails: Any, start: int, stop: int) -> None:
+    def _read_on(self, tails: Tails, start: int, stop: int) -> None:
         """Park reads of the bytes after ``stop``, as many as ``[start, stop)`` (at most
         AHEAD: the next range is likely as long), unless a stream is running from
         there or they are parked."""

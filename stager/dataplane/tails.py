@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-import weakref
 from collections import OrderedDict
-from typing import Any
 
 AHEAD = 16 << 20        # bytes read past a range's end, at most
 BUDGET = 64 << 20       # bytes parked per data plane, at most
@@ -109,15 +107,3 @@ class Tails:
             self._drop(next(iter(self.parked)))
         while self.stops and next(iter(self.stops.values())) < old:
             self.stops.popitem(last=False)
-
-
-_TAILS: weakref.WeakKeyDictionary[Any, Tails] = weakref.WeakKeyDictionary()
-
-
-def tails_of(session: Any) -> Tails:
-    """The tails of the data plane on ``session`` (its aiohttp session: a plane is a
-    dataclass, not hashable)."""
-    tails = _TAILS.get(session)
-    if tails is None:
-        tails = _TAILS[session] = Tails()
-    return tails

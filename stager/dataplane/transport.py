@@ -42,6 +42,7 @@ from ..protocol.routes import Route, route
 from . import ack, rawhttp
 from .credentials import Credentials
 from .learnt import CrcMemory
+from .tails import Tails
 
 READ_BUFSIZE = 1 << 20
 Filler = Callable[[Sequence[FillItem]], Awaitable[list[Filled | StagerError]]]
@@ -177,6 +178,8 @@ class DataPlane:
     # The CRC32Cs of cached chunks learnt from fills, and the reads of them to report
     # (:mod:`.learnt`): a client's reads of filled chunks skip the fill round trip.
     learnt: CrcMemory | None = None
+    # Read-ahead past ranged reads' ends, parked for the range that follows (:mod:`.tails`)
+    tails: Tails = field(default_factory=Tails)
 
     def counter(self, target: str) -> TargetCounters:
         c = self.counters.get(target)
