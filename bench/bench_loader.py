@@ -388,7 +388,7 @@ def _result(results: dict[str, dict[str, dict[str, Any]]], quick: bool,
             "as read-only memoryviews of them (no copy), the sample dicts pickled without "
             "their bytes.",
             f"'{WORKERS_ROW.format('N')}' (bench.loader_workers): one whole epoch per run "
-            f"of {loader_workers._samples(quick):,} samples of 16 KiB in tar shards of "
+            f"of {loader_workers.samples(quick):,} samples of 16 KiB in tar shards of "
             f"{plain_stall.SHARD:,}, {plain_stall.DATA_SERVERS} data servers, the Loader "
             "settings of the rows above, 0, 1 and 2 workers in rounds (every count once a "
             "round); samples/s after the first batch, the median of the runs. "

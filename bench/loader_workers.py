@@ -30,7 +30,7 @@ BATCH = 256
 WORKERS = (0, 1, 2)
 
 
-def _samples(quick: bool) -> int:
+def samples(quick: bool) -> int:
     return 8_192 if quick else 65_536
 
 
@@ -77,7 +77,7 @@ def first_epoch_stall(meta: str, path: str, index: Path, rounds: int) -> dict[st
 
 
 def measure(tmp: Path, quick: bool) -> dict[str, Any]:
-    n = _samples(quick)
+    n = samples(quick)
     shards = tmp / "workers-www"
     shards.mkdir(parents=True)
     plain_stall.write_shards(shards / "tar", n)
