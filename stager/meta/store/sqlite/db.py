@@ -202,9 +202,28 @@ class Database:
         self.db.execute(
             "INSERT OR IGNORE INTO entries (id, parent, name, kind, mtime) "
             "VALUES (?, 0, '', 'directory', strftime('%s','now'))", (ROOT_ID,))
+        # A second connection for point reads on the event loop: in WAL mode a reader
+        # never waits for the writer (it sees the last commit), so a stat costs a few
+        # index lookups instead of a hop to the store thread and back.  timeout=0: where
+        # SQLite would make it wait after all (WAL recovery), it fails at once and the
+        # caller queues on the thread instead (SQLiteStore.stat).
+        self.reader = sqlite3.connect(self.path, isolation_level=None,
+                                      check_same_thread=False, timeout=0)
+        self.reader.execute("PRAGMA query_only=ON")
 
     def close(self) -> None:
+        self.reader.close()
         self.db.close()
+
+    @contextmanager
+    def snapshot(self) -> Iterator[sqlite3.Connection]:
+        """The reader inside one read transaction: a path walked one component at a
+        time sees one committed state, never half of a rename."""
+        self.reader.execute("BEGIN")
+        try:
+            yield self.reader
+        finally:
+            self.reader.execute("COMMIT")
 
     def changed_below(self, dir_id: int) -> None:
         """The transaction under way changes what a manifest on directory ``dir_id``

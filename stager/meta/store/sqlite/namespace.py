@@ -10,6 +10,7 @@ savepoint each), so a failed item leaves nothing behind and the others commit.
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
@@ -88,8 +89,10 @@ class NamespaceSQL:
     """Paths resolved one component at a time from the root (``entries`` rows by
     ``(parent, name)``); deleted, replaced and abandoned files go to ``garbage``."""
 
-    def __init__(self, database: Database) -> None:
-        self.db = database.db
+    def __init__(self, database: Database, connection: sqlite3.Connection | None = None
+                 ) -> None:
+        # ``connection``: another than the writer's, for reads only (Database.reader)
+        self.db = database.db if connection is None else connection
         self.tx: Callable[[], AbstractContextManager[object]] = database.transaction
         # Marks a directory whose manifests (and its ancestors') the write changes.
         self.changed: Callable[[int], None] = database.changed_below

@@ -2,16 +2,19 @@
 
 :class:`SQLiteStore` implements :class:`~.store.base.MetaStore` by running blocking
 SQL on one thread (:mod:`.sqlite.thread`), so the event loop never waits on SQLite
-or on an fsync.  The SQL itself lives in helper objects over one connection
-(:mod:`.sqlite.db`): the namespace, uploads and targets (:mod:`.sqlite.namespace`),
-the files as rebuild, repair and fsck see them (:mod:`.sqlite.reliability`), and the
-managed cache's attachments and filled chunks (:mod:`.sqlite.cache`).
-Writes of uploads that queue up while the thread is busy share one transaction
-(group commit); everything else runs alone.
+or on an fsync; only a stat, a few index lookups that a WAL reader makes without
+waiting for the writer, runs on the loop through a connection of its own.  The SQL
+itself lives in helper objects over one connection (:mod:`.sqlite.db`): the
+namespace, uploads and targets (:mod:`.sqlite.namespace`), the files as rebuild,
+repair and fsck see them (:mod:`.sqlite.reliability`), and the managed cache's
+attachments and filled chunks (:mod:`.sqlite.cache`).  Writes of uploads that queue
+up while the thread is busy share one transaction (group commit); everything else
+runs alone.
 """
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -57,6 +60,7 @@ class SQLiteStore(SQLiteMultipart, SQLiteS3Keys, MetaStore):
         self.database = Database(path)
         self.path = self.database.path
         self.namespace = NamespaceSQL(self.database)
+        self.reads = NamespaceSQL(self.database, self.database.reader)   # stat, on the loop
         self.files = ReliabilitySQL(self.database)
         self.tokens = TokenSQL(self.database)
         self.copies = CopySQL(self.database)
@@ -80,7 +84,14 @@ class SQLiteStore(SQLiteMultipart, SQLiteS3Keys, MetaStore):
 
     # -- namespace --------------------------------------------------------------
     async def stat(self, path: str, *, checksums: bool = True) -> NodeEntry:
-        return await self.thread.run(self.namespace.stat, path, checksums=checksums)
+        """On the loop, through the reader connection: a point read by index in WAL
+        mode never waits for a writer; where SQLite says it would (busy, or the store
+        closing under it), the store thread answers in its turn."""
+        try:
+            with self.database.snapshot():
+                return self.reads.stat(path, checksums=checksums)
+        except (sqlite3.OperationalError, sqlite3.ProgrammingError):
+            return await self.thread.run(self.namespace.stat, path, checksums=checksums)
 
     async def list_dir(self, path: str, *, after: str, limit: int) -> list[NodeEntry]:
         return await self.thread.run(self.namespace.list_dir, path, after=after, limit=limit)
