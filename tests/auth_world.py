@@ -453,3 +453,9 @@ CASES["heartbeats"] = Case(lambda w: post("heartbeats", {"items": [{
     "target_id": w.targets[0]["id"], "heartbeat": {
         "capacity": w.targets[0]["capacity"], "used": w.targets[0]["used"],
         "chunks": w.targets[0]["chunks"]}}]}), **TARGET)
+# batched loader telemetry (issue 30): one item naming /m, as report_rank's case; a
+# dataset the token may not report on refuses the whole batch
+CASES["report_ranks"] = Case(lambda w: post("report_ranks", {"items": [{
+    "job": f"j-{next(w.fresh)}", "rank": 0, "report": {
+        "interval": 1, "world_size": 1, "samples": 0, "dataset": "/m"}}]}),
+    "loader_m", scope="read_m", prefix="write_o")

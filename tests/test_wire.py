@@ -333,7 +333,7 @@ def test_every_json_request_body_has_a_model() -> None:
     bodies = {r.body for r in ROUTES if r.body not in (None, "binary")}
     parsed_elsewhere = {"Target", "Manifest", "JobReport",
                         "CreateRequest", "CommitRequest", "AbortRequest",
-                        "FillRequest", "HeartbeatBatch"}   # batches
+                        "FillRequest", "HeartbeatBatch", "JobReportBatch"}   # batches
     assert bodies - parsed_elsewhere <= set(_examples())
 
 
@@ -377,3 +377,20 @@ def test_a_file_versions_attrs_ride_with_its_info_commit_and_completion() -> Non
         with pytest.raises(BadRequest, match="attrs"):
             CommitItem.from_json({"file_id": "a" * 32, "size": 0, "checksums": [],
                                   "attrs": bad})
+
+
+def test_a_batch_of_loader_reports_round_trips() -> None:
+    """``POST /v1/jobs/reports`` (issue 30): items as a reporter sends them read back
+    as the entries they name; a bad item fails the batch with its index."""
+    from stager.protocol.jobreport import RankReport, batch_item, decode_batch
+
+    report = {"interval": 1, "world_size": 2, "samples": 3, "unknown": "dropped"}
+    body = {"items": [batch_item("j", 0, report), batch_item("j", 1, report, worker=0)]}
+    got = decode_batch(json.dumps(body).encode())
+    assert [(r.job, r.rank, r.worker) for r in got] == [("j", 0, None), ("j", 1, 0)]
+    assert isinstance(got[0], RankReport) and "unknown" not in got[0].report
+    assert got[0].report["interval"] == 1.0 and got[0].report["targets"] == []
+    bad = {"items": [batch_item("j", 0, report), batch_item("j", 2, report)]}
+    with pytest.raises(BadRequest) as caught:
+        decode_batch(json.dumps(bad).encode())
+    assert caught.value.details["index"] == 1

@@ -30,37 +30,45 @@ wins when the entries are read back.
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+import msgspec
 from aiohttp import web
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from ..auth import Token
 from ..auth.policy import allows
-from ..errors import Forbidden, InvalidPath, Unavailable
+from ..errors import BadRequest, Forbidden, InvalidPath, StagerError, Unavailable
+from ..protocol.batch import one, results_json
 from ..protocol.jobreport import (
+    MAX_BATCH_BYTES,
     MAX_REPORT_BYTES,
     JobList,
     JobStatus,
     RankRecorded,
+    RankReport,
     check_entry,
     check_job,
-    parse_report,
+    decode_batch,
+    decode_report,
     ttl,
 )
 from ..protocol.paths import normalize
 from ..web.authmw import authorize, token_of
 from ..web.middleware import METRICS_KEY, json_response
-from ..web.requests import read_json
+from ..web.requests import PARSE_AWAY, parse_json, read_body
 from .store.base import SharedState
 
 MAX_ENTRIES = 65536      # reporting loaders at once; bounds the table's memory (~2 KiB each)
+YIELD_EVERY = 256        # reports of a batch taken between two turns of the event loop
+T = TypeVar("T")
 
 Key = tuple[str, int, int | None]
 
@@ -296,20 +304,60 @@ def install(app: web.Application, store: SharedState | None = None) -> JobTable:
     return table
 
 
+async def _decoded(request: web.Request, max_size: int, decode: Callable[[bytes], T]) -> T:
+    """A body decoded by ``decode`` (msgspec: a report in ~10 us); a large batch's off the
+    loop, so the stats waiting behind it do not wait for its decoding."""
+    raw = bytes(await read_body(request, max_size))
+    try:
+        return decode(raw) if len(raw) <= PARSE_AWAY else await asyncio.to_thread(decode, raw)
+    except msgspec.DecodeError:
+        parse_json(raw)     # the strict parser names the fault (NaN, a lone surrogate, ...)
+        raise BadRequest("malformed JSON") from None
+
+
+async def _record(request: web.Request, items: list[RankReport]
+                  ) -> list[RankRecorded | StagerError]:
+    """Take checked reports, in order: one home for the single route and the batch.
+    Each dataset is authorized before any report is taken (a refusal refuses the
+    request); a job another token reports, or a full table, fails its own item."""
+    token, table = token_of(request), request.app[JOBS]
+    if token is not None:
+        for dataset in {i.report.get("dataset") for i in items}:
+            authorize(request, "telemetry", dataset)
+        for item in items:
+            if item.report.get("dataset") is not None:
+                item.report["dataset"] = normalize(item.report["dataset"])
+        if table.store is not None and not all(table.knows(i.job) for i in items):
+            await table.load()      # another metadata server may know an owner
+    owner = None if token is None else token.id
+    results: list[RankRecorded | StagerError] = []
+    for index, item in enumerate(items):
+        if index and index % YIELD_EVERY == 0:
+            await asyncio.sleep(0)      # a stat waits for at most YIELD_EVERY reports
+        try:
+            entry = table.report(item.job, item.rank, item.worker, item.report, owner)
+        except StagerError as exc:
+            results.append(exc)
+            continue
+        if table.store is not None:
+            await table.share(entry)
+        results.append(RankRecorded(item.job, item.rank, item.worker, entry.expires))
+    return results
+
+
 async def report_rank(request: web.Request) -> web.Response:
     job = check_job(request.match_info["job"])
     rank, worker = check_entry(request.match_info["rank"], request.query.get("worker"))
-    report = parse_report(await read_json(request, MAX_REPORT_BYTES), rank)
-    token, table = token_of(request), request.app[JOBS]
-    if token is not None:
-        if report.get("dataset") is not None:
-            report["dataset"] = normalize(report["dataset"])
-        authorize(request, "telemetry", report.get("dataset"))
-        if table.store is not None and not table.knows(job):
-            await table.load()      # another metadata server may know its owner
-    entry = table.report(job, rank, worker, report, None if token is None else token.id)
-    await table.share(entry)
-    return json_response(RankRecorded(job, rank, worker, entry.expires).to_json())
+    report = await _decoded(request, MAX_REPORT_BYTES, lambda raw: decode_report(raw, rank))
+    return json_response(one(await _record(request, [RankReport(job, rank, worker, report)]))
+                         .to_json())
+
+
+async def report_ranks(request: web.Request) -> web.Response:
+    """Many loaders' reports in one request (a node's ranks, or a job leader's): the
+    request's cost paid once for all of them."""
+    items = await _decoded(request, MAX_BATCH_BYTES, decode_batch)
+    return json_response(results_json(await _record(request, items), RankRecorded.to_json))
 
 
 async def list_jobs(request: web.Request) -> web.Response:
@@ -318,4 +366,4 @@ async def list_jobs(request: web.Request) -> web.Response:
     return json_response(request.app[JOBS].jobs(lambda e: may_see(token, e)).to_json())
 
 
-HANDLERS = {"report_rank": report_rank, "list_jobs": list_jobs}
+HANDLERS = {"report_rank": report_rank, "report_ranks": report_ranks, "list_jobs": list_jobs}

@@ -415,6 +415,14 @@ ROUTES = ROUTES + (Route("POST", "/v1/heartbeats", "heartbeats",
                          "of {target_id, heartbeat, credential}; a result (Target or error) "
                          "per item", "meta", body="HeartbeatBatch",
                          responses={200: "object", 400: "Error", 413: "Error"}),)
+# Many loaders' telemetry in one request: a node's ranks, or a job leader's (issue 30;
+# stager/protocol/jobreport.py, stager/meta/jobtable.py).
+ROUTES = ROUTES + (Route("POST", "/v1/jobs/reports", "report_ranks",
+                         "many loaders report their telemetry in one request: items of "
+                         "{job, rank, worker, report}; a result (RankRecorded or error) per "
+                         "item", "meta", body="JobReportBatch",
+                         responses={200: "object", 400: "Error", 403: "Error",
+                                    413: "Error"}),)
 
 # What each operation needs when auth is on: one line per route, checked complete below.
 ACCESS: dict[str, Access] = {
@@ -456,6 +464,7 @@ ACCESS: dict[str, Access] = {
     "purge": Access("cluster"), "list_chunks": Access("cluster"),
     "scrub_chunks": Access("cluster"),
     "heartbeats": Access("target", "body"),     # each item proven by its handler
+    "report_ranks": Access("telemetry", "body"),    # each item's dataset, by its handler
 }
 _OPS = {r.op for r in ROUTES}
 if set(ACCESS) != _OPS:
