@@ -4,7 +4,10 @@
 ``attach``, ``refresh``, ``detach``, ``attachments``, and ``fill``, which the read
 engine calls (through the data plane's ``filler``) before it reads chunks of a
 cached file whose CRC32Cs it has not learnt, and ``count_reads``, which reports
-the reads it made without asking (through the data plane's ``learnt``).
+the reads it made without asking (through the data plane's ``learnt``).  A Loader's
+plan registration (``register_plan``) answers the CRC32Cs of its dataset's chunks
+filled already, which the data plane learns: a fresh Loader's reads of a cached
+dataset skip the fill round trip as a staged one's skip any.
 """
 
 from __future__ import annotations
@@ -27,14 +30,17 @@ from ..protocol.cache import (
     ReadsCounted,
     Refreshed,
 )
+from ..protocol.models import chunk_id
 from ..protocol.routes import route
 
 if TYPE_CHECKING:
+    from ..dataplane import DataPlane
     from .metaconn import MetaConnection
 
 
 class CacheCalls:
     meta: MetaConnection
+    plane: DataPlane
 
     async def attach(self, src: str, dst: str, *, refresh: float | None = None,
                      include: Sequence[str] = (), exclude: Sequence[str] = (),
@@ -88,8 +94,20 @@ class CacheCalls:
     async def register_plan(self, plan_id: str, request: PlanRequest) -> PlanRegistered:
         """Register a Loader's epoch plan over cached files (see
         :mod:`stager.meta.cache.plans`): eviction then keeps what it reads soonest."""
-        return PlanRegistered.from_json(await self.meta.request(
+        done = PlanRegistered.from_json(await self.meta.request(
             route("register_plan"), plan_id=plan_id, body=request.to_json()))
+        self.learn_filled(done.filled)
+        return done
+
+    def learn_filled(self, filled: Mapping[str, Mapping[int, int]]) -> None:
+        """Keep the CRC32Cs of chunks filled already (a plan registration answers its
+        dataset's): the read engine then reads them straight from the data servers, as
+        a staged file's, instead of asking the metadata server first."""
+        learnt = self.plane.learnt
+        if learnt is None or not filled:
+            return
+        names = [chunk_id(f, i) for f, crcs in filled.items() for i in crcs]
+        learnt.learn(names, [c for crcs in filled.values() for c in crcs.values()])
 
     async def plan_position(self, plan_id: str, epoch: int, cursor: int, rank: int = 0
                             ) -> None:

@@ -23,6 +23,7 @@ MAX_OPTIONS_BYTES = 16 << 10    # storage options, as JSON
 MIN_REFRESH = 1.0               # seconds
 SOURCE_PROTOCOLS = ("file", "http", "https", "s3", "s3a", "gs", "gcs", "memory")
 _NUMBER = (int, float)
+MAX_FILLED_ANSWERED = 1 << 18   # CRC32Cs a plan registration answers (a client keeps as many)
 
 
 def _globs(obj: Any, key: str) -> tuple[str, ...]:
@@ -282,17 +283,36 @@ class PlanRequest:
 
 @dataclass(frozen=True)
 class PlanRegistered:
+    """A registration's answer.  ``filled``: the CRC32Cs of the dataset's chunks that are
+    filled now, by file id then chunk index, so that the registrant's client reads them
+    straight from the data servers as it would a staged file's (no fill round trip for
+    a chunk that is cached already); at most :data:`MAX_FILLED_ANSWERED` of them."""
+
     plan_id: str
     files: int                      # cached files of the dataset (the others are ignored)
     expires: float
+    filled: dict[str, dict[int, int]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"plan_id": self.plan_id, "files": self.files, "expires": self.expires}
+        return {"plan_id": self.plan_id, "files": self.files, "expires": self.expires,
+                "filled": [{"file_id": f, "chunks": list(crcs),
+                            "crc": [f"{c:08x}" for c in crcs.values()]}
+                           for f, crcs in self.filled.items()]}
 
     @classmethod
     def from_json(cls, obj: Any) -> PlanRegistered:
+        filled: dict[str, dict[int, int]] = {}
+        for item in field_of(obj, "filled", list, []):
+            chunks, crcs = field_of(item, "chunks", list), field_of(item, "crc", list)
+            if len(chunks) != len(crcs):
+                raise BadRequest("a filled file's chunks and crc differ in length")
+            try:
+                filled[field_of(item, "file_id", str)] = {
+                    int(i): int(c, 16) for i, c in zip(chunks, crcs, strict=True)}
+            except (TypeError, ValueError):
+                raise BadRequest("a filled file's chunks are integers, its crc hex") from None
         return cls(field_of(obj, "plan_id", str), count_of(obj, "files"),
-                   float(field_of(obj, "expires", _NUMBER)))
+                   float(field_of(obj, "expires", _NUMBER)), filled)
 
 
 # -- OpenAPI schemas (merged into stager.protocol.openapi.SCHEMAS) ---------------------------
@@ -341,7 +361,14 @@ SCHEMAS: dict[str, Any] = {
                                     "rank": {**_COUNT, "maximum": (1 << 20) - 1}}},
     "PlanRegistered": {"type": "object", "required": ["plan_id", "files", "expires"],
                        "properties": {"plan_id": _STR, "files": _COUNT,
-                                      "expires": {"type": "number"}}},
+                                      "expires": {"type": "number"},
+                                      "filled": {"type": "array", "items": {
+                                          "type": "object",
+                                          "required": ["file_id", "chunks", "crc"],
+                                          "properties": {
+                                              "file_id": _STR,
+                                              "chunks": {"type": "array", "items": _INDEX},
+                                              "crc": {"type": "array", "items": _STR}}}}}},
     "ReadsCounted": {"type": "object", "required": ["chunks"],
                      "properties": {"chunks": _COUNT}},
     "FillResults": {"type": "object", "required": ["results"], "properties": {

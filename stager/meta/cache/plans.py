@@ -31,7 +31,13 @@ import numpy as np
 from ...errors import BadRequest, Forbidden, NotFound
 from ...eviction import NextUse
 from ...plans.registered import ChunkKey, Dataset, Plan, PlanUses, plan_uses, soonest
-from ...protocol.cache import MAX_PLAN_TTL, PlanPosition, PlanRegistered, PlanRequest
+from ...protocol.cache import (
+    MAX_FILLED_ANSWERED,
+    MAX_PLAN_TTL,
+    PlanPosition,
+    PlanRegistered,
+    PlanRequest,
+)
 
 if TYPE_CHECKING:
     from ..service import MetaService
@@ -40,6 +46,7 @@ PREFIX, AT = "plan:", "plan-at:"         # shared report keys: the plan, a rank'
 KEPT = 16                                # derived tables kept in memory
 _UNKNOWN = object()
 MAX_EXTENTS = 4_000_000                  # extents one registration may name
+SCANNED = 1 << 21                        # filled chunks looked through for a registration
 
 
 def dataset_of(obj: dict[str, Any]) -> Dataset:
@@ -99,7 +106,27 @@ class PlanBook:
         await self.store.put_report(f"{AT}{plan_id}:0", request.position.to_json(),
                                     expires=expires)
         self._owners[plan_id], self._ttls[plan_id] = owner, request.ttl
-        return PlanRegistered(plan_id, len(cached), expires)
+        return PlanRegistered(plan_id, len(cached), expires, await self.filled(set(cached)))
+
+    async def filled(self, file_ids: set[str]) -> dict[str, dict[int, int]]:
+        """The CRC32Cs of the filled chunks of ``file_ids`` (at most
+        ``MAX_FILLED_ANSWERED``): the registrant's client learns them, so that a fresh
+        Loader's reads of chunks cached already skip the fill round trip, as a staged
+        file's reads do.  The filled chunks are read a page at a time (``SCANNED`` at
+        most: the cache's rows, bounded by its size, not one query per file)."""
+        out: dict[str, dict[int, int]] = {}
+        after, found, scanned = ("", -1), 0, 0
+        while file_ids and found < MAX_FILLED_ANSWERED and scanned < SCANNED:
+            page = await self.store.cache_chunks(after=after)
+            if not page:
+                break
+            scanned += len(page)
+            for chunk in page:
+                if chunk.file_id in file_ids and found < MAX_FILLED_ANSWERED:
+                    out.setdefault(chunk.file_id, {})[chunk.index] = chunk.crc
+                    found += 1
+            after = (page[-1].file_id, page[-1].index)
+        return out
 
     async def position(self, plan_id: str, at: PlanPosition, *, owner: str | None,
                        rank: int = 0) -> None:
