@@ -1,10 +1,16 @@
 """A storage target: a directory of chunk files with fan-out subdirectories.
 
 Everything here is blocking file I/O; the data service calls it through
-``asyncio.to_thread``.  Writes are durable before they return: temporary file,
-``fsync``, ``rename``, ``fsync`` of the directory.  A crash leaves at most a
-``*.tmp`` file, which is removed at the next start; never a chunk that looks
-whole and is not.
+``asyncio.to_thread``.  Writes are durable before they return.  A chunk that
+replaces one is written to a temporary file, ``fsync``'d, renamed into place,
+and its directory ``fsync``'d: a crash never tears a chunk that was whole.  A
+chunk under a new name (every first write of a file) waits on the disk once, not
+twice: its complete temporary file is renamed to its name (no other write of that
+name runs meanwhile: they take turns), then the file and the directories that
+gained a name are ``fsync``'d together.
+A crash before that leaves at most a ``*.tmp`` file (removed at the next start)
+or, under the new name, a chunk never acknowledged, whose trailer check fails
+when it is not whole (its upload is never committed; it is collected).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -96,10 +102,14 @@ class ChunkStore:
         self._chunks = str(self.chunks_dir)
         self._capacity = capacity
         self._lock = threading.Lock()
+        self._turns = threading.Condition(self._lock)
+        self._writing: set[str] = set()     # chunks a put_many is writing now
         self._used = 0
         self._reserved = 0          # bytes of writes under way, held against the capacity
         self._count = 0
         self._purged: dict[str, float] = {}    # file id -> when purged (monotonic), oldest first
+        # the fsyncs of a write, at once: made once, not per write (a thread start each)
+        self._pool = ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="chunk-sync")
         self._scan()
 
     # -- paths ---------------------------------------------------------------
@@ -158,21 +168,19 @@ class ChunkStore:
         self._refuse_purged([p.chunk for p in batch])
         size = sum(p.size for p in batch)
         self._reserve(size)
-        directories = {p.path.parent for p in batch}
+        self._take_turn(batch)
         try:
             for p in batch:
                 p.old = self._existing_size(p.path)
-            # New fan-out directories: made now, their parents fsynced with the rest
-            # at the end (once each, not twice per directory as put does).
-            new = [d for d in sorted(directories) if not d.is_dir()]
-            for directory in new:
-                directory.mkdir(parents=True, exist_ok=True)
-            _each(_Pending.write_temp, batch)
+            # the directories whose names change: each chunk's, and the parent of each
+            # fan-out directory made now (only those: an existing one's entry is durable)
+            synced = {p.path.parent for p in batch} | self._make_dirs(
+                {p.path.parent for p in batch})
+            _each(_Pending.write_temp, batch, self._pool)
             for p in batch:
-                os.replace(p.tmp, p.path)       # type: ignore[arg-type]
-                p.installed = True
-            parents = {d.parent for d in new} | {d.parent.parent for d in new}
-            _each(fsync_dir, sorted(directories | parents))
+                p.install()
+            # one wait on the disk: the linked files' data and every name, at once
+            _each(_sync, [p for p in batch if p.fd is not None] + sorted(synced), self._pool)
         except StagerError:
             raise
         except OSError as exc:
@@ -180,11 +188,38 @@ class ChunkStore:
             raise _storage_error(exc, failed) from exc
         finally:
             for p in batch:
+                p.close()
                 if p.tmp is not None and not p.installed:
                     _unlink_quietly(p.tmp)
             self._account([p for p in batch if p.installed], reserved=size)
+            with self._turns:
+                self._writing.difference_update(p.chunk for p in batch)
+                self._turns.notify_all()
         self._undo_if_purged([p.chunk for p in batch])
         return [p.stored for p in batch if p.stored is not None]     # (each one is here)
+
+    def _take_turn(self, batch: list[_Pending]) -> None:
+        """Wait until no other write of these chunks runs, and hold them: whether a
+        name exists stays true until this write installs it (a chunk is renamed
+        over another only once fsynced; see the module's docstring)."""
+        names = {p.chunk for p in batch}
+        with self._turns:
+            while not names.isdisjoint(self._writing):
+                self._turns.wait()
+            self._writing |= names
+
+    def _make_dirs(self, directories: set[Path]) -> set[Path]:
+        """Make the fan-out directories missing among ``directories``; returns the
+        parent of each one made (the directory whose new name must be made durable)."""
+        made: set[Path] = set()
+        for directory in sorted(directories):
+            for d in (directory.parent, directory):
+                try:
+                    os.mkdir(d)
+                except FileExistsError:
+                    continue
+                made.add(d.parent)
+        return made
 
     def _reserve(self, size: int) -> None:
         """Hold ``size`` bytes of the capacity for a write, or refuse it as full.  The
@@ -336,6 +371,7 @@ class _Pending:
         self.stored: ChunkMeta | None = None     # read back from the file written
         self.old: int | None = None
         self.tmp: Path | None = None
+        self.fd: int | None = None      # held open until fsynced (a chunk under a new name)
         self.installed = False
 
     @property
@@ -351,35 +387,59 @@ class _Pending:
         self.trailer = chunkfile.build_trailer(self.data, actual)
 
     def write_temp(self) -> None:
+        """Write the chunk to a temporary file: fsynced now where it will replace a
+        chunk, else kept open to be fsynced with the directory (:meth:`install`)."""
         tmp = self.path.with_name(f".{self.chunk}.{uuid.uuid4().hex[:8]}{TMP_SUFFIX}")
         try:
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         except OSError as exc:
             raise _storage_error(exc, self.chunk) from exc
-        self.tmp = tmp
+        self.tmp, self.fd = tmp, fd
         try:
             _write_all(fd, self.data)
             _write_all(fd, self.trailer)
-            os.fsync(fd)
+            if self.old is not None:
+                os.fsync(fd)
             # The ack names what the file holds, not what was asked: its trailer,
             # read back and checked (length and the trailer's own CRC).
             self.stored = chunkfile.read_meta(fd, os.fstat(fd).st_size, self.chunk)
         except OSError as exc:
             raise _storage_error(exc, self.chunk) from exc
         finally:
-            os.close(fd)
+            if self.old is not None:
+                self.close()
+
+    def install(self) -> None:
+        """Put the written file under the chunk's name."""
+        os.replace(self.tmp, self.path)     # type: ignore[arg-type]
+        self.installed = True
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
-def _each(fn: Callable[[T], object], items: Sequence[T]) -> None:
-    """``fn(item)`` for every item, from up to ``SYNC_THREADS`` threads; the first
-    error is raised once all have finished (none is left running)."""
-    if len(items) == 1:
-        fn(items[0])
-        return
-    with ThreadPoolExecutor(min(SYNC_THREADS, len(items))) as pool:
-        futures = [pool.submit(fn, item) for item in items]
+def _each(fn: Callable[[T], object], items: Sequence[T], pool: ThreadPoolExecutor) -> None:
+    """``fn(item)`` for every item, the first here and the others on ``pool``; the
+    first error is raised once all have finished (none is left running)."""
+    futures = [pool.submit(fn, item) for item in items[1:]]
+    try:
+        if items:
+            fn(items[0])
+    finally:
+        wait(futures)
     for future in futures:
         future.result()
+
+
+def _sync(what: _Pending | Path) -> None:
+    """fsync a chunk file held open, or a directory."""
+    if isinstance(what, _Pending):
+        assert what.fd is not None
+        os.fsync(what.fd)
+    else:
+        fsync_dir(what)
 
 
 def _write_all(fd: int, data: bytes | memoryview) -> None:
