@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
 
-from stager.client.listing import listing_of
+from stager.client.listing import listing_from_bytes, listing_of
 from stager.protocol.messages import Listing
 
 LAYOUT = {"chunk_size": 4194304, "stripe_count": 2, "replicas": 1, "targets": ["t0", "t1"],
@@ -73,6 +74,12 @@ CASES = [
          entry(3, layout={**LAYOUT, "chunk_size": True})),
     page(entry(1), entry(2, layout={**LAYOUT, "chunk_size": True})),
     page(entry(1, layout={**LAYOUT, "cached": True}), entry(2, layout={**LAYOUT, "cached": 1})),
+    # what the typed decoder of the bytes reads differently from a dict, or refuses
+    page(entry(1, locations={"t0": 5}), entry(2, attrs=None, capability=None)),
+    page(entry(1, default_layout={}), entry(2, layout={**LAYOUT, "cached": False})),
+    page(entry(1, type="directory", layout=..., default_layout={"chunk_size": 3})),
+    page(entry(1, attrs={"big": "x" * 9000})), page(entry(1, attrs=[1])),
+    page(entry(1, mtime=1e308), entry(2, size=2 ** 63 - 1), entry(3, checksums=[])),
 ]
 
 
@@ -86,3 +93,19 @@ def test_entries_of_one_layout_share_it() -> None:
     got = listing_of(page(*(entry(i) for i in range(5))))
     assert len({id(e.layout) for e in got.entries}) == 1
     assert got == Listing.from_json(page(*(entry(i) for i in range(5))))
+
+
+@pytest.mark.parametrize("obj", CASES)
+def test_from_bytes_the_same_as_from_json(obj: Any) -> None:
+    """The typed decoder of a page's bytes (its fallback included) answers the same."""
+    assert outcome(listing_from_bytes, json.dumps(obj).encode()) == outcome(
+        Listing.from_json, copy.deepcopy(obj))
+
+
+def test_from_bytes_shares_layouts_and_refuses_what_is_not_json() -> None:
+    raw = json.dumps(page(*(entry(i) for i in range(5)))).encode()
+    got = listing_from_bytes(raw)
+    assert len({id(e.layout) for e in got.entries}) == 1
+    assert got == Listing.from_json(json.loads(raw))
+    with pytest.raises(ValueError):
+        listing_from_bytes(b"{not json")

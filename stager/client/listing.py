@@ -9,14 +9,22 @@ shape (the fields below, each of its exact JSON type or null) directly, its layo
 parsed by ``Layout.from_json`` once per distinct layout in the page (a Layout is
 immutable, so entries share it); any other entry through ``FileInfo.from_json``,
 which accepts or refuses it as it always did.
+
+:func:`listing_from_bytes` goes one step further for the page's bytes: msgspec
+decodes them straight into typed structs (no dict per entry), checking the types
+and bounds ``FileInfo.from_json`` checks; a page it refuses for any reason is read
+again by :func:`listing_of`, which gives the answer or the error it always gave.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
+
+from ..errors import StagerError
 from ..protocol.messages import Listing
-from ..protocol.models import INT64_MAX, FileInfo, Layout, field_of
+from ..protocol.models import INT64_MAX, FileInfo, Layout, LayoutSpec, attrs_of, field_of
 
 # The fields an entry of the usual shape may have (a directory's default layout or a
 # version's attrs send the entry the long way).
@@ -79,3 +87,83 @@ def _layout(obj: Any, layouts: dict[tuple[Any, ...], Layout]) -> Layout | None:
     if layout is None:
         layout = layouts[key] = Layout.from_json(obj)
     return layout
+
+
+# -- straight from the bytes ---------------------------------------------------------
+Count = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
+
+
+class _Layout(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A layout as sent; hashable, so a page's entries that share one share its
+    Layout (made and checked by ``Layout.from_json`` once)."""
+
+    chunk_size: Count
+    stripe_count: int
+    replicas: int
+    targets: tuple[str, ...]
+    nodes: tuple[str, ...]
+    cached: bool = False
+
+
+class _Entry(msgspec.Struct):
+    # Optional fields have no null here: from_json reads a null as the default, and
+    # such a (rare) page goes the long way.
+    path: str
+    type: str
+    size: Count = 0
+    mtime: float = 0.0
+    file_id: str | None = None
+    layout: _Layout | None = None
+    default_layout: dict[str, Any] | None = None
+    checksums: list[str] | None = None
+    locations: dict[str, str] = {}
+    capability: str | None = None
+    attrs: dict[str, Any] = {}
+
+
+class _Page(msgspec.Struct):
+    path: str
+    entries: list[_Entry]
+    next: str | None = None
+
+
+_read_page = msgspec.json.Decoder(_Page).decode
+_read_any = msgspec.json.Decoder().decode
+
+
+def listing_from_bytes(raw: bytes) -> Listing:
+    """The :class:`Listing` a page's JSON bytes hold: what
+    ``Listing.from_json(json.loads(raw))`` gives, the same Listing or the same error
+    (a ``ValueError`` where ``raw`` is not JSON at all)."""
+    try:
+        page = _read_page(raw)
+    except msgspec.ValidationError:
+        return listing_of(_read_any(raw))
+    layouts: dict[_Layout, Layout] = {}
+    try:
+        entries = tuple(_info(e, layouts) for e in page.entries)
+    except (StagerError, ValueError):   # a layout or a checksum from_json refuses
+        return listing_of(_read_any(raw))
+    return Listing(path=page.path, entries=entries, next=page.next)
+
+
+def _info(e: _Entry, layouts: dict[_Layout, Layout]) -> FileInfo:
+    layout = None
+    if e.layout is not None:
+        layout = layouts.get(e.layout)
+        if layout is None:
+            layout = layouts[e.layout] = Layout.from_json(msgspec.structs.asdict(e.layout)
+                                                          | _lists(e.layout))
+    sums = e.checksums
+    return FileInfo(path=e.path, type=e.type, size=e.size, mtime=e.mtime, file_id=e.file_id,
+                    layout=layout,
+                    default_layout=(LayoutSpec.from_json(e.default_layout)
+                                    if e.default_layout else None),
+                    checksums=tuple(int(c, 16) for c in sums) if sums is not None else None,
+                    locations=e.locations, capability=e.capability,
+                    attrs=attrs_of({"attrs": e.attrs}) if e.attrs else {})
+
+
+def _lists(layout: _Layout) -> dict[str, list[str]]:
+    """``targets`` and ``nodes`` as the lists from_json reads."""
+    return {"targets": list(layout.targets), "nodes": list(layout.nodes)}

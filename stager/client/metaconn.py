@@ -70,7 +70,7 @@ class MetaConnection:
     async def request(self, route: Route, *, body: Any = None,
                       query: Mapping[str, Any] | None = None,
                       timeout: aiohttp.ClientTimeout | None = None, settle: int = 0,
-                      **path_params: Any) -> Any:
+                      decode: Callable[[bytes], Any] = _decode, **path_params: Any) -> Any:
         """Send ``route`` (its path parameters filled from ``path_params``) with the
         JSON ``body``; the answer's JSON, or its error raised.
 
@@ -79,9 +79,10 @@ class MetaConnection:
         the same key, up to ``settle`` more times with backoff (from 0.25 s, at most
         4 s apart), so that a metadata tier that comes back answers what became of it.
         Sending the operation afresh instead could apply it twice, the second time
-        over a later writer's."""
+        over a later writer's.  ``decode`` reads a 2xx answer's bytes (a typed
+        decoder skips the dicts: stager/client/listing.py)."""
         _, _, answer = await self._settled(route, body, query, timeout, settle, {},
-                                           _decode, path_params)
+                                           decode, path_params)
         return answer
 
     async def exchange(self, route: Route, *, body: Any = None,
