@@ -4,8 +4,9 @@ A real metadata server (``stager up --data-servers 0``, SQLite, the default 2 s
 heartbeat and 5 s report intervals) is sent, from another process, the chatter of
 many simulated machines at their real cadence: N targets heartbeating one request each
 (as data servers older than issue 30 do), the same N batched as D data server
-processes of T targets each (``POST /v1/heartbeats``), M loader ranks reporting
-(``report_rank``), and the batched targets and the ranks together.  For each load the
+processes of T targets each (``POST /v1/heartbeats``), M loader ranks reporting one
+request each (``report_rank``), the same M batched per node (``POST /v1/jobs/reports``,
+8 ranks a request), and the batched targets and batched ranks together.  For each load the
 server's CPU (user + system of its process, from ``/proc``) is read over a window and,
 with the idle server's own subtracted, turned into cores per 1,000 targets and per
 1,000 ranks; in a second window, the load still on, a foreground client stats a
@@ -35,6 +36,7 @@ from .common import aim, cpu_seconds, r2, run_async, scratch
 HEARTBEAT = 2.0         # seconds: Config.heartbeat_interval's default
 REPORT = 5.0            # seconds: Config.report_interval's default
 PER_SERVER = 8          # targets per simulated data server process (8 NVMe a node)
+PER_NODE = 8            # ranks per node, one report request per node when batched
 RANKS_PER_JOB = 1000
 STAT_DIR = "/scale"
 
@@ -61,9 +63,11 @@ def run(quick: bool) -> dict[str, Any]:
             (f"{size['targets']} targets, batched {PER_SERVER} a request",
              {"batched": size["targets"]}),
             (f"{size['single']} targets, one request each", {"single": size["single"]}),
-            (f"{size['ranks']} ranks reporting", {"ranks": size["ranks"]}),
-            (f"{size['targets']} batched targets + {size['ranks']} ranks",
-             {"batched": size["targets"], "ranks": size["ranks"]}),
+            (f"{size['ranks']} ranks reporting, one request each", {"ranks": size["ranks"]}),
+            (f"{size['ranks']} ranks, batched {PER_NODE} a request",
+             {"ranks_batched": size["ranks"]}),
+            (f"{size['targets']} batched targets + {size['ranks']} batched ranks",
+             {"batched": size["targets"], "ranks_batched": size["ranks"]}),
         ]
         measured = []
         for name, load in loads:
@@ -226,6 +230,14 @@ async def _generate(meta: str, load: dict[str, int], warmup: float, window: floa
             tasks.append(every(REPORT, REPORT * r / ranks,
                                lambda url=url, r=r: post(url, _report(r, RANKS_PER_JOB),
                                                          "PUT"), 1))
+        nodes = load.get("ranks_batched", 0) // PER_NODE
+        for n in range(nodes):
+            body = {"items": [{"job": f"scale-{r // RANKS_PER_JOB}", "rank": r % RANKS_PER_JOB,
+                               "report": _report(r, RANKS_PER_JOB)}
+                              for r in range(n * PER_NODE, (n + 1) * PER_NODE)]}
+            tasks.append(every(REPORT, REPORT * n / nodes,
+                               lambda body=body: post(route("report_ranks").url(meta), body),
+                               PER_NODE))
         await asyncio.gather(*tasks)
     return counts
 
@@ -251,22 +263,29 @@ def _result(measured: list[tuple[str, dict[str, Any]]], size: dict[str, Any],
                      m["counts"].get("errors", 0), m["counts"].get("skipped", 0),
                      r2(m["cpu_per_second"]), r2(cost_ms),
                      r2(_p(m["latencies"], 0.5)), r2(_p(m["latencies"], 0.99))])
-    batched, single, ranks = (per_item[name] for name, _ in measured[1:4])
+    batched, single, ranks, ranks_batched = (per_item[name] for name, _ in measured[1:5])
     per_k_single = single / 1000 * 1000 / HEARTBEAT      # cores per 1,000 targets
     per_k_batched = batched / 1000 * 1000 / HEARTBEAT
     per_k_ranks = ranks / 1000 * 1000 / REPORT
-    site = 10 * per_k_batched + 10 * per_k_ranks         # 10,000 targets + 10,000 ranks
+    per_k_ranks_batched = ranks_batched / 1000 * 1000 / REPORT
+    # 10,000 targets + 10,000 ranks, both batched per node
+    site = 10 * per_k_batched + 10 * per_k_ranks_batched
+    site_single_ranks = 10 * per_k_batched + 10 * per_k_ranks
     both_p99 = _p(measured[-1][1]["latencies"], 0.99)
     ratios = {"CPU per target, one request each / batched": r2(single / batched)
               if batched else 0.0,
+              "CPU per rank, one request each / batched": r2(ranks / ranks_batched)
+              if ranks_batched else 0.0,
               "stat p99, batched targets + ranks / idle": r2(both_p99 / idle_p99)
               if idle_p99 else 0.0}
     notes = [
         f"Cores per 1,000 targets (a beat every {HEARTBEAT:g} s): one request each "
         f"{per_k_single:.3f}, batched {PER_SERVER} a request {per_k_batched:.3f}; per "
-        f"1,000 ranks (a report every {REPORT:g} s): {per_k_ranks:.3f}.",
-        f"10,000 batched targets + 10,000 ranks, from the per-item costs: {site:.2f} "
-        "cores (aim <= 0.5).",
+        f"1,000 ranks (a report every {REPORT:g} s): one request each {per_k_ranks:.3f}, "
+        f"batched {PER_NODE} a request {per_k_ranks_batched:.3f}.",
+        f"10,000 batched targets + 10,000 ranks batched per node, from the per-item costs: "
+        f"{site:.2f} cores (aim <= 0.5); with the ranks one request each "
+        f"{site_single_ranks:.2f}.",
         f"Idle server: {idle_cpu:.3f} cores (subtracted); stat p99 idle {idle_p99:.2f} ms.",
         "Offered loads: targets at their real cadence over a "
         f"{size['window']:g} s window after a {size['warmup']:g} s warm-up; where a row "
