@@ -91,6 +91,23 @@ class Evictor:
                     "for this fill", limit=limit, used=self.filled + self.inflight)
             self.inflight += size
 
+    async def free_below(self, directory: str, need: int) -> int:
+        """Evict at least ``need`` bytes of the filled chunks of files below
+        ``directory``, by the policy, never a pinned one: the room a write there needs
+        under the directory's quota, taken from its cached (re-fetchable) bytes first.
+        The bytes freed (fewer than ``need`` when only pinned chunks are left)."""
+        if need <= 0:
+            return 0
+        async with self._room:
+            chunks = [c for c in await self._all_chunks() if paths.is_within(c.path, directory)]
+            victims = await self._victims(chunks, need, await self._plans(),
+                                          spare_recent=False)
+            await self._evict(victims)
+            freed = sum(c.size for c in victims)
+            if self.filled is not None:
+                self.filled -= freed
+            return freed
+
     def filled_one(self, size: int, ok: bool) -> None:
         """A reserved fill ended: recorded (``ok``), or failed."""
         if self.config.cache_limit > 0:
