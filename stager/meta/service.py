@@ -101,18 +101,23 @@ class MetaService:
         self.store.close()
 
     # -- namespace ------------------------------------------------------------------
-    def info(self, entry: NodeEntry) -> FileInfo:
-        """What clients see of an entry: with the URL of each target its layout names."""
-        locations = {}
-        if entry.layout is not None:
-            locations = {t: self.targets[t].url for t in entry.layout.targets
-                         if t in self.targets}
+    def info(self, entry: NodeEntry, locations: dict[str, str] | None = None) -> FileInfo:
+        """What clients see of an entry: with the URL of each target its layout names
+        (``locations``, when the caller has them already)."""
+        if locations is None:
+            locations = self.locations(entry.layout)
         return FileInfo(path=entry.path, type=entry.kind, size=entry.size, mtime=entry.mtime,
                         file_id=entry.file_id, layout=entry.layout,
                         default_layout=entry.default_layout,
                         # a cached file's chunks are checked against their fills' CRCs
                         checksums=None if entry.layout is not None and entry.layout.cached
                         else entry.checksums, locations=locations, attrs=entry.attrs)
+
+    def locations(self, layout: Layout | None) -> dict[str, str]:
+        """The URL of each target ``layout`` names (of those known)."""
+        if layout is None:
+            return {}
+        return {t: self.targets[t].url for t in layout.targets if t in self.targets}
 
     async def stat(self, path: str) -> FileInfo:
         return self.info(await self.store.stat(paths.normalize(path)))
@@ -124,7 +129,14 @@ class MetaService:
         if not 1 <= limit <= MAX_LIST_LIMIT:
             raise BadRequest(f"limit must be between 1 and {MAX_LIST_LIMIT}")
         entries = await self.store.list_dir(paths.normalize(path), after=after, limit=limit)
-        infos = [self.info(e) for e in entries]
+        # the files of a directory mostly share one layout (one object: .store's cache)
+        where: dict[int, dict[str, str]] = {}
+        infos = []
+        for e in entries:
+            key = id(e.layout)
+            if key not in where:
+                where[key] = self.locations(e.layout)
+            infos.append(self.info(e, where[key]))
         return infos, (entries[-1].path.rsplit("/", 1)[-1] if len(entries) == limit else None)
 
     async def mkdir(self, path: str, *, parents: bool = False, exist_ok: bool = False,

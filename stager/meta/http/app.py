@@ -25,7 +25,7 @@ from ...protocol.ranges import content_range, parse_range, unsatisfied_range
 from ...web import idempotency
 from ...web.authmw import authorize, speak_for, token_of
 from ...web.metrics import ServerMetrics
-from ...web.middleware import METRICS_KEY, error_response, json_response
+from ...web.middleware import METRICS_KEY, encode_json, error_response, json_response
 from ...web.requests import path_arg, query_bool, query_int, read_json
 from ...web.server import add_routes, base_app
 from .. import jobtable, opkey, presence, shared, targetauth, targetstats
@@ -212,7 +212,8 @@ async def list_dir(request: web.Request) -> web.Response:
             break
         after = nxt
     listing = m.Listing(path, tuple(entries), nxt, detail=query_bool(request, "detail", True))
-    return json_response(listing.to_json())
+    return web.Response(body=encode_json(listing.wire_json(), listing.to_json),
+                        content_type="application/json")
 
 
 async def mkdir(request: web.Request) -> web.Response:
