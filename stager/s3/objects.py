@@ -26,6 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from ..client import AsyncClient
+from ..dataplane import StripedReader
 from ..errors import DirectoryNotEmpty, NotFound, RangeNotSatisfiable, StagerError
 from ..protocol import paths
 from ..protocol.models import FileInfo
@@ -187,14 +188,23 @@ async def get_object(ctx: S3Context) -> web.StreamResponse:
         await response.prepare(ctx.request)
         await response.write_eof()
         return response
-    pieces = ctx.client.reader(info).stream(start, stop)
+    reader = ctx.client.reader(info)
+    # A whole object has no range to read on for (:mod:`stager.dataplane.tails`): its
+    # pieces are lent, and handed back once sent, so no 4 MiB buffer is made (zeroed,
+    # faulted in) per chunk.
+    lend = span is None
+    pieces = reader.stream(start, stop, lend=lend)
     # The first piece before the headers: a dead target is still an S3 error answer.
     first = await anext(pieces)
     await response.prepare(ctx.request)
     try:
         await response.write(first)
+        sent = first
         async for piece in pieces:
             await response.write(piece)
+            if lend:
+                _hand_back(ctx.request, reader, sent, piece)
+            sent = piece
     except StagerError as exc:
         # Too late for an error answer: the connection is cut, so the client sees a
         # short body, never a whole-looking wrong one.
@@ -202,6 +212,22 @@ async def get_object(ctx: S3Context) -> web.StreamResponse:
         raise ConnectionResetError(f"the read failed midway: {exc}") from exc
     await response.write_eof()
     return response
+
+
+def _hand_back(request: web.Request, reader: StripedReader, sent: memoryview,
+               last: memoryview) -> None:
+    """Give ``sent`` back to ``reader`` once the connection holds none of it: the
+    transport keeps what it could not send yet (Python 3.12's as views of our buffer,
+    not copies), and ``last`` was written after ``sent``, so fewer bytes buffered
+    than ``last`` has mean all of ``sent`` is out.  Otherwise it is left to the
+    garbage collector."""
+    transport = request.transport
+    if transport is None or transport.get_write_buffer_size() > len(last):
+        return
+    try:
+        reader.give_back(sent)
+    except BufferError:
+        pass        # something still views it: not ours to reuse
 
 
 # -- writing ---------------------------------------------------------------------------
