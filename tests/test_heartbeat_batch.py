@@ -203,3 +203,51 @@ def test_a_revoked_credential_joins_again_while_the_others_beat_on(
                                   headers=admin).body)["targets"]
     assert all(t["state"] == "up" and time.time() - t["last_heartbeat"] < 1.5
                for t in targets), targets
+
+
+_GOOD = {"capacity": 10, "used": 2, "chunks": 3, "bytes_read": 4, "bytes_written": 5}
+_SCRUB = {"state": "running", "passes": 1, "chunks_done": 2, "started": 3, "finished": 4.5}
+
+
+FAST = [
+    [{"target_id": "t0", "heartbeat": _GOOD}, {"target_id": "t1", "heartbeat": {}}],
+    [{"target_id": "t0", "heartbeat": {**_GOOD, "scrub": _SCRUB}, "credential": "c.x"}],
+    [{"target_id": "t0", "heartbeat": {**_GOOD, "unknown": [1]}}],
+    [{"target_id": "t0", "heartbeat": {**_GOOD, "scrub": None}, "credential": None}],
+]
+DEFERRED = [
+    [{"target_id": "t0", "heartbeat": {**_GOOD, "used": None}}],          # null: a default
+    [{"target_id": "t0", "heartbeat": {**_GOOD, "used": -1}}],
+    [{"target_id": "t0", "heartbeat": {**_GOOD, "used": 1 << 63}}],
+    [{"target_id": "t0", "heartbeat": {**_GOOD, "used": True}}],
+    [{"target_id": "t0", "heartbeat": {**_GOOD, "used": 1.5}}],
+    [{"target_id": "t0", "heartbeat": {**_GOOD, "scrub": {**_SCRUB, "state": "odd"}}}],
+    [{"target_id": "t0", "heartbeat": {**_GOOD, "scrub": {**_SCRUB, "passes": -1}}}],
+    [{"target_id": "../t0", "heartbeat": _GOOD}],
+    [{"target_id": "t0", "heartbeat": _GOOD, "credential": ""}],
+    [{"target_id": "t0", "heartbeat": _GOOD}, {"target_id": "t0", "heartbeat": _GOOD}],
+    [{"target_id": "t0"}],
+    [{"target_id": "t0", "heartbeat": [1]}],
+]
+
+
+@pytest.mark.parametrize(("items", "fast"), [(i, True) for i in FAST] +
+                         [(i, False) for i in DEFERRED])
+def test_the_fast_decoder_takes_what_the_reference_takes_or_defers(items: list,
+                                                                   fast: bool) -> None:
+    """``decode_batch`` (msgspec) reads a plainly valid batch exactly as
+    ``BeatItem.from_json`` does, and answers ``None`` (the reference decides) for
+    everything else: it never takes a batch the reference refuses, nor reads one
+    differently."""
+    from stager.errors import BadRequest
+    from stager.protocol.batch import parse_items
+    from stager.protocol.heartbeats import decode_batch
+
+    raw = json.dumps({"items": items}).encode()
+    try:
+        reference = parse_items(json.loads(raw), BeatItem.from_json, key=lambda i: i.target_id)
+    except BadRequest:
+        reference = None
+    assert decode_batch(raw) == (reference if fast else None)
+    if fast:
+        assert reference is not None

@@ -10,22 +10,30 @@ The per-target route (``heartbeat`` in :mod:`.app`) stays for data servers older
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 
-from ...errors import StagerError, Unauthenticated
+from ...errors import BadRequest, StagerError, Unauthenticated
 from ...protocol.batch import parse_items, results_json
-from ...protocol.heartbeats import BeatItem
+from ...protocol.heartbeats import BeatItem, decode_batch
 from ...web.authmw import token_of
 from ...web.middleware import json_response
-from ...web.requests import read_json
+from ...web.requests import PARSE_AWAY, parse_json, read_body
 from .. import targetauth, targetstats
 from .authapp import auth_of
 
 
 async def heartbeats(request: web.Request) -> web.Response:
     service = request.app[targetstats.BEATEN]
-    body = await read_json(request, service.config.max_json_body)
-    items = parse_items(body, BeatItem.from_json, key=lambda i: i.target_id)
+    raw = bytes(await read_body(request, service.config.max_json_body))
+    items = decode_batch(raw) if len(raw) <= PARSE_AWAY else None
+    if items is None:       # not plainly valid, or large: the reference parser decides
+        body = await asyncio.to_thread(parse_json, raw) if len(raw) > PARSE_AWAY \
+            else parse_json(raw or b"{}")
+        if not isinstance(body, dict):
+            raise BadRequest("the body must be a JSON object")
+        items = parse_items(body, BeatItem.from_json, key=lambda i: i.target_id)
     auth, bearer = auth_of(request), token_of(request)
     # Every item proven before any is taken: a credential that is not its target's
     # (Forbidden) refuses the whole batch; one refused outright (revoked, expired: the
