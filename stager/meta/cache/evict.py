@@ -9,10 +9,17 @@ a chunk of a pinned path is never a victim; a chunk handed to a reader in the la
 ``GRACE`` seconds is spared while another will do (its reader is on its way to it): a
 fill that needs room waits for such chunks to age rather than evict them at once.
 
-The victims are chosen by the named policy of :mod:`stager.eviction` (``cache_policy``),
-fed the chunks in the order they were last used: ``lru`` takes the least recently
-used, ``s3fifo`` its queues; ``plan`` takes the chunk whose next use by a registered
-Loader plan is furthest away, and is ``lru`` while no plan is registered.  A victim's
+The victims are chosen by the named policy of :mod:`stager.eviction` (``cache_policy``).
+``lru`` and ``s3fifo`` look at the past, so their state is kept between evictions
+(:meth:`Evictor._live`): before each choice it is brought up to date with the chunk
+rows (the store is the one record of fills and reads, whichever metadata server saw
+them): a new row is admitted at its fill time, a row used since the last look is a
+hit, a row gone is forgotten, in the order they happened.  So S3-FIFO keeps its
+queues, its read counts and its ghosts of earlier evictions (a state rebuilt from the
+rows at each eviction, with every chunk admitted afresh in order of last use, is
+LRU under another name).  ``plan`` takes the chunk whose next use by a registered
+Loader plan is furthest away (derived anew each time from the plans), and is ``lru``
+while no plan is registered.  A victim's
 row goes first (a reader asking for it from then on fetches it again), then its bytes
 on every target of its layout.
 """
@@ -20,6 +27,7 @@ on every target of its layout.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -27,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from ...dataplane.admin import delete_chunk
 from ...errors import InsufficientStorage, StagerError
-from ...eviction import EVICTION, NextUse
+from ...eviction import EVICTION, Eviction, NextUse
 from ...layout import chunk_targets
 from ...protocol import paths
 from ...protocol.models import chunk_id
@@ -41,6 +49,9 @@ log = logging.getLogger(__name__)
 GRACE = 0.5             # seconds a chunk just handed to a reader is spared
 POLL = 0.05             # seconds between looks while a fill waits for room
 PAGE = 10000
+LIVE = ("lru", "s3fifo")    # policies of the past: a state kept between evictions
+
+Key = tuple[str, int]
 
 
 class Evictor:
@@ -54,6 +65,9 @@ class Evictor:
         self.filled: int | None = None  # filled bytes, as last counted plus fills since
         self.inflight = 0               # bytes of fills reserved and not yet recorded
         self._room = asyncio.Lock()
+        # the state of a policy of the past (LIVE) and each chunk's last use it has seen
+        self._state: tuple[str, Eviction] | None = None
+        self._seen: dict[Key, float] = {}
 
     async def round(self) -> int:
         """One look at the filled bytes; evicts past the high watermark.  Returns the
@@ -99,9 +113,10 @@ class Evictor:
         if need <= 0:
             return 0
         async with self._room:
-            chunks = [c for c in await self._all_chunks() if paths.is_within(c.path, directory)]
-            victims = await self._victims(chunks, need, await self._plans(),
-                                          spare_recent=False)
+            victims, state = await self._victims(await self._all_chunks(), need,
+                                                 await self._plans(), spare_recent=False,
+                                                 within=directory)
+            self._keep(state)
             await self._evict(victims)
             freed = sum(c.size for c in victims)
             if self.filled is not None:
@@ -138,10 +153,11 @@ class Evictor:
         while True:
             chunks = await self._all_chunks()
             last = time.monotonic() >= deadline
-            victims = await self._victims(chunks, need, plans, spare_recent=not last)
+            victims, state = await self._victims(chunks, need, plans, spare_recent=not last)
             if last or sum(c.size for c in victims) >= need:
                 break
             await asyncio.sleep(POLL)
+        self._keep(state)
         await self._evict(victims)
         assert self.filled is not None
         self.filled -= sum(c.size for c in victims)
@@ -158,9 +174,12 @@ class Evictor:
             after = (page[-1].file_id, page[-1].index)
 
     async def _victims(self, chunks: list[CachedChunk], need: int, plans: NextUse | None, *,
-                       spare_recent: bool) -> list[CachedChunk]:
+                       spare_recent: bool, within: str | None = None
+                       ) -> tuple[list[CachedChunk], Eviction | None]:
         """The chunks to drop to free ``need`` bytes, by the policy; never a pinned one,
-        and with ``spare_recent`` none handed to a reader in the last ``GRACE`` seconds."""
+        none outside directory ``within`` (when given), and with ``spare_recent`` none
+        handed to a reader in the last ``GRACE`` seconds.  Also the policy's state after
+        the choice (of a LIVE policy: :meth:`_keep` it once the victims are evicted)."""
         now = self.service.clock()
         pins = await self.store.pins(now)
         policy, next_use = self.config.cache_policy, plans
@@ -168,14 +187,53 @@ class Evictor:
             policy = "lru"
         spared = {(c.file_id, c.index) for c in chunks
                   if any(paths.is_within(c.path, p.path) for p in pins)
-                  or (spare_recent and c.used > now - GRACE)}
-        # fed in order of last use: their recency, as the policy would have seen it
-        chunks = sorted(chunks, key=lambda c: (c.used, c.file_id, c.index))
+                  or (spare_recent and c.used > now - GRACE)
+                  or (within is not None and not paths.is_within(c.path, within))}
         by_key = {(c.file_id, c.index): c for c in chunks}
-        state = EVICTION[policy](sum(c.size for c in chunks), next_use)
-        for i, c in enumerate(chunks):
-            state.admit((c.file_id, c.index), c.size, i)
-        return [by_key[k] for k in state.victims(need, len(chunks), spared)]
+        if policy in LIVE:
+            # chosen on a copy: a choice that is not acted on (a fill still waiting for
+            # room) leaves the kept state as it was
+            state = copy.deepcopy(self._live(policy, chunks))
+            kept: Eviction | None = state
+        else:
+            # fed in order of last use: their recency, as the policy would have seen it
+            chunks = sorted(chunks, key=lambda c: (c.used, c.file_id, c.index))
+            state, kept = EVICTION[policy](sum(c.size for c in chunks), next_use), None
+            for i, c in enumerate(chunks):
+                state.admit((c.file_id, c.index), c.size, i)
+        return [by_key[k] for k in state.victims(need, len(chunks), spared)], kept
+
+    def _live(self, policy: str, chunks: list[CachedChunk]) -> Eviction:
+        """The kept state of ``policy`` (a LIVE one), brought up to date with the chunk
+        rows: what was filled, read or dropped since the last look, in time order."""
+        if self._state is None or self._state[0] != policy:
+            limit = self.config.cache_limit or sum(c.size for c in chunks)
+            self._state, self._seen = (policy, EVICTION[policy](max(1, limit), None)), {}
+        state, seen = self._state[1], self._seen
+        rows = {(c.file_id, c.index): c for c in chunks}
+        for key in [k for k in seen if k not in rows]:
+            state.forget(key)           # evicted, refreshed or detached since
+            del seen[key]
+        events: list[tuple[float, int, Key, int]] = []      # (when, 0 fill / 1 read, ...)
+        for key, c in rows.items():
+            last = seen.get(key)
+            if last is None:
+                events.append((c.filled, 0, key, c.size))
+                last = c.filled
+            if c.used > last:
+                events.append((c.used, 1, key, c.size))
+            seen[key] = c.used
+        for i, (_, kind, key, size) in enumerate(sorted(events)):
+            if kind == 0:
+                state.admit(key, size, i)
+            else:
+                state.hit(key, i)
+        return state
+
+    def _keep(self, state: Eviction | None) -> None:
+        """The state a LIVE policy chose victims with, kept (they leave the rows next)."""
+        if state is not None and self._state is not None:
+            self._state = (self._state[0], state)
 
     async def _evict(self, victims: list[CachedChunk]) -> None:
         if not victims:
