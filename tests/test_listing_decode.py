@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from stager.client.listing import listing_from_bytes, listing_of
+from stager.client.listing import info_from_bytes, listing_from_bytes, listing_of
 from stager.protocol.messages import Listing
+from stager.protocol.models import FileInfo
 
 LAYOUT = {"chunk_size": 4194304, "stripe_count": 2, "replicas": 1, "targets": ["t0", "t1"],
           "nodes": ["n0", "n1"]}
@@ -109,3 +110,18 @@ def test_from_bytes_shares_layouts_and_refuses_what_is_not_json() -> None:
     assert got == Listing.from_json(json.loads(raw))
     with pytest.raises(ValueError):
         listing_from_bytes(b"{not json")
+
+
+ENTRIES = [e for c in CASES if isinstance(c, dict) and isinstance(c.get("entries"), list)
+           for e in c["entries"]] + [5, None, [1], "x"]
+
+
+@pytest.mark.parametrize("obj", ENTRIES)
+def test_a_stat_from_bytes_the_same_as_from_json(obj: Any) -> None:
+    assert outcome(info_from_bytes, json.dumps(obj).encode()) == outcome(
+        FileInfo.from_json, copy.deepcopy(obj))
+
+
+def test_stats_of_one_layout_share_it() -> None:
+    one, two = (info_from_bytes(json.dumps(entry(i)).encode()) for i in (1, 2))
+    assert one.layout is two.layout and one.layout == FileInfo.from_json(entry(1)).layout

@@ -41,7 +41,7 @@ from .cache import CacheCalls
 from .capabilities import CapabilityBook
 from .cluster import Cluster
 from .fileio import AsyncReadFile, AsyncWriteFile
-from .listing import listing_from_bytes
+from .listing import info_from_bytes, listing_from_bytes
 from .metaconn import LONG, MetaConnection
 from .rewrite import written_again
 from .stale import read_current
@@ -120,7 +120,7 @@ class AsyncClient(CacheCalls):
         if hit is not None:
             return hit
         now = time.monotonic()
-        info = FileInfo.from_json(await self.meta.request(route("stat"), path=path))
+        info = await self.meta.request(route("stat"), path=path, decode=info_from_bytes)
         self.learn("read", info.file_id, info.capability)
         self.meta.remember_stat(path, info, now)
         return info

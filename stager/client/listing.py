@@ -1,4 +1,4 @@
-"""A directory page read quickly: ``Listing.from_json`` for the shape servers send.
+"""A directory page (and a stat) read quickly: ``Listing.from_json`` for the shape servers send.
 
 A 1,000-entry page took ``FileInfo.from_json`` some 40 ms on a busy machine, most
 of a listing's time: every field goes through ``field_of``, and every entry's
@@ -14,10 +14,12 @@ which accepts or refuses it as it always did.
 decodes them straight into typed structs (no dict per entry), checking the types
 and bounds ``FileInfo.from_json`` checks; a page it refuses for any reason is read
 again by :func:`listing_of`, which gives the answer or the error it always gave.
+:func:`info_from_bytes` reads a stat's answer the same way.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any
 
 import msgspec
@@ -94,8 +96,7 @@ Count = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
 
 
 class _Layout(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """A layout as sent; hashable, so a page's entries that share one share its
-    Layout (made and checked by ``Layout.from_json`` once)."""
+    """A layout as sent; hashable, the key of its Layout (:func:`_layout_of`)."""
 
     chunk_size: Count
     stripe_count: int
@@ -139,21 +140,27 @@ def listing_from_bytes(raw: bytes) -> Listing:
         page = _read_page(raw)
     except msgspec.ValidationError:
         return listing_of(_read_any(raw))
-    layouts: dict[_Layout, Layout] = {}
     try:
-        entries = tuple(_info(e, layouts) for e in page.entries)
+        entries = tuple(_info(e) for e in page.entries)
     except (StagerError, ValueError):   # a layout or a checksum from_json refuses
         return listing_of(_read_any(raw))
     return Listing(path=page.path, entries=entries, next=page.next)
 
 
-def _info(e: _Entry, layouts: dict[_Layout, Layout]) -> FileInfo:
-    layout = None
-    if e.layout is not None:
-        layout = layouts.get(e.layout)
-        if layout is None:
-            layout = layouts[e.layout] = Layout.from_json(msgspec.structs.asdict(e.layout)
-                                                          | _lists(e.layout))
+_read_info = msgspec.json.Decoder(_Entry).decode
+
+
+def info_from_bytes(raw: bytes) -> FileInfo:
+    """The :class:`FileInfo` a stat's JSON bytes hold: what
+    ``FileInfo.from_json(json.loads(raw))`` gives, the same FileInfo or the same error."""
+    try:
+        return _info(_read_info(raw))
+    except (msgspec.ValidationError, StagerError, ValueError):
+        return FileInfo.from_json(_read_any(raw))
+
+
+def _info(e: _Entry) -> FileInfo:
+    layout = _layout_of(e.layout) if e.layout is not None else None
     sums = e.checksums
     return FileInfo(path=e.path, type=e.type, size=e.size, mtime=e.mtime, file_id=e.file_id,
                     layout=layout,
@@ -164,6 +171,10 @@ def _info(e: _Entry, layouts: dict[_Layout, Layout]) -> FileInfo:
                     attrs=attrs_of({"attrs": e.attrs}) if e.attrs else {})
 
 
-def _lists(layout: _Layout) -> dict[str, list[str]]:
-    """``targets`` and ``nodes`` as the lists from_json reads."""
-    return {"targets": list(layout.targets), "nodes": list(layout.nodes)}
+@functools.lru_cache(maxsize=4096)
+def _layout_of(wire: _Layout) -> Layout:
+    """The Layout ``wire`` describes, made and checked by ``Layout.from_json`` (which
+    raises where it refuses: never kept).  Files written together share one, and a
+    Layout is immutable: stats and pages of them share the object."""
+    return Layout.from_json(msgspec.structs.asdict(wire)
+                            | {"targets": list(wire.targets), "nodes": list(wire.nodes)})
