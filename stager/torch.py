@@ -30,16 +30,19 @@ them is dropped; ``share_bytes="copy"`` hands out ``bytes`` copied out instead.
 
 from __future__ import annotations
 
-import weakref
+import logging
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, IterableDataset, default_convert, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .loader import Loader
-from .loader.workers import run_length
+from .loader.torchshare import InWorker, SharedBatch, Step, convert
+from .loader.workers import run_length, usable_cores, workers_pay
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DeviceFeeder", "SharedBatch", "StagerDataLoader", "StagerDataset", "convert",
            "dist_rank_world", "to_tensors"]
@@ -64,7 +67,7 @@ class StagerDataset(IterableDataset):  # type: ignore[type-arg]
         self.loader = Loader(source, batch_size=batch_size, rank=rank, world_size=world_size,
                              **loader_kwargs)
         # Set by StagerDataLoader: workers read runs of ``run`` steps and yield each
-        # batch as a _Step (a plain DataLoader wants bare batches, round-robin).
+        # batch as a Step (a plain DataLoader wants bare batches, round-robin).
         self.run = 1
         self.tagged = False
 
@@ -80,7 +83,7 @@ class StagerDataset(IterableDataset):  # type: ignore[type-arg]
         try:
             if self.tagged:
                 for step, batch in zip(clone.worker_steps(), clone, strict=True):
-                    yield _Step(step, batch)
+                    yield Step(step, batch)
             else:
                 yield from clone
         finally:
@@ -112,184 +115,6 @@ class StagerDataset(IterableDataset):  # type: ignore[type-arg]
         self.close()
 
 
-class _Step:
-    """A worker's batch with its step number in the rank's pass (for the main
-    process to hand the workers' runs out in step order)."""
-
-    __slots__ = ("step", "batch")
-
-    def __init__(self, step: int, batch: Any) -> None:
-        self.step, self.batch = step, batch
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return _Step, (self.step, self.batch)
-
-
-class SharedBatch:
-    """A batch of sample dicts on its way from a DataLoader worker to the main process.
-
-    The dicts' ``bytes`` values are copied into a ``uint8`` tensor in shared
-    memory, one of a few buffers each worker reuses (:class:`_Slots`); the dicts,
-    with ``None`` in those places, are pickled as usual.  A buffer crosses as a
-    tensor (torch passes a file descriptor) only the first time; after that the
-    batch names it by (worker, slot) and the main process, which keeps it
-    mapped, reads the same pages again: no descriptor passing, no page faults.
-    :meth:`unpack` puts the samples back, in the same keys and order, as
-    read-only memoryviews of the buffer, which goes back to the worker once the
-    last of them is gone (or, with ``copy``, as bytes, the buffer back at once).
-    """
-
-    __slots__ = ("samples", "spots", "keys", "lengths", "worker", "slot", "data", "busy")
-
-    def __init__(self, samples: list[dict[str, Any]], spots: list[int], keys: list[str],
-                 lengths: list[int], worker: int, slot: int, data: torch.Tensor | None,
-                 busy: torch.Tensor | None) -> None:
-        self.samples = samples
-        self.spots, self.keys, self.lengths = spots, keys, lengths    # sample, key, size
-        self.worker, self.slot = worker, slot       # slot -1: a buffer of its own
-        self.data, self.busy = data, busy           # sent when new to the main process
-
-    @classmethod
-    def pack(cls, batch: Any, slots: _Slots | None = None) -> Any:
-        """``batch`` packed when it is a list of dicts holding bytes, else unchanged."""
-        if type(batch) is not list or not all(type(s) is dict for s in batch):
-            return batch
-        found = [(i, k, v) for i, s in enumerate(batch) for k, v in s.items()
-                 if type(v) is bytes]
-        total = sum(len(v) for _, _, v in found)
-        if not total:
-            return batch
-        slot, data, new = slots.take(total) if slots is not None else (-1, _shared(total), True)
-        view = memoryview(data.numpy())
-        samples = [dict(s) for s in batch]
-        pos = 0
-        for i, k, v in found:
-            view[pos:pos + len(v)] = v
-            pos += len(v)
-            samples[i][k] = None
-        busy = None
-        if slots is not None and not slots.announced:
-            busy, slots.announced = slots.busy, True
-        return cls(samples, [i for i, _, _ in found], [k for _, k, _ in found],
-                   [len(v) for _, _, v in found], -1 if slots is None else slots.worker, slot,
-                   data if new else None, busy)
-
-    def unpack(self, mapped: dict[tuple[int, int], torch.Tensor] | None = None,
-               copy: bool = False) -> list[dict[str, Any]]:
-        """The batch as it was packed, its bytes as views of the shared buffer (or,
-        with ``copy``, as ``bytes``).  ``mapped`` keeps the buffers that came with
-        earlier batches of this pass (the caller's, from one batch to the next)."""
-        mapped = {} if mapped is None else mapped
-        if self.busy is not None:
-            mapped[self.worker, -1] = self.busy
-        data = self.data
-        if data is None:
-            data = mapped[self.worker, self.slot]
-        elif self.slot >= 0:
-            mapped[self.worker, self.slot] = data
-        # A new array object for this batch: its views keep it alive, and it hands
-        # the buffer back when the last of them goes.
-        array = data.numpy()
-        view = memoryview(array).toreadonly()
-        pos = 0
-        if copy:
-            for i, k, n in zip(self.spots, self.keys, self.lengths, strict=True):
-                self.samples[i][k] = bytes(view[pos:pos + n])
-                pos += n
-            if self.slot >= 0:
-                _release(mapped[self.worker, -1], self.slot)
-            return self.samples
-        for i, k, n in zip(self.spots, self.keys, self.lengths, strict=True):
-            self.samples[i][k] = view[pos:pos + n]
-            pos += n
-        if self.slot >= 0:
-            weakref.finalize(array, _release, mapped[self.worker, -1], self.slot)
-        return self.samples
-
-
-def _release(busy: torch.Tensor, slot: int) -> None:
-    """Hand buffer ``slot`` back to its worker (see :class:`_Slots`)."""
-    busy.numpy()[slot] = 0
-
-
-def _shared(n: int) -> torch.Tensor:
-    return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(n))
-
-
-class _Slots:
-    """A worker's shared-memory batch buffers: reused, so neither process faults in
-    fresh pages for every batch.  ``busy[j]`` is set by the worker when it sends
-    buffer ``j`` and cleared by the main process once the batch's samples are gone;
-    with every buffer busy (the main process holds ``prefetch_factor`` batches per
-    worker and up to a run of a worker's batches while it hands out another's, and
-    the user may keep more) a batch gets a buffer of its own.  Buffers are made
-    on first use: a worker whose batches are dropped at once uses a few."""
-
-    COUNT = 16
-
-    def __init__(self, worker: int) -> None:
-        self.worker = worker
-        self.busy = _shared(self.COUNT)
-        self.announced = False                      # busy went to the main process
-        self._busy = self.busy.numpy()
-        self._busy[:] = 0
-        self.buffers: list[torch.Tensor | None] = [None] * self.COUNT
-
-    def take(self, size: int) -> tuple[int, torch.Tensor, bool]:
-        """(slot, buffer, whether the main process has not seen it yet)."""
-        free = [j for j in range(self.COUNT) if not self._busy[j]]
-        if not free:
-            return -1, _shared(size), True
-        # a free buffer big enough, else the first free one, made big enough
-        j = next((j for j in free if (b := self.buffers[j]) is not None and len(b) >= size),
-                 free[0])
-        buffer, new = self.buffers[j], False
-        if buffer is None or len(buffer) < size:
-            buffer, new = _shared(size + size // 8), True
-            self.buffers[j] = buffer
-        self._busy[j] = 1
-        return j, buffer, new
-
-
-class _InWorker:
-    """A worker's collate step, then (with ``share``) :meth:`SharedBatch.pack` into
-    its buffers; a :class:`_Step` keeps its tag (picklable for spawn; the buffers
-    are made in the worker, on first use)."""
-
-    def __init__(self, collate: Any, share: bool) -> None:
-        self.collate, self.share = collate, share
-        self.slots: _Slots | None = None
-
-    def __call__(self, item: Any) -> Any:
-        if type(item) is _Step:
-            return _Step(item.step, self(item.batch))
-        batch = self.collate(item)
-        if not self.share:
-            return batch
-        if self.slots is None:
-            info = get_worker_info()
-            self.slots = _Slots(0 if info is None else info.id)
-        return SharedBatch.pack(batch, self.slots)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"collate": self.collate, "share": self.share, "slots": None}
-
-
-_PLAIN = (bytes, str, int, float, bool, type(None))
-
-
-def convert(batch: Any) -> Any:
-    """DataLoader's ``default_convert`` (numpy arrays to tensors, recursively), minus
-    its walk through every field of every sample when there is nothing to convert:
-    a list of sample dicts of bytes, strings and numbers (a ``tar`` or ``files``
-    batch) is handed on as it is.  The walk cost 9 µs per such sample here, half
-    as much as the Loader's own work for it."""
-    if type(batch) is list and all(type(s) is dict and all(type(v) in _PLAIN
-                                                            for v in s.values())
-                                   for s in batch):
-        return batch
-    return default_convert(batch)
-
 
 class StagerDataLoader(DataLoader):  # type: ignore[type-arg]
     """A DataLoader over a :class:`StagerDataset` that keeps an exact resume state.
@@ -301,10 +126,17 @@ class StagerDataLoader(DataLoader):  # type: ignore[type-arg]
     (:class:`SharedBatch`): their bytes as read-only memoryviews of it, or with
     ``share_bytes="copy"`` as bytes copied out; ``share_bytes=False`` pickles them
     through the pipe.  Without a ``collate_fn``, batches go through :func:`convert`.
+
+    ``fallback`` (default on): where the workers cannot read faster than this
+    process alone (:func:`~stager.loader.workers.workers_pay`: fewer than two
+    workers, or fewer cores than workers + 1), the batches are read in this process
+    instead, as with ``num_workers=0``, and a warning says so once;
+    :attr:`in_process` tells, :attr:`workers_asked` keeps the number asked for.
+    ``fallback=False`` starts the workers anyway.
     """
 
     def __init__(self, dataset: StagerDataset, *, share_bytes: bool | str = True,
-                 **kwargs: Any) -> None:
+                 fallback: bool = True, **kwargs: Any) -> None:
         if kwargs.pop("batch_size", None) is not None:
             raise ValueError("the dataset batches; leave batch_size unset")
         if kwargs.get("persistent_workers"):
@@ -312,9 +144,14 @@ class StagerDataLoader(DataLoader):  # type: ignore[type-arg]
         if share_bytes not in (True, False, "copy"):
             raise ValueError(f"share_bytes is True, False or 'copy', not {share_bytes!r}")
         self.copy_bytes = share_bytes == "copy"
+        self.workers_asked = kwargs.get("num_workers", 0)
+        self.in_process = bool(fallback and self.workers_asked > 0 and
+                               not workers_pay(self.workers_asked, usable_cores()))
+        if self.in_process:
+            _fall_back(kwargs)
         collate = kwargs.get("collate_fn") or convert
         if kwargs.get("num_workers", 0) > 0:
-            collate = _InWorker(collate, bool(share_bytes))
+            collate = InWorker(collate, bool(share_bytes))
         loader = dataset.loader
         self.run = run_length(loader.window, loader.batch_size, loader.world_size,
                               loader.prefetch.batches)     # steps per worker run
@@ -323,6 +160,7 @@ class StagerDataLoader(DataLoader):  # type: ignore[type-arg]
 
     @property
     def loader(self) -> Loader:
+        """The dataset's loader (in this process)."""
         assert isinstance(self.dataset, StagerDataset)
         return self.dataset.loader
 
@@ -367,6 +205,24 @@ class StagerDataLoader(DataLoader):  # type: ignore[type-arg]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.loader.load_state_dict(state)
+
+
+_warned = False
+
+
+def _fall_back(kwargs: dict[str, Any]) -> None:
+    """DataLoader options for reading in this process instead of ``num_workers``
+    workers (those it refuses without workers dropped), and the warning, once."""
+    global _warned
+    if not _warned:
+        _warned = True
+        log.warning("StagerDataLoader(num_workers=%d) on %d usable cores: the batches are "
+                    "read in this process, where workers would read slower "
+                    "(fallback=False starts them anyway)", kwargs["num_workers"],
+                    usable_cores())
+    kwargs["num_workers"] = 0
+    for worker_only in ("prefetch_factor", "multiprocessing_context", "worker_init_fn"):
+        kwargs.pop(worker_only, None)
 
 
 def to_tensors(batch: Any) -> Any:

@@ -3,7 +3,9 @@ and the device feeder (CPU path here; the CUDA path is in test_torch_gpu.py)."""
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -15,11 +17,13 @@ import pytest
 from loader_data import write_files, write_zarr
 
 from stager import Client
+from stager.loader.workers import usable_cores, workers_pay
 from stager.testing import ProcessCluster
 
 pytestmark = pytest.mark.slow      # stager processes, DataLoader workers: not in make check
 
 torch = pytest.importorskip("torch")
+import stager.torch as torch_mod  # noqa: E402
 from stager.torch import (  # noqa: E402
     DeviceFeeder,
     SharedBatch,
@@ -72,7 +76,7 @@ def make(ds: dict[str, Any]) -> Iterator[Callable[..., StagerDataset]]:
 def test_dataloader_workers_read_every_sample_once_in_order(make: Any, workers: int) -> None:
     data = make()
     expected = [keys_of(b) for b in data.loader.for_worker(0, 1)]
-    dl = StagerDataLoader(data, num_workers=workers, multiprocessing_context="fork"
+    dl = StagerDataLoader(data, fallback=False, num_workers=workers, multiprocessing_context="fork"
                           if workers else None)
     got = [keys_of(b) for b in dl]
     assert got == expected                           # same batches, same order
@@ -87,7 +91,7 @@ def test_worker_batches_arrive_whole(make: Any, share: bool | str) -> None:
     is kept here, so the workers never get a buffer back: none is overwritten."""
     data = make()
     expected = list(data.loader.for_worker(0, 1))
-    got = list(StagerDataLoader(data, num_workers=2, multiprocessing_context="fork",
+    got = list(StagerDataLoader(data, fallback=False, num_workers=2, multiprocessing_context="fork",
                                 share_bytes=share))
     assert got == expected
     assert {type(s["data"]) for b in got for s in b} == \
@@ -104,7 +108,7 @@ def _tag(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def test_a_collate_fn_runs_in_the_worker_before_the_batch_is_shared(make: Any) -> None:
     data = make()
     expected = [_tag(b) for b in data.loader.for_worker(0, 1)]
-    got = list(StagerDataLoader(data, num_workers=2, multiprocessing_context="fork",
+    got = list(StagerDataLoader(data, fallback=False, num_workers=2, multiprocessing_context="fork",
                                 collate_fn=_tag))
     assert got == expected
 
@@ -113,7 +117,7 @@ def test_workers_reuse_their_shared_buffers(make: Any) -> None:
     """The main process hands each buffer back once it has copied it out, and the
     worker fills it again: many batches, few buffers, each sent across once."""
     data = make(batch_size=1)           # 61 batches
-    dl = StagerDataLoader(data, num_workers=2, multiprocessing_context="fork")
+    dl = StagerDataLoader(data, fallback=False, num_workers=2, multiprocessing_context="fork")
     data.loader.begin_pass()
     mapped: dict[tuple[int, int], Any] = {}
     sent, samples, workers = 0, [], set()
@@ -136,7 +140,8 @@ def test_batches_are_views_of_the_workers_shared_buffers(make: Any) -> None:
     expected = {int(b[0]["__index__"]): bytes(b[0]["data"])
                 for b in data.loader.for_worker(0, 1)}
     buffers, seen = set(), []
-    for batch in StagerDataLoader(data, num_workers=2, multiprocessing_context="fork"):
+    for batch in StagerDataLoader(data, fallback=False, num_workers=2,
+                                  multiprocessing_context="fork"):
         view = batch[0]["data"]
         assert type(view) is memoryview and view.readonly
         array = view.obj                    # the batch's array over the buffer
@@ -160,7 +165,7 @@ def test_workers_read_runs_of_steps_in_turn_and_share_one_plan(make: Any) -> Non
     from stager.loader.workers import worker_steps
     data = make(batch_size=2)
     plan = [keys_of(b) for b in data.loader.for_worker(0, 1)]
-    dl = StagerDataLoader(data, num_workers=2, multiprocessing_context="fork")
+    dl = StagerDataLoader(data, fallback=False, num_workers=2, multiprocessing_context="fork")
     run = dl.run
     assert run >= 2
     parts = [[keys_of(b) for b in data.loader.for_worker(w, 2, run)] for w in (0, 1)]
@@ -218,8 +223,8 @@ def test_shared_batch_packs_only_lists_of_sample_dicts() -> None:
 
 
 def test_shared_buffers_are_reused_grown_and_never_overwritten_while_busy() -> None:
-    from stager.torch import _Slots
-    slots = _Slots(worker=0)
+    from stager.loader.torchshare import Slots
+    slots = Slots(worker=0)
     j, first, new = slots.take(100)
     assert (j, new) == (0, True) and len(first) >= 100
     slots.busy.numpy()[j] = 0                       # the main process is done with it
@@ -250,15 +255,15 @@ def test_ranks_and_workers_together(make: Any, world: int) -> None:
     seen = []
     for rank in range(world):
         data = make(rank=rank, world_size=world, batch_size=2)
-        dl = StagerDataLoader(data, num_workers=2, multiprocessing_context="fork")
+        dl = StagerDataLoader(data, fallback=False, num_workers=2, multiprocessing_context="fork")
         seen += [i for b in dl for i in keys_of(b)]
     assert sorted(seen) == list(range(N))           # no duplicate across ranks or workers
 
 
 def test_resume_through_the_dataloader(make: Any) -> None:
-    whole = [keys_of(b) for b in StagerDataLoader(make(), num_workers=2,
+    whole = [keys_of(b) for b in StagerDataLoader(make(), fallback=False, num_workers=2,
                                                   multiprocessing_context="fork")]
-    dl = StagerDataLoader(make(), num_workers=2, multiprocessing_context="fork")
+    dl = StagerDataLoader(make(), fallback=False, num_workers=2, multiprocessing_context="fork")
     head = []
     for b in dl:
         head.append(keys_of(b))
@@ -266,7 +271,7 @@ def test_resume_through_the_dataloader(make: Any) -> None:
             state = dl.state_dict()
             break
     assert state["cursor"] == 20
-    again = StagerDataLoader(make(), num_workers=2, multiprocessing_context="fork")
+    again = StagerDataLoader(make(), fallback=False, num_workers=2, multiprocessing_context="fork")
     again.load_state_dict(state)
     tail = [keys_of(b) for b in again]
     assert head + tail == whole
@@ -274,7 +279,7 @@ def test_resume_through_the_dataloader(make: Any) -> None:
 
 
 def test_spawned_workers_get_a_picklable_dataset(make: Any) -> None:
-    dl = StagerDataLoader(make(), num_workers=1, multiprocessing_context="spawn")
+    dl = StagerDataLoader(make(), fallback=False, num_workers=1, multiprocessing_context="spawn")
     assert sorted(i for b in dl for i in keys_of(b)) == list(range(N))
 
 
@@ -285,7 +290,8 @@ warnings.filterwarnings("ignore", "This DataLoader will create")
 from stager.torch import StagerDataLoader, StagerDataset
 meta, path = sys.argv[1:3]
 ds = StagerDataset(path, meta_url=meta, batch_size=4, drop_last=False)
-print(sum(len(b) for b in StagerDataLoader(ds, num_workers=2, multiprocessing_context="fork")))
+print(sum(len(b) for b in StagerDataLoader(ds, fallback=False, num_workers=2,
+                                          multiprocessing_context="fork")))
 """
 
 
@@ -303,7 +309,7 @@ def test_an_epoch_with_workers_leaves_stderr_clean(ds: dict[str, Any]) -> None:
 
 def test_persistent_workers_are_refused(make: Any) -> None:
     with pytest.raises(ValueError, match="persistent_workers"):
-        StagerDataLoader(make(), num_workers=1, persistent_workers=True)
+        StagerDataLoader(make(), fallback=False, num_workers=1, persistent_workers=True)
 
 
 def _rank_main(rank: int, init: str, meta: str, queue: Any) -> None:
@@ -357,3 +363,43 @@ def test_to_tensors_keeps_bytes_and_converts_numbers() -> None:
     assert torch.equal(out["rb"]["a"], torch.tensor([1, 2]))
     assert list(out["rb"]["s"]) == ["x", "y"]
     assert isinstance(out["l"][0], torch.Tensor)
+
+
+def test_workers_pay_only_with_two_workers_and_a_core_each_beside_the_main() -> None:
+    # in one process the loader reads on about one core; the worker path costs
+    # 1.7 times as much CPU per sample (WORKER_CPU), so fewer cores lose
+    assert not workers_pay(1, 64)                   # one worker: the same work, dearer
+    assert not workers_pay(2, 2) and not workers_pay(4, 2)      # this CI machine
+    assert workers_pay(2, 3) and workers_pay(8, 3) and workers_pay(4, 16)
+    assert 1 <= usable_cores() <= (os.cpu_count() or 1)
+
+
+@pytest.fixture
+def one_core() -> Iterator[None]:
+    """This process (and what it forks) on one core, as under a cpuset of one."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(before)})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_too_few_cores_read_in_this_process_and_say_so(
+        make: Any, one_core: None, caplog: pytest.LogCaptureFixture) -> None:
+    data = make()
+    expected = [keys_of(b) for b in data.loader.for_worker(0, 1)]
+    torch_mod._warned = False
+    with caplog.at_level(logging.WARNING, logger="stager.torch"):
+        dl = StagerDataLoader(data, num_workers=2, multiprocessing_context="fork",
+                              prefetch_factor=4)
+    assert dl.in_process and dl.workers_asked == 2 and dl.num_workers == 0
+    assert "read in this process" in caplog.text and "fallback=False" in caplog.text
+    got = [keys_of(b) for b in dl]
+    assert got == expected                          # the same batches, in order
+    assert data.loader.stats()["samples"] == N      # read here, by the loader itself
+    assert dl.state_dict()["cursor"] == data.loader.state_dict()["cursor"]
+    forced = StagerDataLoader(make(), num_workers=2, multiprocessing_context="fork",
+                              fallback=False)
+    assert not forced.in_process and forced.num_workers == 2
