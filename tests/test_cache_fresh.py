@@ -6,7 +6,8 @@ chunk before reading it: a round trip per read plan that a staged file's read do
 pay.  A Loader over cached files registers its plan first thing; the registration's
 answer names the CRC32Cs of the dataset's chunks filled already, which the client
 learns, so a fresh Loader's epoch over a cached dataset asks no fill (the metadata
-server's request metrics count them) and never the source.
+server's request metrics count them) and never the source; the other ranks' clients
+ask for the same with their first position report.
 """
 
 from __future__ import annotations
@@ -85,6 +86,28 @@ def test_a_registration_answers_the_filled_crcs_and_reads_then_ask_nothing(
         # the reads still count as hits (reported in bulk, after the fact)
         wait_for(lambda: hits(fresh, path)[0] == before[0] + 2 * FILES - 1,
                  "the reads' report")
+
+
+def test_another_ranks_first_position_report_learns_the_filled_crcs(
+        cluster: ThreadCluster, source: tuple[CountingSource, dict[str, bytes]],
+        ns: str) -> None:
+    server, files = source
+    path = f"{ns}/lake"
+    gets = filled_by_another(cluster, server, files, path)
+    with new_client(cluster) as rank0, new_client(cluster) as rank1:
+        infos = [rank0.stat(f"{path}/{name}") for name in files]
+        dataset = {"files": [i.file_id or "" for i in infos], "chunk_sizes": [CHUNK] * FILES,
+                   "samples": FILES, "sample": list(range(FILES)), "file": list(range(FILES)),
+                   "offset": [0] * FILES, "length": [i.size for i in infos]}
+        plan = {"seed": 0, "epoch": 0, "world_size": 2, "batch_size": 2, "window": 4}
+        sync(rank0.loop, rank0.aio.register_plan, "ef56ab78",
+             PlanRequest(plan, dataset, PlanPosition(0, 0)))
+        sync(rank1.loop, rank1.aio.plan_position, "ef56ab78", 0, 0, 1)
+        fills = requests(cluster, "fill")
+        for name, data in files.items():
+            assert rank1.cat(f"{path}/{name}") == data
+        assert requests(cluster, "fill") == fills
+        assert sum(server.gets.values()) == gets
 
 
 def test_a_fresh_loaders_epoch_over_a_cached_dataset_asks_almost_no_fill(

@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 class CacheCalls:
     meta: MetaConnection
     plane: DataPlane
+    # the plans whose filled CRC32Cs this client asked for with a position report (a
+    # class-wide empty default, replaced by the client's own set at its first add)
+    _plans_learnt: frozenset[str] | set[str] = frozenset()
 
     async def attach(self, src: str, dst: str, *, refresh: float | None = None,
                      include: Sequence[str] = (), exclude: Sequence[str] = (),
@@ -96,6 +99,7 @@ class CacheCalls:
         :mod:`stager.meta.cache.plans`): eviction then keeps what it reads soonest."""
         done = PlanRegistered.from_json(await self.meta.request(
             route("register_plan"), plan_id=plan_id, body=request.to_json()))
+        self._plans_learnt = {*self._plans_learnt, plan_id}
         self.learn_filled(done.filled)
         return done
 
@@ -111,7 +115,14 @@ class CacheCalls:
 
     async def plan_position(self, plan_id: str, epoch: int, cursor: int, rank: int = 0
                             ) -> None:
-        """Where rank ``rank`` of the job of a registered plan reads now."""
-        PlanPosition.from_json(await self.meta.request(
+        """Where rank ``rank`` of the job of a registered plan reads now.  The first
+        report of a plan from this client (until one is answered) also asks for the
+        CRC32Cs of the plan's chunks filled already, which it learns: a rank other than
+        0 (which registers, and learns by that) then skips the fill round trip too."""
+        learn = plan_id not in self._plans_learnt
+        answer = PlanPosition.from_json(await self.meta.request(
             route("plan_position"), plan_id=plan_id,
-            body=PlanPosition(epoch, cursor, rank).to_json()))
+            body=PlanPosition(epoch, cursor, rank, learn).to_json()))
+        if learn:
+            self._plans_learnt = {*self._plans_learnt, plan_id}
+            self.learn_filled(answer.filled)

@@ -235,24 +235,57 @@ def check_plan_id(text: str) -> str:
     return text
 
 
+KnownCrcs = dict[str, dict[int, int]]     # CRC32Cs of filled chunks: file id -> index -> crc
+
+
+def filled_json(filled: KnownCrcs) -> list[dict[str, Any]]:
+    return [{"file_id": f, "chunks": list(crcs), "crc": [f"{c:08x}" for c in crcs.values()]}
+            for f, crcs in filled.items()]
+
+
+def filled_of(obj: Any) -> KnownCrcs:
+    """The ``filled`` field of an answer (see :class:`PlanRegistered`); none: empty."""
+    out: KnownCrcs = {}
+    for item in field_of(obj, "filled", list, []):
+        chunks, crcs = field_of(item, "chunks", list), field_of(item, "crc", list)
+        if len(chunks) != len(crcs):
+            raise BadRequest("a filled file's chunks and crc differ in length")
+        try:
+            out[field_of(item, "file_id", str)] = {
+                int(i): int(c, 16) for i, c in zip(chunks, crcs, strict=True)}
+        except (TypeError, ValueError):
+            raise BadRequest("a filled file's chunks are integers, its crc hex") from None
+    return out
+
+
 @dataclass(frozen=True)
 class PlanPosition:
     """Where rank ``rank`` of a registered plan's job reads: the batch at ``cursor`` of
-    ``epoch`` (a Loader's position, moved on by its prefetch)."""
+    ``epoch`` (a Loader's position, moved on by its prefetch).  ``learn``: the answer
+    names the CRC32Cs of the plan's chunks filled now (``filled``, as a registration's
+    answer does for rank 0): a rank's client asks once."""
 
     epoch: int
     cursor: int
     rank: int = 0
+    learn: bool = False
+    filled: KnownCrcs = field(default_factory=dict)     # in an answer to ``learn``
 
     def to_json(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "cursor": self.cursor, "rank": self.rank}
+        out: dict[str, Any] = {"epoch": self.epoch, "cursor": self.cursor, "rank": self.rank}
+        if self.learn:
+            out["learn"] = True
+        if self.filled:
+            out["filled"] = filled_json(self.filled)
+        return out
 
     @classmethod
     def from_json(cls, obj: Any) -> PlanPosition:
         rank = count_of(obj, "rank", 0)
         if rank >= 1 << 20:
             raise BadRequest("field 'rank' must be below 2**20")
-        return cls(count_of(obj, "epoch"), count_of(obj, "cursor"), rank)
+        return cls(count_of(obj, "epoch"), count_of(obj, "cursor"), rank,
+                   field_of(obj, "learn", bool, False), filled_of(obj))
 
 
 @dataclass(frozen=True)
@@ -291,28 +324,16 @@ class PlanRegistered:
     plan_id: str
     files: int                      # cached files of the dataset (the others are ignored)
     expires: float
-    filled: dict[str, dict[int, int]] = field(default_factory=dict)
+    filled: KnownCrcs = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"plan_id": self.plan_id, "files": self.files, "expires": self.expires,
-                "filled": [{"file_id": f, "chunks": list(crcs),
-                            "crc": [f"{c:08x}" for c in crcs.values()]}
-                           for f, crcs in self.filled.items()]}
+                "filled": filled_json(self.filled)}
 
     @classmethod
     def from_json(cls, obj: Any) -> PlanRegistered:
-        filled: dict[str, dict[int, int]] = {}
-        for item in field_of(obj, "filled", list, []):
-            chunks, crcs = field_of(item, "chunks", list), field_of(item, "crc", list)
-            if len(chunks) != len(crcs):
-                raise BadRequest("a filled file's chunks and crc differ in length")
-            try:
-                filled[field_of(item, "file_id", str)] = {
-                    int(i): int(c, 16) for i, c in zip(chunks, crcs, strict=True)}
-            except (TypeError, ValueError):
-                raise BadRequest("a filled file's chunks are integers, its crc hex") from None
         return cls(field_of(obj, "plan_id", str), count_of(obj, "files"),
-                   float(field_of(obj, "expires", _NUMBER)), filled)
+                   float(field_of(obj, "expires", _NUMBER)), filled_of(obj))
 
 
 # -- OpenAPI schemas (merged into stager.protocol.openapi.SCHEMAS) ---------------------------
@@ -320,6 +341,12 @@ _STR = {"type": "string"}
 _COUNT = {"type": "integer", "minimum": 0}
 _GLOBS = {"type": "array", "maxItems": MAX_GLOBS, "items": {"type": "string", "minLength": 1}}
 _INDEX = {"type": "integer", "minimum": 0, "maximum": (1 << 32) - 1}
+
+
+_FILLED = {"type": "array", "items": {
+    "type": "object", "required": ["file_id", "chunks", "crc"], "properties": {
+        "file_id": _STR, "chunks": {"type": "array", "items": _INDEX},
+        "crc": {"type": "array", "items": _STR}}}}
 
 
 def _ref(name: str) -> dict[str, Any]:
@@ -358,17 +385,12 @@ SCHEMAS: dict[str, Any] = {
                                            "maximum": MAX_PLAN_TTL}}},
     "PlanPosition": {"type": "object", "required": ["epoch", "cursor"],
                      "properties": {"epoch": _COUNT, "cursor": _COUNT,
-                                    "rank": {**_COUNT, "maximum": (1 << 20) - 1}}},
+                                    "rank": {**_COUNT, "maximum": (1 << 20) - 1},
+                                    "learn": {"type": "boolean"}, "filled": _FILLED}},
     "PlanRegistered": {"type": "object", "required": ["plan_id", "files", "expires"],
                        "properties": {"plan_id": _STR, "files": _COUNT,
                                       "expires": {"type": "number"},
-                                      "filled": {"type": "array", "items": {
-                                          "type": "object",
-                                          "required": ["file_id", "chunks", "crc"],
-                                          "properties": {
-                                              "file_id": _STR,
-                                              "chunks": {"type": "array", "items": _INDEX},
-                                              "crc": {"type": "array", "items": _STR}}}}}},
+                                      "filled": _FILLED}},
     "ReadsCounted": {"type": "object", "required": ["chunks"],
                      "properties": {"chunks": _COUNT}},
     "FillResults": {"type": "object", "required": ["results"], "properties": {

@@ -110,7 +110,7 @@ class PlanBook:
 
     async def filled(self, file_ids: set[str]) -> dict[str, dict[int, int]]:
         """The CRC32Cs of the filled chunks of ``file_ids`` (at most
-        ``MAX_FILLED_ANSWERED``): the registrant's client learns them, so that a fresh
+        ``MAX_FILLED_ANSWERED``): a rank's client learns them, so that a fresh
         Loader's reads of chunks cached already skip the fill round trip, as a staged
         file's reads do.  The filled chunks are read a page at a time (``SCANNED`` at
         most: the cache's rows, bounded by its size, not one query per file)."""
@@ -129,9 +129,11 @@ class PlanBook:
         return out
 
     async def position(self, plan_id: str, at: PlanPosition, *, owner: str | None,
-                       rank: int = 0) -> None:
+                       rank: int = 0) -> PlanPosition:
         """Where rank ``rank`` of the plan's job reads now (the slowest rank is the
-        plan's now: a chunk a lagging rank has yet to read is not in its past)."""
+        plan's now: a chunk a lagging rank has yet to read is not in its past).  The
+        answer: the position, and where it asks to ``learn``, the CRC32Cs of the
+        plan's chunks filled now (the registrant's token read every file it names)."""
         known = self._owners.get(plan_id, _UNKNOWN)
         ttl = self._ttls.get(plan_id)
         if known is _UNKNOWN or ttl is None or known != owner:   # as stored now
@@ -145,6 +147,11 @@ class PlanBook:
             raise Forbidden(f"plan {plan_id} is another token's", plan_id=plan_id)
         await self.store.put_report(f"{AT}{plan_id}:{rank}", at.to_json(),
                                     expires=self.service.clock() + ttl)
+        if not at.learn:
+            return at
+        live = (await self._live()).get(plan_id)
+        files = set(live[0]["dataset"].get("files", ())) if live is not None else set()
+        return PlanPosition(at.epoch, at.cursor, at.rank, filled=await self.filled(files))
 
     async def _live(self) -> dict[str, tuple[dict[str, Any], list[dict[str, Any]]]]:
         """Each live plan's registration and its ranks' positions."""

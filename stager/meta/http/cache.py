@@ -132,9 +132,9 @@ async def register_plan(request: web.Request) -> web.Response:
 
 async def plan_position(request: web.Request) -> web.Response:
     at = PlanPosition.from_json(await read_json(request, MAX_BODY))
-    await request.app[CACHE].plans.position(check_plan_id(request.match_info["plan_id"]), at,
-                                            owner=_owner(request), rank=at.rank)
-    return json_response(at.to_json())
+    answer = await request.app[CACHE].plans.position(
+        check_plan_id(request.match_info["plan_id"]), at, owner=_owner(request), rank=at.rank)
+    return json_response(answer.to_json())
 
 
 HANDLERS = {"list_attachments": list_attachments, "attach": attach,
