@@ -1,13 +1,12 @@
-"""Middlewares every stager server runs: errors as JSON, metrics, authorisation.
+"""Middlewares every stager server runs: errors as JSON with metrics, authorisation.
 
-``error_middleware`` is the one place a server turns an exception into a
+``served_middleware`` is the one place a server turns an exception into a
 response, through :data:`stager.errors.ERROR_TABLE`.  ``auth_middleware``
 (:mod:`.authmw`) checks tokens and capabilities against the route table.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -91,51 +90,54 @@ def _client_gone(request: web.Request) -> bool:
     return request.transport is None or request.transport.is_closing()
 
 
-@web.middleware
-async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except StagerError as exc:
+def _errors_answered(request: web.Request, exc: BaseException) -> web.StreamResponse:
+    """The response for ``exc`` raised by a handler; re-raises what is not an error
+    (a redirect, a cancellation, a reset with the client still there)."""
+    if isinstance(exc, StagerError):
         if _started(request):
             return _cut_short(request, exc)
         return error_response(exc)
-    except web.HTTPException as exc:
+    if isinstance(exc, web.HTTPException):
         if exc.status < 400:
-            raise
+            raise exc
         return error_response(_from_http(exc), headers={
             k: v for k, v in exc.headers.items() if k.lower() == "allow"})
-    except asyncio.CancelledError:
-        raise
-    except ConnectionResetError:
+    if isinstance(exc, ConnectionResetError):
         if not _client_gone(request):
-            raise
+            raise exc
         # Nothing can reach the client; the status is for the metrics (nginx's 499).
         log.info("%s %s: the client went away", request.method, request.path)
         return web.Response(status=CLIENT_CLOSED_REQUEST)
-    except Exception:
-        log.exception("unhandled error in %s %s", request.method, request.path)
-        err = InternalError("internal server error; see the server log")
-        if _started(request):
-            return _cut_short(request, err)
-        return error_response(err)
+    if not isinstance(exc, Exception):      # CancelledError, KeyboardInterrupt, ...
+        raise exc
+    log.exception("unhandled error in %s %s", request.method, request.path, exc_info=exc)
+    err = InternalError("internal server error; see the server log")
+    if _started(request):
+        return _cut_short(request, err)
+    return error_response(err)
 
 
 @web.middleware
-async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    metrics = request.app[METRICS_KEY]
-    route = request.match_info.route
-    op = route.handler.__name__ if route.resource is not None else "unmatched"
+async def served_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Errors as JSON, and each request counted and timed with the status it got: one
+    layer, not two (each layer is a coroutine call on every request)."""
     start = time.perf_counter()
     status = 500
     try:
-        response = await handler(request)
+        try:
+            response = await handler(request)
+        except BaseException as exc:     # answered as JSON, or raised again as it came
+            response = _errors_answered(request, exc)
         status = response.status
         return response
     except web.HTTPException as exc:
         status = exc.status
         raise
     finally:
-        metrics.observe(op, status, time.perf_counter() - start)
+        route = request.match_info.route
+        request.app[METRICS_KEY].observe(
+            route.handler.__name__ if route.resource is not None else "unmatched", status,
+            time.perf_counter() - start)
 
 
-MIDDLEWARES = (metrics_middleware, error_middleware, auth_middleware)
+MIDDLEWARES = (served_middleware, auth_middleware)

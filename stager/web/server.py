@@ -26,7 +26,7 @@ from ..protocol.routes import routes_for
 from ..version import __version__
 from .authmw import CAPABILITY_HEADER_BYTES
 from .metrics import ServerMetrics
-from .middleware import METRICS_KEY, MIDDLEWARES, json_response
+from .middleware import METRICS_KEY, MIDDLEWARES, encode_json, json_response
 
 log = logging.getLogger("stager.server")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -41,8 +41,11 @@ def base_app(role: str, *, client_max_size: int, identity: Mapping[str, str],
     app[METRICS_KEY] = ServerMetrics(role)
     document = openapi_document(role)
 
+    # The answer never changes while the server runs: encoded once.
+    healthy = encode_json(Health(role, __version__, **identity).to_json())
+
     async def health(request: web.Request) -> web.Response:
-        return json_response(Health(role, __version__, **identity).to_json())
+        return web.Response(body=healthy, content_type="application/json")
 
     async def openapi(request: web.Request) -> web.Response:
         return json_response(document)
