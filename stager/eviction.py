@@ -77,7 +77,8 @@ class Lru:
         self._keys.move_to_end(key)
 
     def hit(self, key: Any, now: int) -> None:
-        self._keys.move_to_end(key)
+        if key in self._keys:       # a key that left by another way is no hit (forget)
+            self._keys.move_to_end(key)
 
     def victims(self, need: int, now: int, pinned: Container[Any]) -> list[Any]:
         out: list[Any] = []

@@ -67,5 +67,11 @@ def test_a_chunk_read_twice_outlives_a_scan_under_s3fifo_not_under_lru(
                     break           # the victim is fetched again, evicting another
         fetched = {n for n in files if server.gets.get(n, 0) > gets.get(n, 0)}
         assert fetched == {victim}, (policy, fetched)
+        # rounds of evictions, fills again of chunks evicted, and reads of them: the
+        # kept state follows (a chunk filled again is admitted anew, not read)
+        for _ in range(3):
+            for name, data in files.items():
+                with fresh() as client:
+                    assert client.cat(f"/d/{name}") == data
     finally:
         cluster.stop()

@@ -116,7 +116,7 @@ class Evictor:
             victims, state = await self._victims(await self._all_chunks(), need,
                                                  await self._plans(), spare_recent=False,
                                                  within=directory)
-            self._keep(state)
+            self._keep(state, victims)
             await self._evict(victims)
             freed = sum(c.size for c in victims)
             if self.filled is not None:
@@ -157,7 +157,7 @@ class Evictor:
             if last or sum(c.size for c in victims) >= need:
                 break
             await asyncio.sleep(POLL)
-        self._keep(state)
+        self._keep(state, victims)
         await self._evict(victims)
         assert self.filled is not None
         self.filled -= sum(c.size for c in victims)
@@ -230,10 +230,14 @@ class Evictor:
                 state.hit(key, i)
         return state
 
-    def _keep(self, state: Eviction | None) -> None:
-        """The state a LIVE policy chose victims with, kept (they leave the rows next)."""
+    def _keep(self, state: Eviction | None, victims: list[CachedChunk]) -> None:
+        """The state a LIVE policy chose ``victims`` with, kept.  The victims have left
+        it, and are no longer seen: filled again, each is admitted anew (S3-FIFO finds
+        its ghost), not taken for a hit of a chunk the state no longer holds."""
         if state is not None and self._state is not None:
             self._state = (self._state[0], state)
+            for c in victims:
+                self._seen.pop((c.file_id, c.index), None)
 
     async def _evict(self, victims: list[CachedChunk]) -> None:
         if not victims:
