@@ -2,11 +2,14 @@
 the gateway process while the case runs, then the functions by own and by total
 samples (every thread, the hashing threads too).
 
-    python -m bench.profile_s3_gateway [CASE] [MIB] [REPEATS]
+    python -m bench.profile_s3_gateway [--gil] [CASE] [MIB] [REPEATS]
 
-CASE is one of ``bench s3``'s case names (default ``boto3 upload_fileobj``), MIB the
-object's size (default 512).  The raw stacks are left in ``s3-gateway.pyspy`` in the
-working directory (``flamegraph.pl`` draws them).
+``--gil`` samples only the thread holding the GIL (the gateway's Python work, not its
+threads waiting or hashing with the GIL let go): on a loaded machine a wall-clock
+sample counts a thread waiting for a core as busy.  CASE is one of ``bench s3``'s
+case names (default ``boto3 upload_fileobj``), MIB the object's size (default 512).
+The raw stacks are left in ``s3-gateway.pyspy`` in the working directory
+(``flamegraph.pl`` draws them).
 """
 
 from __future__ import annotations
@@ -47,9 +50,11 @@ def top(raw: Path, rows: int = 25) -> None:
 
 
 def main() -> None:
-    case = sys.argv[1] if len(sys.argv) > 1 else "boto3 upload_fileobj"
-    mib = int(sys.argv[2]) if len(sys.argv) > 2 else 512
-    repeats = int(sys.argv[3]) if len(sys.argv) > 3 else 2
+    args = [a for a in sys.argv[1:] if a != "--gil"]
+    gil = ["--gil"] if "--gil" in sys.argv[1:] else []
+    case = args[0] if args else "boto3 upload_fileobj"
+    mib = int(args[1]) if len(args) > 1 else 512
+    repeats = int(args[2]) if len(args) > 2 else 2
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     with scratch("s3prof") as tmp, moto_endpoint() as moto, \
             S3Cluster(tmp / "cluster", data_servers=DATA_SERVERS) as s3:
@@ -60,7 +65,7 @@ def main() -> None:
             run = bench.cases([])[case]
             run()                   # warm: connections, the gateway's caches
             spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record",
-                                    "--pid", str(bench.gateway.pid), "--format", "raw",
+                                    "--pid", str(bench.gateway.pid), *gil, "--format", "raw",
                                     "-r", "100", "-o", str(OUT), "--nonblocking"])
             time.sleep(1)
             for _ in range(repeats):

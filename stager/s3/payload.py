@@ -19,8 +19,10 @@ import zlib
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
+from aiohttp import StreamReader
+
 from ..checksum import crc32c
-from .chunked import PIECE, Trailer, decode
+from .chunked import Trailer, decode
 from .errors import S3Error
 
 if TYPE_CHECKING:
@@ -33,6 +35,10 @@ except ImportError:     # pragma: no cover - a dependency; refused with a clear 
 
 ALGORITHMS = ("crc32", "crc32c", "sha1", "sha256") + (("crc64nvme",) if crc64nvme else ())
 THREAD_AT = 256 * 1024      # hash larger pieces in a thread (hashlib lets go of the GIL)
+# Pieces of a whole default chunk (4 MiB): the write engine sends a piece that is whole
+# chunks as it is, where it copies a smaller one into a chunk buffer, and each piece
+# hashed costs one hand-off to a thread (boto3's aws-chunked chunks are 1 MiB).
+WHOLE = 4 << 20
 
 
 class _Crc:
@@ -138,8 +144,8 @@ class Payload:
             hashers["sha256"] = _hasher("sha256")
         trailer = Trailer()
         content = self.request.content
-        source = decode(content, trailer, self.signatures) if self.chunked \
-            else content.iter_chunked(PIECE)
+        source = _whole(decode(content, trailer, self.signatures) if self.chunked
+                        else _body(content, self.length))
         size = 0
         # A piece is hashed on a thread while it is written and the next one is read
         # (the MD5 alone is ~1.3 CPU s a GiB); one hash at a time keeps their order.
@@ -193,6 +199,49 @@ class Payload:
                                            "the calculated checksum")
             self.checksums[alg] = got
         self.md5 = md5.hex()
+
+
+async def _body(content: StreamReader, length: int | None) -> AsyncIterator[bytes]:
+    """A plain body in pieces of :data:`WHOLE` bytes (the last shorter) when its length
+    is known, else as it arrives; a body shorter than its length ends early (the
+    caller's count says ``IncompleteBody``)."""
+    if length is None:
+        async for piece in content.iter_chunked(WHOLE):
+            yield piece
+        return
+    left = length
+    while left > 0:
+        try:
+            piece = await content.readexactly(min(left, WHOLE))
+        except asyncio.IncompleteReadError as short:
+            if short.partial:
+                yield short.partial
+            return
+        left -= len(piece)
+        yield piece
+    async for piece in content.iter_chunked(WHOLE):   # more than declared: counted
+        yield piece
+
+
+async def _whole(source: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """``source``'s bytes in pieces of :data:`WHOLE` bytes (the last shorter): smaller
+    pieces joined (one copy, where the write engine would copy them into a chunk
+    buffer anyway), a whole piece passed as it is."""
+    held: list[bytes] = []
+    size = 0
+    async for piece in source:
+        if not held and len(piece) == WHOLE:
+            yield piece
+            continue
+        held.append(piece)
+        size += len(piece)
+        while size >= WHOLE:
+            joined = b"".join(held)
+            yield joined[:WHOLE] if size > WHOLE else joined
+            rest = joined[WHOLE:]
+            held, size = ([rest] if rest else []), len(rest)
+    if held:
+        yield b"".join(held)
 
 
 def _update(hashers: dict[str, Any], piece: bytes) -> None:
