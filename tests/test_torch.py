@@ -403,3 +403,18 @@ def test_too_few_cores_read_in_this_process_and_say_so(
     forced = StagerDataLoader(make(), num_workers=2, multiprocessing_context="fork",
                               fallback=False)
     assert not forced.in_process and forced.num_workers == 2
+
+
+def test_a_worker_packs_a_plain_batch_in_one_pass_and_converts_the_others() -> None:
+    from stager.loader.torchshare import InWorker, convert
+    step = InWorker(convert, True)
+    plain = [{"__key__": "a", "__index__": 0, "data": b"xy"}, {"__key__": "b", "data": b"z"}]
+    packed = step(plain)
+    mapped: dict[tuple[int, int], Any] = {}         # the main process's, across batches
+    assert type(packed) is SharedBatch and packed.lengths == [2, 1]
+    assert [{k: bytes(v) if k == "data" else v for k, v in s.items()}
+            for s in packed.unpack(mapped)] == plain
+    assert plain[0]["data"] == b"xy"                # the caller's dicts are left alone
+    mixed = [{"data": b"xy", "n": np.arange(3)}]     # numpy: converted, then packed
+    got = step(mixed).unpack(mapped)
+    assert torch.equal(got[0]["n"], torch.arange(3)) and bytes(got[0]["data"]) == b"xy"

@@ -54,28 +54,42 @@ class SharedBatch:
         self.data, self.busy = data, busy           # sent when new to the main process
 
     @classmethod
-    def pack(cls, batch: Any, slots: Slots | None = None) -> Any:
-        """``batch`` packed when it is a list of dicts holding bytes, else unchanged."""
-        if type(batch) is not list or not all(type(s) is dict for s in batch):
-            return batch
-        found = [(i, k, v) for i, s in enumerate(batch) for k, v in s.items()
-                 if type(v) is bytes]
-        total = sum(len(v) for _, _, v in found)
+    def pack(cls, batch: Any, slots: Slots | None = None, plain: bool = False) -> Any:
+        """``batch`` packed when it is a list of dicts holding bytes, else unchanged.
+        With ``plain``, None when a value is not bytes, str, a number or None (the
+        caller converts the batch first): the check :func:`convert` makes, in the
+        same pass over the samples."""
+        if type(batch) is not list:
+            return None if plain else batch
+        samples, spots, keys, values = [], [], [], []
+        for i, s in enumerate(batch):
+            if type(s) is not dict:
+                return None if plain else batch
+            s = dict(s)
+            for k, v in s.items():
+                t = type(v)
+                if t is bytes:
+                    spots.append(i)
+                    keys.append(k)
+                    values.append(v)
+                    s[k] = None
+                elif plain and t not in _PLAIN:
+                    return None
+            samples.append(s)
+        lengths = [len(v) for v in values]
+        total = sum(lengths)
         if not total:
             return batch
         slot, data, new = slots.take(total) if slots is not None else (-1, _shared(total), True)
         view = memoryview(data.numpy())
-        samples = [dict(s) for s in batch]
         pos = 0
-        for i, k, v in found:
-            view[pos:pos + len(v)] = v
-            pos += len(v)
-            samples[i][k] = None
+        for v, n in zip(values, lengths, strict=True):
+            view[pos:pos + n] = v
+            pos += n
         busy = None
         if slots is not None and not slots.announced:
             busy, slots.announced = slots.busy, True
-        return cls(samples, [i for i, _, _ in found], [k for _, k, _ in found],
-                   [len(v) for _, _, v in found], -1 if slots is None else slots.worker, slot,
+        return cls(samples, spots, keys, lengths, -1 if slots is None else slots.worker, slot,
                    data if new else None, busy)
 
     def unpack(self, mapped: dict[tuple[int, int], torch.Tensor] | None = None,
@@ -167,13 +181,17 @@ class InWorker:
     def __call__(self, item: Any) -> Any:
         if type(item) is Step:
             return Step(item.step, self(item.batch))
-        batch = self.collate(item)
         if not self.share:
-            return batch
+            return self.collate(item)
         if self.slots is None:
             info = get_worker_info()
             self.slots = Slots(0 if info is None else info.id)
-        return SharedBatch.pack(batch, self.slots)
+        if self.collate is convert:
+            # one pass over the samples where convert's check and pack's took two
+            packed = SharedBatch.pack(item, self.slots, plain=True)
+            if packed is not None:
+                return packed
+        return SharedBatch.pack(self.collate(item), self.slots)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"collate": self.collate, "share": self.share, "slots": None}
