@@ -8,16 +8,19 @@ script then asks for staging in its leading comment block:
     #STAGER stage_out /jobs/$SLURM_JOB_ID/out  file:///project/results
     #STAGER stage_in  s3://bucket/vocab  /datasets/team-a/tmp-$SLURM_JOB_ID  --scratch
     #STAGER attach    s3://bucket/laion  /jobs/$SLURM_JOB_ID/laion  [--refresh SECONDS]
-    #STAGER pool=stager capacity=200GiB
+    #STAGER capacity=200GiB
 
-(the word is burst_buffer.conf's Directive=). Each hook runs `stager slurm HOOK ARGS`,
-where the work is done (stager/stage/slurm.py); its exit status becomes slurm.SUCCESS
-or slurm.ERROR and its output the message Slurm shows: sbatch's error when a job is
-rejected, the reason of a held job. The cluster, the jobs' directory and who may reach
-which stager paths ([grants]) are in the settings file below (meta_url, token_file,
-ca_file, jobs_dir, state_dir, grants). Slurm 22.05 does not tell slurm_bb_job_process
-whose job it is: install job_submit.lua beside this file too, so that a path the user
-holds no grant for rejects the job at sbatch (without it, setup holds the job).
+(the word is burst_buffer.conf's Directive=; Slurm takes a capacity only with its pool
+named, `pool=stager`, which job_submit.lua adds where a job leaves it out). Each hook
+runs `stager slurm HOOK ARGS`, where the work is done (stager/stage/slurm.py); its exit
+status becomes slurm.SUCCESS or slurm.ERROR and its output the message Slurm shows:
+sbatch's error when a job is rejected, the reason of a held job. The cluster, the
+jobs' directory and who may reach which stager paths ([grants]) are in the settings
+file below (meta_url, token_file, ca_file, jobs_dir, state_dir, grants). Slurm 22.05
+does not tell slurm_bb_job_process whose job it is: install job_submit.lua beside this
+file too, so that a path the user holds no grant for rejects the job at sbatch
+(without it, setup holds the job); on every Slurm it also names the pool of a
+`capacity=` that names none.
 
 Written for the Lua 5.1 that Slurm 22.05 links: a pipe's close() gives no exit
 status, so the command's status is echoed after its output.
@@ -50,9 +53,22 @@ local function directive()
 end
 stager_directive = directive        -- for job_submit.lua
 
+-- Hooks whose work must finish even when slurmctld kills the hook. scancel of a
+-- pending job kills every script Slurm runs for it (its process group), and Slurm
+-- runs no teardown again for one it killed: the teardown that Flags=TeardownFailure
+-- starts when data_in fails, cut off by the scancel of the held job, left the job's
+-- directory behind whenever the teardown that the scancel queues was killed too (a
+-- race inside slurmctld, lost under load). In a session of its own stager's
+-- teardown is out of that process group's reach; it is idempotent, and two of one
+-- job take turns (stager/cli/slurmcmds.py).
+local DETACHED = {teardown = true}
+
 -- Run `stager slurm HOOK ARGS…`: slurm.SUCCESS or slurm.ERROR, and its output.
 local function stager(hook, ...)
 	local words = {STAGER, "slurm", hook, "--config", quote(STAGER_CONFIG)}
+	if DETACHED[hook] then
+		table.insert(words, 1, "setsid -w")
+	end
 	local word = directive()
 	if word then
 		table.insert(words, "--directive")
@@ -94,8 +110,8 @@ function slurm_bb_job_process(job_script, uid, gid)
 	return rc, out
 end
 
--- One pool, "stager": the cluster's free bytes, so that a job's `#STAGER pool=stager
--- capacity=SIZE` waits until that much is free. Slurm asks again now and then.
+-- One pool, "stager": the cluster's free bytes, so that a job's `#STAGER capacity=SIZE`
+-- waits until that much is free. Slurm asks again now and then.
 function slurm_bb_pools()
 	local rc, out = stager("pools")
 	if rc ~= slurm.SUCCESS then       -- stager itself did not run: no room, but a pool

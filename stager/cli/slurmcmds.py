@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Callable
+import fcntl
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 from ..errors import StagerError
 from ..stage import slurm as hooks
@@ -28,10 +32,34 @@ HOOKS: dict[str, tuple[tuple[str, ...], Callable[..., str]]] = {
     "pre_run": (("job_id", "script"), lambda s, a: ""),
     "post_run": (("job_id", "script"), lambda s, a: ""),
     "data_out": (("job_id", "script"), lambda s, a: hooks.data_out(s, a.job_id, a.script)),
-    "teardown": (("job_id", "script", "hurry"), lambda s, a: hooks.teardown(s, a.job_id)),
+    "teardown": (("job_id", "script", "hurry"), lambda s, a: _teardown(s, a.job_id)),
     "status": ((), lambda s, a: hooks.status(s)),
     "pools": ((), lambda s, a: hooks.pools(s)),
 }
+
+
+def _teardown(settings: hooks.SlurmSettings, job_id: str) -> str:
+    """One job's teardowns one at a time.  Slurm may run two at once: the one a failed
+    data_in starts and the one its scancel queues (burst_buffer.lua runs teardown in
+    a session of its own, so the first outlives the kill); at the same time, each
+    would rewrite the job's record under the other (a token lost to revocation) and
+    find it gone at its end."""
+    with _locked(Path(settings.state_dir, f"{job_id}.teardown-lock")):
+        return hooks.teardown(settings, job_id)
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive flock on ``path`` (root's, 0600), removed when done (a teardown
+    that waited runs after, and finds nothing left to do: teardown is idempotent)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+        path.unlink(missing_ok=True)
+    finally:
+        os.close(fd)
 
 
 def cmd_hook(args: argparse.Namespace) -> int:

@@ -8,11 +8,14 @@ group :data:`TEAM_A`, whose grants are ``/datasets/team-a`` (read-write) and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -69,10 +72,42 @@ def slurm(bb_settings: Path) -> Iterator[SlurmCluster]:
         ensure_user(OTHER_USER)
         ensure_group(TEAM_A, (TEAM_A_USER,))
     bb_conf = BB_CONF.read_text().replace("86400", "120")
+    # sbatch waits for job_submit.lua and slurm_bb_job_process, each a stager start-up
+    # (seconds apiece on 2 loaded cores): Slurm's 10 s default timed sbatch out
     with slurm_for_tests(3, bb_lua=render_lua(stager_command(), bb_settings),
-                         bb_conf=bb_conf, job_submit_lua=JOB_SUBMIT_LUA.read_text()
-                         ) as cluster:
+                         bb_conf=bb_conf, job_submit_lua=JOB_SUBMIT_LUA.read_text(),
+                         extra_conf=("MessageTimeout=60",)) as cluster:
         yield cluster
+        end_detached_hooks(cluster)
+
+
+def end_detached_hooks(cluster: SlurmCluster, grace: float = 30) -> None:
+    """Wait for the hooks burst_buffer.lua runs in a session of their own (teardown),
+    which the cluster's shutdown cannot reach as its daemons' descendants, and kill
+    what still runs after ``grace``."""
+    deadline = time.monotonic() + grace
+    while (pids := hook_processes(cluster)) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def hook_processes(cluster: SlurmCluster) -> list[int]:
+    """``stager slurm …`` processes of this cluster's hooks (their job script is in its
+    state directory)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"slurm" in argv and any(str(cluster.root).encode() in a for a in argv):
+            found.append(int(entry.name))
+    return found
 
 
 @pytest.fixture(scope="module")

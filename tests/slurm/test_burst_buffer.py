@@ -129,7 +129,7 @@ def test_a_job_reads_an_attached_and_warmed_dataset_and_teardown_detaches_it(
     (slurm.work / "train.py").write_text(TRAIN)
     script = job_script(slurm, "attached", f"""
 #STAGER attach {url}/ds /jobs/$SLURM_JOB_ID/in --include '*.bin'
-#STAGER pool=stager capacity=1MiB
+#STAGER capacity=1MiB
 #STAGER stage_out /jobs/$SLURM_JOB_ID/out file://{results}
 """, f"sleep 5\nsrun -n 3 {sys.executable} {slurm.work}/train.py")
     job = slurm.sbatch(script)
@@ -167,10 +167,10 @@ def test_a_job_reads_an_attached_and_warmed_dataset_and_teardown_detaches_it(
 def test_a_job_asking_more_capacity_than_is_free_waits(
         slurm: SlurmCluster, persistent: ThreadCluster, admin: Client) -> None:
     """The pool Slurm draws ``capacity=`` from is the cluster's free bytes
-    (``slurm_bb_pools``): a job that asks for more waits, and never starts staging."""
+    (``slurm_bb_pools``): a job that asks for more waits, and never starts staging.
+    Slurm takes a capacity only with its pool named; job_submit.lua names stager's."""
     free = sum(t["capacity"] - t["used"] for t in admin.status()["targets"])
-    script = job_script(slurm, "huge", f"#STAGER pool=stager capacity={2 * free}",
-                        "echo ran")
+    script = job_script(slurm, "huge", f"#STAGER capacity={2 * free}", "echo ran")
     job = slurm.sbatch(script)
     try:
         record = slurm.wait_job(job, until=lambda r: r.get("Reason") == "BurstBufferResources",
@@ -217,14 +217,11 @@ def test_a_missing_source_holds_the_job_with_the_reason(
         assert not (slurm.work / f"missing-{job}.out").exists()     # it never ran
     finally:
         slurm.command(["scancel", str(job)])
-    # The teardown of a job held by a failed data_in: it comes alone and in this module's
-    # run within seconds, but in two full CI runs (2 cores, the whole suite) Slurm called
-    # no teardown within 60 s and 180 s of the scancel (the cause is not found: an open
-    # defect, named in the issue's note). The hold and its reason are asserted above.
-    try:
-        wait_gone(admin, f"/jobs/{job}", timeout=60)
-    except AssertionError as e:
-        pytest.xfail(f"no teardown of the held job: {e}")
+    # Flags=TeardownFailure started a teardown when data_in failed; the scancel, which
+    # kills every script Slurm runs for a pending job, cuts its hook off at once (it
+    # runs stager in a session of its own, burst_buffer.lua) and queues another, which
+    # a race inside slurmctld may kill too: the directory must go all the same.
+    wait_gone(admin, f"/jobs/{job}", timeout=120)
 
 
 def test_a_job_cancelled_mid_run_has_its_directory_torn_down(
