@@ -164,8 +164,9 @@ def cluster_epochs(quick: bool) -> dict[str, Any]:
              **costs(cold), **speed(cold.figures["rate"])),
         _row(f"cluster: attached, epoch 2 by the job's Loader, CRC32Cs learnt (median of "
              f"{turns}, requests of all)", **costs(warm), **speed(warm.figures["rate"])),
-        _row(f"cluster: attached, epoch 2 by a fresh Loader, every read asks first (median "
-             f"of {turns}, requests of all)", **costs(fresh), **speed(fresh.figures["rate"])),
+        _row(f"cluster: attached, epoch 2 by a fresh Loader, CRC32Cs from its plan's "
+             f"registration (median of {turns}, requests of all)", **costs(fresh),
+             **speed(fresh.figures["rate"])),
         _row(f"cluster: attached, epoch 2 again paced at {PACED:.0%} (plain stall)",
              **costs(paced), **speed(paced.figures["rate"]),
              **{"stall %": r2(100 * paced.figures["stall"])}),
@@ -216,8 +217,9 @@ def cluster_epochs(quick: bool) -> dict[str, Any]:
         "attached copy by the Loader that read its epoch 1 (as a training job reads its "
         "second epoch: its client learnt each chunk's CRC32C from the first epoch's fills "
         "and reads the filled chunks straight from the data servers, reporting the reads "
-        "in bulk every 0.2 s), and by a fresh Loader (its client learnt nothing: each "
-        "read asks the metadata server to fill first, as every read did before).  Medians "
+        "in bulk every 0.2 s), and by a fresh Loader (a new client: it learns the CRC32Cs "
+        "of the chunks filled already from the answer to its plan's registration, sent as "
+        "its pass starts, and only the reads before that answer ask a fill).  Medians "
         "compared; the aim is the job's own second epoch.  The plain stall: the last "
         "round's job Loader reads the attached epoch 2 again, "
         f"sleeping after each batch for batch / ({PACED} x its median rate) = "
@@ -238,9 +240,9 @@ def cluster_epochs(quick: bool) -> dict[str, Any]:
                  f"epoch 1 {cold.figures['meta cpu'] / gb:.2f}, attached epoch 2 "
                  f"{warm.figures['meta cpu'] / gb:.2f} (CRC32Cs learnt: the reads reported "
                  "in bulk), attached epoch 2 by a fresh Loader "
-                 f"{fresh.figures['meta cpu'] / gb:.2f} (each read asks the metadata server "
-                 "for its chunks first: the fill route, which are filled, their checksums, a "
-                 "touch of each for eviction); a read of a staged file asks nothing.")
+                 f"{fresh.figures['meta cpu'] / gb:.2f} (the plan's registration answers the "
+                 "filled chunks' checksums, then reads are reported in bulk as the job's "
+                 "are); a read of a staged file asks nothing.")
     per_round = {"staged": [f["rate"] for f in got["staged"]],
                  "learnt": [e.figures["rate"] for e in got["warm"]],
                  "fresh": [e.figures["rate"] for e in got["fresh"]]}

@@ -14,7 +14,8 @@ the first batch, so the first epoch would read a cache already full.
 
 * :func:`throughput`: the first and second epochs of a Loader over the attached
   dataset beside the same dataset staged with ``stager stage`` (the second epoch
-  also by a fresh Loader, whose client has learnt no chunk's CRC32C), and the
+  also by a fresh Loader, whose client learns the CRC32Cs from its plan's
+  registration), and the
   second epoch's stall the plain way (:mod:`bench.plain_stall`'s method).
 * :func:`policy_run`: a dataset 1.5x ``--cache-limit`` read for two shuffled
   epochs by a Loader of world size 2, under one eviction policy: the source's
@@ -167,8 +168,8 @@ def throughput(cluster: ProcessCluster, source: CountingSource, data: Path, tmp:
     (``REPEATS`` times over, each time in another order), the second epoch of the
     staged copy (by its Loader), of the attached copy by the
     Loader that read its first epoch (as a training job reads its second epoch: its
-    client learnt the chunks' CRC32Cs, ``learnt``), and by a fresh Loader (whose
-    client learnt nothing: each read asks the metadata server first, ``fresh``).
+    client learnt the chunks' CRC32Cs, ``learnt``), and by a fresh Loader (a new
+    client, which learns them from its plan's registration, ``fresh``).
     Last, the plain stall of the attached copy's second epoch, by the last round's
     job Loader again.  Each epoch's figures carry the metadata server's CPU seconds
     (``meta cpu``)."""
