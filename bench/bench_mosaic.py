@@ -91,7 +91,10 @@ def stager_epoch(meta: str, workers: int, cache: Path) -> dict[str, float]:
         ds = StagerDataset("/ds/tar", meta_url=meta, batch_size=BATCH, seed=0,
                            index_cache=cache)
         try:
-            yield from StagerDataLoader(ds, num_workers=workers, multiprocessing_context="fork")
+            # forked even on too few cores (no in-process fallback): the row is the
+            # workers', beside Mosaic's own workers; the in-process figure is 0's
+            yield from StagerDataLoader(ds, num_workers=workers, fallback=False,
+                                        multiprocessing_context="fork")
         finally:
             ds.close()
     return drive(loader, len, 0.0, 1 << 30)
