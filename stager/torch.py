@@ -20,6 +20,9 @@ order, so no sample is read twice and the exact resume state is the count of
 batches handed out.  Under a plain DataLoader, worker ``w`` reads steps ``w,
 w + k, …``, which the DataLoader's round-robin puts back in order.  Workers may
 be forked: the loader's client, pool and pipeline are re-created in each process.
+On too few cores for workers to read faster than this process
+(:func:`~stager.loader.workers.workers_pay`), :class:`StagerDataLoader` reads in
+this process instead and says so (``fallback=False`` forks them anyway).
 
 From a worker, a batch of sample dicts travels as a :class:`SharedBatch`: its
 ``bytes`` values copied once into one of the worker's shared-memory buffers,
