@@ -22,6 +22,7 @@ from stager.config import load_config
 from stager.errors import AlreadyExists
 from stager.meta.store.base import MetaStore
 from stager.meta.store.migrate import migrate, refuse_served
+from stager.meta.store.multipart import MultipartRecord, PartRecord
 from stager.meta.store.postgres.store import PostgreSQLStore
 from stager.meta.store.sqlite.store import SQLiteStore
 from stager.protocol.authmsg import TokenInfo
@@ -29,7 +30,7 @@ from stager.protocol.manifest import Manifest, ManifestFile
 from stager.protocol.models import LayoutSpec, TargetInfo
 from stager.testing import ThreadCluster
 from stager.testing.cachestore import attachment, cached
-from stager.testing.metastore import upload
+from stager.testing.metastore import LAYOUT, upload
 from stager.testing.s3keystore import s3key
 
 
@@ -101,7 +102,8 @@ async def test_a_store_is_copied_exactly(open_kind: Callable[[str, str], MetaSto
                                     "manifests": 1, "targets": 1, "tokens": 1, "s3_keys": 3,
                                     "quotas": 1,
                                     "pins": 1, "attachments": 1, "cached_files": 1,
-                                    "garbage": 1, "uploads_dropped": 1}
+                                    "garbage": 1, "uploads_dropped": 1,
+                                    "multipart_uploads": 0}
         assert await everything(target) == await everything(source)
         assert await source.cache_usage() == {"/later/moved": (1, 30, 1, 30)}
         assert await target.cache_usage() == {"/later/moved": (1, 30, 0, 0)}   # cold
@@ -118,6 +120,40 @@ async def test_a_store_is_copied_exactly(open_kind: Callable[[str, str], MetaSto
 
         with pytest.raises(AlreadyExists, match="target metadata store is not empty"):
             await migrate(source, target)
+    finally:
+        source.close()
+        target.close()
+
+
+@pytest.mark.parametrize("kinds", [("sqlite", "postgresql"), ("sqlite", "sqlite")],
+                         ids="->".join)
+async def test_multipart_uploads_in_progress_are_copied(
+        open_kind: Callable[[str, str], MetaStore], kinds: tuple[str, str]) -> None:
+    """An S3 client's upload in progress goes on on the new store: its record, its parts
+    (one in the final file's chunks, one hidden) and its pending final file; a plain
+    upload in progress beside it is still dropped, as garbage."""
+    source, target = open_kind(kinds[0], "source"), open_kind(kinds[1], "target")
+    try:
+        await source.mkdir("/bkt", parents=False, exist_ok=False, now=1.0)
+        final = upload("m1", "/bkt/obj")
+        await source.begin_uploads([final, upload("p1", "/bkt/plain")])
+        record = MultipartRecord("u" * 32, "/bkt/obj", final.file_id, LAYOUT, 1 << 20,
+                                 2.0, 2.0, '{"etag": ""}')
+        await source.begin_multipart(record)
+        parts = [PartRecord(1, final.file_id, 0, 1 << 20, "a" * 32, (1,), 3.0),
+                 PartRecord(2, "h" * 32, 0, 5, "b" * 32, (2,), 4.0, LAYOUT)]
+        for part in parts:
+            assert await source.put_part(record.upload_id, part)
+        report = await migrate(source, target)
+        assert (report.multipart_uploads, report.uploads_dropped) == (1, 1)
+        got = await target.get_multipart(record.upload_id)
+        assert (got.path, got.file_id, got.part_size, got.extra) == \
+            (record.path, record.file_id, 1 << 20, record.extra)
+        assert await target.list_parts(record.upload_id) == parts
+        assert await target.get_uploads([final.file_id]) == [final]
+        assert await target.list_multipart("/bkt/", after=("", ""), limit=10) == [got]
+        garbage = {g.file_id[:2] for g in await target.take_garbage(10)}
+        assert garbage == {"p1"}        # not the final file, not the hidden part
     finally:
         source.close()
         target.close()

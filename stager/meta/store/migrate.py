@@ -19,6 +19,9 @@ was not fetched again.
 Uploads in progress are not copied: a writer that was mid-file when its server
 stopped cannot commit on the new store.  Their chunks are not lost track of
 either: each becomes garbage in the new store, which the new server purges.
+S3 multipart uploads in progress are copied (their records, parts and pending final
+files): an S3 client that began one goes on sending parts, hours or days apart, and
+completes it on the new store as it would have on the old one.
 
 The copy is made page by page, each page one transaction of the target store;
 the source is only read.  A source a metadata server is serving is refused
@@ -39,7 +42,7 @@ from dataclasses import asdict, dataclass
 from ...config import Config
 from ...errors import AlreadyExists, InternalError, NotFound
 from .. import presence
-from .base import Garbage, MetaStore
+from .base import Garbage, MetaStore, Upload
 from .sqlite.store import SQLiteStore
 
 PAGE = 1000
@@ -62,6 +65,7 @@ class MigrationReport:
     cached_files: int = 0
     garbage: int = 0
     uploads_dropped: int = 0
+    multipart_uploads: int = 0
 
     def to_json(self) -> dict[str, int]:
         return asdict(self)
@@ -173,7 +177,8 @@ async def migrate(source: MetaStore, target: MetaStore, *, page: int = PAGE,
             await target.put_cached_files(files[i:i + page])
         report.attachments += 1
         report.cached_files += len(files)
-    await _copy_garbage(source, target, page, report)
+    kept = await _copy_multipart(source, target, report)
+    await _copy_garbage(source, target, page, report, kept)
     expected = await source.counts()
     copied = await target.counts()
     if copied != expected:
@@ -184,16 +189,41 @@ async def migrate(source: MetaStore, target: MetaStore, *, page: int = PAGE,
     return report
 
 
+async def _copy_multipart(source: MetaStore, target: MetaStore,
+                          report: MigrationReport) -> set[str]:
+    """S3 multipart uploads in progress, each with its pending final file and its parts
+    as written; the final files' ids.  A record whose pending file is gone (it cannot
+    complete) is left behind, as its server's collection would drop it."""
+    records = await source.idle_multipart(math.inf)
+    if not records:
+        return set()
+    pending = {u.file_id: u for u in await source.get_uploads([r.file_id for r in records])
+               if isinstance(u, Upload)}
+    kept = set()
+    for record in records:
+        upload = pending.get(record.file_id)
+        if upload is None:
+            continue
+        await target.begin_uploads([upload])
+        await target.begin_multipart(record)
+        for part in await source.list_parts(record.upload_id):
+            await target.put_part(record.upload_id, part)
+        kept.add(record.file_id)
+        report.multipart_uploads += 1
+    return kept
+
+
 async def _copy_garbage(source: MetaStore, target: MetaStore, page: int,
-                        report: MigrationReport) -> None:
+                        report: MigrationReport, kept: set[str]) -> None:
     """Files waiting to be purged, and the chunks of uploads in progress (not copied:
-    they become garbage, so the new server purges what they wrote)."""
+    they become garbage, so the new server purges what they wrote), but for the
+    multipart uploads' final files in ``kept`` (copied)."""
     after = ""
     while items := await source.dump_garbage(after=after, limit=page):
         await target.load_garbage(items)
         report.garbage += len(items)
         after = items[-1].file_id
-    pending = await source.expired_uploads(math.inf)
+    pending = [u for u in await source.expired_uploads(math.inf) if u.file_id not in kept]
     if pending:
         await target.load_garbage([Garbage(u.file_id, u.layout, 0, u.created) for u in pending])
     report.uploads_dropped = len(pending)
