@@ -138,3 +138,24 @@ def test_with_auth_a_batch_is_its_tokens(tmp_path_factory: pytest.TempPathFactor
         assert ranks[mine] == [0] and ranks[theirs] == [0]
     finally:
         c.stop()
+
+
+@pytest.mark.parametrize("path", ["/v1/jobs/j/ranks/0", PATH])
+def test_a_chunked_body_over_the_limit_is_413(cluster: ThreadCluster, path: str) -> None:
+    """A body without a Content-Length is held to the same limit once read."""
+    from http.client import HTTPConnection
+    from urllib.parse import urlsplit
+
+    from stager.protocol.jobreport import MAX_BATCH_BYTES, MAX_REPORT_BYTES
+
+    limit = MAX_REPORT_BYTES if path != PATH else MAX_BATCH_BYTES
+    url = urlsplit(cluster.meta_url)
+    conn = HTTPConnection(url.hostname, url.port, timeout=60)
+    try:
+        pieces = (b" " * (64 << 10) for _ in range(limit // (64 << 10) + 1))
+        conn.request("POST" if path == PATH else "PUT", path, body=pieces,
+                     headers={"Content-Type": "application/json"}, encode_chunked=True)
+        resp = conn.getresponse()
+        assert resp.status == 413 and json.loads(resp.read())["error"] == "too_large"
+    finally:
+        conn.close()

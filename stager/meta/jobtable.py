@@ -45,7 +45,14 @@ from prometheus_client.metrics_core import Metric
 
 from ..auth import Token
 from ..auth.policy import allows
-from ..errors import BadRequest, Forbidden, InvalidPath, StagerError, Unavailable
+from ..errors import (
+    BadRequest,
+    Forbidden,
+    InvalidPath,
+    PayloadTooLarge,
+    StagerError,
+    Unavailable,
+)
 from ..protocol.batch import one, results_json
 from ..protocol.jobreport import (
     MAX_BATCH_BYTES,
@@ -308,6 +315,8 @@ async def _decoded(request: web.Request, max_size: int, decode: Callable[[bytes]
     """A body decoded by ``decode`` (msgspec: a report in ~10 us); a large batch's off the
     loop, so the stats waiting behind it do not wait for its decoding."""
     raw = bytes(await read_body(request, max_size))
+    if len(raw) > max_size:         # a chunked body has no length to refuse up front
+        raise PayloadTooLarge(f"JSON body over {max_size} bytes", limit=max_size)
     try:
         return decode(raw) if len(raw) <= PARSE_AWAY else await asyncio.to_thread(decode, raw)
     except msgspec.DecodeError:

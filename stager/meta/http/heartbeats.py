@@ -14,7 +14,7 @@ import asyncio
 
 from aiohttp import web
 
-from ...errors import BadRequest, StagerError, Unauthenticated
+from ...errors import BadRequest, PayloadTooLarge, StagerError, Unauthenticated
 from ...protocol.batch import parse_items, results_json
 from ...protocol.heartbeats import BeatItem, decode_batch
 from ...web.authmw import token_of
@@ -26,7 +26,10 @@ from .authapp import auth_of
 
 async def heartbeats(request: web.Request) -> web.Response:
     service = request.app[targetstats.BEATEN]
-    raw = bytes(await read_body(request, service.config.max_json_body))
+    limit = service.config.max_json_body
+    raw = bytes(await read_body(request, limit))
+    if len(raw) > limit:            # a chunked body has no length to refuse up front
+        raise PayloadTooLarge(f"JSON body over {limit} bytes", limit=limit)
     items = decode_batch(raw) if len(raw) <= PARSE_AWAY else None
     if items is None:       # not plainly valid, or large: the reference parser decides
         body = await asyncio.to_thread(parse_json, raw) if len(raw) > PARSE_AWAY \
