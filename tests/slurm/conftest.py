@@ -93,9 +93,18 @@ def end_detached_hooks(cluster: SlurmCluster, grace: float = 30) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def hook_processes(cluster: SlurmCluster) -> list[int]:
+def running(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def hook_processes(cluster: SlurmCluster, *words: str) -> list[int]:
     """``stager slurm …`` processes of this cluster's hooks (their job script is in its
-    state directory)."""
+    state directory), those with each of ``words`` among their arguments."""
     found = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -105,7 +114,8 @@ def hook_processes(cluster: SlurmCluster) -> list[int]:
                 argv = f.read().split(b"\0")
         except OSError:
             continue
-        if b"slurm" in argv and any(str(cluster.root).encode() in a for a in argv):
+        if (b"slurm" in argv and any(str(cluster.root).encode() in a for a in argv)
+                and all(w.encode() in argv for w in words)):
             found.append(int(entry.name))
     return found
 

@@ -25,7 +25,7 @@ from stager.testing import ThreadCluster
 from stager.testing.httpserver import HttpServer
 from stager.testing.slurm import SlurmCluster, SlurmError
 
-from .conftest import OTHER_USER, REPO, TEAM_A
+from .conftest import OTHER_USER, REPO, TEAM_A, hook_processes, running
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]  # one Slurm at a time
 
@@ -210,17 +210,26 @@ def test_a_missing_source_holds_the_job_with_the_reason(
                         f"#STAGER stage_in {url}/no-such-dataset /jobs/$SLURM_JOB_ID/in",
                         "echo ran")
     job = slurm.sbatch(script)
-    record = slurm.wait_job(job, until=lambda r: "data_in" in r.get("Reason", ""), timeout=60)
     try:
+        record = slurm.wait_job(job, until=lambda r: "data_in" in r.get("Reason", ""),
+                                timeout=60)
         assert record["JobState"] == "PENDING", record
         assert "no-such-dataset" in record["Reason"], record
         assert not (slurm.work / f"missing-{job}.out").exists()     # it never ran
+        # Flags=TeardownFailure starts a teardown as data_in fails: cancel while it runs
+        deadline = time.monotonic() + 60
+        while not (first := hook_processes(slurm, "teardown", str(job))):
+            if not admin.exists(f"/jobs/{job}") or time.monotonic() > deadline:
+                break                   # done already (or never seen: the wait says)
+            time.sleep(0.05)
     finally:
         slurm.command(["scancel", str(job)])
-    # Flags=TeardownFailure started a teardown when data_in failed; the scancel, which
-    # kills every script Slurm runs for a pending job, cuts its hook off at once (it
-    # runs stager in a session of its own, burst_buffer.lua) and queues another, which
-    # a race inside slurmctld may kill too: the directory must go all the same.
+    # The scancel kills every script Slurm runs for a pending job, and Slurm never runs
+    # again a teardown it killed; the teardown the scancel queues races that kill inside
+    # slurmctld. burst_buffer.lua runs stager's teardown in a session of its own: the
+    # first one goes on (a killed one would be gone at once, its work not done).
+    time.sleep(0.5)
+    assert any(running(pid) for pid in first) or not admin.exists(f"/jobs/{job}"), first
     wait_gone(admin, f"/jobs/{job}", timeout=120)
 
 
