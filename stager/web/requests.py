@@ -143,9 +143,9 @@ def path_arg(request: web.Request) -> str:
     An encoded slash (``%2F``) is refused: decoded it would silently become a
     separator, so ``a%2Fb`` and ``a/b`` would name the same file.
     """
-    if "%2f" in request.rel_url.raw_path.lower():
-        raise InvalidPath("an encoded slash (%2F) is not allowed in a path",
-                          path=request.rel_url.raw_path)
+    raw = request.rel_url.raw_path
+    if "%" in raw and "%2f" in raw.lower():      # lower() only where a % may be one
+        raise InvalidPath("an encoded slash (%2F) is not allowed in a path", path=raw)
     return paths.normalize("/" + request.match_info.get("path", ""))
 
 
