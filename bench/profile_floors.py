@@ -1,9 +1,10 @@
 """Where the floors' metadata requests spend their time: py-spy on both sides.
 
 ``python -m bench.profile_floors MODE [SECONDS]`` starts a ``ProcessCluster`` (one
-data server), prepares ``bench floors``' files, then runs one of its cases in a loop
-for SECONDS while ``py-spy record`` samples the metadata server and this process; it
-prints the hottest functions of each side (self time and total), and the rate.
+data server, default intervals as in ``bench floors``), prepares ``bench floors``'
+files, then runs one of its cases in a loop for SECONDS while ``py-spy record``
+samples the metadata server and this process; it prints the hottest functions of
+each side (self time and total), and the rate.
 
 MODE: ``health``, ``stat-raw`` (aiohttp client), ``stat`` (``AsyncClient.stat``),
 ``sync-stat`` (``Client.stat``), ``list`` (1,000 entries), ``small`` (1 KiB
@@ -88,7 +89,7 @@ def main() -> None:
     mode = sys.argv[1]
     seconds = float(sys.argv[2]) if len(sys.argv) > 2 else 10.0
     tmp = Path(tempfile.mkdtemp(prefix="profile-floors-"))
-    with ProcessCluster(tmp / "cluster", data_servers=1) as cluster:
+    with ProcessCluster(tmp / "cluster", data_servers=1, fast=False) as cluster:
         uvloop.run(prepare(cluster.meta_url))
         server = spy(cluster.meta_pid(), tmp / "server.txt", seconds)
         client = spy(os.getpid(), tmp / "client.txt", seconds)
