@@ -7,7 +7,8 @@ copy plus CRC32C, and to remove the rest.  This prints that count:
   (``recv_into`` in this process, a sender process doing ``sendall``), the
   receiving thread's CPU per GB; and CRC32C over the same buffer, per GB;
 - **stager**: a 1 GiB file from four data servers on loopback, read whole with
-  ``AsyncClient.read_into`` (``--mode stream``: the readahead stream) ``--rounds``
+  ``AsyncClient.read_into`` (``--mode stream``: the readahead stream; ``fsspec``:
+  ``open().read(8 MiB)`` through the ``stager://`` filesystem) ``--rounds``
   times, the client's CPU per GB (its process, all threads: the data servers
   and the sender are other processes);
 - **where it goes** (``--spy``): the same reads sampled by py-spy (the client
@@ -33,27 +34,38 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import fsspec
+
 from stager.checksum import crc32c
+from stager.config import load_config
 from stager.testing.nodes import NodeCluster
 
-from .baselines import SENDER
+from .baselines import SENDER, open_read
 from .common import MiB, new_client, scratch, upload_file, write_local
 
 # A sample's bucket, from its innermost frames (py-spy --native: C frames too):
 # the first rule whose marks appear in the sample's stack wins.
 BUCKETS: list[tuple[str, tuple[str, ...]]] = [
     ("CRC32C", ("crc32c",)),
-    ("receive copy (recv_into: the kernel's copy)", ("recv_into", "recv (libc")),
-    ("other syscalls (request send, sockopt, connect, close)", ("send (libc", "close (libc",
-                                                                "setsockopt", "connect")),
+    ("receive copy (recv_into: the kernel's copy)", ("recv_into", "recv (libc", "read (libc",
+                                                     "uv__read")),
     ("buffer management (alloc, zero, free)", ("memset", "calloc", "malloc", "free (libc",
-                                                "munmap", "mmap")),
+                                                "munmap", "mmap", "ReadEngine.take",
+                                                "StripedReader.read (")),
+    ("thread hand-off (fsspec's sync: wake the loop, wait)", (
+        "PyThread_acquire_lock", "PyThread_release_lock", "sem_post", "pthread_cond",
+        "uv_async_send", "Condition.wait", "Condition.notify")),
+    ("bytes for the caller (b''.join)", ("_fetch_range (stager/fs",)),
+    ("other syscalls (request send, sockopt, connect, close)", ("send (libc", "close (libc",
+                                                                "setsockopt", "connect",
+                                                                "write (libc")),
     ("event loop: epoll", ("epoll", "select (selectors")),
 ]
 LOOP = "event loop: asyncio's Python (callbacks, futures, tasks)"
 STAGER = "stager's Python per chunk (plan, engine, rawhttp)"
 OTHER = "other"
-READING = "runners.py"          # samples inside asyncio.run: the reads, not start-up
+READING = ("run_forever", "open_read")  # samples of the reads (an event loop running, or
+                                        # fsspec's caller), not of start-up
 
 
 def floor_recv(size: int, out: memoryview) -> float:
@@ -82,6 +94,24 @@ def floor_crc(out: memoryview) -> float:
     cpu = time.thread_time()
     crc32c(out)
     return (time.thread_time() - cpu) / (len(out) / 1e9)
+
+
+def reads(meta_url: str, out: memoryview, rounds: int, mode: str) -> list[float]:
+    """The client's CPU seconds per GB, each round (``fsspec``: ``open().read(8 MiB)``
+    to the end through the ``stager://`` filesystem, as a pandas user reads)."""
+    if mode != "fsspec":
+        return asyncio.run(stager_reads(meta_url, out, rounds, mode))
+    fs = fsspec.filesystem("stager", meta_url=meta_url, config=load_config(env={}),
+                           skip_instance_cache=True)
+    figures = []
+    try:
+        for _ in range(rounds):
+            cpu = time.process_time()
+            n = open_read(fs, "/data.bin")
+            figures.append((time.process_time() - cpu) / (n / 1e9))
+    finally:
+        fs.close()
+    return figures
 
 
 async def stager_reads(meta_url: str, out: memoryview, rounds: int, mode: str) -> list[float]:
@@ -122,7 +152,7 @@ def read_raw(path: Path) -> tuple[Counter[str], Counter[str]]:
     where: Counter[str] = Counter()
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit() or READING not in stack:
+        if not stack or not count.isdigit() or not any(m in stack for m in READING):
             continue
         frames = stack.split(";")
         bucket = bucket_of(frames)
@@ -152,7 +182,7 @@ def main() -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size-mib", type=int, default=1024)
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--mode", choices=("read_into", "stream"), default="read_into")
+    p.add_argument("--mode", choices=("read_into", "stream", "fsspec"), default="read_into")
     p.add_argument("--spy", action="store_true", help="also sample the reads with py-spy")
     p.add_argument("--raw", type=Path, help="keep py-spy's raw samples in this file")
     p.add_argument("--client-of", metavar="META_URL", help=argparse.SUPPRESS)
@@ -160,7 +190,7 @@ def main() -> None:
     size = args.size_mib * MiB
     out = memoryview(bytearray(size))
     if args.client_of:     # the reads alone, under py-spy: CPU s/GB per round on stdout
-        print(*asyncio.run(stager_reads(args.client_of, out, args.rounds, args.mode)))
+        print(*reads(args.client_of, out, args.rounds, args.mode))
         return
     out[:] = os.urandom(1) * size   # faulted in before anything is timed
     recv = sorted(floor_recv(size, out) for _ in range(3))[1]
@@ -170,7 +200,7 @@ def main() -> None:
         local = write_local(tmp / "data.bin", size)
         with NodeCluster(tmp / "cluster", 4, mode="loopback") as cluster:
             asyncio.run(_load(cluster.meta_url, local))
-            each = asyncio.run(stager_reads(cluster.meta_url, out, args.rounds, args.mode))
+            each = reads(cluster.meta_url, out, args.rounds, args.mode)
             mid = sorted(each)[len(each) // 2]
             print(f"stager {args.mode}: client CPU {mid:.3f} s/GB (median of "
                   f"{' / '.join(f'{x:.3f}' for x in each)}); over the floor "
