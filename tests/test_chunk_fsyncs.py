@@ -130,3 +130,34 @@ def test_writes_of_one_chunk_take_turns(store: ChunkStore,
     assert second_done.is_set()
     assert store.read(chunk, 0, len(DATA)) == DATA
     assert store.usage().chunks == 1
+
+
+def test_a_chunk_in_a_directory_another_write_just_made_waits_for_its_name(
+        store: ChunkStore, synced: list[tuple[str, str]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The write that made a fan-out directory fsyncs its parent; a second write
+    into it, acknowledged first, must not hang on a name not yet durable: it fsyncs
+    that parent too.  Once the first is done, later writes there need not."""
+    file_id = uuid.uuid4().hex
+    inside, go = threading.Event(), threading.Event()
+    write_temp = chunkstore._Pending.write_temp
+
+    def slow(self: chunkstore._Pending) -> None:
+        if self.chunk.endswith(".0"):
+            inside.set()
+            assert go.wait(10)
+        write_temp(self)
+
+    monkeypatch.setattr(chunkstore._Pending, "write_temp", slow)
+    first = threading.Thread(target=store.put, args=(f"{file_id}.0", DATA, crc32c(DATA)))
+    first.start()
+    assert inside.wait(10)
+    synced.clear()
+    store.put(f"{file_id}.1", DATA, crc32c(DATA))      # while the first still writes
+    leaf = store.path_of(f"{file_id}.1").parent
+    assert {str(leaf), str(leaf.parent), str(store.chunks_dir)} <= _fsynced(synced)
+    go.set()
+    first.join(10)
+    synced.clear()
+    store.put(f"{file_id}.2", DATA, crc32c(DATA))
+    assert _fsynced(synced) == {str(store.path_of(f"{file_id}.2")), str(leaf)}

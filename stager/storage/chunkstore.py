@@ -104,6 +104,7 @@ class ChunkStore:
         self._lock = threading.Lock()
         self._turns = threading.Condition(self._lock)
         self._writing: set[str] = set()     # chunks a put_many is writing now
+        self._unsynced_dirs: set[Path] = set()  # fan-out directories made, entry not fsynced
         self._used = 0
         self._reserved = 0          # bytes of writes under way, held against the capacity
         self._count = 0
@@ -173,14 +174,16 @@ class ChunkStore:
             for p in batch:
                 p.old = self._existing_size(p.path)
             # the directories whose names change: each chunk's, and the parent of each
-            # fan-out directory made now (only those: an existing one's entry is durable)
-            synced = {p.path.parent for p in batch} | self._make_dirs(
-                {p.path.parent for p in batch})
+            # fan-out directory made now or by a write not done with its fsyncs
+            made, synced = self._make_dirs({p.path.parent for p in batch})
+            synced |= {p.path.parent for p in batch}
             _each(_Pending.write_temp, batch, self._pool)
             for p in batch:
                 p.install()
             # one wait on the disk: the linked files' data and every name, at once
             _each(_sync, [p for p in batch if p.fd is not None] + sorted(synced), self._pool)
+            with self._lock:
+                self._unsynced_dirs -= made
         except StagerError:
             raise
         except OSError as exc:
@@ -208,18 +211,33 @@ class ChunkStore:
                 self._turns.wait()
             self._writing |= names
 
-    def _make_dirs(self, directories: set[Path]) -> set[Path]:
-        """Make the fan-out directories missing among ``directories``; returns the
-        parent of each one made (the directory whose new name must be made durable)."""
+    def _make_dirs(self, directories: set[Path]) -> tuple[set[Path], set[Path]]:
+        """Make the fan-out directories missing among ``directories`` (one mkdir where
+        the leaf is there); returns those made, and the directories to fsync for
+        them: the parent of each one made, or made by a write not done with its
+        fsyncs, which a chunk acknowledged first would hang on.  Each mkdir and its
+        mark are one step under the lock, so no write finds a directory unmarked
+        before it is durable."""
         made: set[Path] = set()
-        for directory in sorted(directories):
-            for d in (directory.parent, directory):
+
+        def mkdir(d: Path) -> None:
+            try:
+                os.mkdir(d)
+            except FileExistsError:
+                return
+            made.add(d)
+            self._unsynced_dirs.add(d)
+
+        with self._lock:
+            for directory in sorted(directories):
                 try:
-                    os.mkdir(d)
-                except FileExistsError:
-                    continue
-                made.add(d.parent)
-        return made
+                    mkdir(directory)
+                except FileNotFoundError:
+                    mkdir(directory.parent)
+                    mkdir(directory)
+            pending = {d for d in (*directories, *(d.parent for d in directories))
+                       if d in self._unsynced_dirs}
+        return made, {d.parent for d in pending}
 
     def _reserve(self, size: int) -> None:
         """Hold ``size`` bytes of the capacity for a write, or refuse it as full.  The
