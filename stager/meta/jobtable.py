@@ -312,7 +312,7 @@ def install(app: web.Application, store: SharedState | None = None) -> JobTable:
 
 
 async def _decoded(request: web.Request, max_size: int, decode: Callable[[bytes], T]) -> T:
-    """A body decoded by ``decode`` (msgspec: a report in ~10 us); a large batch's off the
+    """A body decoded by ``decode`` (msgspec: a report in 1.6 us of CPU); a large batch's off the
     loop, so the stats waiting behind it do not wait for its decoding."""
     raw = bytes(await read_body(request, max_size))
     if len(raw) > max_size:         # a chunked body has no length to refuse up front

@@ -79,9 +79,9 @@ _AMOUNT = Annotated[float, msgspec.Meta(ge=0)]     # finite: msgspec refuses 1e4
 _FRACTION = Annotated[float, msgspec.Meta(ge=0, le=1)]
 _TEXT = Annotated[str, msgspec.Meta(max_length=MAX_TEXT)]
 
-# The report declared once, from the tables above: msgspec decodes and checks a body
-# in a few microseconds, where json.loads and a check field by field took ~80 (a third
-# of a report's server CPU in bench scale).  Unknown fields are dropped; null is absent.
+# The report declared once, from the tables above: msgspec decodes and checks a body in
+# 1.6 us of CPU, where json.loads and a check field by field took 13 (a report's request
+# costs ~100 more).  Unknown fields are dropped; null is absent.
 TargetStat = msgspec.defstruct(
     "TargetStat",
     [("target", Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_TEXT)]),
