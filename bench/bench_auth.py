@@ -17,7 +17,10 @@ reaches it (a spread wider than the cost judged is no result).
   capability and the data server checks every piece's file against it.
 - **16 KiB files/s**: the same samples as one file each, read by the Loader
   (``format="files"``, shuffled): the worst case for auth, a capability per
-  file, fetched a batch at a time by the client and checked per piece.
+  file, fetched a batch at a time by the client and checked per piece.  A fresh
+  Loader's first epoch pays a signature and a verification per file; its next
+  epoch finds every capability held and already verified (two epochs together
+  are measured too).
 
 With auth on the client holds a ``read``+``write`` token for ``/`` (not admin).
 """
@@ -108,17 +111,25 @@ async def samples_per_second(mode: Mode, order: list[int]) -> float:
         return len(order) / (time.perf_counter() - start)
 
 
-def files_per_second(mode: Mode, files: int, epoch: int) -> float:
+def files_per_second(mode: Mode, files: int, epoch: int) -> tuple[float, float]:
+    """A fresh Loader's first epoch, and that epoch with the next one (files/s each).
+    The first fetches a capability per file and the data servers verify each; the
+    next finds them held.  Two epochs together, as the Loader prefetches across the
+    boundary: the next epoch alone would be partly read during the first."""
     config = load_config(mode.settings(), env={})
     start = time.perf_counter()
-    count = 0
+    first = 0.0
     with Loader("/files", batch_size=BATCH, format="files", meta_url=mode.cluster.meta_url,
                 config=config, seed=epoch, report=False) as loader:
-        for batch in loader:
-            count += len(batch)
-    if count != files:
-        raise AssertionError(f"{count} of {files} samples")
-    return count / (time.perf_counter() - start)
+        for e in (0, 1):
+            loader.set_epoch(e)
+            count = 0
+            for batch in loader:
+                count += len(batch)
+            if count != files:
+                raise AssertionError(f"{count} of {files} samples")
+            first = first or count / (time.perf_counter() - start)
+    return first, 2 * files / (time.perf_counter() - start)
 
 
 def run(quick: bool) -> dict[str, Any]:
@@ -135,14 +146,16 @@ def run(quick: bool) -> dict[str, Any]:
                 mode.start()
                 run_async(load(mode, big, samples, files))
             figures: dict[str, dict[str, list[float]]] = {
-                m.name: {"read": [], "samples": [], "files": []} for m in modes}
+                m.name: {"read": [], "samples": [], "files": [], "two": []} for m in modes}
             for r in range(rounds):
                 order = random.Random(r).sample(range(samples), samples)
                 for mode in (modes if r % 2 == 0 else modes[::-1]):
                     got = figures[mode.name]
                     got["read"].append(run_async(read_gbps(mode, big)))
                     got["samples"].append(run_async(samples_per_second(mode, order)))
-                    got["files"].append(files_per_second(mode, files, r))
+                    first, both = files_per_second(mode, files, r)
+                    got["files"].append(first)
+                    got["two"].append(both)
         finally:
             for mode in modes:
                 mode.cluster.stop()
@@ -159,6 +172,8 @@ def judged(ratios: list[float], target: float) -> dict[str, Any]:
 
 
 AIMS = {"read": 0.97, "samples": 0.97, "files": 0.95}
+LABELS = {"read": "read", "samples": "samples", "files": "files",
+          "two": "files, two epochs"}
 
 
 def _result(figures: dict[str, dict[str, list[float]]], big: int, samples: int, files: int,
@@ -171,20 +186,22 @@ def _result(figures: dict[str, dict[str, list[float]]], big: int, samples: int, 
         med = {k: median(v) for k, v in by.items()}
         each = {k: paired(by[k], off[k]) for k in by}
         rows.append([name, r2(med["read"]), round(med["samples"]), round(med["files"]),
-                     r2(median(each["read"])), r2(median(each["samples"])),
-                     r2(median(each["files"]))])
+                     round(med["two"]), r2(median(each["read"])),
+                     r2(median(each["samples"])), r2(median(each["files"])),
+                     r2(median(each["two"]))])
         if name != "auth off":
-            for key in ("read", "samples", "files"):
-                ratios[f"{name} / auth off, {key}"] = r2(median(each[key]))
-                spreads.append(f"{name} / auth off, {key}, every round: "
+            for key, label in LABELS.items():
+                ratios[f"{name} / auth off, {label}"] = r2(median(each[key]))
+                spreads.append(f"{name} / auth off, {label}, every round: "
                                + " / ".join(f"{r:.3f}" for r in each[key]))
     on = figures["auth on"]
     return {
         "title": "What auth and TLS cost: loopback reads and 16 KiB samples",
         "command": "python -m bench auth" + (" --quick" if quick else ""),
         "columns": ["mode", "read GB/s", "16 KiB samples/s (packed)",
-                    "16 KiB files/s (Loader)", "x off (read)", "x off (samples)",
-                    "x off (files)"],
+                    "16 KiB files/s (Loader)", "16 KiB files/s, two epochs",
+                    "x off (read)", "x off (samples)", "x off (files)",
+                    "x off (files, two epochs)"],
         "rows": rows,
         "ratios": ratios,
         "aims": {f"auth on / off, {label}": judged(paired(on[key], off[key]), AIMS[key])
@@ -203,15 +220,21 @@ def _result(figures: dict[str, dict[str, list[float]]], big: int, samples: int, 
             f"stream. samples: {samples} packed 16 KiB samples in shuffled order, {BATCH} "
             f"a batch, one POST /v1/read per data server, {IN_FLIGHT} batches in flight. "
             f"files: {files} files of 16 KiB, the Loader with format='files', shuffled, "
-            "from constructing the loader to its last batch.",
+            "from constructing the loader to its last batch; 'two epochs': the same "
+            "Loader's first and next epoch (set_epoch) together, from constructing it.",
             "auth on: a read+write token on /, capabilities from stats and from "
             "POST /v1/capabilities (a batch at a time for the Loader's files), checked "
-            "by the data servers with the public key (cached per capability text).",
+            "by the data servers with the public key (cached per capability text). A "
+            "capability names one file: a fresh Loader's first epoch has the metadata "
+            "server sign one per file (Ed25519) and a data server verify each; its next "
+            "epoch finds them held by the client and cached by the data servers, so the "
+            "two-epoch column shows that cost shared by twice the files.",
             "auth on + TLS: the same over HTTPS (`stager up --auth --tls`, a private CA, "
             "TLS 1.3): data servers cannot sendfile, so each chunk is read into memory and "
             "encrypted; the client decrypts every byte (docs/tls.md).",
         ],
         "plot": {"kind": "barh", "x": "mode", "y": ["x off (read)", "x off (samples)",
-                                                   "x off (files)"],
+                                                   "x off (files)",
+                                                   "x off (files, two epochs)"],
                  "ylabel": "throughput relative to auth off"},
     }
