@@ -152,11 +152,13 @@ class ChunkStore:
         read back from the trailer of the file written (what a writer's ack proves).
 
         Every checksum is checked before anything is written.  Each chunk then
-        goes to its temporary file and is fsynced (``SYNC_THREADS`` at a time: the
-        file system's journal commits concurrent fsyncs together); only then are
-        they renamed into place, and each directory touched is fsynced once.  A
-        crash leaves at most ``*.tmp`` files; an error leaves every chunk either
-        whole or absent.
+        goes to its temporary file (``SYNC_THREADS`` at a time: the file system's
+        journal commits concurrent fsyncs together), fsynced there only where it
+        replaces a chunk; all are renamed into place, then the new names' files and
+        each directory that gained a name are fsynced at once (the module's
+        docstring says why a new name may be renamed first).  A crash leaves
+        ``*.tmp`` files or chunks never acknowledged; an error leaves every chunk
+        that was whole, whole.
         """
         batch = [_Pending(chunk, memoryview(data), self.path_of(chunk), crc)
                  for chunk, data, crc in items]
