@@ -138,12 +138,14 @@ function slurm_bb_paths(job_id, job_script, path_file)
 	return stager("paths", job_id, job_script, path_file)
 end
 
+-- As the job starts and as it ends, stager has nothing to do: no stager start-up
+-- (a second or more) on the way to the job's first step.
 function slurm_bb_pre_run(job_id, job_script)
-	return stager("pre_run", job_id, job_script)
+	return slurm.SUCCESS
 end
 
 function slurm_bb_post_run(job_id, job_script)
-	return stager("post_run", job_id, job_script)
+	return slurm.SUCCESS
 end
 
 -- After the job: stage each stage_out from the cluster to its destination.

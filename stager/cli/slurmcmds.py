@@ -29,6 +29,8 @@ HOOKS: dict[str, tuple[tuple[str, ...], Callable[..., str]]] = {
     "data_in": (("job_id", "script"), lambda s, a: hooks.data_in(s, a.job_id, a.script)),
     "paths": (("job_id", "script", "path_file"),
               lambda s, a: hooks.paths_file(s, a.job_id, a.path_file)),
+    # pre_run, post_run: nothing to do (burst_buffer.lua no longer runs them; an older
+    # copy of it does)
     "pre_run": (("job_id", "script"), lambda s, a: ""),
     "post_run": (("job_id", "script"), lambda s, a: ""),
     "data_out": (("job_id", "script"), lambda s, a: hooks.data_out(s, a.job_id, a.script)),
