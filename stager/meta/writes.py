@@ -148,6 +148,8 @@ async def commit(service: MetaService, items: Sequence[CommitItem]
             results[i] = exc
             continue
         todo.append(i)
+    # cached (re-fetchable) bytes go first where a quota would refuse a commit
+    await service.quotas.make_room([(items[i].file_id, items[i].size) for i in todo])
     now = service.clock()
     entries = await service.store.commit_uploads([
         (items[i].file_id, items[i].size, items[i].checksums, items[i].mtime or now,

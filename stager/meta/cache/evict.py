@@ -38,7 +38,7 @@ from ...errors import InsufficientStorage, StagerError
 from ...eviction import EVICTION, Eviction, NextUse
 from ...layout import chunk_targets
 from ...protocol import paths
-from ...protocol.models import chunk_id
+from ...protocol.models import Layout, chunk_id
 from ..store.caching import CachedChunk
 
 if TYPE_CHECKING:
@@ -68,6 +68,7 @@ class Evictor:
         # the state of a policy of the past (LIVE) and each chunk's last use it has seen
         self._state: tuple[str, Eviction] | None = None
         self._seen: dict[Key, float] = {}
+        service.quotas.room = self.free_below     # a quota's room is made from its cache
 
     async def round(self) -> int:
         """One look at the filled bytes; evicts past the high watermark.  Returns the
@@ -243,7 +244,6 @@ class Evictor:
         if not victims:
             return
         await self.store.evict_chunks([(c.file_id, c.index) for c in victims])
-        plane, targets = self.plane(), self.service.targets
         layouts = {}
         for c in victims:
             if c.file_id not in layouts:
@@ -252,11 +252,16 @@ class Evictor:
             layout = layouts[c.file_id]
             if layout is None:
                 continue            # the file went meanwhile: its chunks go with it
-            for target in chunk_targets(layout, c.index):
-                info = targets.get(target)
-                if info is None or not info.up:
-                    continue        # fsck collects the orphan once the target is back
-                try:
-                    await delete_chunk(plane, target, info.url, chunk_id(c.file_id, c.index))
-                except StagerError as exc:
-                    log.info("evicting %s.%d from %s: %s", c.file_id, c.index, target, exc)
+            await self.delete_copies(layout, c.file_id, c.index)
+
+    async def delete_copies(self, layout: Layout, file_id: str, index: int) -> None:
+        """Chunk ``index`` of ``file_id`` off every target of its layout that is up."""
+        plane, targets = self.plane(), self.service.targets
+        for target in chunk_targets(layout, index):
+            info = targets.get(target)
+            if info is None or not info.up:
+                continue        # fsck collects the orphan once the target is back
+            try:
+                await delete_chunk(plane, target, info.url, chunk_id(file_id, index))
+            except StagerError as exc:
+                log.info("evicting %s.%d from %s: %s", file_id, index, target, exc)

@@ -16,7 +16,9 @@ missing one is fetched by exactly one metadata server:
 The holder reads the chunk's byte range from the source, checks that the file is
 still the version listed (else the bytes might mix two versions), writes it to every target
 the layout names for it (as a write from this server, with its own capability),
-and records it filled; at least one copy must be stored.  A source that fails
+and records it filled; at least one copy must be stored.  A fill's bytes count
+against the quotas above its file: one a quota refuses frees that directory's
+cached bytes first (:meth:`Filler._record`).  A source that fails
 fails the fill of that file only, as a :class:`~stager.errors.SourceError` (502)
 naming the source file; other files, and chunks already filled, read on.
 """
@@ -30,7 +32,14 @@ from typing import TYPE_CHECKING
 
 from ...aio import gather_or_cancel
 from ...checksum import crc32c
-from ...errors import Forbidden, NotFound, SourceError, StagerError, TargetUnavailable
+from ...errors import (
+    Forbidden,
+    NotFound,
+    QuotaExceeded,
+    SourceError,
+    StagerError,
+    TargetUnavailable,
+)
 from ...layout import chunk_length, chunk_targets
 from ...protocol.batch import check_count
 from ...protocol.cache import Filled, FillItem
@@ -178,15 +187,43 @@ class Filler:
         except BaseException:
             await asyncio.shield(store.release_fill(file_id, index, self.holder))
             raise
+        ok = True
         try:
-            recorded = await store.record_fill(file_id, index, size=size, crc=crc,
-                                               now=self.service.clock())
+            recorded = await self._record(cached, index, size, crc)
+        except QuotaExceeded:
+            # over a quota even with its directory's cache freed: not kept (the reader
+            # gets the 507), its copies go rather than linger unrecorded
+            ok = False
+            await asyncio.shield(self._unfill(cached, index))
+            raise
         finally:
-            self.room.filled_one(size, ok=True)
+            self.room.filled_one(size, ok=ok)
         if not recorded:
             raise NotFound(f"{cached.path} changed or was detached while filling",
                            path=cached.path)
         return crc
+
+    async def _record(self, cached: CachedFile, index: int, size: int, crc: int) -> bool:
+        """Record chunk ``index`` filled.  Its bytes count against the quotas above
+        the file: one that would pass a quota first frees that directory's cached
+        bytes (by the policy, never a pinned one) and is recorded then, or refused."""
+        for retry in (False, True):
+            try:
+                return await self.store.record_fill(cached.file_id, index, size=size,
+                                                    crc=crc, now=self.service.clock())
+            except QuotaExceeded as exc:
+                if retry or exc.details.get("resource") != "bytes":
+                    raise
+                d = exc.details
+                await self.room.free_below(d["directory"], d["use"] + size - d["limit"])
+        raise AssertionError("unreachable")
+
+    async def _unfill(self, cached: CachedFile, index: int) -> None:
+        """A fill not recorded: its lease and its stored copies go."""
+        await self.store.release_fill(cached.file_id, index, self.holder)
+        stored = await self.store.file_by_id(cached.file_id)
+        if stored is not None:
+            await self.room.delete_copies(stored.layout, cached.file_id, index)
 
     async def _fetch_and_store(self, cached: CachedFile, index: int, record: Records
                                ) -> tuple[int, int]:

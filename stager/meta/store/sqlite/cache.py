@@ -22,6 +22,7 @@ from ....errors import NotFound
 from ....protocol import paths
 from ..caching import AttachmentRecord, CachedChunk, CachedFile
 from .db import Database
+from .quotas import QuotaSQL
 
 _ATTACHMENT = ("path, source, options, refresh, include, exclude, listed, created, "
                "hits, misses")
@@ -63,6 +64,9 @@ class CacheSQL:
     def __init__(self, database: Database) -> None:
         self.db = database.db
         self.tx: Callable[[], AbstractContextManager[object]] = database.transaction
+        # filled bytes count against the quotas above their files: charged in the
+        # transaction that records a fill, refunded in the one that drops its row
+        self.quotas = QuotaSQL(database)
 
     # -- attachments -----------------------------------------------------------------
     def put_attachment(self, r: AttachmentRecord) -> None:
@@ -88,6 +92,7 @@ class CacheSQL:
                                (path,)).rowcount != 1:
                 raise NotFound(f"{path} is not an attached directory", path=path)
             files = self.cached_files(path)
+            self.quotas.refund_chunks(f"c.{_OF_ATTACHMENT}", (path,))
             self.db.execute(f"DELETE FROM cache_chunks WHERE {_OF_ATTACHMENT}", (path,))
             self.db.execute("DELETE FROM cached_files WHERE attachment = ?", (path,))
         return files
@@ -115,6 +120,7 @@ class CacheSQL:
     def drop_cached_files(self, file_ids: Sequence[str]) -> None:
         ids = json.dumps(list(file_ids))
         with self.tx():
+            self.quotas.refund_chunks(f"c.file_id IN {_IDS}", (ids,))
             self.db.execute(f"DELETE FROM cache_chunks WHERE file_id IN {_IDS}", (ids,))
             self.db.execute(f"DELETE FROM cached_files WHERE file_id IN {_IDS}", (ids,))
 
@@ -138,12 +144,14 @@ class CacheSQL:
 
     def record_fill(self, file_id: str, index: int, size: int, crc: int, now: float) -> bool:
         with self.tx():
-            if self.db.execute("SELECT 1 FROM cached_files WHERE file_id = ?",
-                               (file_id,)).fetchone() is None:
+            cached = self.db.execute("SELECT path FROM cached_files WHERE file_id = ?",
+                                     (file_id,)).fetchone()
+            if cached is None:
                 # the file was refreshed or detached: its lease goes too, so no row is left
                 self.db.execute("DELETE FROM cache_chunks WHERE file_id = ? AND idx = ? "
                                 "AND crc IS NULL", (file_id, index))
                 return False
+            self._charge_fill(file_id, index, size, cached[0])
             self.db.execute(
                 "INSERT INTO cache_chunks (file_id, idx, size, crc, filled, used) "
                 "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (file_id, idx) DO UPDATE SET "
@@ -151,6 +159,19 @@ class CacheSQL:
                 "used = excluded.used, holder = NULL, until = NULL",
                 (file_id, index, size, crc, now, now))
         return True
+
+    def _charge_fill(self, file_id: str, index: int, size: int, path: str) -> None:
+        """A fill's bytes join the use of the quotas above its file (less a filled
+        row's it replaces); QuotaExceeded, before any change, where that passes one."""
+        if not self.quotas.active():
+            return
+        entry = self.db.execute("SELECT parent FROM entries WHERE file_id = ? AND "
+                                "kind = 'file'", (file_id,)).fetchone()
+        if entry is None:
+            return      # removed from the namespace meanwhile: it counts nowhere
+        old = self.db.execute("SELECT size FROM cache_chunks WHERE file_id = ? AND idx = ? "
+                              "AND crc IS NOT NULL", (file_id, index)).fetchone()
+        self.quotas.charge(int(entry[0]), size - (int(old[0]) if old else 0), 0, path=path)
 
     def release_fill(self, file_id: str, index: int, holder: str) -> None:
         with self.tx():
@@ -176,6 +197,9 @@ class CacheSQL:
 
     def evict_chunks(self, chunks: Sequence[tuple[str, int]]) -> None:
         with self.tx():
+            self.quotas.refund_chunks(
+                "(c.file_id, c.idx) IN (SELECT json_extract(value, '$[0]'), "
+                "json_extract(value, '$[1]') FROM json_each(?))", (json.dumps(list(chunks)),))
             self.db.executemany("DELETE FROM cache_chunks WHERE file_id = ? AND idx = ? "
                                 "AND crc IS NOT NULL", list(chunks))
 

@@ -247,7 +247,7 @@ class NamespaceSQL:
             if existing is not None:
                 self._replace_for_rename(row, existing, dst, overwrite, now)
                 if existing[1] == "file":
-                    self.quotas.charge(parent_id, -existing[2], -1, path=dst)
+                    self.quotas.charge(parent_id, -self.quotas.charged(existing), -1, path=dst)
             src_parent = self._resolve_dir(paths.split(src)[0])
             if self.quotas.active():
                 size, files = self.quotas.totals(row[0])
@@ -284,7 +284,7 @@ class NamespaceSQL:
             row = self.resolve(path)
             parent_id = self._resolve_dir(paths.split(path)[0])
             if row[1] == "file":
-                self.quotas.charge(parent_id, -row[2], -1, path=path)
+                self.quotas.charge(parent_id, -self.quotas.charged(row), -1, path=path)
                 self._garbage_file(row, now)
                 self.db.execute("DELETE FROM entries WHERE id = ?", (row[0],))
                 self._touch(parent_id, now)
@@ -427,7 +427,7 @@ class NamespaceSQL:
                 if parent != "/" else ROOT_ID
             existing = self.child(parent_id, name)
             check_replaceable(existing, upload.path, upload.overwrite)
-            self.quotas.charge(parent_id, size - (existing[2] if existing else 0),
+            self.quotas.charge(parent_id, self.quotas.replacing(upload.layout, size, existing),
                                0 if existing else 1, path=upload.path)
             if existing is not None:
                 self._garbage_file(existing, now)

@@ -1,7 +1,9 @@
 """The SQL of quotas and pins in the SQLite store, and the quota check both stores use.
 
 A quota row sits on its directory's row id (it follows the directory through a
-rename, and goes with it) and keeps the subtree's use: the namespace's writes
+rename, and goes with it) and keeps the subtree's use (a file of an attached
+directory counts its filled bytes only: :mod:`.sqlite.cache` charges each fill and
+refunds each eviction): the namespace's writes
 call :meth:`QuotaSQL.charge` / :meth:`QuotaSQL.move` inside their own
 transaction, so a write that would pass a limit raises and rolls back whole
 (:mod:`stager.meta.quotas` says why the use is kept, not summed per write).
@@ -12,10 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
+from typing import Any
 
 from ....errors import NotFound, QuotaExceeded
+from ....protocol.models import Layout
 from ....protocol.quotas import Pin, Quota
-from .db import Database
+from .db import Database, layout_of
 
 # (dir_id, max_bytes, max_files, used_bytes, used_files)
 QuotaRow = tuple[int, int | None, int | None, int, int]
@@ -26,10 +30,15 @@ _COLS = "q.dir_id, q.max_bytes, q.max_files, q.used_bytes, q.used_files"
 _ABOVE = ("WITH RECURSIVE up(id) AS (SELECT ? UNION SELECT e.parent FROM entries e "
           "JOIN up ON e.id = up.id WHERE e.parent <> 0) "
           f"SELECT {_COLS} FROM quotas q JOIN up ON q.dir_id = up.id")
+# The bytes a file's row ``e`` counts for: its size, or for a file of an attached
+# directory its filled chunks' bytes (a chunk not fetched is no byte stored).
+_FILLED = ("(SELECT COALESCE(SUM(c.size), 0) FROM cache_chunks c "
+           "WHERE c.file_id = e.file_id AND c.crc IS NOT NULL)")
+_CHARGED = f"CASE WHEN json_extract(e.layout, '$.cached') THEN {_FILLED} ELSE e.size END"
 _SUBTREE = ("WITH RECURSIVE sub(id) AS (SELECT ? UNION ALL "
             "SELECT e.id FROM entries e JOIN sub ON e.parent = sub.id) "
-            "SELECT COALESCE(SUM(size), 0), COUNT(*) FROM entries "
-            "WHERE id IN (SELECT id FROM sub) AND kind = 'file'")
+            f"SELECT COALESCE(SUM({_CHARGED}), 0), COUNT(*) FROM entries e "
+            "WHERE e.id IN (SELECT id FROM sub) AND e.kind = 'file'")
 _PATH = ("WITH RECURSIVE up(id, parent, name, depth) AS ("
          "SELECT id, parent, name, 0 FROM entries WHERE id = ? UNION ALL "
          "SELECT e.id, e.parent, e.name, up.depth + 1 FROM entries e "
@@ -84,6 +93,32 @@ class QuotaSQL:
         """(bytes, files) of the file or the subtree at row ``entry_id``."""
         size, files = self.db.execute(_SUBTREE, (entry_id,)).fetchone()
         return int(size), int(files)
+
+    def charged(self, row: Sequence[Any]) -> int:
+        """The bytes the file of namespace row ``(id, kind, size, mtime, file_id,
+        layout, …)`` counts for (``_CHARGED``)."""
+        if not layout_of(row[5]).cached:
+            return int(row[2])
+        return int(self.db.execute("SELECT " + _FILLED.replace("e.file_id", "?"),
+                                   (row[4],)).fetchone()[0])
+
+    def replacing(self, layout: Layout, size: int, existing: Sequence[Any] | None) -> int:
+        """The bytes a commit of ``size`` bytes in ``layout`` adds where the file of
+        row ``existing`` (or none) was: a cached file's bytes come with its fills."""
+        return (0 if layout.cached else size) - (self.charged(existing) if existing else 0)
+
+    def refund_chunks(self, where: str, params: Sequence[Any]) -> None:
+        """Before the chunk rows ``c`` that match ``where`` are deleted: their filled
+        bytes leave the quotas above their files (a row of a file no longer in the
+        namespace was refunded when the file went, and counts nowhere)."""
+        if not self.active():
+            return
+        rows = self.db.execute(
+            "SELECT e.parent, SUM(c.size) FROM cache_chunks c JOIN entries e "
+            "ON e.file_id = c.file_id AND e.kind = 'file' "
+            f"WHERE c.crc IS NOT NULL AND ({where}) GROUP BY e.parent", params).fetchall()
+        for parent, size in rows:
+            self.charge(int(parent), -int(size), 0, path="")    # a refund is never refused
 
     def charge(self, dir_id: int, d_bytes: int, d_files: int, *, path: str) -> None:
         """Add to the use of every quota on directory ``dir_id`` or above it; raise
