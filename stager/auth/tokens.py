@@ -205,9 +205,17 @@ def verify_capability(public: Ed25519PublicKey, text: str, now: float) -> Capabi
 
 def expires_at(text: str) -> int:
     """When ``text`` expires, read without a key: for a client deciding when to fetch
-    a fresh capability.  Not a check — never grant anything on it."""
+    a fresh capability.  Not a check — never grant anything on it.  Only ``exp`` is
+    read (a client stores a capability per file: the whole claims cost it twice as
+    much), and it must be a plain integer."""
     _, payload, _ = _split(text)
-    return _claims(payload).expires
+    try:
+        exp = json.loads(payload)["exp"]
+    except (ValueError, RecursionError, KeyError, TypeError):
+        raise Unauthenticated("malformed token: no expiry", reason="malformed") from None
+    if type(exp) is not int:
+        raise Unauthenticated("malformed token: no expiry", reason="malformed")
+    return exp
 
 
 def _seal(key: Ed25519PrivateKey, payload: bytes) -> str:
