@@ -36,12 +36,14 @@ def run_length(window: int, batch_size: int, world_size: int, prefetch_batches: 
 
 
 #: CPU per sample of a tar batch read in a DataLoader worker and handed to the main
-#: process, over the same read in the main process: measured 1.7 here (16 KiB
-#: samples, 65,536 a pass: 1.7 CPU seconds in the worker and the main process
-#: against 1.0 in one process; bench.loader_workers).  The worker path costs the
-#: process start, a second client and its connections, the copy into shared memory
-#: and the hand-over of every batch.
-WORKER_CPU = 1.7
+#: process, over the same read in the main process alone: 1.5 with one worker
+#: (17-21 against 12-14 µs per 16 KiB sample, bench.loader_workers' data on the
+#: 2-core machine).  The worker path costs the process start, a second client and
+#: its connections, the copy into shared memory and the hand-over of every batch.
+#: Two workers there cost 2.1 (24-28 µs), and the data servers 1.6 times their CPU
+#: per sample (the same bytes and requests): two client processes and the servers
+#: contend for the 2 cores, which workers with a core each do not.
+WORKER_CPU = 1.5
 
 
 def usable_cores() -> int:
@@ -61,5 +63,5 @@ def workers_pay(workers: int, cores: int) -> bool:
     GIL), so workers must bring more than :data:`WORKER_CPU` cores between them to
     gain: at least two workers, and a core for each beside the main process's
     (where the training loop runs).  One worker, or two on two cores, only move
-    the same work to another process at 1.7 times its cost."""
+    the same work to another process at 1.5 to 2.1 times its cost."""
     return min(workers, cores - 1) > WORKER_CPU
