@@ -395,8 +395,8 @@ def _result(results: dict[str, dict[str, dict[str, Any]]], quick: bool,
             "planned as arrays, a chunk they mostly cover read whole (sendfile, CRC32C checked "
             "by the client, the body read a MiB at a time with SO_RCVLOWAT), the rest in one "
             "POST /v1/read per data server; 1 MiB samples: each batch alone, striped reads.",
-            "stager.torch: StagerDataLoader(num_workers=2, forked); the workers share the "
-            "epoch plan (made before they fork) and read runs of consecutive steps in turn "
+            "stager.torch: StagerDataLoader(num_workers=2, fallback=False, forked); the "
+            "workers share the epoch plan (made before they fork) and read runs of consecutive steps in turn "
             "(about one shuffle window a run), each with a Loader of its own (the same "
             "settings); the main process hands the batches out in step order; sample bytes "
             "cross in shared-memory buffers each worker reuses (SharedBatch), handed out "
@@ -406,7 +406,9 @@ def _result(results: dict[str, dict[str, dict[str, Any]]], quick: bool,
             f"of {loader_workers.samples(quick):,} samples of 16 KiB in tar shards of "
             f"{plain_stall.SHARD:,}, {plain_stall.DATA_SERVERS} data servers, the Loader "
             "settings of the rows above, 0, 1 and 2 workers in rounds (every count once a "
-            "round); samples/s after the first batch, the median of the runs. "
+            "round), 1 and 2 both as a user gets them (the in-process fallback on, the row "
+            "marked where it applied) and forked anyway (fallback=False); samples/s after "
+            "the first batch, the median of the runs. "
             f"'{FIRST}': a fresh Loader's no-compute epoch 0 gives R; another fresh Loader "
             "reads epoch 0 with a sleep of batch / (0.8 R) after each batch, then epoch 1 "
             f"('{LATER}'); stall as in the plain row, the median of the runs.",
