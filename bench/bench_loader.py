@@ -395,13 +395,12 @@ def _result(results: dict[str, dict[str, dict[str, Any]]], quick: bool,
             "planned as arrays, a chunk they mostly cover read whole (sendfile, CRC32C checked "
             "by the client, the body read a MiB at a time with SO_RCVLOWAT), the rest in one "
             "POST /v1/read per data server; 1 MiB samples: each batch alone, striped reads.",
-            "stager.torch: StagerDataLoader(num_workers=2, fallback=False, forked); the "
-            "workers share the epoch plan (made before they fork) and read runs of consecutive steps in turn "
-            "(about one shuffle window a run), each with a Loader of its own (the same "
-            "settings); the main process hands the batches out in step order; sample bytes "
-            "cross in shared-memory buffers each worker reuses (SharedBatch), handed out "
-            "as read-only memoryviews of them (no copy), the sample dicts pickled without "
-            "their bytes.",
+            "stager.torch: StagerDataLoader(num_workers=2, fallback=False, forked); the workers "
+            "share the epoch plan (made before they fork) and read runs of consecutive steps in "
+            "turn (about one shuffle window a run), each with a Loader of its own (the same "
+            "settings); the main process hands the batches out in step order; sample bytes cross "
+            "in shared-memory buffers each worker reuses (SharedBatch), handed out as read-only "
+            "memoryviews of them (no copy), the sample dicts pickled without their bytes.",
             f"'{WORKERS_ROW.format('N')}' (bench.loader_workers): one whole epoch per run "
             f"of {loader_workers.samples(quick):,} samples of 16 KiB in tar shards of "
             f"{plain_stall.SHARD:,}, {plain_stall.DATA_SERVERS} data servers, the Loader "
