@@ -8,6 +8,8 @@ to commit, then finds the lease taken, or is aborted as a conflict and run again
 by :meth:`.db.Database.statement`), so exactly one wins.  The counters and use
 times :func:`touch_chunks` writes are committed without waiting for their WAL
 flush: lost in a crash of the database they cost an eviction choice, never data.
+Filled bytes count against the quotas above their files: charged by the transaction
+that records a fill, refunded by the one that drops its row (as in :mod:`.sqlite.cache`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ....errors import NotFound
 from ....protocol import paths
 from ..caching import AttachmentRecord, CachedChunk, CachedFile
 from ..sqlite.cache import chunk_of, file_of, usage_of
+from . import quotas
 
 _ATTACHMENT = ("path, source, options, refresh, include, exclude, listed, created, "
                "hits, misses")
@@ -55,6 +58,8 @@ async def drop_attachment(conn: asyncpg.Connection, path: str) -> list[CachedFil
     if await conn.execute("DELETE FROM attachments WHERE path = $1", path) != "DELETE 1":
         raise NotFound(f"{path} is not an attached directory", path=path)
     files = await cached_files(conn, path)
+    await quotas.refund_chunks(conn, "c.file_id IN (SELECT file_id FROM cached_files "
+                               "WHERE attachment = $1)", path)
     await conn.execute("DELETE FROM cache_chunks WHERE file_id IN "
                        "(SELECT file_id FROM cached_files WHERE attachment = $1)", path)
     await conn.execute("DELETE FROM cached_files WHERE attachment = $1", path)
@@ -89,6 +94,7 @@ async def find_cached(conn: asyncpg.Connection, file_ids: Sequence[str]
 
 
 async def drop_cached_files(conn: asyncpg.Connection, file_ids: Sequence[str]) -> None:
+    await quotas.refund_chunks(conn, "c.file_id = ANY($1::text[])", list(file_ids))
     await conn.execute("DELETE FROM cache_chunks WHERE file_id = ANY($1::text[])",
                        list(file_ids))
     await conn.execute("DELETE FROM cached_files WHERE file_id = ANY($1::text[])",
@@ -118,11 +124,13 @@ async def take_fill(conn: asyncpg.Connection, file_id: str, index: int, holder: 
 
 async def record_fill(conn: asyncpg.Connection, file_id: str, index: int, size: int,
                       crc: int, now: float) -> bool:
-    if await conn.fetchval("SELECT 1 FROM cached_files WHERE file_id = $1", file_id) is None:
+    path = await conn.fetchval("SELECT path FROM cached_files WHERE file_id = $1", file_id)
+    if path is None:
         # the file was refreshed or detached: its lease goes too, so no row is left
         await conn.execute("DELETE FROM cache_chunks WHERE file_id = $1 AND idx = $2 "
                            "AND crc IS NULL", file_id, index)
         return False
+    await quotas.charge_fill(conn, file_id, index, size, path)
     await conn.execute(
         "INSERT INTO cache_chunks (file_id, idx, size, crc, filled, used) "
         "VALUES ($1, $2, $3, $4, $5, $5) ON CONFLICT (file_id, idx) DO UPDATE SET "
@@ -165,6 +173,9 @@ async def cache_chunks(conn: asyncpg.Connection, after: tuple[str, int], limit: 
 
 
 async def evict_chunks(conn: asyncpg.Connection, chunks: Sequence[tuple[str, int]]) -> None:
+    await quotas.refund_chunks(
+        conn, "(c.file_id, c.idx) IN (SELECT * FROM unnest($1::text[], $2::bigint[]))",
+        [f for f, _ in chunks], [i for _, i in chunks])
     await conn.execute(
         "DELETE FROM cache_chunks c USING unnest($1::text[], $2::bigint[]) AS t(file_id, idx) "
         "WHERE c.file_id = t.file_id AND c.idx = t.idx AND c.crc IS NOT NULL",

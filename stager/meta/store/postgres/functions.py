@@ -278,3 +278,17 @@ ATTRS_COMMIT_FUNCTION = "ALTER TABLE entries ADD COLUMN IF NOT EXISTS attrs TEXT
     .replace(_HEAD, "p_checksums BYTEA, p_now DOUBLE PRECISION, p_attrs TEXT,\n")
     .replace(_INSERT_FILE, _INSERT_FILE.replace("layout, checksums)", "layout, checksums, attrs)")
              .replace("p_checksums);", "p_checksums, p_attrs);")))
+
+# Schema migration 14: a file of an attached directory counts against the quotas above
+# it by its filled bytes only (stager/meta/quotas.py), charged by each fill: its commit
+# charges 0 bytes, and an overwritten or replaced cached file refunds its filled bytes,
+# not its size.  Migration 13's body with that one change; idempotent like it.
+_CHARGE = "    d_bytes := p_size - e_size;\n"
+assert ATTRS_COMMIT_FUNCTION.count(_CHARGE) == 1
+CACHED_COMMIT_FUNCTION = ATTRS_COMMIT_FUNCTION.replace(_CHARGE, """\
+    d_bytes := CASE WHEN (up.layout::jsonb ->> 'cached')::boolean THEN 0 ELSE p_size END
+        - CASE WHEN old_id IS NOT NULL AND (e_lay::jsonb ->> 'cached')::boolean
+               THEN (SELECT COALESCE(SUM(c.size), 0) FROM cache_chunks c
+                     WHERE c.file_id = e_fid AND c.crc IS NOT NULL)
+               ELSE e_size END;
+""")

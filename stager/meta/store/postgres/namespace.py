@@ -251,7 +251,7 @@ async def rename(conn: asyncpg.Connection, src: str, dst: str, *, overwrite: boo
         existing = dst_rows[-1]
         await _replace_for_rename(conn, row, existing, dst, overwrite, now)
         if existing["kind"] == "file":
-            replaced = (existing["size"], 1)
+            replaced = (await quotas.charged(conn, existing), 1)
     await quotas.move(conn, quotas.on_walk(src_rows[:-1]),
                       quotas.on_walk(dst_rows[:len(dst_names)]), int(row["id"]), replaced,
                       path=dst)
@@ -287,7 +287,7 @@ async def remove(conn: asyncpg.Connection, path: str, *, recursive: bool, now: f
     row = await resolve(conn, path)
     parent_id = await resolve_dir(conn, paths.split(path)[0])
     if row["kind"] == "file":
-        await quotas.charge(conn, parent_id, -row["size"], -1, path=path)
+        await quotas.charge(conn, parent_id, -await quotas.charged(conn, row), -1, path=path)
         await garbage_file(conn, row, now)
         await conn.execute("DELETE FROM entries WHERE id = $1", row["id"])
         await touch(conn, parent_id, now)

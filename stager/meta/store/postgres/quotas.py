@@ -2,9 +2,11 @@
 and error it shares).
 
 A commit charges the quotas above its file inside ``stager_commit``
-(:data:`.functions.QUOTA_COMMIT_FUNCTION`); a remove or rename calls :func:`charge` /
-:func:`move` in its own SERIALIZABLE transaction, so two writes that change one
-quota's use conflict and one runs again: the use stays exact.
+(:data:`.functions.QUOTA_COMMIT_FUNCTION`; a cached file at 0 bytes since
+:data:`.functions.CACHED_COMMIT_FUNCTION`, its fills charged by :func:`charge_fill`);
+a remove or rename calls :func:`charge` / :func:`move` in its own SERIALIZABLE
+transaction, so two writes that change one quota's use conflict and one runs
+again: the use stays exact.
 """
 
 from __future__ import annotations
@@ -16,16 +18,23 @@ import asyncpg
 from ....errors import NotFound, QuotaExceeded
 from ....protocol import paths
 from ....protocol.quotas import Pin, Quota
+from ..sqlite.db import layout_of
 from ..sqlite.quotas import QuotaRow, exceeded, over_limit, path_of_names
 
 _COLS = "q.dir_id, q.max_bytes, q.max_files, q.used_bytes, q.used_files"
 _ABOVE = ("WITH RECURSIVE up(id) AS (SELECT $1::bigint UNION SELECT e.parent FROM entries e "
           "JOIN up ON e.id = up.id WHERE e.parent <> 0) "
           f"SELECT {_COLS} FROM quotas q JOIN up ON q.dir_id = up.id")
+# The bytes a file's row ``e`` counts for: its size, or for a file of an attached
+# directory its filled chunks' bytes (as .sqlite.quotas).
+_FILLED = ("(SELECT COALESCE(SUM(c.size), 0) FROM cache_chunks c "
+           "WHERE c.file_id = e.file_id AND c.crc IS NOT NULL)")
+_CHARGED = (f"CASE WHEN (e.layout::jsonb ->> 'cached')::boolean THEN {_FILLED} "
+            "ELSE e.size END")
 _SUBTREE = ("WITH RECURSIVE sub(id) AS (SELECT $1::bigint UNION ALL "
             "SELECT e.id FROM entries e JOIN sub ON e.parent = sub.id) "
-            "SELECT COALESCE(SUM(size), 0)::bigint, COUNT(*) FROM entries "
-            "WHERE id IN (SELECT id FROM sub) AND kind = 'file'")
+            f"SELECT COALESCE(SUM({_CHARGED}), 0)::bigint, COUNT(*) FROM entries e "
+            "WHERE e.id IN (SELECT id FROM sub) AND e.kind = 'file'")
 _PATH = ("WITH RECURSIVE up(id, parent, name, depth) AS ("
          "SELECT id, parent, name, 0 FROM entries WHERE id = $1 UNION ALL "
          "SELECT e.id, e.parent, e.name, up.depth + 1 FROM entries e "
@@ -40,6 +49,41 @@ async def totals(conn: asyncpg.Connection, entry_id: int) -> tuple[int, int]:
     """(bytes, files) of the file or the subtree at row ``entry_id``."""
     row = await conn.fetchrow(_SUBTREE, entry_id)
     return int(row[0]), int(row[1])
+
+
+async def charged(conn: asyncpg.Connection, row: asyncpg.Record) -> int:
+    """The bytes the file of entries row ``row`` counts for (``_CHARGED``)."""
+    if not layout_of(row["layout"]).cached:
+        return int(row["size"])
+    return int(await conn.fetchval("SELECT " + _FILLED.replace("e.file_id", "$1"),
+                                   row["file_id"]))
+
+
+async def refund_chunks(conn: asyncpg.Connection, where: str, *args: object) -> None:
+    """Before the chunk rows ``c`` that match ``where`` are deleted: their filled bytes
+    leave the quotas above their files (as :meth:`.sqlite.quotas.QuotaSQL.refund_chunks`)."""
+    if not await conn.fetchval("SELECT EXISTS (SELECT 1 FROM quotas)"):
+        return
+    rows = await conn.fetch(
+        "SELECT e.parent, SUM(c.size)::bigint FROM cache_chunks c JOIN entries e "
+        "ON e.file_id = c.file_id AND e.kind = 'file' "
+        "AND (e.layout::jsonb ->> 'cached')::boolean "
+        f"WHERE c.crc IS NOT NULL AND ({where}) GROUP BY e.parent", *args)
+    for r in rows:
+        await charge(conn, int(r[0]), -int(r[1]), 0, path="")   # a refund is never refused
+
+
+async def charge_fill(conn: asyncpg.Connection, file_id: str, index: int, size: int,
+                      path: str) -> None:
+    """A fill's bytes join the use of the quotas above its file (less a filled row's it
+    replaces); QuotaExceeded, before any change, where that passes one."""
+    parent = await conn.fetchval("SELECT parent FROM entries WHERE file_id = $1 AND kind = "
+                                 "'file' AND (layout::jsonb ->> 'cached')::boolean", file_id)
+    if parent is None:
+        return      # removed meanwhile (counts nowhere), or written (counts its size)
+    old = await conn.fetchval("SELECT size FROM cache_chunks WHERE file_id = $1 AND "
+                              "idx = $2 AND crc IS NOT NULL", file_id, index)
+    await charge(conn, int(parent), size - int(old or 0), 0, path=path)
 
 
 async def dir_path(conn: asyncpg.Connection, dir_id: int) -> str:

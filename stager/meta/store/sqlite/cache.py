@@ -165,10 +165,11 @@ class CacheSQL:
         row's it replaces); QuotaExceeded, before any change, where that passes one."""
         if not self.quotas.active():
             return
-        entry = self.db.execute("SELECT parent FROM entries WHERE file_id = ? AND "
-                                "kind = 'file'", (file_id,)).fetchone()
+        entry = self.db.execute("SELECT parent FROM entries WHERE file_id = ? AND kind = "
+                                "'file' AND json_extract(layout, '$.cached')",
+                                (file_id,)).fetchone()
         if entry is None:
-            return      # removed from the namespace meanwhile: it counts nowhere
+            return      # removed meanwhile (counts nowhere), or written (counts its size)
         old = self.db.execute("SELECT size FROM cache_chunks WHERE file_id = ? AND idx = ? "
                               "AND crc IS NOT NULL", (file_id, index)).fetchone()
         self.quotas.charge(int(entry[0]), size - (int(old[0]) if old else 0), 0, path=path)

@@ -110,12 +110,13 @@ class QuotaSQL:
     def refund_chunks(self, where: str, params: Sequence[Any]) -> None:
         """Before the chunk rows ``c`` that match ``where`` are deleted: their filled
         bytes leave the quotas above their files (a row of a file no longer in the
-        namespace was refunded when the file went, and counts nowhere)."""
+        namespace was refunded when the file went, and counts nowhere; only a cached
+        file's rows count, as in ``_CHARGED``)."""
         if not self.active():
             return
         rows = self.db.execute(
             "SELECT e.parent, SUM(c.size) FROM cache_chunks c JOIN entries e "
-            "ON e.file_id = c.file_id AND e.kind = 'file' "
+            "ON e.file_id = c.file_id AND e.kind = 'file' AND json_extract(e.layout, '$.cached') "
             f"WHERE c.crc IS NOT NULL AND ({where}) GROUP BY e.parent", params).fetchall()
         for parent, size in rows:
             self.charge(int(parent), -int(size), 0, path="")    # a refund is never refused
