@@ -171,16 +171,15 @@ class JobTable:
         self._due: list[tuple[float, int, Key]] = []
         self._seq = itertools.count()      # ties never compare keys (None vs int)
 
-    async def share(self, entry: RankEntry) -> None:
-        """Write ``entry`` to the shared store, for the other metadata servers."""
-        if self.store is not None:
-            worker = "" if entry.worker is None else str(entry.worker)
-            await self.store.put_report(
-                f"{entry.job}/{entry.rank}/{worker}",
-                {"job": entry.job, "rank": entry.rank, "worker": entry.worker,
-                 "report": entry.report, "received": entry.received,
-                 "expires": entry.expires, "owner": entry.owner, "since": entry.since},
-                expires=entry.expires)
+    async def share(self, *entries: RankEntry) -> None:
+        """Write ``entries`` to the shared store, for the other metadata servers: in one
+        write (a batch of reports costs one round trip, not one per report)."""
+        if self.store is not None and entries:
+            await self.store.put_reports([(
+                f"{e.job}/{e.rank}/{'' if e.worker is None else e.worker}",
+                {"job": e.job, "rank": e.rank, "worker": e.worker, "report": e.report,
+                 "received": e.received, "expires": e.expires, "owner": e.owner,
+                 "since": e.since}, e.expires) for e in entries])
 
     async def load(self) -> None:
         """Replace the entries by every server's, from the shared store."""
@@ -340,6 +339,7 @@ async def _record(request: web.Request, items: list[RankReport]
             await table.load()      # another metadata server may know an owner
     owner = None if token is None else token.id
     results: list[RankRecorded | StagerError] = []
+    taken: list[RankEntry] = []
     for index, item in enumerate(items):
         if index and index % YIELD_EVERY == 0:
             await asyncio.sleep(0)      # a stat waits for at most YIELD_EVERY reports
@@ -348,9 +348,9 @@ async def _record(request: web.Request, items: list[RankReport]
         except StagerError as exc:
             results.append(exc)
             continue
-        if table.store is not None:
-            await table.share(entry)
+        taken.append(entry)
         results.append(RankRecorded(item.job, item.rank, item.worker, entry.expires))
+    await table.share(*taken)       # one write for the batch (none without a shared store)
     return results
 
 

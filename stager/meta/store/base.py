@@ -325,6 +325,13 @@ class Registry(ABC):
         not undone by a heartbeat another metadata server had not heard of)."""
         await self.upsert_target(target)
 
+    async def touch_targets(self, targets: Sequence[TargetInfo]) -> None:
+        """Store many heartbeats as :meth:`touch_target` stores one (a target named
+        twice: its last).  A shared store takes them in one transaction: a data
+        server's batch then costs one round trip, not one per target."""
+        for target in targets:
+            await self.touch_target(target)
+
 
 class Copying(ABC):
     """A whole store page by page, out and in (:mod:`stager.meta.store.migrate`)."""
@@ -380,6 +387,12 @@ class SharedState(ABC):
     async def put_report(self, key: str, body: dict[str, Any], *, expires: float) -> None:
         """Store a loader's last telemetry report (:mod:`.jobtable`) under ``key``,
         replacing its previous one, until ``expires`` (need not survive a crash)."""
+
+    async def put_reports(self, reports: Sequence[tuple[str, dict[str, Any], float]]) -> None:
+        """Store many ``(key, body, expires)`` reports as :meth:`put_report` stores one
+        (a key named twice: its last); a shared store takes them in one transaction."""
+        for key, body, expires in reports:
+            await self.put_report(key, body, expires=expires)
 
     @abstractmethod
     async def live_reports(self, now: float) -> dict[str, dict[str, Any]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
@@ -40,28 +41,40 @@ async def get_states(conn: asyncpg.Connection, prefix: str) -> dict[str, dict[st
     return {str(r[0]): json.loads(r[1]) for r in rows}
 
 
-async def put_report(conn: asyncpg.Connection, key: str, body: dict[str, Any],
-                     expires: float) -> None:
-    await conn.execute("INSERT INTO job_reports (key, body, expires) VALUES ($1, $2, $3) "
-                       "ON CONFLICT (key) DO UPDATE SET body = EXCLUDED.body, "
-                       "expires = EXCLUDED.expires", key, json.dumps(body), expires)
-
-
 async def live_reports(conn: asyncpg.Connection, now: float) -> dict[str, dict[str, Any]]:
     await conn.execute("DELETE FROM job_reports WHERE expires <= $1", now)
     rows = await conn.fetch("SELECT key, body FROM job_reports ORDER BY key")
     return {str(r[0]): json.loads(r[1]) for r in rows}
 
 
-async def touch_target(conn: asyncpg.Connection, t: TargetInfo) -> None:
+async def put_reports(conn: asyncpg.Connection,
+                      reports: Sequence[tuple[str, dict[str, Any], float]]) -> None:
+    """Every report in one statement (unnest: one round trip, whatever their number);
+    a key twice would be a row changed twice by one statement, so its last is kept."""
+    last = {key: (json.dumps(body), expires) for key, body, expires in reports}
+    keys = sorted(last)     # one lock order for every server: no deadlock between two
+    await conn.execute(
+        "INSERT INTO job_reports (key, body, expires) "
+        "SELECT * FROM unnest($1::text[], $2::text[], $3::float8[]) "
+        "ON CONFLICT (key) DO UPDATE SET body = EXCLUDED.body, expires = EXCLUDED.expires",
+        keys, [last[k][0] for k in keys], [last[k][1] for k in keys])
+
+
+async def touch_targets(conn: asyncpg.Connection, targets: Sequence[TargetInfo]) -> None:
+    """Many heartbeats in one statement (unnest), as :func:`put_reports` stores reports;
+    a stored ``removed`` state stays (an operator's word)."""
+    ts = sorted({t.id: t for t in targets}.values(), key=lambda t: t.id)
     await conn.execute(
         "INSERT INTO targets (id, node, url, capacity, used, chunks, last_heartbeat, state) "
-        "VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (id) DO UPDATE SET "
+        "SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[], "
+        "$6::int8[], $7::float8[], $8::text[]) ON CONFLICT (id) DO UPDATE SET "
         "node = EXCLUDED.node, url = EXCLUDED.url, capacity = EXCLUDED.capacity, "
         "used = EXCLUDED.used, chunks = EXCLUDED.chunks, "
         "last_heartbeat = EXCLUDED.last_heartbeat, state = CASE WHEN targets.state = "
         "'removed' THEN targets.state ELSE EXCLUDED.state END",
-        t.id, t.node, t.url, t.capacity, t.used, t.chunks, t.last_heartbeat, t.state)
+        [t.id for t in ts], [t.node for t in ts], [t.url for t in ts],
+        [t.capacity for t in ts], [t.used for t in ts], [t.chunks for t in ts],
+        [t.last_heartbeat for t in ts], [t.state for t in ts])
 
 
 class DutyLock:

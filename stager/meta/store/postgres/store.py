@@ -279,7 +279,12 @@ class PostgreSQLStore(PostgresMultipart, PostgresS3Keys, MetaStore):
 
 
     async def touch_target(self, target: TargetInfo) -> None:
-        await self._write(lambda c: share.touch_target(c, target))
+        await self.touch_targets([target])
+
+    async def touch_targets(self, targets: Sequence[TargetInfo]) -> None:
+        self._check_open()      # one statement, the same if run twice: no BEGIN, no COMMIT
+        if targets:
+            await self.db.statement(lambda c: share.touch_targets(c, targets))
 
     # -- what several metadata servers share (.pg_shared) ------------------------------
     async def put_state(self, key: str, value: dict[str, Any] | None) -> None:
@@ -289,7 +294,12 @@ class PostgreSQLStore(PostgresMultipart, PostgresS3Keys, MetaStore):
         return dict(await self._read(lambda c: share.get_states(c, prefix)))
 
     async def put_report(self, key: str, body: dict[str, Any], *, expires: float) -> None:
-        await self._write(lambda c: share.put_report(c, key, body, expires))
+        await self.put_reports([(key, body, expires)])
+
+    async def put_reports(self, reports: Sequence[tuple[str, dict[str, Any], float]]) -> None:
+        self._check_open()      # one statement, as touch_targets
+        if reports:
+            await self.db.statement(lambda c: share.put_reports(c, reports))
 
     async def live_reports(self, now: float) -> dict[str, dict[str, Any]]:
         return dict(await self._write(lambda c: share.live_reports(c, now)))
