@@ -46,6 +46,9 @@ def run_migrate(args: argparse.Namespace) -> int:
     if r.uploads_dropped:
         print(f"not copied: {r.uploads_dropped} uploads in progress (their chunks will be "
               "purged by the new metadata server)")
+    if r.multipart_uploads:
+        print(f"copied: {r.multipart_uploads} S3 multipart uploads in progress (their "
+              "clients complete them on the new store)")
     return 0
 
 
