@@ -74,8 +74,9 @@ class QuotaService:
             return
         quotas = [q for q in await self.list() if q.bytes is not None]
         self._none_since = None if quotas else now
-        if not quotas:
-            return
+        total = sum(size for _, size in commits)
+        if all(q.used_bytes + total <= q.bytes for q in quotas if q.bytes is not None):
+            return      # fits whatever the paths: no read of the uploads
         uploads = await self.store.get_uploads([f for f, _ in commits])
         writes = [(u.path, size) for u, (_, size) in zip(uploads, commits, strict=True)
                   if isinstance(u, Upload)]
