@@ -371,6 +371,21 @@ class MetaStoreTests:
         [stored] = await store.list_targets()
         assert (stored.used, stored.last_heartbeat, stored.state) == (5, 10.0, "removed")
 
+    async def test_a_batch_of_heartbeats_is_each_of_them(self, store: MetaStore) -> None:
+        """touch_targets as the single touches in turn: a target twice keeps the last, a
+        removed one stays removed, an unknown one registers."""
+        t0 = TargetInfo("t0", "n0", "http://127.0.0.1:1", capacity=10, state="up")
+        t1 = TargetInfo("t1", "n0", "http://127.0.0.1:2", capacity=10, state="up")
+        await store.upsert_target(replace(t1, state="removed"))
+        await store.touch_targets([t0, replace(t0, used=6, last_heartbeat=3.0),
+                                   replace(t1, used=2, last_heartbeat=3.0)])
+        got = {t.id: (t.used, t.last_heartbeat, t.state)
+               for t in await store.list_targets()}
+        assert got == {"t0": (6, 3.0, "up"), "t1": (2, 3.0, "removed")}
+        await store.put_reports([("job/0/", {"samples": 1}, 10.0),
+                                 ("job/0/", {"samples": 2}, 10.0)])
+        assert await store.live_reports(5.0) == {"job/0/": {"samples": 2}}
+
     async def test_loader_reports_live_until_they_expire(self, store: MetaStore) -> None:
         await store.put_report("job/0/", {"samples": 1}, expires=10.0)
         await store.put_report("job/1/", {"samples": 2}, expires=20.0)
