@@ -291,7 +291,7 @@ def test_files_a_quota_keeps_out_of_the_view_are_counted_and_explained(
     src = tmp_path / "src"
     make_tree(src, {"a.bin": b"a" * 3000, "b.bin": b"b" * 3000})
     client.mkdir(f"{ns}/q")
-    client.set_quota(f"{ns}/q", max_bytes=4000)
+    client.set_quota(f"{ns}/q", max_files=1)     # a listing charges no bytes (docs/cache.md)
     got = client.attach(f"file://{src}", f"{ns}/q/view")
     assert (got.added, got.refused) == (1, 1)
     assert "quota" in got.errors[0] and f"{ns}/q" in got.errors[0]

@@ -100,7 +100,9 @@ class Caching(ABC):
     async def record_fill(self, file_id: str, index: int, *, size: int, crc: int,
                           now: float) -> bool:
         """Mark the chunk filled (its lease ends); False, recording nothing, when the
-        file is no longer a cached file (refreshed or detached meanwhile)."""
+        file is no longer a cached file (refreshed or detached meanwhile).
+        QuotaExceeded, recording nothing, when the fill's bytes would take a quota
+        above the file past its limit."""
 
     @abstractmethod
     async def release_fill(self, file_id: str, index: int, holder: str) -> None:
