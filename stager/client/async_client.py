@@ -138,9 +138,8 @@ class AsyncClient(CacheCalls):
         order), one page request at a time (read by :func:`.listing.listing_from_bytes`)."""
         cursor: str | None = after
         while cursor is not None:
-            page = await self.meta.request(route("list"), path=paths.normalize(path),
-                                           query={"after": cursor, "limit": page_size or None},
-                                           decode=listing_from_bytes)
+            page = await self.meta.request(route("list"), path=paths.normalize(path), query={
+                "after": cursor, "limit": page_size or None}, decode=listing_from_bytes)
             for entry in page.entries:
                 yield entry
             cursor = page.next

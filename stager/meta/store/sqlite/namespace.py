@@ -89,8 +89,7 @@ class NamespaceSQL:
     """Paths resolved one component at a time from the root (``entries`` rows by
     ``(parent, name)``); deleted, replaced and abandoned files go to ``garbage``."""
 
-    def __init__(self, database: Database, connection: sqlite3.Connection | None = None
-                 ) -> None:
+    def __init__(self, database: Database, connection: sqlite3.Connection | None = None) -> None:
         # ``connection``: another than the writer's, for reads only (Database.reader)
         self.db = database.db if connection is None else connection
         self.tx: Callable[[], AbstractContextManager[object]] = database.transaction
@@ -108,13 +107,9 @@ class NamespaceSQL:
     def resolve(self, path: str) -> Row:
         """The row at ``path``; NotFound or NotADirectory when it is not there."""
         names = paths.parts(path)
-        if not names:
-            root: Row = self.db.execute(
-                f"SELECT {_COLS} FROM entries WHERE id = ?", (ROOT_ID,)).fetchone()
-            return root
-        # The root is always a directory: its own row is read only when it is asked for
-        # (a query per resolve, a fifth of a stat's SQL).
-        row: Row = (ROOT_ID, "directory")
+        # The root is always a directory: its own row is read only when it is asked for.
+        row: Row = (ROOT_ID, "directory") if names else self.db.execute(
+            f"SELECT {_COLS} FROM entries WHERE id = ?", (ROOT_ID,)).fetchone()
         walked = ""
         for part in names:
             if row[1] != "directory":
