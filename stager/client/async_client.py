@@ -48,6 +48,7 @@ from .stale import read_current
 from .transfer import get_local, put_local
 
 KEPT_MANIFESTS = 4         # paths whose last manifest get_manifest keeps to revalidate
+SMALL_FILE = 64 << 10      # bytes: a pipe this small rides with its commit (gateway PUT)
 
 
 class AsyncClient(CacheCalls):
@@ -432,25 +433,24 @@ class AsyncClient(CacheCalls):
 
     async def pipe(self, path: str, data: bytes | bytearray | memoryview, *,
                    layout: LayoutSpec | None = None, overwrite: bool = True) -> FileInfo:
-        """Write ``data`` at ``path``.  The bytes are in memory: a write that failed is
-        written again as :mod:`.rewrite` decides (``write_retries`` times, only with
-        ``overwrite``)."""
+        """Write ``data`` at ``path``; a failed write is written again as :mod:`.rewrite`
+        decides (``write_retries`` times, only with ``overwrite``)."""
         async def one() -> AsyncIterator[bytes]:
             yield data  # type: ignore[misc]
 
         async def write() -> FileInfo:
-            if not data and overwrite and layout is None:
-                return await self._put_empty(path)
+            if overwrite and layout is None and len(data) <= SMALL_FILE:
+                return await self._put_whole(path, data)
             return await self.write_stream(path, one(), layout=layout, overwrite=overwrite)
 
         return await written_again(write, self.config.write_retries if overwrite else 0)
 
-    async def _put_empty(self, path: str) -> FileInfo:
-        """An empty file in one request: the gateway's PUT with no body, which creates and
-        commits it on the metadata server (there is no chunk to write)."""
+    async def _put_whole(self, path: str, data: bytes | bytearray | memoryview) -> FileInfo:
+        """A small file in one request, not three: the gateway PUT (create, chunk, commit)."""
         path = paths.normalize(path)
         info = FileInfo.from_json(await self.meta.request(
-            route("gateway_put"), settle=self.config.write_retries, path=path))
+            route("gateway_put"), raw=data if len(data) else None,
+            settle=self.config.write_retries, path=path))
         self.meta.forget(info.path)
         return info
 

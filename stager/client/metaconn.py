@@ -70,7 +70,9 @@ class MetaConnection:
     async def request(self, route: Route, *, body: Any = None,
                       query: Mapping[str, Any] | None = None,
                       timeout: aiohttp.ClientTimeout | None = None, settle: int = 0,
-                      decode: Callable[[bytes], Any] = _decode, **path_params: Any) -> Any:
+                      decode: Callable[[bytes], Any] = _decode,
+                      raw: bytes | bytearray | memoryview | None = None,
+                      **path_params: Any) -> Any:
         """Send ``route`` (its path parameters filled from ``path_params``) with the
         JSON ``body``; the answer's JSON, or its error raised.
 
@@ -80,9 +82,10 @@ class MetaConnection:
         4 s apart), so that a metadata tier that comes back answers what became of it.
         Sending the operation afresh instead could apply it twice, the second time
         over a later writer's.  ``decode`` reads a 2xx answer's bytes (a typed
-        decoder skips the dicts: stager/client/listing.py)."""
+        decoder skips the dicts: stager/client/listing.py).  ``raw``: bytes sent as
+        they are instead of a JSON body (a small file's gateway PUT)."""
         _, _, answer = await self._settled(route, body, query, timeout, settle, {},
-                                           decode, path_params)
+                                           decode, path_params, raw)
         return answer
 
     async def exchange(self, route: Route, *, body: Any = None,
@@ -98,9 +101,12 @@ class MetaConnection:
     async def _settled(self, route: Route, body: Any, query: Mapping[str, Any] | None,
                        timeout: aiohttp.ClientTimeout | None, settle: int,
                        headers: Mapping[str, str], parse: Callable[[bytes], Any],
-                       path_params: Mapping[str, Any]) -> tuple[int, Mapping[str, str], Any]:
-        raw_body = json.dumps(body).encode() if body is not None else None
-        hdrs = {"Content-Type": "application/json"} if raw_body is not None else {}
+                       path_params: Mapping[str, Any],
+                       raw: bytes | bytearray | memoryview | None = None
+                       ) -> tuple[int, Mapping[str, str], Any]:
+        raw_body = json.dumps(body).encode() if body is not None else raw
+        hdrs = {"Content-Type": "application/json"} if body is not None else \
+            {"Content-Type": "application/octet-stream"} if raw is not None else {}
         hdrs.update(headers)
         hdrs.update(self.headers)
         if route.method not in SAFE_METHODS:
@@ -119,7 +125,8 @@ class MetaConnection:
                 await asyncio.sleep(min(0.25 * 2 ** min(tried // len(self.urls), 4), 4.0))
                 tried += (self.retries + 1) * len(self.urls)
 
-    async def _send(self, route: Route, raw_body: bytes | None, hdrs: dict[str, str],
+    async def _send(self, route: Route, raw_body: bytes | bytearray | memoryview | None,
+                    hdrs: dict[str, str],
                     query: Mapping[str, Any] | None, timeout: aiohttp.ClientTimeout | None,
                     tried: int, parse: Callable[[bytes], Any], path_params: Mapping[str, Any]
                     ) -> tuple[int, Mapping[str, str], Any]:
