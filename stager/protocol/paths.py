@@ -8,6 +8,8 @@ Percent-encoding is decoded by the HTTP layer before these checks run, so
 
 from __future__ import annotations
 
+import functools
+
 from ..errors import InvalidPath
 
 MAX_PATH = 4096
@@ -16,8 +18,21 @@ MAX_NAME = 255
 
 def normalize(path: str) -> str:
     """Return the canonical form of ``path`` or raise :class:`InvalidPath`."""
+    if type(path) is str:
+        return _normalized(path)
     if not isinstance(path, str):
         raise InvalidPath(f"path must be a string, not {type(path).__name__}")
+    return _normalize(str(path))
+
+
+@functools.lru_cache(maxsize=4096)
+def _normalized(path: str) -> str:
+    """One stat normalizes its path four times on its way (the route, the service, the
+    store, its walk): the answers are kept, a raised InvalidPath never is."""
+    return _normalize(path)
+
+
+def _normalize(path: str) -> str:
     if "\x00" in path:
         raise InvalidPath("path contains NUL", path=path.replace("\x00", "\\0"))
     try:
