@@ -20,6 +20,7 @@ import pytest
 from aiohttp import web
 
 from stager import AsyncClient, Client
+from stager.client.async_client import SMALL_FILE
 from stager.config import load_config
 from stager.errors import NotFound, Unavailable, UploadNotFound
 from stager.loader.dataset import parse_source
@@ -433,11 +434,14 @@ class OutageProxy(CuttingProxy):
         self.commit_keys: list[str | None] = []
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        if request.path.endswith("/commit"):
+        # a commit, or a small file's PUT (which commits it in the same request)
+        committing = request.path.endswith("/commit") or (
+            request.method == "PUT" and request.path.startswith("/v1/files/"))
+        if committing:
             self.commit_keys.append(request.headers.get(IDEMPOTENCY_KEY))
         if self.down:
             return web.json_response({"error": "unavailable", "message": "down"}, status=503)
-        if request.path.endswith("/commit") and not self.cut_done.is_set():
+        if committing and not self.cut_done.is_set():
             self.cuts = 1
             try:
                 return await super().handle(request)
@@ -448,26 +452,28 @@ class OutageProxy(CuttingProxy):
 
 
 @pytest.mark.parametrize("replaced", [False, True], ids=["alone", "replaced"])
-@pytest.mark.parametrize("how", ["pipe", "write_many"])
+@pytest.mark.parametrize("how", ["pipe", "small pipe", "write_many"])
 async def test_a_commit_of_unknown_outcome_is_settled_not_written_again(
         cluster: ThreadCluster, ns: str, how: str, replaced: bool) -> None:
     """The commit takes effect and its answer is lost; the metadata tier then answers
     503 for a while.  The writer asks about its commit again, with the same key, once
     the tier is back, and never writes the file afresh: alone, it learns its commit
     was done; when another writer replaced the file meanwhile, it gets an error
-    saying so, and the later file stays."""
+    saying so (a small pipe, one PUT: the PUT's recorded answer, its own file), and
+    the later file stays."""
     path = f"{ns}/raced"
+    first_bytes = b"first" * (100 if how != "pipe" else SMALL_FILE // 5 + 1)
     before = pending_uploads(cluster)
     config = load_config({"retries": 0}, env={})
     async with OutageProxy(cluster.meta_url) as proxy, \
             AsyncClient(proxy.url, config=config) as first, \
             AsyncClient(cluster.meta_url, config=config) as later:
-        if how == "pipe":
-            task = asyncio.ensure_future(first.pipe(path, b"first" * 100))
+        if how != "write_many":
+            task = asyncio.ensure_future(first.pipe(path, first_bytes))
         else:
-            task = asyncio.ensure_future(first.write_many([(path, b"first" * 100)]))
+            task = asyncio.ensure_future(first.write_many([(path, first_bytes)]))
         await asyncio.wait_for(proxy.cut_done.wait(), 30)
-        assert await later.cat(path) == b"first" * 100           # the cut commit took effect
+        assert await later.cat(path) == first_bytes              # the cut commit took effect
         first_id = (await later.stat(path, cached=False)).file_id
         if replaced:
             await later.pipe(path, b"later")
@@ -475,17 +481,20 @@ async def test_a_commit_of_unknown_outcome_is_settled_not_written_again(
         proxy.down = False
         try:
             result = await asyncio.wait_for(task, 60)
-            info = result if how == "pipe" else result[0]
+            info = result if how != "write_many" else result[0]
         except UploadNotFound as exc:
             info = exc
-        if replaced:
+        if replaced and how != "small pipe":
             assert isinstance(info, UploadNotFound), info
             assert "not written again" in str(info)
+            assert await later.cat(path) == b"later"             # not written again over it
+        elif replaced:
+            assert isinstance(info, FileInfo) and info.file_id == first_id, info
             assert await later.cat(path) == b"later"             # not written again over it
         else:
             assert isinstance(info, FileInfo), info
             assert info.file_id == first_id                      # the first try's file
-            assert await later.cat(path) == b"first" * 100
+            assert await later.cat(path) == first_bytes
         assert len(proxy.commit_keys) >= 2                       # it did ask again...
         assert len(set(proxy.commit_keys)) == 1                  # ...with the same key
     assert pending_uploads(cluster) == before
