@@ -190,6 +190,14 @@ class ChunkStore:
             raise
         except OSError as exc:
             failed = next((p.chunk for p in batch if not p.installed), batch[-1].chunk)
+            for p in batch:
+                p.close()
+                # A new name renamed before its fsync failed (EIO) is no chunk anyone
+                # was told of: it goes, as its temporary file would have before.  A
+                # replacing chunk was fsynced before its rename, and stays whole.
+                if p.installed and p.old is None:
+                    _unlink_quietly(p.path)
+                    p.installed = False
             raise _storage_error(exc, failed) from exc
         finally:
             for p in batch:
