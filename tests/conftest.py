@@ -212,6 +212,16 @@ def raw_http(base_url: str, method: str, path: str, body: bytes | None = None,
         conn.close()
 
 
+def meta_requests(http, cluster: ThreadCluster) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """Requests the metadata server answered, by operation (its /metrics)."""
+    text = http(cluster.meta_url, "GET", "/metrics").body.decode()
+    out: dict[str, float] = {}
+    for op, value in re.findall(r'^stager_requests_total\{op="(\w+)",status="2\d\d"\} (\S+)$',
+                                text, re.M):
+        out[op] = out.get(op, 0.0) + float(value)
+    return out
+
+
 @pytest.fixture
 def http() -> Callable[..., Reply]:
     """``http(base_url, method, raw_path, body=None, headers=None)`` → :class:`Reply`."""

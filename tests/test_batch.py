@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sqlite3
 import uuid
 from pathlib import Path
 
 import pytest
-from conftest import start_cluster
+from conftest import meta_requests, start_cluster
 
 from stager import AsyncClient, Client
 from stager.checksum import crc32c, to_hex
@@ -64,16 +63,6 @@ def pending_uploads(cluster: ThreadCluster, prefix: str) -> list[str]:
         return sorted(r[0] for r in rows)
     finally:
         db.close()
-
-
-def meta_requests(http, cluster: ThreadCluster) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    """Requests the metadata server answered, by operation (its /metrics)."""
-    text = http(cluster.meta_url, "GET", "/metrics").body.decode()
-    out: dict[str, float] = {}
-    for op, value in re.findall(r'^stager_requests_total\{op="(\w+)",status="2\d\d"\} (\S+)$',
-                                text, re.M):
-        out[op] = out.get(op, 0.0) + float(value)
-    return out
 
 
 # -- create / commit / abort over HTTP, each a batch --------------------------------------------

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from test_pg_roundtrips import watched
+
 from stager.config import Config
 from stager.errors import NotFound
 from stager.meta.jobtable import JobTable
@@ -17,17 +19,6 @@ from stager.protocol.models import TargetInfo
 from stager.testing.postgres import PostgresServer
 
 N = 20
-
-
-async def watched(store: PostgreSQLStore) -> list[str]:
-    """The statements the store's connections send from now on (pool_size=1: one for
-    reads, one for writes)."""
-    seen: list[str] = []
-    for serializable in (False, True):
-        pool = await store.db.pool(serializable)
-        async with pool.acquire() as conn:
-            conn.add_query_logger(lambda q: seen.append(" ".join(q.query.split())[:30]))
-    return seen
 
 
 async def xact_id(store: PostgreSQLStore) -> int:

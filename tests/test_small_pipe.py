@@ -4,24 +4,13 @@ chunk PUT, commit).  Each answer is the same file as the long way makes it."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
+from conftest import meta_requests
 
 from stager import Client
 from stager.client.async_client import SMALL_FILE
 from stager.protocol.models import LayoutSpec
 from stager.testing import ThreadCluster
-
-
-def served(http, cluster: ThreadCluster) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    """Requests the metadata server answered with a 2xx, by route."""
-    text = http(cluster.meta_url, "GET", "/metrics").body.decode()
-    counts: dict[str, float] = {}
-    for op, value in re.findall(r'^stager_requests_total\{op="(\w+)",status="2\d\d"\} (\S+)$',
-                                text, re.M):
-        counts[op] = counts.get(op, 0) + float(value)
-    return counts
 
 
 def grew(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -33,18 +22,18 @@ def grew(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
 def test_a_small_pipe_is_one_request(client: Client, cluster: ThreadCluster, http, ns: str,
                                      payload, size: int) -> None:
     data = payload(size)
-    before = served(http, cluster)
+    before = meta_requests(http, cluster)
     info = client.pipe(f"{ns}/s.bin", data)
-    assert grew(before, served(http, cluster)) == {"gateway_put": 1}
+    assert grew(before, meta_requests(http, cluster)) == {"gateway_put": 1}
     assert (info.size, client.cat(f"{ns}/s.bin")) == (size, data)
 
 
 def test_a_larger_pipe_creates_writes_and_commits(client: Client, cluster: ThreadCluster,
                                                   http, ns: str, payload) -> None:
     data = payload(SMALL_FILE + 1)
-    before = served(http, cluster)
+    before = meta_requests(http, cluster)
     client.pipe(f"{ns}/l.bin", data)
-    assert grew(before, served(http, cluster)) == {"create": 1, "commit": 1}
+    assert grew(before, meta_requests(http, cluster)) == {"create": 1, "commit": 1}
     assert client.cat(f"{ns}/l.bin") == data
 
 

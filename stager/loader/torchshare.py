@@ -131,7 +131,10 @@ def _release(busy: torch.Tensor, slot: int) -> None:
 
 
 def _shared(n: int) -> torch.Tensor:
-    return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(n))
+    """``n`` bytes in shared memory, through torch's public ``share_memory_`` (it moves
+    the fresh buffer there: a copy of ``n`` bytes, paid once per buffer, which
+    :class:`Slots` reuses)."""
+    return torch.empty(n, dtype=torch.uint8).share_memory_()
 
 
 class Slots:

@@ -10,8 +10,8 @@ a chunk of a pinned path is never a victim; a chunk handed to a reader in the la
 fill that needs room waits for such chunks to age rather than evict them at once.
 
 The victims are chosen by the named policy of :mod:`stager.eviction` (``cache_policy``).
-``lru`` and ``s3fifo`` look at the past, so their state is kept between evictions
-(:meth:`Evictor._live`): before each choice it is brought up to date with the chunk
+``lru`` and ``s3fifo`` look at the past, so the :class:`Evictor` keeps their state
+between evictions: before each choice it is brought up to date with the chunk
 rows (the store is the one record of fills and reads, whichever metadata server saw
 them): a new row is admitted at its fill time, a row used since the last look is a
 hit, a row gone is forgotten, in the order they happened.  So S3-FIFO keeps its

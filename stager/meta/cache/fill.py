@@ -17,8 +17,8 @@ The holder reads the chunk's byte range from the source, checks that the file is
 still the version listed (else the bytes might mix two versions), writes it to every target
 the layout names for it (as a write from this server, with its own capability),
 and records it filled; at least one copy must be stored.  A fill's bytes count
-against the quotas above its file: one a quota refuses frees that directory's
-cached bytes first (:meth:`Filler._record`).  A source that fails
+against the quotas above its file: a fill a quota refuses frees that directory's
+cached bytes (:meth:`Evictor.free_below`) and is recorded once more.  A source that fails
 fails the fill of that file only, as a :class:`~stager.errors.SourceError` (502)
 naming the source file; other files, and chunks already filled, read on.
 """
