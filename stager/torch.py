@@ -210,19 +210,14 @@ class StagerDataLoader(DataLoader):  # type: ignore[type-arg]
         self.loader.load_state_dict(state)
 
 
-_warned = False
-
-
 def _fall_back(kwargs: dict[str, Any]) -> None:
     """DataLoader options for reading in this process instead of ``num_workers``
-    workers (those it refuses without workers dropped), and the warning, once."""
-    global _warned
-    if not _warned:
-        _warned = True
-        log.warning("StagerDataLoader(num_workers=%d) on %d usable cores: the batches are "
-                    "read in this process, where workers would read slower "
-                    "(fallback=False starts them anyway)", kwargs["num_workers"],
-                    usable_cores())
+    workers (those it refuses without workers dropped), and the warning: one per
+    DataLoader made, as each one falls back."""
+    log.warning("StagerDataLoader(num_workers=%d) on %d usable cores: the batches are "
+                "read in this process, where workers would read slower "
+                "(fallback=False starts them anyway)", kwargs["num_workers"],
+                usable_cores())
     kwargs["num_workers"] = 0
     for worker_only in ("prefetch_factor", "multiprocessing_context", "worker_init_fn"):
         kwargs.pop(worker_only, None)

@@ -341,7 +341,7 @@ def test_a_fill_stores_on_a_target_this_server_believes_down_but_is_live(
                                           for t in live})
     believer = types.SimpleNamespace(plane=filler.plane, service=view)
     chunk, data = "c" * 32 + ".0", b"believed down, yet live"
-    cluster._call(Filler._store_copies(believer, chunk, [t.id for t in live],  # type: ignore[arg-type]
+    cluster.call(Filler._store_copies(believer, chunk, [t.id for t in live],  # type: ignore[arg-type]
                                        data, crc32c(data)))
     for t in live:
         with urllib.request.urlopen(route("get_chunk").url(t.url, chunk=chunk)) as r:

@@ -86,7 +86,7 @@ def test_plan_aware_eviction_asks_the_source_less_than_lru(
     plan, c2 = two_epochs(tmp_path, "plan", server, files)
     try:
         book = c2.meta.app[CACHE].plans          # type: ignore[union-attr]
-        assert len(c2._call(book.current())) == 1          # the Loader's plan is live
+        assert len(c2.call(book.current())) == 1          # the Loader's plan is live
         # while it is, a fill that finds the cache full frees down to the high watermark
         # only (30 of 32 chunks), not the low one (27): what it frees, the plan reads
         with Client(c2.meta_url, config=load_config(env={})) as client:

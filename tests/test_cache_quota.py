@@ -62,24 +62,30 @@ def cached(client: Client, ns: str) -> dict[str, int]:
     return {a.path: a.cached_bytes for a in client.attachments() if a.path.startswith(ns)}
 
 
+def attach_two_and_read(client: Client, url: str, ns: str, files: dict[str, bytes]) -> None:
+    """The source attached at ``ns/q/lake`` (under the quota) and ``ns/other`` (not),
+    every file read whole through both, so both are fully cached."""
+    for d in ("q/lake", "other"):
+        client.attach(url + "/", f"{ns}/{d}")
+    for d in ("q/lake", "other"):
+        for name, data in files.items():
+            assert client.cat(f"{ns}/{d}/{name}") == data
+
+
 def test_a_directorys_cached_bytes_are_freed_by_policy_never_a_pin_nor_elsewhere(
         cluster: ThreadCluster, client: Client, tmp_path_factory: pytest.TempPathFactory,
         ns: str) -> None:
     root, files = source(tmp_path_factory, "abc")
     with CountingSource(root) as server:
-        client.attach(server.url + "/", f"{ns}/q/lake")
-        client.attach(server.url + "/", f"{ns}/other")
-        for d in ("q/lake", "other"):
-            for name, data in files.items():
-                assert client.cat(f"{ns}/{d}/{name}") == data
+        attach_two_and_read(client, server.url, ns, files)
         assert cached(client, ns) == {f"{ns}/q/lake": 6 * CHUNK, f"{ns}/other": 6 * CHUNK}
         client.pin(f"{ns}/q/lake/b.bin")
         evictor = cluster.meta.app[CACHE].evictor          # type: ignore[union-attr]
-        freed = cluster._call(evictor.free_below(f"{ns}/q", 3 * CHUNK))
+        freed = cluster.call(evictor.free_below(f"{ns}/q", 3 * CHUNK))
         assert freed >= 3 * CHUNK
         assert cached(client, ns) == {f"{ns}/q/lake": 6 * CHUNK - freed, f"{ns}/other": 6 * CHUNK}
         # asked for more than there is: all but the pinned file's chunks go
-        freed += cluster._call(evictor.free_below(f"{ns}/q", 100 * CHUNK))
+        freed += cluster.call(evictor.free_below(f"{ns}/q", 100 * CHUNK))
         assert freed == 4 * CHUNK
         assert cached(client, ns) == {f"{ns}/q/lake": 2 * CHUNK, f"{ns}/other": 6 * CHUNK}
         gets = sum(server.gets.values())
@@ -101,7 +107,7 @@ def test_a_quota_counts_an_attached_directorys_filled_bytes_only(
         assert client.cat(f"{ns}/q/lake/b.bin", start=0, end=10) == files["b.bin"][:10]
         assert use(client, f"{ns}/q") == (3 * CHUNK, 3)
         evictor = cluster.meta.app[CACHE].evictor          # type: ignore[union-attr]
-        freed = cluster._call(evictor.free_below(f"{ns}/q", CHUNK))
+        freed = cluster.call(evictor.free_below(f"{ns}/q", CHUNK))
         assert use(client, f"{ns}/q") == (3 * CHUNK - freed, 3)  # evicted: down
         for name, data in files.items():
             assert client.cat(f"{ns}/q/lake/{name}") == data
@@ -124,11 +130,7 @@ def test_a_write_past_the_quota_evicts_the_directorys_cache_first(
         ns: str) -> None:
     root, files = source(tmp_path_factory, "abc")
     with CountingSource(root) as server:
-        client.attach(server.url + "/", f"{ns}/q/lake")
-        client.attach(server.url + "/", f"{ns}/other")
-        for d in ("q/lake", "other"):
-            for name, data in files.items():
-                assert client.cat(f"{ns}/{d}/{name}") == data
+        attach_two_and_read(client, server.url, ns, files)
         client.set_quota(f"{ns}/q", max_bytes=7 * CHUNK)
         client.pin(f"{ns}/q/lake/b.bin")
         assert use(client, f"{ns}/q") == (6 * CHUNK, 3)

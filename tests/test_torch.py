@@ -23,7 +23,6 @@ from stager.testing import ProcessCluster
 pytestmark = pytest.mark.slow      # stager processes, DataLoader workers: not in make check
 
 torch = pytest.importorskip("torch")
-import stager.torch as torch_mod  # noqa: E402
 from stager.torch import (  # noqa: E402
     DeviceFeeder,
     SharedBatch,
@@ -390,7 +389,6 @@ def test_too_few_cores_read_in_this_process_and_say_so(
         make: Any, one_core: None, caplog: pytest.LogCaptureFixture) -> None:
     data = make()
     expected = [keys_of(b) for b in data.loader.for_worker(0, 1)]
-    torch_mod._warned = False
     with caplog.at_level(logging.WARNING, logger="stager.torch"):
         dl = StagerDataLoader(data, num_workers=2, multiprocessing_context="fork",
                               prefetch_factor=4)

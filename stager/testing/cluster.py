@@ -74,7 +74,9 @@ class ThreadCluster:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _call(self, coro: Coroutine[Any, Any, Any], timeout: float = 30) -> Any:
+    def call(self, coro: Coroutine[Any, Any, Any], timeout: float = 30) -> Any:
+        """Run ``coro`` on the servers' loop (e.g. a method of a server's own object
+        that a test drives directly) and return its result."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def start(self) -> None:
@@ -121,7 +123,7 @@ class ThreadCluster:
             return _Server(stop=stop, done=done, root=Path(config.root), node=config.node,
                            app=app)
 
-        server: _Server = self._call(begin())
+        server: _Server = self.call(begin())
         deadline = time.monotonic() + 10
         while not ready.exists():
             if server.done.done():
