@@ -72,19 +72,18 @@ class QuotaService:
         now = time.monotonic()
         if self._none_since is not None and now - self._none_since < LOOK:
             return
-        quotas = [q for q in await self.list() if q.bytes is not None]
-        self._none_since = None if quotas else now
+        limits = [(q, q.bytes) for q in await self.list() if q.bytes is not None]
+        self._none_since = None if limits else now
         total = sum(size for _, size in commits)
-        if all(q.used_bytes + total <= q.bytes for q in quotas if q.bytes is not None):
+        if all(q.used_bytes + total <= limit for q, limit in limits):
             return      # fits whatever the paths: no read of the uploads
         uploads = await self.store.get_uploads([f for f, _ in commits])
         writes = [(u.path, size) for u, (_, size) in zip(uploads, commits, strict=True)
                   if isinstance(u, Upload)]
-        for q in quotas:
+        for q, limit in limits:
             adding = sum(size for path, size in writes if paths.is_within(path, q.path))
-            assert q.bytes is not None
-            if adding and q.used_bytes + adding > q.bytes:
-                await self.room(q.path, q.used_bytes + adding - q.bytes)
+            if adding and q.used_bytes + adding > limit:
+                await self.room(q.path, q.used_bytes + adding - limit)
 
     async def set(self, path: str, *, max_bytes: int | None,
                   max_files: int | None) -> Quota:
