@@ -30,7 +30,6 @@ import shlex
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from .netns import NetnsFabric, netns_unavailable
+from .traverse import grant_traverse, revoke_traverse
 
 BINARIES = ("slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "sinfo", "munged",
             "nsenter", "runuser")
@@ -92,48 +92,6 @@ def ensure_group(name: str, members: tuple[str, ...] = ()) -> grp.struct_group:
     return grp.getgrnam(name)
 
 
-ACL_XATTR = "system.posix_acl_access"
-
-
-def _acl(mode: int, uid: int) -> bytes:
-    """A POSIX access ACL (the kernel's xattr format, version 2): ``mode`` plus execute
-    for user ``uid``."""
-    undefined = 0xFFFFFFFF
-    entries = [(0x01, (mode >> 6) & 7, undefined), (0x02, 1, uid),
-               (0x04, (mode >> 3) & 7, undefined), (0x10, ((mode >> 3) & 7) | 1, undefined),
-               (0x20, mode & 7, undefined)]
-    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
-
-
-def grant_traverse(uid: int, targets: list[str]) -> list[tuple[str, int]]:
-    """Let ``uid`` reach ``targets`` (an interpreter under ``/root``, as pyenv puts it):
-    an ACL entry "execute for uid" on each directory above them that others may not
-    enter.  Returns ``(directory, mode)`` pairs for :func:`revoke_traverse`."""
-    done: list[tuple[str, int]] = []
-    for target in targets:
-        for parent in reversed(Path(os.path.realpath(target)).parents):
-            st = parent.stat()
-            if st.st_mode & 0o001 or any(parent == Path(d) for d, _ in done):
-                continue
-            try:
-                os.getxattr(parent, ACL_XATTR)
-                continue                # an ACL of its own: leave it alone
-            except OSError:
-                pass
-            os.setxattr(parent, ACL_XATTR, _acl(st.st_mode & 0o777, uid))
-            done.append((str(parent), st.st_mode & 0o777))
-    return done
-
-
-def revoke_traverse(granted: list[tuple[str, int]]) -> None:
-    for path, mode in granted:
-        try:
-            os.removexattr(path, ACL_XATTR)
-            os.chmod(path, mode)        # the group bits showed the ACL's mask
-        except OSError:
-            pass
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("0.0.0.0", 0))
@@ -180,7 +138,7 @@ class SlurmCluster:
         self.name = f"st{os.getpid() % 100000}x{int(time.time()) % 1000}"
         self._procs: list[subprocess.Popen[bytes]] = []
         self.uid = self.gid = -1
-        self._granted: list[tuple[str, int]] = []
+        self._granted: list[tuple[str, str]] = []
 
     # -- paths ---------------------------------------------------------------------
     @property
