@@ -52,6 +52,7 @@ from . import buckets, listing, objects, syntax
 from .auth import Authenticator
 from .context import Gateway, S3Context
 from .errors import S3Error, from_stager
+from .memory import keep_freed_memory
 from .names import Target, locate
 
 log = logging.getLogger(__name__)
@@ -194,6 +195,7 @@ def make_s3_app(meta_url: str, config: Config, *, domain: str = "",
     app[GATEWAY] = gateway
 
     async def lifetime(app: web.Application):  # type: ignore[no-untyped-def]
+        keep_freed_memory()     # this process's buffers reused, not new pages (.memory)
         yield
         await gateway.close()
 
