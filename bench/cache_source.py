@@ -20,20 +20,15 @@ namespace when given that node's ``prefix`` and address.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import json
-import subprocess
-import sys
 import urllib.request
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from aiohttp import web
 
-from stager.testing.httpserver import ROOT, serve_path
-from stager.web.server import start_sites, stop_sites
+from stager.testing.httpserver import ROOT, HttpServer, run_main, serve_path
 
 COUNTS = "/.counts"
 COUNTER = web.AppKey("counter", Counter)
@@ -80,44 +75,11 @@ def make_app(root: Path) -> web.Application:
     return app
 
 
-async def _main(root: Path, host: str, port: int) -> None:
-    runner = web.AppRunner(make_app(root), access_log=None)
-    await runner.setup()
-    sockets = await start_sites(runner, host, port)
-    print(f"http://{host}:{sockets[0].getsockname()[1]}", flush=True)
-    try:
-        await asyncio.Event().wait()
-    finally:
-        await stop_sites(runner, sockets)
-
-
-class CountingSource:
+class CountingSource(HttpServer):
     """The server in a subprocess (``prefix`` goes before the command, e.g.
     ``NetnsFabric.netns_argv(0, [])`` with ``host`` that node's address)."""
 
-    def __init__(self, root: Path, host: str = "127.0.0.1", prefix: Sequence[str] = ()) -> None:
-        self.root, self.host, self.prefix = root, host, list(prefix)
-        self.proc: subprocess.Popen[str] | None = None
-        self.url = ""
-
-    def __enter__(self) -> CountingSource:
-        self.proc = subprocess.Popen(
-            [*self.prefix, sys.executable, "-m", "bench.cache_source", str(self.root),
-             "--host", self.host, "--port", "0"], stdout=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None
-        self.url = self.proc.stdout.readline().strip()
-        if not self.url.startswith("http://"):
-            self.__exit__()
-            raise RuntimeError("the counting HTTP source did not start")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            if self.proc.stdout is not None:
-                self.proc.stdout.close()
-            self.proc = None
+    module = "bench.cache_source"
 
     def counts(self) -> Counter[str]:
         """The requests so far: ``GET``, ``HEAD``, ``ranged GET``, ``ranged bytes``
@@ -128,15 +90,7 @@ class CountingSource:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("root")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
-    args = parser.parse_args()
-    try:
-        asyncio.run(_main(Path(args.root), args.host, args.port))
-    except KeyboardInterrupt:
-        pass
+    run_main(make_app, __doc__.split("\n\n")[0])
 
 
 if __name__ == "__main__":

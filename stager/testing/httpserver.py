@@ -21,8 +21,9 @@ import os
 import stat
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Self
 from urllib.parse import quote
 
 from aiohttp import web
@@ -71,8 +72,9 @@ def make_app(root: Path) -> web.Application:
     return app
 
 
-async def _main(root: Path, host: str, port: int) -> None:
-    runner = web.AppRunner(make_app(root), access_log=None)
+async def serve(app: web.Application, host: str, port: int) -> None:
+    """Serve ``app`` until cancelled, printing ``http://HOST:PORT`` once it listens."""
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     sockets = await start_sites(runner, host, port)
     bound = sockets[0].getsockname()[1]                      # the bound port of port 0
@@ -81,6 +83,19 @@ async def _main(root: Path, host: str, port: int) -> None:
         await asyncio.Event().wait()
     finally:
         await stop_sites(runner, sockets)
+
+
+def run_main(make: Callable[[Path], web.Application], description: str) -> None:
+    """The command line of a server of this kind: ``ROOT [--host H] [--port P]``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("root")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args()
+    try:
+        asyncio.run(serve(make(Path(args.root)), args.host, args.port))
+    except KeyboardInterrupt:
+        pass
 
 
 class HttpServer:
@@ -97,16 +112,17 @@ class HttpServer:
         self.proc: subprocess.Popen[str] | None = None
         self.url = ""
 
-    def __enter__(self) -> HttpServer:
+    module = "stager.testing.httpserver"      # what ``python -m`` runs
+
+    def __enter__(self) -> Self:
         self.proc = subprocess.Popen(
-            [*self.prefix, sys.executable, "-m", "stager.testing.httpserver", str(self.root),
+            [*self.prefix, sys.executable, "-m", self.module, str(self.root),
              "--host", self.host, "--port", "0"], stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         self.url = self.proc.stdout.readline().strip()
         if not self.url.startswith("http://"):
-            self.proc.kill()
-            self.proc.wait()
-            raise RuntimeError("the HTTP server did not start")
+            self.__exit__()
+            raise RuntimeError(f"the HTTP server ({self.module}) did not start")
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -119,15 +135,7 @@ class HttpServer:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("root")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
-    args = parser.parse_args()
-    try:
-        asyncio.run(_main(Path(args.root), args.host, args.port))
-    except KeyboardInterrupt:
-        pass
+    run_main(make_app, __doc__.split("\n\n")[0])
 
 
 if __name__ == "__main__":
