@@ -128,7 +128,7 @@ def capability_allows(cap: Capability, file_id: str | None, op: str,
         return False
     if cap.target is not None:                  # a server capability: its target only
         return cap.target == here
-    return cap.file_id == file_id
+    return cap.grants(file_id)
 
 
 def require_capability(cap: Capability, file_id: str | None, op: str,
@@ -138,5 +138,5 @@ def require_capability(cap: Capability, file_id: str | None, op: str,
         raise Forbidden(f"a {cap.op} capability does not allow {op}", file=file_id, op=op)
     if cap.target is not None and cap.target != here:
         raise Forbidden("the capability is for another target", target=here)
-    if cap.target is None and cap.file_id != file_id:
+    if cap.target is None and not cap.grants(file_id):
         raise Forbidden("the capability is for another file", file=file_id)

@@ -9,6 +9,16 @@ the files of the data request at hand, so a Loader that reads a million files
 from a manifest asks for them a batch at a time, and one that runs for days
 keeps working as each expires.
 
+The ``capabilities`` route answers one *batch* capability for up to
+:data:`~stager.auth.tokens.MAX_BATCH_FILES` of the files asked for, the same
+text for each: a request carries each distinct text once, so a batch of small
+files read together shows one or a few capabilities, not one per file.  A
+Loader's :meth:`CapabilityBook.plan` asks for a fetch group's files together,
+in an order that keeps each data server's files in few batches; when the
+capabilities held for a group are scattered over many batches (the next epoch
+draws its files in another order), it fetches the group's anew rather than
+showing every data server all of them.
+
 A write capability also reads the file it was issued for (a writer copies the
 chunks it stored when it routes around a dead target).  Against a cluster with
 auth off, the first answer says so (a null capability) and the book stops
@@ -22,6 +32,7 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 
 from ..auth import expires_at
+from ..auth.tokens import MAX_BATCH_FILES
 from ..errors import StagerError
 from ..protocol.authmsg import CapabilityRequest
 from ..protocol.batch import read_results
@@ -32,6 +43,8 @@ MARGIN = 120.0          # seconds: a capability closer than this to expiry is fe
                         # (a quarter of its life, if that is less)
 MAX_PER_REQUEST = 4096  # file ids per capabilities request (and per data request's header)
 MAX_KEPT = 65536        # capabilities kept; the oldest learnt leave first (~20 MB at most)
+MAX_HEADER = 256 * 1024     # characters of capabilities in one request: past this, the
+                            # request's files are fetched anew as a few batches
 
 Request = Callable[..., Awaitable[object]]
 
@@ -57,16 +70,21 @@ class CapabilityBook:
             fetch.cancel()
         await asyncio.gather(*fetches, return_exceptions=True)
 
-    def learn(self, op: str, file_id: str | None, text: str | None) -> None:
-        """Keep ``text``, the ``op`` capability for ``file_id`` an answer carried."""
+    def learn(self, op: str, file_id: str | None, text: str | None,
+              renew: float | None = None) -> None:
+        """Keep ``text``, the ``op`` capability for ``file_id`` an answer carried
+        (``renew``: when to fetch it anew, if the caller worked it out already)."""
         if file_id is not None and text is not None:
             self._caps.pop((op, file_id), None)       # to the end: the newest
-            expires = float(expires_at(text))
-            renew = expires - min(MARGIN, max(0.0, expires - self.clock()) / 4)
-            self._caps[(op, file_id)] = (text, renew)
+            self._caps[(op, file_id)] = (text, self._renew_at(text) if renew is None
+                                         else renew)
             if len(self._caps) > MAX_KEPT:
                 for key in list(self._caps)[:MAX_KEPT // 4]:
                     del self._caps[key]
+
+    def _renew_at(self, text: str) -> float:
+        expires = float(expires_at(text))
+        return expires - min(MARGIN, max(0.0, expires - self.clock()) / 4)
 
     async def header(self, op: str, file_ids: Collection[str],
                      target: str | None = None) -> str | None:
@@ -76,16 +94,36 @@ class CapabilityBook:
         if missing:
             await self._fetch_missing(op, missing)
             texts, missing = self._lookup(op, file_ids)
+        if sum(map(len, texts)) > MAX_HEADER:
+            await self._fetch_missing(op, list(file_ids), anew=True)
+            texts, missing = self._lookup(op, file_ids)
         if self.off:
             return None
         return " ".join(texts) if texts else None
 
-    async def _fetch_missing(self, op: str, missing: list[str]) -> None:
+    async def plan(self, op: str, file_ids: Sequence[str]) -> None:
+        """Have the capabilities for ``op`` on ``file_ids`` (a plan's files read
+        together, ordered so that each data server's lie together) at hand, in few
+        batches: those held are kept unless they are scattered over many more batches
+        than a fetch of these files would make, and then all are fetched anew."""
+        if self.off or op == "cluster" or not file_ids:
+            return
+        texts, missing = self._lookup(op, file_ids)
+        if len(texts) > 2 * (len(file_ids) // MAX_BATCH_FILES + 2):
+            await self._fetch_missing(op, list(file_ids), anew=True)
+        elif missing:
+            await self._fetch_missing(op, missing)
+
+    async def _fetch_missing(self, op: str, missing: list[str], anew: bool = False) -> None:
         """Fetch what no request under way is fetching already, and wait for all of it:
         requests for other files run at once (a Loader's fetch groups in flight each
-        ask for theirs), and a file is never asked for twice at the same time."""
+        ask for theirs), and a file is never asked for twice at the same time.
+        ``anew``: the files held too, but not those being fetched."""
         waits = [self._pending[(op, f)] for f in missing if (op, f) in self._pending]
-        mine = [f for f in missing if (op, f) not in self._pending]
+        mine = [f for f in dict.fromkeys(missing) if (op, f) not in self._pending]
+        if anew:
+            for f in mine:
+                self._caps.pop((op, f), None)
         if mine:
             fetch = asyncio.ensure_future(self._fetch(op, mine))
             for f in mine:
@@ -97,8 +135,11 @@ class CapabilityBook:
             await asyncio.shield(fetch)     # a cancelled reader leaves the fetch to others
 
     def _lookup(self, op: str, file_ids: Collection[str]) -> tuple[list[str], list[str]]:
+        """The distinct capabilities held for ``file_ids`` (a batch's text once, however
+        many of them it names), and the files with none fresh."""
         fresh = self.clock()
-        texts, missing = [], []
+        texts: dict[str, None] = {}
+        missing = []
         for file_id in file_ids:
             hit = self._caps.get((op, file_id))
             if (hit is None or hit[1] < fresh) and op == "read":
@@ -106,21 +147,24 @@ class CapabilityBook:
             if hit is None or hit[1] < fresh:
                 missing.append(file_id)
             else:
-                texts.append(hit[0])
-        return texts, missing
+                texts[hit[0]] = None
+        return list(texts), missing
 
     async def _fetch(self, op: str, file_ids: Sequence[str]) -> None:
         for start in range(0, len(file_ids), MAX_PER_REQUEST):
             part = tuple(file_ids[start:start + MAX_PER_REQUEST])
             answer = await self._request(route("capabilities"),
                                          body=CapabilityRequest(op, part).to_json())
+            renew: dict[str, float] = {}        # a batch's text is read once
             for file_id, got in zip(part, read_results(answer, _item), strict=True):
                 if isinstance(got, StagerError):
                     continue            # no such file: the data server will say 401/403
                 if got is None:
                     self.off = True
                     return
-                self.learn(op, file_id, got)
+                if got not in renew:
+                    renew[got] = self._renew_at(got)
+                self.learn(op, file_id, got, renew[got])
                 self.fetched += 1
 
 

@@ -16,7 +16,7 @@ With auth off a plane has no credentials and sends no header.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import Protocol
 
 
@@ -25,6 +25,11 @@ class Credentials(Protocol):
                      target: str | None = None) -> str | None:
         """The ``X-Stager-Capability`` value for ``op`` ("read", "write" or "cluster")
         on chunks of ``file_ids`` on ``target``; ``None`` for no header."""
+        ...
+
+    async def plan(self, op: str, file_ids: Sequence[str]) -> None:
+        """Have at hand, before the requests go out, what :meth:`header` will need for
+        ``op`` on ``file_ids`` (a read plan's files, each data server's together)."""
         ...
 
 
@@ -38,3 +43,6 @@ class ServerCredential:
     async def header(self, op: str, file_ids: Collection[str],
                      target: str | None = None) -> str | None:
         return None if target is None else self.mint(op, target)
+
+    async def plan(self, op: str, file_ids: Sequence[str]) -> None:
+        return None         # minted when asked: nothing to fetch

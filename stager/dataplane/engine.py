@@ -80,7 +80,7 @@ class ReadEngine:
         soon as its own read is done (copied out of the request buffer, which is
         freed at once), so a batch never sits in memory twice."""
         plan = table.plan(file, offset, length)
-        await self.plane.warm("read", table.file_ids(file))
+        await self.plane.warm("read", table.file_ids_by_target(file))
         out: list[Any] = [b""] * len(file)
         split = np.unique(plan.dest[~plan.alone]).tolist()
         for d in split:

@@ -133,6 +133,16 @@ class FileTable:
         return {fid for r in np.unique(rows).tolist()
                 if (fid := files[r].file_id) is not None}
 
+    def file_ids_by_target(self, rows: np.ndarray) -> list[str]:
+        """:meth:`file_ids`, those whose first chunk lives on one target together: the
+        order a plan's capabilities are fetched in, so that a batch capability covers
+        files read from the same data server, and each request carries few."""
+        files = self.files
+        found = [(f.layout.targets[0] if f.layout is not None and f.layout.targets else "",
+                  fid) for r in np.unique(rows).tolist()
+                 if (fid := (f := files[r]).file_id) is not None]
+        return [fid for _, fid in sorted(found)]
+
     def where(self, key: int) -> tuple[str, tuple[str, ...], int, int | None, bool]:
         """Chunk ``key & 0xFFFFFFFF`` of file number ``key >> 32``: its id,
         replicas, length, committed CRC32C, and whether its file is cached."""

@@ -253,9 +253,10 @@ class DataPlane:
 
     async def warm(self, op: str, file_ids: Collection[str]) -> None:
         """Have the capabilities for ``op`` on ``file_ids`` at hand before the requests
-        that need them (one fetch for a whole read plan, not one per target)."""
+        that need them (one fetch for a whole read plan, not one per target; pass each
+        target's files together, so that its requests carry few batch capabilities)."""
         if self.credentials is not None and file_ids:
-            await self.credentials.header(op, file_ids)
+            await self.credentials.plan(op, list(file_ids))
 
     def _unreachable(self, target: str, url: str, exc: BaseException) -> StagerError:
         """Count a connection failure (so failover tries the target last) and name it."""

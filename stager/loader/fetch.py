@@ -43,7 +43,7 @@ class Fetcher:
         so that fetching them overlaps the reads before instead of delaying these.
         A failure here is left for the reads themselves to meet and report."""
         try:
-            await self.engine.plane.warm("read", self.table.file_ids(spans.file))
+            await self.engine.plane.warm("read", self.table.file_ids_by_target(spans.file))
         except StagerError:
             pass
 

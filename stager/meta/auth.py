@@ -8,10 +8,10 @@ With ``--auth`` the metadata server holds the cluster's Ed25519 key (under
   a set in memory, filled from the store at start and on every revocation, and
   every :data:`REVOKED_REFRESH` seconds where other metadata servers share the
   store);
-- **capabilities**, one per file id and operation, handed out with layouts and
-  by the ``capabilities`` route, and its own **server capabilities** for what it
-  asks of data servers (rebuild copies, purges, scrubs, listings, the gateway's
-  reads): every file, one operation, one target;
+- **capabilities**, one per file id and operation, handed out with layouts, and
+  one per batch of files from the ``capabilities`` route (a Loader's plan), and
+  its own **server capabilities** for what it asks of data servers (rebuild
+  copies, purges, scrubs, listings, the gateway's reads): every file, one operation, one target;
 - **target credentials**: one per storage target, minted at its first registration
   (:meth:`MetaAuth.mint_target_credential`), pinned to the target in the store
   (stager/meta/targetauth.py).
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -44,7 +44,7 @@ from ..auth import (
 )
 from ..auth.cache import VerifiedCache
 from ..auth.keys import write_secret
-from ..auth.tokens import ANY_FILE
+from ..auth.tokens import ANY_FILE, MAX_BATCH_FILES
 from ..protocol.authmsg import TokenInfo, TokenRequest
 from .store.base import TokenStore
 
@@ -149,6 +149,21 @@ class MetaAuth:
         if len(self._minted) > MINTED_CACHE:
             self._minted.popitem(last=False)
         return text
+
+    def capabilities(self, file_ids: Sequence[str], op: str, holder: str) -> list[str]:
+        """A capability for ``op`` on each of ``file_ids``, for the token ``holder``: one
+        batch capability per :data:`MAX_BATCH_FILES` of them, in their order, so a plan
+        of many small files is signed (and verified by each data server) once a batch,
+        not once a file.  A lone file gets its own, reused like :meth:`capability`'s."""
+        out: list[str] = []
+        for start in range(0, len(file_ids), MAX_BATCH_FILES):
+            part = file_ids[start:start + MAX_BATCH_FILES]
+            if len(set(part)) == 1:
+                out += [self.capability(part[0], op, holder)] * len(part)
+                continue
+            cap = Capability.batch(part, op, holder, self.clock(), self.capability_ttl)
+            out += [sign(self.key, cap)] * len(part)
+        return out
 
     def server_capability(self, op: str, target: str) -> str:
         """This server's own capability for ``op`` ("read", "write" or "cluster": the
