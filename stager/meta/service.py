@@ -37,7 +37,7 @@ from ..web.idempotency import KEY_TTL
 from . import reroute, snapshots, writes
 from .quotas import QuotaService
 from .snapshots import Snapshot, SnapshotCache
-from .store.base import MetaStore, NodeEntry
+from .store.base import Listed, MetaStore, NodeEntry, Upload
 from .suspicion import Probes, Suspicion, asker, incarnation
 from .writes import Begun, Created
 
@@ -124,20 +124,22 @@ class MetaService:
 
     async def list(self, path: str, *, after: str = "", limit: int | None = None
                    ) -> tuple[list[FileInfo], str | None]:
-        """One page of a directory; the second value is the ``after`` of the next page."""
+        """:meth:`list_page` as FileInfos."""
+        rows, nxt = await self.list_page(path, after=after, limit=limit)
+        return [self.info(NodeEntry(*row)) for row in rows], nxt
+
+    async def list_page(self, path: str, *, after: str = "", limit: int | None = None
+                        ) -> tuple[list[Listed], str | None]:
+        """One page of a directory; the second value is the ``after`` of the next page,
+        None when no entry follows (one more row says so: no request for an empty page)."""
         limit = self.config.list_page_size if limit is None else limit
         if not 1 <= limit <= MAX_LIST_LIMIT:
             raise BadRequest(f"limit must be between 1 and {MAX_LIST_LIMIT}")
-        entries = await self.store.list_dir(paths.normalize(path), after=after, limit=limit)
-        # the files of a directory mostly share one layout (one object: .store's cache)
-        where: dict[int, dict[str, str]] = {}
-        infos = []
-        for e in entries:
-            key = id(e.layout)
-            if key not in where:
-                where[key] = self.locations(e.layout)
-            infos.append(self.info(e, where[key]))
-        return infos, (entries[-1].path.rsplit("/", 1)[-1] if len(entries) == limit else None)
+        rows = await self.store.list_rows(paths.normalize(path), after=after, limit=limit + 1)
+        if len(rows) <= limit:
+            return rows, None
+        del rows[limit:]
+        return rows, rows[-1][0].rsplit("/", 1)[-1]
 
     async def mkdir(self, path: str, *, parents: bool = False, exist_ok: bool = False,
                     layout: LayoutSpec | None = None) -> FileInfo:
@@ -199,6 +201,16 @@ class MetaService:
         """Begin a write of each item: its upload and a FileInfo carrying layout and
         locations, or its error in its place."""
         return await writes.create(self, items)
+
+    async def plan_creates(self, items: Sequence[CreateItem]
+                           ) -> tuple[list[Created | StagerError], list[Upload]]:
+        """:meth:`create` that leaves the new uploads for the caller to record with
+        :meth:`begin_uploads` (alongside its first chunk writes), before their commit."""
+        return await writes.plan(self, items)
+
+    async def begin_uploads(self, uploads: Sequence[Upload]) -> None:
+        """Record uploads :meth:`plan_creates` made."""
+        await writes.begin(self, uploads)
 
     async def commit(self, items: Sequence[CommitItem]) -> list[FileInfo | StagerError]:
         """Make each upload visible, in one transaction; failed items change nothing."""

@@ -20,16 +20,18 @@ from ...protocol.authmsg import TargetRegistered
 from ...protocol.batch import CommitItem, CreateItem, parse_items, results_json
 from ...protocol.cache import Filled, FillItem
 from ...protocol.headers import accepts_gzip, etag_matches
+from ...protocol.listing import listing_body
 from ...protocol.models import FileInfo, LayoutSpec, TargetInfo, check_file_id
 from ...protocol.ranges import content_range, parse_range, unsatisfied_range
 from ...web import idempotency
 from ...web.authmw import authorize, speak_for, token_of
 from ...web.metrics import ServerMetrics
-from ...web.middleware import METRICS_KEY, encode_json, error_response, json_response
+from ...web.middleware import METRICS_KEY, error_response, json_response
 from ...web.requests import path_arg, query_bool, query_int, read_json
 from ...web.server import add_routes, base_app
 from .. import jobtable, opkey, presence, shared, targetauth, targetstats
 from ..cache.service import CacheService
+from ..listing import wire_entries
 from ..multipart import MultipartService
 from ..service import MetaService
 from ..store.base import Upload
@@ -199,21 +201,23 @@ async def list_dir(request: web.Request) -> web.Response:
     path = path_arg(request)
     after, limit = request.query.get("after", ""), query_int(request, "limit")
     token = token_of(request)
+    svc = _svc(request)
     while True:
-        entries, nxt = await _svc(request).list(path, after=after, limit=limit)
+        rows, nxt = await svc.list_page(path, after=after, limit=limit)
         if token is None:
             break
         # Only what the token's prefixes lead to, and a cursor that names no other
         # entry (a page of hidden ones once handed back the last one's name): the last
         # entry shown, or past a page with none shown, the next page.
-        entries = [e for e in entries if visible(token, e.path)]
-        if nxt is None or entries:
-            nxt = nxt and entries[-1].path.rsplit("/", 1)[-1]
+        rows = [r for r in rows if visible(token, r[0])]
+        if nxt is None or rows:
+            nxt = nxt and rows[-1][0].rsplit("/", 1)[-1]
             break
         after = nxt
-    listing = m.Listing(path, tuple(entries), nxt, detail=query_bool(request, "detail", True))
-    return web.Response(body=encode_json(listing.wire_json(), listing.to_json),
-                        content_type="application/json")
+    # straight from the rows to the page's bytes (stager/meta/listing.py)
+    body = listing_body(path, wire_entries(rows, svc.locations), nxt,
+                        detail=query_bool(request, "detail", True))
+    return web.Response(body=body, content_type="application/json")
 
 
 async def mkdir(request: web.Request) -> web.Response:

@@ -105,6 +105,10 @@ class ManifestVersion:
     created: float
 
 
+# A child in a listing: NodeEntry's fields in order (``NodeEntry(*row)``), a cheap tuple.
+Listed = tuple[str, str, int, float, str | None, Layout | None, LayoutSpec | None,
+               tuple[int, ...] | None, dict[str, Any]]
+
 # (path, overwrite, parents) of one file about to be created
 CreateCheck = tuple[str, bool, bool]
 # (file_id, size, checksums, mtime[, attrs]) of one upload to commit; attrs: the version's
@@ -125,8 +129,13 @@ class Namespace(ABC):
         """The entry at ``path``; NotFound / NotADirectory when it is not there."""
 
     @abstractmethod
+    async def list_rows(self, path: str, *, after: str, limit: int) -> list[Listed]:
+        """Up to ``limit`` children of a directory, by name, after ``after``: each a
+        :data:`Listed` tuple (a listing page is built from these, no object per row)."""
+
     async def list_dir(self, path: str, *, after: str, limit: int) -> list[NodeEntry]:
-        """Up to ``limit`` children of a directory, by name, after ``after``."""
+        """:meth:`list_rows` as entries."""
+        return [NodeEntry(*row) for row in await self.list_rows(path, after=after, limit=limit)]
 
     @abstractmethod
     async def mkdir(self, path: str, *, parents: bool, exist_ok: bool, now: float,

@@ -25,13 +25,16 @@ from ....errors import (
 )
 from ....protocol import paths
 from ....protocol.models import LayoutSpec
-from ..base import ManifestVersion, NodeEntry
+from ..base import Listed, ManifestVersion, NodeEntry
 from ..sqlite.db import attrs_from, layout_of, subtree_entries, unpack
+from ..sqlite.listing import LISTED, listed
 from . import quotas
 from .db import ROOT_ID
 
 Row = asyncpg.Record
 COLS = "id, kind, size, mtime, file_id, layout, checksums, attrs"
+_SCAN = (f"SELECT {LISTED} FROM entries WHERE parent = $1 AND name > $2 "
+         "ORDER BY name LIMIT $3")
 
 _WALK_CTE = f"""
 WITH RECURSIVE walk AS (
@@ -154,15 +157,15 @@ async def stat(conn: asyncpg.Connection, path: str, checksums: bool) -> NodeEntr
     return entry(path, await resolve(conn, path), checksums)
 
 
-async def list_dir(conn: asyncpg.Connection, path: str, after: str, limit: int
-                   ) -> list[NodeEntry]:
+async def list_rows(conn: asyncpg.Connection, path: str, after: str, limit: int
+                    ) -> list[Listed]:
+    """A page as SQLite's (:mod:`..sqlite.listing`): one range of the (parent, name)
+    index, a tuple per row."""
     path = paths.normalize(path)
     dir_id = await resolve_dir(conn, path)
-    rows = await conn.fetch(
-        f"SELECT name, {COLS} FROM entries WHERE parent = $1 AND name > $2 "
-        "ORDER BY name LIMIT $3", dir_id, after, limit)
+    rows = await conn.fetch(_SCAN, dir_id, after, limit)
     base = path.rstrip("/") + "/"        # names in the table are single valid components
-    return [entry(base + r["name"], r, True) for r in rows]
+    return [listed(base, r) for r in rows]
 
 
 async def mkdirs(conn: asyncpg.Connection, path: str, rows: Sequence[Row], *, parents: bool,

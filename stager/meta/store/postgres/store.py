@@ -34,6 +34,7 @@ from ..base import (
     CreateCheck,
     EntryRecord,
     Garbage,
+    Listed,
     ManifestRecord,
     ManifestVersion,
     MetaStore,
@@ -118,8 +119,8 @@ class PostgreSQLStore(PostgresMultipart, PostgresS3Keys, MetaStore):
         entry: NodeEntry = await self._read(lambda c: ns.stat(c, path, checksums))
         return entry
 
-    async def list_dir(self, path: str, *, after: str, limit: int) -> list[NodeEntry]:
-        return list(await self._read(lambda c: ns.list_dir(c, path, after, limit),
+    async def list_rows(self, path: str, *, after: str, limit: int) -> list[Listed]:
+        return list(await self._read(lambda c: ns.list_rows(c, path, after, limit),
                                      snapshot=True))
 
     async def mkdir(self, path: str, *, parents: bool, exist_ok: bool, now: float,

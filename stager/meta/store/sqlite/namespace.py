@@ -33,11 +33,13 @@ from ..base import (
     CommitArgs,
     CreateCheck,
     Garbage,
+    Listed,
     ManifestVersion,
     NodeEntry,
     Upload,
     committing,
 )
+from . import listing
 from .db import ROOT_ID, Database, attrs_from, layout_of, layout_text, pack, subtree_entries, unpack
 from .quotas import QuotaSQL
 
@@ -148,16 +150,9 @@ class NamespaceSQL:
         path = paths.normalize(path)
         return self._entry(path, self.resolve(path), checksums)
 
-    def list_dir(self, path: str, *, after: str, limit: int) -> list[NodeEntry]:
+    def list_rows(self, path: str, *, after: str, limit: int) -> list[Listed]:
         path = paths.normalize(path)
-        row = self.resolve(path)
-        if row[1] != "directory":
-            raise NotADirectory(f"{path} is not a directory", path=path)
-        rows = self.db.execute(
-            f"SELECT name, {_COLS} FROM entries WHERE parent = ? AND name > ? "
-            "ORDER BY name LIMIT ?", (row[0], after, limit)).fetchall()
-        base = path.rstrip("/") + "/"    # names in the table are single valid components
-        return [self._entry(base + r[0], r[1:], True) for r in rows]
+        return listing.list_rows(self.db, self._resolve_dir(path), path, after, limit)
 
     def _mkdirs(self, path: str, *, parents: bool, exist_ok: bool, now: float) -> int:
         """Create the directory ``path`` (and parents); returns its id.  In a transaction."""

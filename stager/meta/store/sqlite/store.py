@@ -29,6 +29,7 @@ from ..base import (
     CreateCheck,
     EntryRecord,
     Garbage,
+    Listed,
     ManifestRecord,
     ManifestVersion,
     MetaStore,
@@ -50,6 +51,7 @@ from .thread import MAX_GROUP, StoreThread
 from .tokens import TokenSQL
 
 R = TypeVar("R")
+LOOP_CHECKS = 8          # creates a check reads on the loop (SQLiteStore.check_creates)
 
 
 class SQLiteStore(SQLiteMultipart, SQLiteS3Keys, MetaStore):
@@ -93,8 +95,10 @@ class SQLiteStore(SQLiteMultipart, SQLiteS3Keys, MetaStore):
         except (sqlite3.OperationalError, sqlite3.ProgrammingError):
             return await self.thread.run(self.namespace.stat, path, checksums=checksums)
 
-    async def list_dir(self, path: str, *, after: str, limit: int) -> list[NodeEntry]:
-        return await self.thread.run(self.namespace.list_dir, path, after=after, limit=limit)
+    async def list_rows(self, path: str, *, after: str, limit: int) -> list[Listed]:
+        # On the store thread, in order with the writes queued before it (a page read
+        # on the loop measured no faster, and a long one would hold the loop).
+        return await self.thread.run(self.namespace.list_rows, path, after=after, limit=limit)
 
     async def mkdir(self, path: str, *, parents: bool, exist_ok: bool, now: float,
                     layout: LayoutSpec | None = None) -> NodeEntry:
@@ -130,7 +134,17 @@ class SQLiteStore(SQLiteMultipart, SQLiteS3Keys, MetaStore):
     # -- writes: these may share one transaction with writes queued alongside ----
     async def check_creates(self, items: Sequence[CreateCheck]
                             ) -> list[LayoutSpec | StagerError]:
-        return await self.thread.run(self.namespace.check_creates, items)
+        """A few creates on the loop, through the reader connection, as :meth:`stat`: a
+        few lookups by index each, which a hop to the store thread and back cost
+        several times over; a larger batch, or one SQLite would make wait, on the
+        store thread (a long read would hold the loop)."""
+        if len(items) > LOOP_CHECKS:
+            return await self.thread.run(self.namespace.check_creates, items)
+        try:
+            with self.database.snapshot():
+                return self.reads.check_creates(items)
+        except (sqlite3.OperationalError, sqlite3.ProgrammingError):
+            return await self.thread.run(self.namespace.check_creates, items)
 
     async def begin_uploads(self, uploads: Sequence[Upload]) -> None:
         # not flushed when alone: nothing of them is visible, and their commit flushes

@@ -1,0 +1,41 @@
+"""A listing page's entries as the server writes them, straight from the store's rows.
+
+:meth:`MetaService.info <stager.meta.service.MetaService.info>` makes a stat's
+FileInfo; a page of a thousand rows skips that object (and the NodeEntry before it)
+and makes each entry's wire struct (:class:`~stager.protocol.listing.ListedEntry`)
+from its row, with what ``info`` adds: the URLs of the layout's targets, and no
+checksums for a cached file (its chunks are checked against their fills' CRCs).
+The files of a directory mostly share one layout object (the store parses each
+stored layout once), so a layout and its URLs are looked up and encoded once a page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import msgspec
+
+from ..protocol.listing import ListedEntry, layout_parts, spec_json
+from ..protocol.models import Layout
+from .store.base import Listed
+
+
+def wire_entries(rows: Sequence[Listed], locations: Callable[[Layout], dict[str, str]]
+                 ) -> list[ListedEntry]:
+    """The entries of ``rows``; ``locations(layout)``: the URL of each of its targets."""
+    parts: dict[int, tuple[msgspec.Raw, msgspec.Raw | None]] = {}
+    out = []
+    for path, kind, size, mtime, file_id, layout, spec, sums, attrs in rows:
+        if layout is None:
+            out.append(ListedEntry(path, kind, size, mtime, file_id,
+                                   default_layout=spec_json(spec),
+                                   checksums=None if sums is None else [f"{c:08x}" for c in sums],
+                                   attrs=attrs))
+            continue
+        got = parts.get(id(layout))     # rows hold their layouts: an id is not reused
+        if got is None:
+            got = parts[id(layout)] = layout_parts(layout, locations(layout))
+        shown = None if sums is None or layout.cached else [f"{c:08x}" for c in sums]
+        out.append(ListedEntry(path, kind, size, mtime, file_id, got[0], None, shown, got[1],
+                               None, attrs))
+    return out
