@@ -9,6 +9,7 @@ second one for an empty page.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from stager import Client
+from stager.client.listing import listing_from_bytes
 from stager.config import load_config
 from stager.meta.listing import wire_entries
 from stager.meta.service import MetaService
@@ -24,7 +26,7 @@ from stager.meta.store.sqlite.listing import SCAN
 from stager.meta.store.sqlite.store import SQLiteStore
 from stager.protocol.listing import listing_body
 from stager.protocol.messages import Listing
-from stager.protocol.models import Layout, LayoutSpec, TargetInfo
+from stager.protocol.models import FileInfo, Layout, LayoutSpec, TargetInfo
 from stager.testing import ThreadCluster
 from stager.web.middleware import encode_json
 
@@ -100,3 +102,19 @@ def test_a_page_holding_the_last_entry_names_no_next(cluster: ThreadCluster, htt
     last = http(cluster.meta_url, "GET", f"/v1/list{ns}?limit=3&after=f2").json()
     assert [e["path"] for e in last["entries"]] == [f"{ns}/f3"] and last["next"] is None
     assert [e.name for e in client.ls(ns)] == ["f0", "f1", "f2", "f3"]
+
+
+def test_a_decoded_entry_is_the_fileinfo_its_init_makes() -> None:
+    """``listing_from_bytes`` fills each FileInfo's fields without its __init__: the
+    same object in every way a caller sees (equal, hashable fields, repr, frozen)."""
+    page = Listing("/d", (
+        FileInfo("/d/f", "file", 3, 1.5, "ab" * 16, A, None, (1, 2), {"t0": "http://h:1"},
+                 "cap", {"etag": "x"}),
+        FileInfo("/d/s", "directory", 0, 2.0, default_layout=LayoutSpec(chunk_size=1 << 20))))
+    got = listing_from_bytes(encode_json(page.to_json()))
+    assert got == page and got.entries == page.entries
+    for mine, made in zip(got.entries, page.entries, strict=True):
+        assert repr(mine) == repr(made) and vars(mine) == vars(made)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            mine.size = 9                                   # type: ignore[misc]
+    assert not hasattr(FileInfo, "__post_init__")          # nothing __init__ would run
