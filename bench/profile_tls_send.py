@@ -8,6 +8,12 @@ own, and reads 4 MiB chunks from each in turn with stager's raw read client
 (4 at a time), round by round; it prints each server's CPU seconds per GB sent
 (its process's rusage) and MB/s.  Only the piece size differs between the
 servers, so the CPU ratio is what the piece size costs.
+
+A size ``R:W`` reads ``R`` KiB at a time and hands the TLS transport
+``W`` KiB views of it at a time: the transport encrypts each write into its
+outgoing buffer and copies that out whole, so a smaller write keeps those
+buffers in the CPU's cache.  The servers run on the loop the data servers run
+on (uvloop when installed: config ``event_loop`` "auto").
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import urllib.request
 
 from aiohttp import web
 
+from stager.aio import loop_factory
 from stager.auth.tls import client_context, ensure_cluster_tls, server_context
 from stager.dataplane import rawhttp
 from stager.web.server import start_sites
@@ -33,8 +40,15 @@ CHUNK = 4 << 20
 FILE_CHUNKS = 16
 
 
-async def serve(piece: int, path: str, tls_dir: str) -> None:
-    """The server: ``send_region``'s fallback loop with ``piece``; prints its port."""
+def _sizes(spec: str) -> tuple[int, int]:
+    """(read, write) bytes of a ``R`` or ``R:W`` size in KiB."""
+    read, _, write = spec.partition(":")
+    return int(read) << 10, int(write or read) << 10
+
+
+async def serve(spec: str, path: str, tls_dir: str) -> None:
+    """The server: ``send_region``'s fallback loop with ``spec``; prints its port."""
+    piece, write = _sizes(spec)
     fd = os.open(path, os.O_RDONLY)
     sent = 0
 
@@ -47,7 +61,9 @@ async def serve(piece: int, path: str, tls_dir: str) -> None:
         end = offset + CHUNK
         while offset < end:
             data = await asyncio.to_thread(os.pread, fd, min(piece, end - offset), offset)
-            await response.write(data)
+            view = memoryview(data)
+            for at in range(0, len(data), write):
+                await response.write(view[at:at + write])
             offset += len(data)
         await response.write_eof()
         sent += CHUNK
@@ -87,31 +103,33 @@ async def read(port: int, ctx: object, chunks: int) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.profile_tls_send",
                                 description=__doc__.splitlines()[0])
-    p.add_argument("--pieces", default="1024,4096", help="KiB per read, comma-separated")
+    p.add_argument("--pieces", default="1024,4096,4096:256",
+                   help="KiB per read (R) or per read and per write (R:W), comma-separated")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--chunks", type=int, default=64, help="4 MiB chunks read per round")
     p.add_argument("--serve", nargs=3, metavar=("PIECE", "FILE", "TLS_DIR"),
                    help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve:
-        asyncio.run(serve(int(args.serve[0]), args.serve[1], args.serve[2]))
+        with asyncio.Runner(loop_factory=loop_factory("auto")) as runner:
+            runner.run(serve(args.serve[0], args.serve[1], args.serve[2]))
         return
-    pieces = [int(k) << 10 for k in args.pieces.split(",")]
+    pieces = args.pieces.split(",")
     with tempfile.TemporaryDirectory() as d:
         path = f"{d}/chunks"
         with open(path, "wb") as fh:
             fh.write(os.urandom(FILE_CHUNKS * CHUNK))
         files = ensure_cluster_tls(f"{d}/tls")
         ctx = client_context(files.ca_cert)
-        servers: dict[int, tuple[subprocess.Popen[str], int]] = {}
+        servers: dict[str, tuple[subprocess.Popen[str], int]] = {}
         try:
             for piece in pieces:
                 proc = subprocess.Popen([sys.executable, "-m", "bench.profile_tls_send",
-                                         "--serve", str(piece), path, f"{d}/tls"],
+                                         "--serve", piece, path, f"{d}/tls"],
                                         stdout=subprocess.PIPE, text=True)
                 assert proc.stdout is not None
                 servers[piece] = (proc, int(proc.stdout.readline()))
-            got: dict[int, list[tuple[float, float]]] = {piece: [] for piece in pieces}
+            got: dict[str, list[tuple[float, float]]] = {piece: [] for piece in pieces}
             for r in range(args.rounds + 1):        # round 0 warms up
                 for piece in (pieces if r % 2 == 0 else pieces[::-1]):
                     port = servers[piece][1]
@@ -124,7 +142,7 @@ def main() -> None:
             for piece, figures in got.items():
                 cpu = sorted(c for c, _ in figures)[len(figures) // 2]
                 rate = sorted(g for _, g in figures)[len(figures) // 2]
-                print(f"pieces of {piece >> 10:5d} KiB: server CPU {cpu:.3f} s/GB (median of "
+                print(f"pieces of {piece:>9} KiB: server CPU {cpu:.3f} s/GB (median of "
                       f"{' / '.join(f'{c:.2f}' for c, _ in figures)}), {rate * 1e3:.0f} MB/s")
         finally:
             for proc, _ in servers.values():
