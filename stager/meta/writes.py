@@ -63,6 +63,24 @@ async def create(service: MetaService, items: Sequence[CreateItem]
                  ) -> list[Created | StagerError]:
     """Begin a write of each item: its upload and a FileInfo with layout and locations
     (a retry with the same idempotency key answers the upload its first try began)."""
+    created, fresh = await plan(service, items)
+    await begin(service, fresh)
+    return created
+
+
+async def begin(service: MetaService, uploads: Sequence[Upload]) -> None:
+    """Record uploads :func:`plan` made (none: nothing to do)."""
+    if uploads:
+        await service.store.begin_uploads(uploads)
+
+
+async def plan(service: MetaService, items: Sequence[CreateItem]
+               ) -> tuple[list[Created | StagerError], list[Upload]]:
+    """:func:`create` without recording the new uploads: what it answers, and the
+    uploads still to :func:`begin` before their commit and before any reroute of
+    their chunks.  A writer in this server begins them while their first chunks
+    are on their way (:class:`~stager.meta.http.gateway.Gateway`): the record
+    does not wait for the data, nor the data for it."""
     check_count(len(items))
     results: list[Created | StagerError | None] = [None] * len(items)
     todo = []
@@ -83,13 +101,11 @@ async def create(service: MetaService, items: Sequence[CreateItem]
     earlier = await opkey.earlier_uploads(service.store, [u.file_id for _, u in uploads])
     uploads = [(i, earlier.get(u.file_id, u)) for i, u in uploads]
     fresh = [u for _, u in uploads if u.file_id not in earlier]
-    if fresh:
-        await service.store.begin_uploads(fresh)
     service.begun.add([u for _, u in uploads])
     for i, upload in uploads:
         results[i] = (upload, service.info(NodeEntry(upload.path, "file", 0, upload.created,
                                                      upload.file_id, upload.layout)))
-    return _filled(results)
+    return _filled(results), fresh
 
 
 def _plan_uploads(service: MetaService, items: Sequence[CreateItem], todo: list[int],

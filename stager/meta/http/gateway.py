@@ -28,12 +28,22 @@ class Gateway:
 
     async def write(self, path: str, body: AsyncIterator[bytes], *,
                     layout: LayoutSpec | None = None, max_size: int) -> FileInfo:
-        """Store ``body`` at ``path``; visible only once every chunk is durable."""
-        upload, info = one(await self.service.create([CreateItem(path, layout)]))
+        """Store ``body`` at ``path``; visible only once every chunk is durable.  The
+        upload is recorded while the chunks are written (a small file's one chunk
+        and the record each wait on their own disk, at once); the commit, and any
+        reroute of a chunk, wait for the record."""
+        created, fresh = await self.service.plan_creates([CreateItem(path, layout)])
+        upload, info = one(created)
         assert info.layout is not None
+        begun = asyncio.ensure_future(self.service.begin_uploads(fresh))
+
+        async def reroute(target: str, cause: StagerError, items: Sequence[RerouteItem]
+                          ) -> list[Placement | StagerError]:
+            await asyncio.shield(begun)
+            return await self._reroute(target, cause, items)
+
         writer = StripedWriter(self.plane, upload.file_id, info.layout, info.locations,
-                               max_in_flight=self.config.readahead_chunks,
-                               reroute=self._reroute)
+                               max_in_flight=self.config.readahead_chunks, reroute=reroute)
         try:
             async for piece in body:
                 if writer.size + len(piece) > max_size:
@@ -41,22 +51,30 @@ class Gateway:
                                           limit=max_size)
                 await writer.write(piece)
             size, checksums = await writer.close()
+            await asyncio.shield(begun)
             return one(await self.service.commit([CommitItem(upload.file_id, size,
                                                              tuple(checksums))]))
         except BaseException:
             await writer.abort()
-            await asyncio.shield(self._abort(upload.file_id))
+            await asyncio.shield(self._abort(upload.file_id, begun))
             raise
 
     async def _reroute(self, target: str, cause: StagerError, items: Sequence[RerouteItem]
                        ) -> list[Placement | StagerError]:
-        """The write engine's reroute, on this server's own service."""
+        """The write engine's reroute, on this server's own service (once the upload is
+        recorded: a reroute changes its layout)."""
         answers = await self.service.reroute(RerouteRequest(target, cause.code, cause.message,
                                                             tuple(items)))
         return [got if isinstance(got, StagerError)
                 else Placement(got[0].file_id, got[0].layout, dict(got[1].locations))
                 for got in answers]
 
-    async def _abort(self, file_id: str) -> None:
+    async def _abort(self, file_id: str, begun: asyncio.Future[None]) -> None:
+        """Abandon the upload once its record is done (an abort before it would leave
+        the record behind); a record that failed left nothing to abandon."""
+        try:
+            await begun
+        except Exception:
+            return
         # an error in its place: already committed or collected
         await self.service.abort([file_id])
