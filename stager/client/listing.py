@@ -173,7 +173,8 @@ def _info(e: _Entry) -> FileInfo:
         path=e.path, type=e.type, size=e.size, mtime=e.mtime, file_id=e.file_id,
         layout=layout,
         default_layout=LayoutSpec.from_json(e.default_layout) if e.default_layout else None,
-        checksums=tuple([int(c, 16) for c in sums]) if sums is not None else None,
+        checksums=(tuple([int(c, 16) for c in sums]) if sums else ()) if sums is not None
+        else None,
         locations=e.locations, capability=e.capability,
         attrs=attrs_of({"attrs": e.attrs}) if e.attrs else {})
     return info

@@ -28,14 +28,17 @@ def wire_entries(rows: Sequence[Listed], locations: Callable[[Layout], dict[str,
     for path, kind, size, mtime, file_id, layout, spec, sums, attrs in rows:
         if layout is None:
             out.append(ListedEntry(path, kind, size, mtime, file_id,
-                                   default_layout=spec_json(spec),
-                                   checksums=None if sums is None else [f"{c:08x}" for c in sums],
+                                   default_layout=spec_json(spec), checksums=_hex(sums),
                                    attrs=attrs))
             continue
         got = parts.get(id(layout))     # rows hold their layouts: an id is not reused
         if got is None:
             got = parts[id(layout)] = layout_parts(layout, locations(layout))
-        shown = None if sums is None or layout.cached else [f"{c:08x}" for c in sums]
-        out.append(ListedEntry(path, kind, size, mtime, file_id, got[0], None, shown, got[1],
-                               None, attrs))
+        out.append(ListedEntry(path, kind, size, mtime, file_id, got[0], None,
+                               None if layout.cached else _hex(sums), got[1], None, attrs))
     return out
+
+
+def _hex(sums: tuple[int, ...] | None) -> list[str] | None:
+    # an empty file's (none) costs no comprehension
+    return None if sums is None else [f"{c:08x}" for c in sums] if sums else []
