@@ -49,6 +49,7 @@ RESPONSE_OVERRIDES = {"response-content-type": "Content-Type",
                       "response-cache-control": "Cache-Control",
                       "response-expires": "Expires"}
 DELETE_CONCURRENCY = 16
+HEAD_SLICE = 16 * 1024      # a GET's first slice of body, joined to the answer's head
 
 
 # -- what a request names ------------------------------------------------------------------
@@ -198,7 +199,7 @@ async def get_object(ctx: S3Context) -> web.StreamResponse:
     first = await anext(pieces)
     await response.prepare(ctx.request)
     try:
-        await response.write(first)
+        await _write_first(response, first)
         sent = first
         async for piece in pieces:
             await response.write(piece)
@@ -212,6 +213,16 @@ async def get_object(ctx: S3Context) -> web.StreamResponse:
         raise ConnectionResetError(f"the read failed midway: {exc}") from exc
     await response.write_eof()
     return response
+
+
+async def _write_first(response: web.StreamResponse, piece: memoryview) -> None:
+    """Send an answer's first piece.  The first write is joined to the answer's head
+    (aiohttp does so before Python 3.12.9): a 4 MiB piece written whole was copied
+    once more per GET (of a ranged GET of 8 MiB, half its bytes), so the head goes
+    with a small slice of it and the rest straight to the socket."""
+    await response.write(piece[:HEAD_SLICE])
+    if len(piece) > HEAD_SLICE:
+        await response.write(piece[HEAD_SLICE:])
 
 
 def _hand_back(request: web.Request, reader: StripedReader, sent: memoryview,
