@@ -11,6 +11,12 @@ server's CPU (user + system of its process, from ``/proc``) is read over a windo
 with the idle server's own subtracted, turned into cores per 1,000 targets and per
 1,000 ranks; in a second window, the load still on, a foreground client stats a
 directory one request at a time, whose p99 under load is set beside the idle one.
+The load generator shares this machine's cores with the server and the stat client,
+where a site's machines are elsewhere; so its own CPU and the machine's are read over
+each window too, and a last load sends the same chatter to a bare sink (an aiohttp
+server answering ``{}``) while the stats go to the idle metadata server: that p99 is
+the machine's share of the loaded one (the generator's CPU, its wake-ups), the rest is
+the metadata server's own.
 Where this machine's two shared cores cannot offer the whole rate, the achieved
 requests are counted and the cost is per request actually served, scaled to the full
 rate (the CPU of a request does not depend on how many others there are, until the
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
+import subprocess
 import sys
 import time
 from typing import Any
@@ -31,7 +38,7 @@ import aiohttp
 from stager.protocol.routes import route
 from stager.testing import ProcessCluster
 
-from .common import aim, cpu_seconds, r2, run_async, scratch
+from .common import aim, cpu_seconds, machine_busy, r2, run_async, scratch
 
 HEARTBEAT = 2.0         # seconds: Config.heartbeat_interval's default
 REPORT = 5.0            # seconds: Config.report_interval's default
@@ -39,6 +46,27 @@ PER_SERVER = 8          # targets per simulated data server process (8 NVMe a no
 PER_NODE = 8            # ranks per node, one report request per node when batched
 RANKS_PER_JOB = 1000
 STAT_DIR = "/scale"
+BOTH = " batched targets + "       # in the name of the combined load, whose p99 the aim reads
+SINK_LOAD = "the same load sent to a bare sink (the machine's share)"
+
+# The sink: any method on any path answered 200 ``{}``, under uvloop; prints its port.
+SINK = """
+import asyncio, uvloop
+from aiohttp import web
+async def ok(request):
+    await request.read()
+    return web.json_response({})
+async def main():
+    app = web.Application(client_max_size=1 << 24)
+    app.router.add_route("*", "/{tail:.*}", ok)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    print(site._server.sockets[0].getsockname()[1], flush=True)
+    await asyncio.Event().wait()
+uvloop.run(main())
+"""
 
 
 def _sizes(quick: bool) -> dict[str, Any]:
@@ -54,7 +82,8 @@ def run(quick: bool) -> dict[str, Any]:
     # after that writes each one's state back, a cost of the restart, not the beat.
     env = {"STAGER_TARGET_TIMEOUT": "3600"}
     with scratch("scale") as tmp, ProcessCluster(tmp / "cluster", data_servers=0,
-                                                 fast=False, env=env) as cluster:
+                                                 fast=False, env=env) as cluster, \
+            _Sink() as sink:
         meta, pid = cluster.meta_url, cluster.meta_pid()
         _generate_in_child(meta, {"register": size["targets"]}, 0.0, 0.0)
         run_async(_mkdir(meta))
@@ -73,26 +102,45 @@ def run(quick: bool) -> dict[str, Any]:
         for name, load in loads:
             print(f"scale: {name}", file=sys.stderr, flush=True)
             measured.append((name, _phase(meta, pid, load, size)))
+        print(f"scale: {SINK_LOAD}", file=sys.stderr, flush=True)
+        measured.append((SINK_LOAD, _phase(meta, pid, loads[-1][1], size, to=sink)))
     return _result(measured, size, quick)
 
 
-def _phase(meta: str, pid: int, load: dict[str, int], size: dict[str, Any]
-           ) -> dict[str, Any]:
-    """Start ``load`` in a child process; after its warm-up, the server's CPU over one
-    window (nothing else sent), then the foreground stat latencies over a second (the
-    load still on), and the requests the child got answered in the first window."""
+class _Sink:
+    """The bare sink's process: its URL while it runs."""
+
+    def __enter__(self) -> str:
+        self.proc = subprocess.Popen([sys.executable, "-c", SINK], stdout=subprocess.PIPE,
+                                     text=True)
+        assert self.proc.stdout is not None
+        return f"http://127.0.0.1:{int(self.proc.stdout.readline())}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def _phase(meta: str, pid: int, load: dict[str, int], size: dict[str, Any],
+           to: str | None = None) -> dict[str, Any]:
+    """Start ``load`` in a child process, sent to ``meta`` (or to ``to``); after its
+    warm-up, the server's CPU, the child's and the machine's over one window (nothing
+    else sent), then the foreground stat latencies over a second (the load still on),
+    and the requests the child got answered in the first window."""
     ctx = mp.get_context("spawn")
     queue: Any = ctx.Queue()
     child = None
     if load:
-        child = ctx.Process(target=_child, args=(meta, load, size["warmup"], size["window"],
-                                                 queue), daemon=True)
+        child = ctx.Process(target=_child, args=(to or meta, load, size["warmup"],
+                                                 size["window"], queue), daemon=True)
         child.start()
         queue.get(timeout=120)          # its loop runs: the warm-up begins
         time.sleep(size["warmup"])
-    cpu0, t0 = cpu_seconds(pid), time.monotonic()
+    gen0 = cpu_seconds(child.pid) if child is not None and child.pid else 0.0
+    cpu0, busy0, t0 = cpu_seconds(pid), machine_busy(), time.monotonic()
     time.sleep(size["window"])
-    cpu = cpu_seconds(pid) - cpu0
+    cpu, busy = cpu_seconds(pid) - cpu0, machine_busy() - busy0
+    gen = cpu_seconds(child.pid) - gen0 if child is not None and child.pid else 0.0
     seconds = time.monotonic() - t0
     latencies = run_async(_stats(meta, size["window"]))
     counts: dict[str, int] = {}
@@ -100,7 +148,7 @@ def _phase(meta: str, pid: int, load: dict[str, int], size: dict[str, Any]
         counts = queue.get(timeout=600)
         child.join(30)
     return {"cpu_per_second": cpu / seconds, "latencies": latencies, "counts": counts,
-            "seconds": seconds}
+            "seconds": seconds, "generator": gen / seconds, "machine": busy / seconds}
 
 
 async def _mkdir(meta: str) -> None:
@@ -259,10 +307,13 @@ def _result(measured: list[tuple[str, dict[str, Any]]], size: dict[str, Any],
         served = items / m["seconds"] if items else 0.0
         cost_ms = 1000 * net / served if served else 0.0      # CPU ms per item served
         per_item[name] = cost_ms
+        # the sink's items cost the (idle) metadata server nothing: no cost to show
+        cost = "" if name == SINK_LOAD else r2(cost_ms)
         rows.append([name, r2(requests / m["seconds"]) if requests else 0, r2(served),
                      m["counts"].get("errors", 0), m["counts"].get("skipped", 0),
-                     r2(m["cpu_per_second"]), r2(cost_ms),
-                     r2(_p(m["latencies"], 0.5)), r2(_p(m["latencies"], 0.99))])
+                     r2(m["cpu_per_second"]), cost,
+                     r2(_p(m["latencies"], 0.5)), r2(_p(m["latencies"], 0.99)),
+                     r2(m["generator"]), r2(m["machine"])])
     batched, single, ranks, ranks_batched = (per_item[name] for name, _ in measured[1:5])
     per_k_single = single / 1000 * 1000 / HEARTBEAT      # cores per 1,000 targets
     per_k_batched = batched / 1000 * 1000 / HEARTBEAT
@@ -271,12 +322,14 @@ def _result(measured: list[tuple[str, dict[str, Any]]], size: dict[str, Any],
     # 10,000 targets + 10,000 ranks, both batched per node
     site = 10 * per_k_batched + 10 * per_k_ranks_batched
     site_single_ranks = 10 * per_k_batched + 10 * per_k_ranks
-    both_p99 = _p(measured[-1][1]["latencies"], 0.99)
+    both, sink = (m for name, m in measured if BOTH in name), dict(measured)[SINK_LOAD]
+    both_p99, sink_p99 = _p(next(both)["latencies"], 0.99), _p(sink["latencies"], 0.99)
     # A ratio over a cost /proc's 10 ms ticks did not see (a --quick run's few hundred
     # items) is left out, not written as 0: it was not measured.
     pairs = {"CPU per target, one request each / batched": (single, batched),
              "CPU per rank, one request each / batched": (ranks, ranks_batched),
-             "stat p99, batched targets + ranks / idle": (both_p99, idle_p99)}
+             "stat p99, batched targets + ranks / idle": (both_p99, idle_p99),
+             "stat p99, the same load sent to a sink / idle": (sink_p99, idle_p99)}
     ratios = {name: r2(top / bottom) for name, (top, bottom) in pairs.items() if bottom > 0}
     notes = [
         f"Cores per 1,000 targets (a beat every {HEARTBEAT:g} s): one request each "
@@ -291,6 +344,12 @@ def _result(measured: list[tuple[str, dict[str, Any]]], size: dict[str, Any],
         f"{size['window']:g} s window after a {size['warmup']:g} s warm-up; where a row "
         "serves fewer items/s than offered, this machine's cores ran out (the load "
         "generator shares them), and the cost is per item served.",
+        "The load generator (a process of its own) and the stat client share this "
+        "machine's cores with the server, where a site's machines are elsewhere: the "
+        "generator's cores and the machine's (every process's, other work included, "
+        "from /proc/stat) are columns; the sink row sends the combined load to a bare "
+        "aiohttp server while the stats go to the idle metadata server: its p99 over "
+        "the idle one is what the generator alone costs the stats here.",
         "Auth off; SQLite store (heartbeats write nothing unless a target's state "
         "changes: target_timeout is an hour here, so none is marked down between loads).",
     ]
@@ -303,7 +362,8 @@ def _result(measured: list[tuple[str, dict[str, Any]]], size: dict[str, Any],
     return {
         "title": "Scale: heartbeats and telemetry on one metadata server",
         "columns": ["load", "requests/s", "items/s", "errors", "skipped (late)", "server cores",
-                    "CPU ms per item", "stat p50 (ms)", "stat p99 (ms)"],
+                    "CPU ms per item", "stat p50 (ms)", "stat p99 (ms)",
+                    "load generator cores", "machine busy cores"],
         "rows": rows,
         "ratios": ratios,
         "aims": {
