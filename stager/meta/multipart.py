@@ -148,10 +148,12 @@ class MultipartService:
                              max_stripe_count=self.config.max_stripe_count,
                              start=int(file_id[:8], 16))
 
-    async def begin_part(self, upload_id: str, number: int, size: int) -> PartSlot:
-        """Where part ``number`` of ``size`` bytes goes (see the module's docstring)."""
+    async def begin_part(self, record: MultipartRecord, number: int, size: int) -> PartSlot:
+        """Where part ``number`` of ``size`` bytes of the upload ``record`` (as the caller
+        read it, to authorize the request: not read again) goes (see the module's
+        docstring)."""
         number = part_number(number)
-        record = await self.get(upload_id)
+        upload_id = record.upload_id
         hidden = hidden_part_id(upload_id, number)
         own = self.around_down(record, hidden)
         if own is not None:
@@ -163,10 +165,12 @@ class MultipartService:
             return self.slot(record, record.file_id, (number - 1) * (fixed // chunk))
         return self.slot(record, hidden, 0)
 
-    async def record_part(self, upload_id: str, number: int, done: PartDone) -> Part:
-        """Keep part ``number`` as written where :meth:`begin_part` said."""
+    async def record_part(self, record: MultipartRecord, number: int, done: PartDone
+                          ) -> Part:
+        """Keep part ``number`` of the upload ``record`` as written where
+        :meth:`begin_part` said (the store's write checks the upload is still there)."""
         number = part_number(number)
-        record = await self.get(upload_id)
+        upload_id = record.upload_id
         chunk = record.layout.chunk_size
         if len(done.checksums) != -(-done.size // chunk):
             raise BadRequest(f"a {done.size}-byte part has {-(-done.size // chunk)} chunks, "

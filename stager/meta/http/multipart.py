@@ -128,7 +128,7 @@ async def multipart_parts(request: web.Request) -> web.Response:
 async def multipart_part_begin(request: web.Request) -> web.Response:
     record = await _record(request)
     req = PartBegin.from_json(await read_json(request, MAX_BODY))
-    slot = await request.app[MULTIPART].begin_part(record.upload_id, _number(request),
+    slot = await request.app[MULTIPART].begin_part(record, _number(request),
                                                    req.size)
     return json_response(_capable(request, slot, "write").to_json())
 
@@ -136,7 +136,7 @@ async def multipart_part_begin(request: web.Request) -> web.Response:
 async def multipart_part_done(request: web.Request) -> web.Response:
     record = await _record(request)
     done = PartDone.from_json(await read_json(request, MAX_BODY))
-    part = await request.app[MULTIPART].record_part(record.upload_id, _number(request), done)
+    part = await request.app[MULTIPART].record_part(record, _number(request), done)
     return json_response(part.to_json())
 
 
