@@ -155,17 +155,20 @@ class CapabilityBook:
             part = tuple(file_ids[start:start + MAX_PER_REQUEST])
             answer = await self._request(route("capabilities"),
                                          body=CapabilityRequest(op, part).to_json())
-            renew: dict[str, float] = {}        # a batch's text is read once
-            for file_id, got in zip(part, read_results(answer, _item), strict=True):
-                if isinstance(got, StagerError):
-                    continue            # no such file: the data server will say 401/403
-                if got is None:
+            results = read_results(answer, _item)
+            if not any(isinstance(got, str) for got in results):
+                if None in results:     # null throughout: auth is off
                     self.off = True
                     return
-                if got not in renew:
-                    renew[got] = self._renew_at(got)
-                self.learn(op, file_id, got, renew[got])
-                self.fetched += 1
+            text, renew = None, 0.0
+            for file_id, got in zip(part, results, strict=True):
+                if isinstance(got, StagerError):
+                    continue            # no such file: the data server will say 401/403
+                if got is not None:     # a batch's text comes once: null is the one before
+                    text, renew = got, self._renew_at(got)
+                if text is not None:
+                    self.learn(op, file_id, text, renew)
+                    self.fetched += 1
 
 
 def _item(obj: object) -> str | None:
