@@ -23,3 +23,7 @@ BENCHMARKS = ("striping", "loopback", "small_samples", "metadata", "writes", "wr
               "cache", "floors", "s3")
 BENCHMARKS = BENCHMARKS + ("scale",)    # heartbeats and telemetry per 1,000 nodes (issue 30)
 BENCHMARKS = BENCHMARKS + ("mosaic",)   # Mosaic Streaming beside the Loader (issues 29, 30)
+# Those that start emulated nodes, network namespaces or per-job clusters: each runs in
+# its turn of stager.testing.locks.NODES_LOCK, as the test modules that do so take
+# theirs, so the quick run of every benchmark may share the machine with those modules.
+EMULATE_NODES = frozenset({"striping", "jobcluster", "stage", "cache"})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import importlib
 import importlib.metadata
@@ -17,7 +18,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from . import BENCHMARKS
+from stager.testing.locks import NODES_LOCK, exclusive
+
+from . import BENCHMARKS, EMULATE_NODES
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
@@ -108,9 +111,10 @@ def check_result(name: str, result: Any) -> dict[str, Any]:
 def run_one(name: str, quick: bool) -> dict[str, Any]:
     module = importlib.import_module(f"bench.bench_{name}")
     facts = machine_facts()
-    start = time.perf_counter()
-    result = check_result(name, module.run(quick))
-    seconds = time.perf_counter() - start
+    with exclusive(NODES_LOCK) if name in EMULATE_NODES else contextlib.nullcontext():
+        start = time.perf_counter()
+        result = check_result(name, module.run(quick))
+        seconds = time.perf_counter() - start
     quick_flag = " --quick" if quick else ""
     return {
         "name": name,

@@ -25,6 +25,7 @@ import pytest
 from stager import AsyncClient, Client
 from stager.config import load_config
 from stager.testing import ThreadCluster
+from stager.testing.locks import NODES_LOCK, exclusive
 from stager.testing.mount import Mounted
 from stager.testing.postgres import PostgresServer, PostgresUnavailable, start_postgres
 
@@ -300,6 +301,24 @@ def pytest_configure(config: pytest.Config) -> None:
         from skip_budget import SkipBudget
 
         config.pluginmanager.register(SkipBudget(), "skip-budget")
+
+
+NODE_GROUP = "slurm"     # the xdist group of the modules that start nodes or a Slurm
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _nodes_in_turn(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A module of the ``slurm`` group (emulated nodes, network namespaces, per-job
+    clusters, a test Slurm) holds the machine's nodes lock while it runs: the group
+    keeps such modules apart under xdist, and the lock keeps them apart from the
+    benchmarks that start nodes, which the quick run of every benchmark
+    (tests/test_bench_quick.py, a group of its own) runs in their turn."""
+    group = request.node.get_closest_marker("xdist_group")
+    if group is None or group.args[:1] != (NODE_GROUP,):
+        yield
+        return
+    with exclusive(NODES_LOCK):
+        yield
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -28,9 +28,10 @@ from stager.testing.jobnodes import EmulatedJob
 from stager.testing.netns import netns_unavailable
 
 # emulated nodes in network namespaces: not in make check.  Run beside nothing else that
-# starts per-job clusters or nodes (the Slurm modules, the network namespace and quick
-# benchmark modules): in parallel with them, CI saw a job's servers SIGTERMed while
-# starting, and a real Slurm job's `job up` fail (cause not found; see the closing note).
+# starts per-job clusters or nodes (the Slurm and network namespace modules, by their
+# group; the node benchmarks of the quick run, by the nodes lock: tests/conftest.py): in
+# parallel with them, CI saw a job's servers SIGTERMed while starting, and a real Slurm
+# job's `job up` fail (cause not found; see the closing note).
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 
 WHY = netns_unavailable()

@@ -17,6 +17,7 @@ import pytest
 from stager import AsyncClient
 from stager.config import load_config
 from stager.protocol.models import LayoutSpec
+from stager.testing.locks import NODES_LOCK
 from stager.testing.netns import (
     TEARDOWN_DEADLINE,
     NetnsFabric,
@@ -68,6 +69,17 @@ async def test_file_striped_over_two_namespaces_reads_back_exact(tmp_path: Path)
 
 
 @needs_netns
+def test_this_module_runs_in_its_turn_of_the_nodes_lock() -> None:
+    """The group's modules hold stager.testing.locks.NODES_LOCK while they run
+    (tests/conftest.py), so a node benchmark of the quick run waits: another process
+    cannot take the lock now."""
+    probe = ("import fcntl, sys; f = open(sys.argv[1], 'a')\n"
+             "try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+             "except BlockingIOError: sys.exit(7)")
+    done = subprocess.run([sys.executable, "-c", probe, str(NODES_LOCK)], timeout=60)
+    assert done.returncode == 7, "the nodes lock was free while this module ran"
+
+
 def test_fabric_caps_links_and_removes_everything_after_a_failure() -> None:
     fabric = NetnsFabric(2, rate_mbit=100)
     with pytest.raises(RuntimeError, match="boom"), fabric:

@@ -30,7 +30,6 @@ Needs root and iproute2 (``ip``, ``tc``); :func:`netns_unavailable` says why not
 from __future__ import annotations
 
 import atexit
-import fcntl
 import ipaddress
 import logging
 import os
@@ -47,6 +46,7 @@ from types import FrameType
 from typing import Any
 
 from ..deploy.jobprocs import pid_alive
+from .locks import exclusive
 
 log = logging.getLogger("stager.testing")
 
@@ -149,7 +149,7 @@ class NetnsFabric:
         _register(self)
         self._up = True
         try:
-            with _alloc_lock():
+            with exclusive(LOCK_FILE):   # subnet choice, between fabrics being built
                 third = _free_subnet(self.pid + self.seq)
                 self.subnet = f"10.77.{third}.0/24"
                 self.host_address = f"10.77.{third}.1"
@@ -327,17 +327,6 @@ def sweep_stale() -> list[str]:
     _kill_inside(spaces)
     _remove(links, spaces)
     return links + spaces
-
-
-@contextmanager
-def _alloc_lock() -> Iterator[None]:
-    """Serialise subnet choice between processes building fabrics at the same time."""
-    with open(LOCK_FILE, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _free_subnet(seed: int) -> int:

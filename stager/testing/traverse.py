@@ -8,7 +8,6 @@ through a small registry, so the first to stop does not cut off the others.
 
 from __future__ import annotations
 
-import fcntl
 import itertools
 import json
 import os
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..deploy.jobprocs import pid_alive
+from .locks import exclusive
 
 ACL_XATTR = "system.posix_acl_access"
 
@@ -44,8 +44,7 @@ def _traverse_registry() -> Iterator[dict[str, Any]]:
     read and written under an exclusive lock: clusters of several processes (pytest
     workers, a helper's run beside the suite) grant the same directories, and the first
     to stop must not take away what the others still use."""
-    with open(TRAVERSE_REGISTRY.with_suffix(".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with exclusive(TRAVERSE_REGISTRY.with_suffix(".lock")):
         try:
             table = json.loads(TRAVERSE_REGISTRY.read_text())
         except (OSError, ValueError):
