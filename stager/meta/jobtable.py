@@ -166,8 +166,12 @@ class JobTable:
         self.store = store          # shared with other metadata servers, else None
         self._entries: dict[Key, RankEntry] = {}
         self._claims: dict[str, Claim] = {}
-        # (expires, key) per report taken, earliest first: a sweep looks only at what is
-        # due (a pushed time an entry has since outlived is skipped when it comes due)
+        # (expires, key) per entry, earliest first: a sweep looks only at what is due.
+        # One item per entry, pushed when the entry is made and again when it comes
+        # due but a later report has moved its expiry on; not one per report: an item
+        # kept for a report's ttl outlives the garbage collector's young generations,
+        # whose collections, at thousands of reports a second, held the event loop
+        # several times a second (bench scale)
         self._due: list[tuple[float, int, Key]] = []
         self._seq = itertools.count()      # ties never compare keys (None vs int)
 
@@ -228,8 +232,9 @@ class JobTable:
                           owner, claim.since)
         if old is None:
             claim.entries += 1
+        if old is None or entry.expires < old.expires:     # else its item is due first
+            heapq.heappush(self._due, (entry.expires, next(self._seq), key))
         self._entries[key] = entry
-        heapq.heappush(self._due, (entry.expires, next(self._seq), key))
         return entry
 
     def _claim(self, job: str, owner: str | None, since: float) -> Claim:
@@ -239,13 +244,16 @@ class JobTable:
         return claim
 
     def _expire(self, now: float) -> None:
-        """Drop the entries expired by ``now``: O(log n) per report taken, not a scan
+        """Drop the entries expired by ``now``: O(log n) per entry come due, not a scan
         of every entry on every report (it led a metadata server's CPU per report)."""
         due = self._due
         while due and due[0][0] <= now:
             _, _, key = heapq.heappop(due)
             entry = self._entries.get(key)
-            if entry is None or entry.expires > now:
+            if entry is None:
+                continue
+            if entry.expires > now:         # reported since: due again at its new expiry
+                heapq.heappush(due, (entry.expires, next(self._seq), key))
                 continue
             del self._entries[key]
             claim = self._claims[key[0]]

@@ -27,6 +27,7 @@ from ..protocol.messages import Heartbeat, ScrubProgress
 from .service import MetaService
 
 WINDOW = 60.0       # seconds of samples kept per target
+STEPS = 12          # samples kept over a window at most (besides the newest)
 
 
 class TargetRates:
@@ -38,12 +39,21 @@ class TargetRates:
         self.scrubs: dict[str, ScrubProgress] = {}
 
     def observe(self, target_id: str, bytes_read: int, bytes_written: int) -> None:
-        """A heartbeat's counters."""
+        """A heartbeat's counters.  The newest sample replaces the one before it while
+        that one is less than ``window / STEPS`` newer than its predecessor: a rate
+        reads only the oldest and the newest, and a sample kept for a minute per beat
+        (thousands a second at a site) is an object each beat that outlives the
+        garbage collector's young generations, whose collections then held the event
+        loop several times a second (bench scale)."""
         now = self.clock()
         samples = self._samples.setdefault(target_id, deque())
         if samples and (bytes_read < samples[-1][1] or bytes_written < samples[-1][2]):
             samples.clear()         # the data server restarted: its counters began again
-        samples.append((now, bytes_read, bytes_written))
+        sample = (now, bytes_read, bytes_written)
+        if len(samples) > 1 and samples[-1][0] - samples[-2][0] < self.window / STEPS:
+            samples[-1] = sample
+        else:
+            samples.append(sample)
         while len(samples) > 2 and now - samples[1][0] >= self.window:
             samples.popleft()       # keep one sample at or past the window's start
 
