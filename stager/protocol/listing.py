@@ -1,8 +1,8 @@
 """A directory page written as the server sends it, in one encode (issue 30).
 
 ``Listing.to_json`` builds a dict per entry from a :class:`~.models.FileInfo`, which
-the server had built from the store's entry: three objects per row, some 5 us of
-a 1,000-entry page's server time each.  :class:`ListedEntry` declares the same
+the server had built from the store's entry: three objects per row, most of a
+1,000-entry page's server time.  :class:`ListedEntry` declares the same
 JSON object (``FileInfo.to_json``'s fields, in its order, each left out where it
 does) as a ``msgspec.Struct``: the server makes one per row, straight from the
 store's row, and msgspec writes the page in one call.  Each distinct layout and
