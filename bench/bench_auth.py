@@ -16,11 +16,13 @@ reaches it (a spread wider than the cost judged is no result).
   batches in flight (as ``bench_small_samples``): every request carries its
   capability and the data server checks every piece's file against it.
 - **16 KiB files/s**: the same samples as one file each, read by the Loader
-  (``format="files"``, shuffled): the worst case for auth, a capability per
-  file, fetched a batch at a time by the client and checked per piece.  A fresh
-  Loader's first epoch pays a signature and a verification per file; its next
-  epoch finds every capability held and already verified (two epochs together
-  are measured too).
+  (``format="files"``, shuffled): the worst case for auth, every file needing
+  its own grant.  The Loader fetches the capabilities of each fetch group
+  before its reads, as batch capabilities (one signature, and one verification
+  per data server, for up to 256 files: stager/auth/tokens.py), its files
+  ordered by data server; its next epoch, drawing the files in another order,
+  fetches each group's anew rather than show every data server many batches
+  (two epochs together are measured too).
 
 With auth on the client holds a ``read``+``write`` token for ``/`` (not admin).
 """
@@ -223,12 +225,11 @@ def _result(figures: dict[str, dict[str, list[float]]], big: int, samples: int, 
             "from constructing the loader to its last batch; 'two epochs': the same "
             "Loader's first and next epoch (set_epoch) together, from constructing it.",
             "auth on: a read+write token on /, capabilities from stats and from "
-            "POST /v1/capabilities (a batch at a time for the Loader's files), checked "
-            "by the data servers with the public key (cached per capability text). A "
-            "capability names one file: a fresh Loader's first epoch has the metadata "
-            "server sign one per file (Ed25519) and a data server verify each; its next "
-            "epoch finds them held by the client and cached by the data servers, so the "
-            "two-epoch column shows that cost shared by twice the files.",
+            "POST /v1/capabilities, checked by the data servers with the public key "
+            "(cached per capability text). The Loader fetches a batch capability per "
+            "fetch group (up to 256 files, ordered by data server): the metadata server "
+            "signs (Ed25519) once per batch and each data server verifies once per batch, "
+            "not per file; the next epoch fetches each group's batch anew.",
             "auth on + TLS: the same over HTTPS (`stager up --auth --tls`, a private CA, "
             "TLS 1.3): data servers cannot sendfile, so each chunk is read into memory and "
             "encrypted; the client decrypts every byte (docs/tls.md).",
