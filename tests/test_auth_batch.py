@@ -17,7 +17,7 @@ import pytest
 from conftest import raw_http, start_cluster
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from stager import Client
+from stager import AsyncClient, Client
 from stager.auth import b64, capability_allows
 from stager.auth.tokens import (
     BATCH,
@@ -154,3 +154,23 @@ def test_a_batch_is_only_for_files_the_token_may_read(cluster: ThreadCluster,
                    json.dumps({"op": "read", "file_ids": [inside, outside]}).encode(),
                    {"Authorization": f"Bearer {narrow}", "Content-Type": "application/json"})
     assert got.status == 403 and got.json()["error"] == "forbidden"
+
+
+async def test_a_plan_fetches_scattered_capabilities_anew_as_one_batch(
+        cluster: ThreadCluster, ns: str) -> None:
+    token = cluster.mint(["read", "write"])
+    async with AsyncClient(cluster.meta_url, config=load_config(env={}), token=token) as c:
+        await c.write_many([(f"{ns}/{i}", b"x") for i in range(12)])
+        ids = [(await c.stat(f"{ns}/{i}")).file_id for i in range(12)]
+        book = c.capabilities
+        assert book is not None
+        held = await book.header("read", ids)       # one capability each, from the stats
+        assert held is not None and len(held.split()) == 12
+        await book.plan("read", ids)
+        fetched = book.fetched
+        again = await book.header("read", ids)
+        assert again is not None and len(again.split()) == 1
+        await book.plan("read", ids)                # compact now: nothing fetched
+        assert book.fetched == fetched
+        # and the one batch reads every file through the data servers
+        assert [await c.cat(f"{ns}/{i}") for i in range(12)] == [b"x"] * 12
