@@ -29,6 +29,7 @@ from ..web.middleware import METRICS_KEY, error_response, json_response
 from ..web.requests import BodyBuffers, read_body, read_json
 from ..web.sendfile import send_region
 from ..web.server import add_routes, base_app
+from ..web.tlswrite import is_tls, write_body
 from . import maintenance
 from .service import DataService
 
@@ -185,15 +186,16 @@ async def batch_read(request: web.Request) -> web.StreamResponse:
                                            H.TARGET: _svc(request).identity.target_id})
     response.content_length = batch.total
     slices = batch.slices()
+    tls = is_tls(request)       # over TLS, each slice in views (stager/web/tlswrite.py)
     try:
         # The first slice is read (and verified) before the headers go, so a corrupt
         # chunk there is still a JSON error; a later one can only cut the body short.
         first = await anext(slices, None)
         await response.prepare(request)
         if first is not None:
-            await response.write(first)
+            await write_body(response, first, tls)
         async for data in slices:
-            await response.write(data)
+            await write_body(response, data, tls)
     finally:
         await slices.aclose()  # type: ignore[attr-defined]
         batch.close()
