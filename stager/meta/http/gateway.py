@@ -8,10 +8,11 @@ from collections.abc import AsyncIterator, Sequence
 from ...config import Config
 from ...dataplane import DataPlane, StripedReader, StripedWriter
 from ...dataplane.writeplan import Placement
-from ...errors import PayloadTooLarge, StagerError
+from ...errors import PayloadTooLarge, StagerError, UploadNotFound
 from ...protocol.batch import CommitItem, CreateItem, one
 from ...protocol.messages import RerouteItem, RerouteRequest
 from ...protocol.models import FileInfo, LayoutSpec
+from .. import opkey
 from ..service import MetaService
 
 
@@ -35,6 +36,10 @@ class Gateway:
         created, fresh = await self.service.plan_creates([CreateItem(path, layout)])
         upload, info = one(created)
         assert info.layout is not None
+        if fresh and opkey.retried():
+            done = await self._done_before(upload.file_id)
+            if done is not None:
+                return done
         begun = asyncio.ensure_future(self.service.begin_uploads(fresh))
 
         async def reroute(target: str, cause: StagerError, items: Sequence[RerouteItem]
@@ -58,6 +63,22 @@ class Gateway:
             await writer.abort()
             await asyncio.shield(self._abort(upload.file_id, begun))
             raise
+
+    async def _done_before(self, file_id: str) -> FileInfo | None:
+        """On a retry whose earlier try left no upload: the file that try committed
+        (its answer was never recorded: the server died in between), else None (no
+        try got that far).  Written again under the same id, it would replace itself,
+        and the collection of the replaced id would take the new file's chunks; one
+        committed and then replaced or removed since is not written again over what
+        is there now (``settled``)."""
+        done = await opkey.earlier_commit(self.service.store, file_id)
+        if done is not None:
+            return self.service.info(done)
+        if await self.service.store.retired(file_id):
+            raise UploadNotFound(f"file {file_id} was committed, then replaced or removed by "
+                                 "another writer; not written again", file_id=file_id,
+                                 settled=True)
+        return None
 
     async def _reroute(self, target: str, cause: StagerError, items: Sequence[RerouteItem]
                        ) -> list[Placement | StagerError]:
