@@ -41,7 +41,7 @@ from .cache import CacheCalls
 from .capabilities import CapabilityBook
 from .cluster import Cluster
 from .fileio import AsyncReadFile, AsyncWriteFile
-from .listing import info_from_bytes, listing_from_bytes
+from .listing import SHARED, info_from_bytes, listing_from_bytes
 from .metaconn import LONG, MetaConnection
 from .rewrite import written_again
 from .stale import read_current
@@ -135,12 +135,12 @@ class AsyncClient(CacheCalls):
 
     async def iter_dir(self, path: str, *, page_size: int | None = None, after: str = ""
                        ) -> AsyncIterator[FileInfo]:
-        """Every entry of a directory (those named after ``after``, in the names' byte
-        order), one page request at a time (read by :func:`.listing.listing_from_bytes`)."""
+        """A directory's entries named after ``after`` (bytewise), a page a request."""
         cursor: str | None = after
         while cursor is not None:
             page = await self.meta.request(route("list"), path=paths.normalize(path), query={
-                "after": cursor, "limit": page_size or None}, decode=listing_from_bytes)
+                "after": cursor, "limit": page_size or None, "layouts": SHARED},
+                decode=listing_from_bytes)
             for entry in page.entries:
                 yield entry
             cursor = page.next

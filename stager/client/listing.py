@@ -15,6 +15,10 @@ decodes them straight into typed structs (no dict per entry), checking the types
 and bounds ``FileInfo.from_json`` checks; a page it refuses for any reason is read
 again by :func:`listing_of`, which gives the answer or the error it always gave.
 :func:`info_from_bytes` reads a stat's answer the same way.
+
+A shared page (``layouts=shared``: each layout once, entries naming theirs by index)
+reads as the page :func:`~stager.protocol.listing.unshared` makes of it: its
+layouts are made once, and the entries of one share its Layout and its URLs.
 """
 
 from __future__ import annotations
@@ -25,8 +29,11 @@ from typing import Annotated, Any
 import msgspec
 
 from ..errors import StagerError
+from ..protocol.listing import SHARED, unshared
 from ..protocol.messages import Listing
 from ..protocol.models import INT64_MAX, FileInfo, Layout, LayoutSpec, attrs_of, field_of
+
+__all__ = ["SHARED", "info_from_bytes", "listing_from_bytes", "listing_of"]
 
 # The fields an entry of the usual shape may have (a directory's default layout or a
 # version's attrs send the entry the long way).
@@ -38,6 +45,7 @@ def listing_of(obj: Any) -> Listing:
     """``Listing.from_json(obj)``, quicker for the entries servers send."""
     if not isinstance(obj, dict):
         return Listing.from_json(obj)
+    obj = unshared(obj)
     layouts: dict[tuple[Any, ...], Layout] = {}
     path = field_of(obj, "path", str)           # checked in from_json's order
     entries = tuple(_entry(e, layouts) for e in field_of(obj, "entries", list))
@@ -106,6 +114,18 @@ class _Layout(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     cached: bool = False
 
 
+class _Shared(msgspec.Struct, forbid_unknown_fields=True):
+    """A layout of a shared page's ``layouts``, with its targets' URLs."""
+
+    chunk_size: Count
+    stripe_count: int
+    replicas: int
+    targets: tuple[str, ...]
+    nodes: tuple[str, ...]
+    cached: bool = False
+    locations: dict[str, str] = {}
+
+
 class _Entry(msgspec.Struct):
     # Optional fields have no null here: from_json reads a null as the default, and
     # such a (rare) page goes the long way.
@@ -114,7 +134,7 @@ class _Entry(msgspec.Struct):
     size: Count = 0
     mtime: float = 0.0
     file_id: str | None = None
-    layout: _Layout | None = None
+    layout: _Layout | int | None = None         # int: an index into a shared page's
     default_layout: dict[str, Any] | None = None
     checksums: list[str] | None = None
     locations: dict[str, str] = {}
@@ -126,6 +146,7 @@ class _Page(msgspec.Struct):
     path: str
     entries: list[_Entry]
     next: str | None = None
+    layouts: list[_Shared] | None = None
 
 
 _read_page = msgspec.json.Decoder(_Page).decode
@@ -141,8 +162,13 @@ def listing_from_bytes(raw: bytes) -> Listing:
     except msgspec.ValidationError:
         return listing_of(_read_any(raw))
     try:
-        entries = tuple([_info(e) for e in page.entries])
-    except (StagerError, ValueError):   # a layout or a checksum from_json refuses
+        if page.layouts is None:
+            entries = tuple([_info(e) for e in page.entries])
+        else:
+            table = [(_layout_of(_Layout(s.chunk_size, s.stripe_count, s.replicas, s.targets,
+                                         s.nodes, s.cached)), s.locations) for s in page.layouts]
+            entries = tuple([_info(e, table) for e in page.entries])
+    except (StagerError, ValueError, IndexError):   # what from_json refuses, a bad index
         return listing_of(_read_any(raw))
     return Listing(path=page.path, entries=entries, next=page.next)
 
@@ -162,8 +188,19 @@ def info_from_bytes(raw: bytes) -> FileInfo:
 _new = object.__new__
 
 
-def _info(e: _Entry) -> FileInfo:
-    layout = _layout_of(e.layout) if e.layout is not None else None
+def _info(e: _Entry, table: list[tuple[Layout, dict[str, str]]] | None = None
+          ) -> FileInfo:
+    """``e``'s FileInfo; ``table``: a shared page's layouts, each with its URLs."""
+    layout = e.layout
+    where = e.locations
+    if layout is not None:
+        if type(layout) is int:
+            if table is None or layout < 0:
+                raise ValueError("a layout index outside a shared page")
+            layout, shared = table[layout]      # IndexError: past the page's layouts
+            where = where or shared
+        else:
+            layout = _layout_of(layout)
     sums = e.checksums
     # FileInfo(...) itself, less its frozen __init__, which sets each of the eleven
     # fields through object.__setattr__: two thirds of a 1,000-entry page's building.
@@ -175,7 +212,7 @@ def _info(e: _Entry) -> FileInfo:
         default_layout=LayoutSpec.from_json(e.default_layout) if e.default_layout else None,
         checksums=(tuple([int(c, 16) for c in sums]) if sums else ()) if sums is not None
         else None,
-        locations=e.locations, capability=e.capability,
+        locations=where, capability=e.capability,
         attrs=attrs_of({"attrs": e.attrs}) if e.attrs else {})
     return info
 

@@ -6,7 +6,8 @@ and makes each entry's wire struct (:class:`~stager.protocol.listing.ListedEntry
 from its row, with what ``info`` adds: the URLs of the layout's targets, and no
 checksums for a cached file (its chunks are checked against their fills' CRCs).
 The files of a directory mostly share one layout object (the store parses each
-stored layout once), so a layout and its URLs are looked up and encoded once a page.
+stored layout once), so a layout and its URLs are looked up and encoded once a page,
+and a shared page (``layouts=shared``) sends them once, each entry naming its by index.
 """
 
 from __future__ import annotations
@@ -15,14 +16,18 @@ from collections.abc import Callable, Sequence
 
 import msgspec
 
-from ..protocol.listing import ListedEntry, layout_parts, spec_json
+from ..protocol.listing import ListedEntry, layout_parts, shared_layout, spec_json
 from ..protocol.models import Layout
 from .store.base import Listed
 
 
-def wire_entries(rows: Sequence[Listed], locations: Callable[[Layout], dict[str, str]]
-                 ) -> list[ListedEntry]:
-    """The entries of ``rows``; ``locations(layout)``: the URL of each of its targets."""
+def wire_entries(rows: Sequence[Listed], locations: Callable[[Layout], dict[str, str]],
+                 layouts: list[msgspec.Raw] | None = None) -> list[ListedEntry]:
+    """The entries of ``rows``; ``locations(layout)``: the URL of each of its targets.
+    With ``layouts`` (a shared page's, filled here) each distinct layout is appended
+    to it once, and an entry names its layout by index."""
+    if layouts is not None:
+        return _shared_entries(rows, locations, layouts)
     parts: dict[int, tuple[msgspec.Raw, msgspec.Raw | None]] = {}
     out = []
     for path, kind, size, mtime, file_id, layout, spec, sums, attrs in rows:
@@ -36,6 +41,25 @@ def wire_entries(rows: Sequence[Listed], locations: Callable[[Layout], dict[str,
             got = parts[id(layout)] = layout_parts(layout, locations(layout))
         out.append(ListedEntry(path, kind, size, mtime, file_id, got[0], None,
                                None if layout.cached else _hex(sums), got[1], None, attrs))
+    return out
+
+
+def _shared_entries(rows: Sequence[Listed], locations: Callable[[Layout], dict[str, str]],
+                    layouts: list[msgspec.Raw]) -> list[ListedEntry]:
+    index: dict[int, int] = {}
+    out = []
+    for path, kind, size, mtime, file_id, layout, spec, sums, attrs in rows:
+        if layout is None:
+            out.append(ListedEntry(path, kind, size, mtime, file_id,
+                                   default_layout=spec_json(spec), checksums=_hex(sums),
+                                   attrs=attrs))
+            continue
+        at = index.get(id(layout))      # rows hold their layouts: an id is not reused
+        if at is None:
+            at = index[id(layout)] = len(layouts)
+            layouts.append(shared_layout(layout, locations(layout)))
+        out.append(ListedEntry(path, kind, size, mtime, file_id, at, None,
+                               None if layout.cached else _hex(sums), None, None, attrs))
     return out
 
 

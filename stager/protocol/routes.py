@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from .listing import SHARED
 from .models import (
     CHUNK_ID_RE,
     CHUNK_SIZE_BOUNDS,
@@ -207,7 +208,10 @@ ROUTES: tuple[Route, ...] = (
           params=(P_PATH,), responses={200: "FileInfo", 400: "Error", 404: "Error"}),
     Route("GET", "/v1/list/{path:.*}", "list", "list a directory, one page at a time", "meta",
           params=(P_PATH, LIMIT_Q, Param("after"),
-                  Param("detail", type="boolean")),
+                  Param("detail", type="boolean"),
+                  Param("layouts", description=f"{SHARED}: each layout once, in the "
+                        "page's layouts, and each entry's layout its index there",
+                        bounds=(("enum", (SHARED,)),))),
           responses={200: "Listing", 404: "Error", 409: "Error"}),
     Route("POST", "/v1/mkdir", "mkdir", "make a directory (with parents: mkdir -p)", "meta",
           body="MkdirRequest", responses={200: "FileInfo", **ERR}),

@@ -8,6 +8,7 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from email.utils import formatdate
 
+import msgspec
 from aiohttp import web
 
 from ...auth.policy import visible
@@ -20,7 +21,7 @@ from ...protocol.authmsg import TargetRegistered
 from ...protocol.batch import CommitItem, CreateItem, parse_items, results_json
 from ...protocol.cache import Filled, FillItem
 from ...protocol.headers import accepts_gzip, etag_matches
-from ...protocol.listing import listing_body
+from ...protocol.listing import listing_body, wants_shared
 from ...protocol.models import FileInfo, LayoutSpec, TargetInfo, check_file_id
 from ...protocol.ranges import content_range, parse_range, unsatisfied_range
 from ...web import idempotency
@@ -200,6 +201,7 @@ def _readable(request: web.Request, info: FileInfo) -> None:
 async def list_dir(request: web.Request) -> web.Response:
     path = path_arg(request)
     after, limit = request.query.get("after", ""), query_int(request, "limit")
+    layouts: list[msgspec.Raw] | None = [] if wants_shared(request.query.get("layouts")) else None
     token = token_of(request)
     svc = _svc(request)
     while True:
@@ -215,8 +217,9 @@ async def list_dir(request: web.Request) -> web.Response:
             break
         after = nxt
     # straight from the rows to the page's bytes (stager/meta/listing.py)
-    body = listing_body(path, wire_entries(rows, svc.locations), nxt,
-                        detail=query_bool(request, "detail", True))
+    entries = wire_entries(rows, svc.locations, layouts)
+    body = listing_body(path, entries, nxt, detail=query_bool(request, "detail", True),
+                        layouts=layouts)
     return web.Response(body=body, content_type="application/json")
 
 
