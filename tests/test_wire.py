@@ -394,3 +394,25 @@ def test_a_batch_of_loader_reports_round_trips() -> None:
     with pytest.raises(BadRequest) as caught:
         decode_batch(json.dumps(bad).encode())
     assert caught.value.details["index"] == 1
+
+
+def test_a_page_with_shared_layouts_is_asked_for_and_described() -> None:
+    """``GET /v1/list/{path}?layouts=shared`` (issue 30): each layout once, in the page's
+    ``layouts`` (with its targets' URLs), each entry's layout its index there; the
+    document describes that page too."""
+    jsonschema = pytest.importorskip("jsonschema", reason="the dev extra installs it")
+    from stager.meta.listing import wire_entries
+    from stager.protocol.listing import SHARED, listing_body
+
+    assert route("list").target(path="d", query={"layouts": SHARED}) == "/v1/list/d?layouts=shared"
+    layout = Layout(8192, 1, 1, ("t0",), ("n0",))
+    rows = [(f"/d/f{i}", "file", 1, 1.0, "a" * 32, layout, None, (7,), {}) for i in range(2)]
+    layouts: list = []                                      # type: ignore[type-arg]
+    page = json.loads(listing_body("/d", wire_entries(rows, lambda _: {"t0": "http://h:1"},
+                                                      layouts), None, layouts=layouts))
+    assert page["layouts"] == [{**layout.to_json(), "locations": {"t0": "http://h:1"}}]
+    assert [e["layout"] for e in page["entries"]] == [0, 0]
+    document = {"$ref": "#/components/schemas/Listing", "components": {"schemas": SCHEMAS}}
+    jsonschema.validate(page, document)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**page, "layouts": [{"locations": 5}]}, document)

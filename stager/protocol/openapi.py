@@ -75,7 +75,11 @@ SCHEMAS: dict[str, Any] = {
     # when empty; a rewrite by any other way has none
     "Attrs": {"type": "object", "description": f"any JSON object, at most {MAX_ATTRS} bytes "
               "as compact JSON with sorted keys (more: 400 bad_request)"},
-    "Listing": _obj({"path": _STR, "entries": {"type": "array", "items": _ref("FileInfo")},
+    # with layouts=shared (stager/protocol/listing.py): each layout of the page once, in
+    # layouts, and each entry's layout (a SharedEntry) its index there
+    "Listing": _obj({"path": _STR, "layouts": {"type": "array", "items": _ref("SharedLayout")},
+                     "entries": {"type": "array", "items": {
+                         "anyOf": [_ref("FileInfo"), _ref("SharedEntry")]}},
                      "next": {"type": ["string", "null"]}}, ("entries",)),
     "Target": _obj({"id": _TARGET_ID, "node": _STR, "url": _URL, "capacity": _COUNT,
                     "used": _COUNT, "state": _STR, "last_heartbeat": _NUM, "chunks": _COUNT,
@@ -220,6 +224,18 @@ SCHEMAS: dict[str, Any] = {
     **MULTIPART_SCHEMAS,
     **CACHE_SCHEMAS,
 }
+
+
+
+def _but(name: str, **props: Any) -> dict[str, Any]:
+    """Schema ``name``, with ``props`` for some of its properties."""
+    return {**SCHEMAS[name], "properties": {**SCHEMAS[name]["properties"], **props}}
+
+
+# A shared page's layout carries its targets' URLs, which its entries then leave out
+SCHEMAS["SharedLayout"] = _but("Layout", locations=SCHEMAS["FileInfo"]["properties"]["locations"])
+SCHEMAS["SharedEntry"] = _but("FileInfo", layout={**_INT, "minimum": 0,
+                                                  "description": "an index into layouts"})
 
 # With auth on: a bearer token to the metadata server, capabilities to data servers.
 SECURITY_SCHEMES = {
