@@ -59,3 +59,19 @@ def test_a_retry_after_a_lost_answer_does_not_write_over_a_later_writer(
     assert "not written again" in again.json()["message"]
     collected(client, path)
     assert client.cat(path) == b"later writer"
+
+
+def test_a_put_sent_twice_as_a_first_try_keeps_its_chunks(
+        cluster: ThreadCluster, http, client: Client, ns: str, payload) -> None:
+    """aiohttp sends a PUT again, headers and all (``X-Stager-Attempt: 1``), when the
+    keep-alive connection it went out on drops: the server takes the second for a
+    first try and writes the file again under the same id.  Its commit replaces the
+    file's row with itself, never its chunks."""
+    path, data, key = f"{ns}/twice.bin", payload(1000), uuid.uuid4().hex
+    first = put(http, cluster, path, data, key, 1)
+    lose_recorded_answers(cluster)          # as a first try, it is not looked up anyway
+    again = put(http, cluster, path, data, key, 1)
+    assert (first.status, again.status) == (201, 201)
+    assert again.json()["file_id"] == first.json()["file_id"]
+    collected(client, path)
+    assert client.cat(path) == data

@@ -420,7 +420,11 @@ class NamespaceSQL:
             self.quotas.charge(parent_id, self.quotas.replacing(upload.layout, size, existing),
                                0 if existing else 1, path=upload.path)
             if existing is not None:
-                self._garbage_file(existing, now)
+                # The same file id again (a keyed request sent twice as a first try:
+                # aiohttp re-sends a PUT on a dropped keep-alive connection) replaces
+                # its row only: as garbage, its chunks, the new row's too, would go.
+                if existing[4] != file_id:
+                    self._garbage_file(existing, now)
                 self.db.execute("DELETE FROM entries WHERE id = ?", (existing[0],))
             self.db.execute(
                 "INSERT INTO entries (parent, name, kind, size, mtime, file_id, layout, checksums,"
