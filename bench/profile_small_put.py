@@ -1,0 +1,70 @@
+"""Where a small durable file's time goes: 1 KiB ``pipe``s, one at a time, against a
+``stager up`` cluster (one data server, default intervals, as ``bench floors`` runs it).
+
+``python -m bench.profile_small_put [--files N] [--rounds R] [--size BYTES]
+[--meta-store URL]`` prints, per round, the wall time per file and the CPU per file
+of the metadata server, the data server and this client (``/proc``).  On a machine
+other work loads, the wall time is mostly waiting for a core and for the disk (the
+local floor of ``bench floors`` moves tenfold with it); the CPU per file moves far
+less, so compare versions by it, old and new alternating::
+
+    for t in /tmp/old /work/main /tmp/old /work/main; do
+        (cd $t && PYTHONPATH=$t python -m bench.profile_small_put --rounds 2); done
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import uvloop
+
+from .common import cpu_seconds, new_client
+from .profiling import own_cpu
+
+WARM = 20
+
+
+async def _pipes(url: str, tag: str, n: int, size: int) -> float:
+    """Microseconds per ``pipe`` of ``size`` bytes into a new file, after a warm-up."""
+    body = b"x" * size
+    async with new_client(url) as c:
+        for i in range(WARM):
+            await c.pipe(f"/small-put/{tag}/warm{i}", body)
+        start = time.perf_counter()
+        for i in range(n):
+            await c.pipe(f"/small-put/{tag}/f{i:06d}", body)
+        return (time.perf_counter() - start) / n * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.profile_small_put")
+    parser.add_argument("--files", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--meta-store", default="", help="postgresql://... (default SQLite)")
+    args = parser.parse_args()
+    from stager.testing import ProcessCluster
+
+    with tempfile.TemporaryDirectory(prefix="profile-small-put-") as tmp, \
+            ProcessCluster(Path(tmp) / "cluster", data_servers=1, fast=False,
+                           meta_store=args.meta_store) as cluster:
+        pids = {"meta": cluster.meta_pid(), "data": cluster.data_pid(0)}
+        uvloop.run(_pipes(cluster.meta_url, "first", WARM, args.size))
+        for r in range(args.rounds):
+            before = {k: cpu_seconds(p) for k, p in pids.items()}
+            mine = own_cpu()
+            wall = uvloop.run(_pipes(cluster.meta_url, f"r{r}", args.files, args.size))
+            per = 1e6 / (args.files + WARM)
+            cpu = {k: (cpu_seconds(p) - before[k]) * per for k, p in pids.items()}
+            cpu["client"] = (own_cpu() - mine) * per
+            print(f"{args.size} B pipe: {wall:,.0f} us each; CPU us per file: "
+                  + ", ".join(f"{k} {v:,.0f}" for k, v in cpu.items())
+                  + f"; load {os.getloadavg()[0]:.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
