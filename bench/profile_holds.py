@@ -25,12 +25,12 @@ from .common import run_async, scratch
 HOOK = Path(__file__).resolve().parent / "holds_hook"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--targets", type=int, default=4000)
     parser.add_argument("--ranks", type=int, default=2000)
     parser.add_argument("--window", type=float, default=10.0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with scratch("holds") as tmp:
         prefix = str(tmp / "holds")
         path = os.pathsep.join(p for p in (str(HOOK), os.environ.get("PYTHONPATH", ""),
