@@ -11,10 +11,17 @@ from __future__ import annotations
 import time
 import uuid
 
+import pytest
+from conftest import STORES, cluster_on_each_store
+
 from stager import Client
 from stager.meta.http.app import SERVICE
 from stager.protocol.headers import ATTEMPT, IDEMPOTENCY_KEY
 from stager.testing import ThreadCluster
+
+# both stores: SQLite's commit and PostgreSQL's stager_commit (schema 15) each replace
+# a row of the same file id without collecting its chunks
+_cluster = pytest.fixture(scope="module", params=STORES, name="cluster")(cluster_on_each_store)
 
 
 def put(http, cluster: ThreadCluster, path: str, body: bytes, key: str,  # type: ignore[no-untyped-def]

@@ -292,3 +292,15 @@ CACHED_COMMIT_FUNCTION = ATTRS_COMMIT_FUNCTION.replace(_CHARGE, """\
                      WHERE c.file_id = e_fid AND c.crc IS NOT NULL)
                ELSE e_size END;
 """)
+
+# Schema migration 15: a commit of a file id over the row of that same id (a keyed PUT
+# sent twice as a first try: aiohttp re-sends a PUT when its keep-alive connection
+# drops) replaces the row only.  As garbage, the id's chunks (the new row's too) would
+# be purged and the file left unreadable.  Migration 14's body with that one change.
+_GARBAGE = ("        INSERT INTO garbage VALUES (e_fid, e_lay, e_size, p_now) "
+            "ON CONFLICT (file_id)\n"
+            "            DO UPDATE SET layout = EXCLUDED.layout, size = EXCLUDED.size,\n"
+            "                          since = EXCLUDED.since;\n")
+assert CACHED_COMMIT_FUNCTION.count(_GARBAGE) == 1
+SELF_COMMIT_FUNCTION = CACHED_COMMIT_FUNCTION.replace(
+    _GARBAGE, "        IF e_fid IS DISTINCT FROM p_file_id THEN\n" + _GARBAGE + "        END IF;\n")
