@@ -63,6 +63,6 @@ def _shared_entries(rows: Sequence[Listed], locations: Callable[[Layout], dict[s
     return out
 
 
-def _hex(sums: tuple[int, ...] | None) -> list[str] | None:
-    # an empty file's (none) costs no comprehension
-    return None if sums is None else [f"{c:08x}" for c in sums] if sums else []
+def _hex(sums: tuple[int, ...] | None) -> Sequence[str] | None:
+    # an empty file's (none) costs no comprehension, nor a list the collector tracks
+    return None if sums is None else [f"{c:08x}" for c in sums] if sums else ()
