@@ -39,6 +39,7 @@ from .quotas import QuotaService
 from .snapshots import Snapshot, SnapshotCache
 from .store.base import Listed, MetaStore, NodeEntry, Upload
 from .suspicion import Probes, Suspicion, asker, incarnation
+from .targettable import TargetTable
 from .writes import Begun, Created
 
 log = logging.getLogger("stager.meta")
@@ -59,7 +60,7 @@ class MetaService:
         self.config = config
         self.clock = clock
         # Liveness is soft state: kept in memory, registration is persisted (start()).
-        self.targets: dict[str, TargetInfo] = {}
+        self.targets = TargetTable()
         # Lost targets whose chunks are still being re-replicated: they stay lost even
         # if they heartbeat again (stager/meta/upkeep/rebuild.py removes them when done).
         self.retiring: set[str] = set()
@@ -192,7 +193,7 @@ class MetaService:
             blob, created = await self.store.get_manifest(path)
             live = await self.store.subtree_files(path)
             return await asyncio.to_thread(lambda: snapshots.encode(
-                etag, _resolve_manifest(path, blob, created, live, urls)))
+                etag, snapshots.resolve(path, blob, created, live, urls)))
 
         return await self.snapshots.get(path, etag, resolve)
 
@@ -406,6 +407,8 @@ class MetaService:
         """Mark targets that missed their heartbeats down; suspects whose time is up
         and that still heartbeat, up."""
         now = self.clock()
+        if not self.suspects and not self.targets.may_be_stale(now, self.config.target_timeout):
+            return
         for t in list(self.targets.values()):
             stale = now - t.last_heartbeat > self.config.target_timeout
             if stale and t.state in PLACEABLE:
@@ -414,6 +417,7 @@ class MetaService:
                 self.targets[t.id] = _with(t, state="down")
             elif t.state == "suspect" and not self.is_suspect(t.id):
                 self.targets[t.id] = _with(t, state="up")
+        self.targets.scanned()
         for target_id in list(self.suspects):
             if not self.is_suspect(target_id):
                 del self.suspects[target_id]
@@ -488,23 +492,3 @@ class MetaService:
             await self.store.drop_garbage(done, now=now, forget_before=now - KEY_TTL)
         return len(done)
 
-
-def _resolve_manifest(path: str, blob: bytes, created: float, live: dict[str, NodeEntry],
-                      urls: dict[str, str]) -> dict[str, Any]:
-    """Unpack a stored manifest and resolve it against the live files (CPU work: runs
-    in a thread, so a large manifest never holds the event loop)."""
-    stored = json.loads(zlib.decompress(blob))
-    layouts: dict[Layout, int] = {}
-    files = []
-    for f in stored["files"]:
-        entry = live.get(f["path"])
-        if entry is None or entry.file_id != f["file_id"] or entry.layout is None:
-            files.append({**f, "stale": True})
-            continue
-        index = layouts.setdefault(entry.layout, len(layouts))
-        files.append({**f, "layout": index,
-                      "checksums": [f"{c:08x}" for c in entry.checksums or ()]})
-    targets = {t for layout in layouts for t in layout.targets}
-    return {**stored, "path": path, "created": created, "files": files,
-            "layouts": [layout.to_json() for layout in layouts],
-            "locations": {t: urls[t] for t in targets if t in urls}}

@@ -25,12 +25,14 @@ import asyncio
 import gzip
 import hashlib
 import json
+import zlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .store.base import ManifestVersion
+from ..protocol.models import Layout
+from .store.base import ManifestVersion, NodeEntry
 
 # Resolving happens once per change, but the first rank of a job waits on it: the
 # fastest level keeps that short (a 100,000-file manifest compresses ~10x even so).
@@ -119,3 +121,24 @@ class SnapshotCache:
         for path, current in list(self._by_path.items()):
             if current == etag:
                 del self._by_path[path]
+
+
+def resolve(path: str, blob: bytes, created: float, live: Mapping[str, NodeEntry],
+            urls: Mapping[str, str]) -> dict[str, Any]:
+    """Unpack a stored manifest and resolve it against the live files (CPU work: runs
+    in a thread, so a large manifest never holds the event loop)."""
+    stored = json.loads(zlib.decompress(blob))
+    layouts: dict[Layout, int] = {}
+    files = []
+    for f in stored["files"]:
+        entry = live.get(f["path"])
+        if entry is None or entry.file_id != f["file_id"] or entry.layout is None:
+            files.append({**f, "stale": True})
+            continue
+        index = layouts.setdefault(entry.layout, len(layouts))
+        files.append({**f, "layout": index,
+                      "checksums": [f"{c:08x}" for c in entry.checksums or ()]})
+    targets = {t for layout in layouts for t in layout.targets}
+    return {**stored, "path": path, "created": created, "files": files,
+            "layouts": [layout.to_json() for layout in layouts],
+            "locations": {t: urls[t] for t in targets if t in urls}}

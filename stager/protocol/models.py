@@ -284,7 +284,7 @@ class FileInfo:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TargetInfo:
     """A storage target as the metadata server knows it."""
 
