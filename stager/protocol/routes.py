@@ -376,7 +376,8 @@ _AUTH_ROUTES: tuple[Route, ...] = (
           responses={200: "TokenInfo", 404: "Error"}),
     Route("POST", "/v1/capabilities", "capabilities",
           "short-lived capabilities for chunk reads or writes of files by id; per-item "
-          "capabilities (null when auth is off) or errors", "meta",
+          "capabilities or errors: a batch capability's text on the first of its files, "
+          "null on the rest (the item before's); null throughout when auth is off", "meta",
           body="CapabilityRequest", responses={200: "CapabilityResult", 400: "Error",
                                                413: "Error"}),
 )

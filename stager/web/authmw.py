@@ -58,8 +58,10 @@ CHATTER = frozenset({"heartbeat", "heartbeats", "report_rank", "report_ranks",
                      "capabilities"})
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_CAPABILITIES = 4096         # per request: a batch of many small files carries many
-# ... all in one header: a capability's text is at most 276 characters, and a space
-# (stager.web.server makes the servers' header field limit this long).
+# ... all in one header: a file capability's text is at most 276 characters, and a space
+# (stager.web.server makes the servers' header field limit this long); a batch
+# capability's (up to 256 files) is about 7.6 KB, and a client sends at most 256 Ki
+# characters of them (stager.client.capabilities.MAX_HEADER).
 CAPABILITY_HEADER_BYTES = MAX_CAPABILITIES * 280
 VERIFY_ON_LOOP = 32            # new capabilities verified on the loop; more go to a thread
 TOKEN = web.RequestKey("token", Token)              # the verified bearer token
@@ -228,7 +230,10 @@ def require_files(request: web.Request, op: str, file_ids: Iterable[str]) -> Non
     # The files the request's own file capabilities grant, found once: a batch of many
     # small files carries a capability each, so checking each file against every
     # capability was quadratic.  The rest (a server capability) as before.
-    granted = {c.file_id for c in caps if c.target is None and op in CAP_GRANTS[c.op]}
+    granted: set[str] = set()
+    for c in caps:
+        if c.target is None and op in CAP_GRANTS[c.op]:
+            granted |= c.files or {c.file_id}
     here = request.get(HERE)
     for file_id in set(file_ids):
         if file_id not in granted:
