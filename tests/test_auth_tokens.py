@@ -423,6 +423,21 @@ def test_the_cache_verifies_each_text_once_and_still_refuses() -> None:
     assert len(cache) == 1
 
 
+def test_the_cache_is_bounded_by_the_bytes_of_its_texts() -> None:
+    """Batch capabilities are ~30 times a file capability's text: a count alone would
+    let a few thousand of them take hundreds of MB."""
+    batches = [sign(KEY, Capability.batch([f"{i:04x}{j:028x}" for j in range(256)], "read",
+                                          HOLDER, NOW, ttl=60)) for i in range(4)]
+    assert len(batches[0]) > 7000
+    cache = CapabilityCache(PUBLIC, size=100, max_bytes=2 * len(batches[0]) + 100)
+    for text in batches:
+        assert len(cache.verify(text, NOW).files) == 256
+    assert len(cache) == 2 and cache.known(batches[3]) and not cache.known(batches[0])
+    cache.forget(batches[3])
+    cache.verify(batches[0], NOW)                   # room again for one more
+    assert len(cache) == 2 and cache.known(batches[2])
+
+
 # -- keys on disk --------------------------------------------------------------------------
 
 def test_the_key_is_made_once_private_and_loaded_back(tmp_path: Path) -> None:

@@ -14,8 +14,10 @@ The key is the whole text: a cached answer is only ever for the exact bytes
 that were verified, so a forged or altered text misses and is verified (and
 refused) in full.  Expiry is checked again on every hit.  Refusals are not
 cached: a flood of bad texts costs what it costs without a cache, and cannot
-push good entries out.  The cache holds at most ``size`` entries, the least
-recently used leaving first.
+push good entries out.  The cache holds at most ``size`` entries and
+``max_bytes`` characters of text, the least recently used leaving first: a batch
+capability (up to 256 files) is ~7.6 KB of text and a set of its files, so a count
+alone would let 16,384 of them take hundreds of MB.
 
 It is meant for one event loop (the data server's); a dictionary operation
 holds the GIL, so threads sharing one would at worst verify twice.
@@ -32,7 +34,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from ..errors import Unauthenticated
 from .tokens import CLOCK_SKEW, Capability, Claims, verify_capability
 
-DEFAULT_SIZE = 16384        # a few MB at most: texts are ~200 bytes
+DEFAULT_SIZE = 16384        # a few MB at most: a file capability's text is ~200 bytes
+DEFAULT_BYTES = 16 << 20    # of texts: ~2,000 batch capabilities (~500,000 files)
 C = TypeVar("C", bound=Claims)
 
 
@@ -40,12 +43,14 @@ class VerifiedCache(Generic[C]):
     """``check(text, now)`` (a full verification), remembered per text.  The metadata
     server keeps bearer tokens in one (its ``check`` also asks revocation)."""
 
-    def __init__(self, check: Callable[[str, float], C], size: int = DEFAULT_SIZE) -> None:
+    def __init__(self, check: Callable[[str, float], C], size: int = DEFAULT_SIZE,
+                 max_bytes: int = DEFAULT_BYTES) -> None:
         if size < 1:
             raise ValueError("a verified cache holds at least one entry")
         self.check = check
-        self.size = size
+        self.size, self.max_bytes = size, max_bytes
         self._verified: OrderedDict[str, C] = OrderedDict()
+        self._bytes = 0             # characters of the texts held
         self.hits = 0
         self.misses = 0
 
@@ -54,7 +59,8 @@ class VerifiedCache(Generic[C]):
         return text in self._verified
 
     def forget(self, text: str) -> None:
-        self._verified.pop(text, None)
+        if self._verified.pop(text, None) is not None:
+            self._bytes -= len(text)
 
     def verify(self, text: str, now: float) -> C:
         """The claims ``text`` carries; :class:`~stager.errors.Unauthenticated`
@@ -62,7 +68,7 @@ class VerifiedCache(Generic[C]):
         cap = self._verified.get(text) if isinstance(text, str) else None
         if cap is not None:
             if now > cap.expires + CLOCK_SKEW:
-                self._verified.pop(text, None)
+                self.forget(text)
                 raise Unauthenticated("expired", reason="expired")
             try:
                 self._verified.move_to_end(text)
@@ -72,9 +78,13 @@ class VerifiedCache(Generic[C]):
             return cap
         self.misses += 1
         cap = self.check(text, now)
+        if text not in self._verified:
+            self._bytes += len(text)
         self._verified[text] = cap
-        if len(self._verified) > self.size:
-            self._verified.popitem(last=False)
+        while len(self._verified) > 1 and (len(self._verified) > self.size
+                                           or self._bytes > self.max_bytes):
+            old, _ = self._verified.popitem(last=False)
+            self._bytes -= len(old)
         return cap
 
     def __len__(self) -> int:
@@ -84,6 +94,8 @@ class VerifiedCache(Generic[C]):
 class CapabilityCache(VerifiedCache[Capability]):
     """:func:`~stager.auth.tokens.verify_capability` with ``public``, remembered per text."""
 
-    def __init__(self, public: Ed25519PublicKey, size: int = DEFAULT_SIZE) -> None:
-        super().__init__(lambda text, now: verify_capability(public, text, now), size)
+    def __init__(self, public: Ed25519PublicKey, size: int = DEFAULT_SIZE,
+                 max_bytes: int = DEFAULT_BYTES) -> None:
+        super().__init__(lambda text, now: verify_capability(public, text, now), size,
+                         max_bytes)
         self.public = public
