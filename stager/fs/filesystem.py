@@ -146,8 +146,9 @@ class StagerFileSystem(AsyncFileSystem):
             entries = await self.client.ls(path)
         except NotADirectory:
             entries = [await self.client.stat(path, cached=False)]
-        out = [to_fsspec(e) for e in entries]
-        return out if detail else [e["name"] for e in out]
+        if not detail:          # the names only: no info dict built per entry
+            return [e.path for e in entries]
+        return [to_fsspec(e) for e in entries]
 
     async def _mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
         await self.client.mkdir(self._strip_protocol(path), parents=create_parents,
