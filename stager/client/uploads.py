@@ -10,14 +10,27 @@ client sends it again.  Completing commits the file where it lies when the serve
 it can, after writing again in their slots the few parts it names (``move``); otherwise
 the parts are composed here, read back in order and written as a new file (a streaming
 copy: correct, and slower), which replaces the pending one.
+
+Once the server has fixed the upload's part size, the slot of each later part of at
+most that size is known (:class:`SlotCache`): the writer places it itself and skips the
+part's begin request, half of a multipart PUT's metadata requests.  The part's record
+(``multipart_part_done``) checks its place and the token's scope and refuses a part of
+an upload aborted or completed meanwhile, as before.  A slot is used only while its
+upload was seen alive in the last :data:`FRESH` seconds (a begin or a part recorded), at
+most :data:`MAX_SLOT_AGE` after its begin (its capability's life), never after this
+client completed or aborted the upload, and dropped on any error: the part sent again
+then asks begin, which places it around a target gone down.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
+import weakref
+from collections import OrderedDict
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..dataplane.writer import StripedWriter
@@ -43,6 +56,65 @@ from .async_client import AsyncClient
 # hashed on a thread (hashlib lets go of the GIL), not on the event loop
 THREAD_HASH = 1 << 20
 MAX_MOVES = 3
+FRESH = 2.0             # seconds since the upload was last seen alive: a slot is used
+MAX_SLOT_AGE = 60.0     # seconds since its begin (well within its capability's life)
+MAX_SLOTS = 1024        # uploads (and closed ones) a client remembers
+_CLOSED = None
+
+
+class SlotCache:
+    """The own-file slot of each upload in progress with a fixed part size, by upload id,
+    with when it was begun and last seen alive (bounded, least recently used first out);
+    ``None`` for an upload this client completed or aborted, never placed again."""
+
+    def __init__(self, limit: int = MAX_SLOTS) -> None:
+        self.limit = limit
+        self._slots: OrderedDict[str, tuple[PartSlot, float, float] | None] = OrderedDict()
+
+    def place(self, upload_id: str, number: int, size: int) -> PartSlot | None:
+        """Part ``number``'s slot when it can be placed without asking, else None."""
+        got = self._slots.get(upload_id)
+        if got is None:
+            return None
+        slot, begun, seen = got
+        now = time.monotonic()
+        part = slot.part_size or 0
+        if size > part or now - seen > FRESH or now - begun > MAX_SLOT_AGE:
+            return None
+        self._slots.move_to_end(upload_id)
+        return replace(slot, first_chunk=(number - 1) * (part // slot.layout.chunk_size))
+
+    def learn(self, upload_id: str, slot: PartSlot, asked: float) -> None:
+        """Keep a begin's answer (asked at ``asked``) when it gives the part size."""
+        chunk = slot.layout.chunk_size
+        if upload_id in self._slots and self._slots[upload_id] is _CLOSED:
+            return
+        if not slot.part_size or slot.part_size % chunk:
+            return
+        self._slots[upload_id] = (slot, asked, asked)
+        self._slots.move_to_end(upload_id)
+        while len(self._slots) > self.limit:
+            self._slots.popitem(last=False)
+
+    def seen(self, upload_id: str, asked: float) -> None:
+        """The upload was alive when a request sent at ``asked`` was answered."""
+        got = self._slots.get(upload_id)
+        if got is not None:
+            self._slots[upload_id] = (got[0], got[1], max(got[2], asked))
+
+    def drop(self, upload_id: str) -> None:
+        self._slots.pop(upload_id, None)
+
+    def close(self, upload_id: str) -> None:
+        """Never place a part of ``upload_id`` again (completed or aborted here)."""
+        self._slots[upload_id] = _CLOSED
+        self._slots.move_to_end(upload_id)
+        while len(self._slots) > self.limit:
+            self._slots.popitem(last=False)
+
+
+# one per client (the gateway makes a MultipartUploads per request over its client)
+_SLOTS: weakref.WeakKeyDictionary[AsyncClient, SlotCache] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -62,6 +134,10 @@ class MultipartUploads:
 
     def __init__(self, client: AsyncClient) -> None:
         self.client = client
+        slots = _SLOTS.get(client)
+        if slots is None:
+            slots = _SLOTS[client] = SlotCache()
+        self.slots = slots
 
     async def create(self, path: str, *, layout: LayoutSpec | None = None,
                      extra: str = "") -> MultipartUpload:
@@ -78,9 +154,22 @@ class MultipartUploads:
         that number is replaced).  Fewer or more bytes than ``size``: BadRequest, and
         nothing recorded.  ``md5_of``: the part's md5 (hex) once ``source`` is read,
         where its producer takes it anyway (the gateway's payload does), else taken here."""
-        slot = PartSlot.from_json(await self.client.meta.request(
-            route("multipart_part_begin"), body=PartBegin(size).to_json(),
-            upload_id=upload_id, number=number))
+        try:
+            return await self._write_part(upload_id, number, source, size, md5_of)
+        except BaseException:
+            self.slots.drop(upload_id)      # the part sent again asks where it goes
+            raise
+
+    async def _write_part(self, upload_id: str, number: int,
+                          source: AsyncIterable[bytes | bytearray | memoryview] | bytes,
+                          size: int, md5_of: Callable[[], str] | None) -> Part:
+        slot = self.slots.place(upload_id, number, size)
+        if slot is None:
+            asked = time.monotonic()
+            slot = PartSlot.from_json(await self.client.meta.request(
+                route("multipart_part_begin"), body=PartBegin(size).to_json(),
+                upload_id=upload_id, number=number))
+            self.slots.learn(upload_id, slot, asked)
         self.client.learn("write", slot.file_id, slot.capability)
         writer = StripedWriter(self.client.plane, slot.file_id, slot.layout, slot.locations,
                                max_in_flight=self.client.config.readahead_chunks,
@@ -115,9 +204,12 @@ class MultipartUploads:
         digest = md5.hexdigest() if md5_of is None else md5_of()
         done = PartDone(slot.file_id, slot.first_chunk, written, digest, checksums,
                         writer.layout)
-        return Part.from_json(await self.client.meta.request(
+        asked = time.monotonic()
+        part = Part.from_json(await self.client.meta.request(
             route("multipart_part_done"), body=done.to_json(), upload_id=upload_id,
             number=number))
+        self.slots.seen(upload_id, asked)
+        return part
 
     async def copy_part(self, upload_id: str, number: int, src: str, start: int = 0,
                         stop: int | None = None) -> Part:
@@ -149,6 +241,7 @@ class MultipartUploads:
                        attrs: dict[str, Any] | None = None) -> Completed:
         """Make the object of ``parts`` ((number, ETag), ascending) visible at once, its
         file committed with ``attrs``."""
+        self.slots.close(upload_id)     # a late part must not write into the object
         moved = 0
         body = CompleteRequest(tuple(parts), dict(attrs or {})).to_json()
         for _ in range(MAX_MOVES):      # a part sent again meanwhile may need moving again
@@ -194,5 +287,6 @@ class MultipartUploads:
 
     async def abort(self, upload_id: str) -> MultipartUpload:
         """Drop the upload: nothing becomes visible, its chunks are collected."""
+        self.slots.close(upload_id)
         return MultipartUpload.from_json(await self.client.meta.request(
             route("multipart_abort"), upload_id=upload_id))

@@ -130,11 +130,11 @@ class MultipartService:
                                  upload_id=upload_id) from None
 
     def slot(self, record: MultipartRecord, file_id: str, first_chunk: int,
-             layout: Layout | None = None) -> PartSlot:
+             layout: Layout | None = None, part_size: int | None = None) -> PartSlot:
         layout = layout or record.layout
         info = self.service.info(NodeEntry(record.path, "file", 0, record.created, file_id,
                                            layout))
-        return PartSlot(file_id, first_chunk, layout, info.locations)
+        return PartSlot(file_id, first_chunk, layout, info.locations, part_size=part_size)
 
     def around_down(self, record: MultipartRecord, file_id: str) -> Layout | None:
         """A layout of its own for a hidden part when the upload's names a target not
@@ -162,7 +162,9 @@ class MultipartService:
         if fixed is None and size > 0 and size % chunk == 0:
             fixed = await self.store.fix_part_size(upload_id, size)
         if fixed is not None and size <= fixed:
-            return self.slot(record, record.file_id, (number - 1) * (fixed // chunk))
+            # with the part size: the writer places its next such parts itself
+            return self.slot(record, record.file_id, (number - 1) * (fixed // chunk),
+                             part_size=fixed)
         return self.slot(record, hidden, 0)
 
     async def record_part(self, record: MultipartRecord, number: int, done: PartDone

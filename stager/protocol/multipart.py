@@ -112,19 +112,26 @@ class PartBegin:
 
 @dataclass(frozen=True)
 class PartSlot:
-    """Where part bytes lie (or go): chunks of ``file_id`` from ``first_chunk`` on."""
+    """Where part bytes lie (or go): chunks of ``file_id`` from ``first_chunk`` on.
+    ``part_size``: the upload's fixed part size, given with a slot in the upload's own
+    file, so that a writer places its next parts of at most that size itself, from
+    chunk ``(N-1)·part_size/chunk_size``, without asking (the part's record checks it)."""
 
     file_id: str
     first_chunk: int
     layout: Layout
     locations: dict[str, str]
     capability: str | None = None     # with auth on: for ``file_id``
+    part_size: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out = {"file_id": self.file_id, "first_chunk": self.first_chunk,
-               "layout": self.layout.to_json(), "locations": dict(self.locations)}
+        out: dict[str, Any] = {"file_id": self.file_id, "first_chunk": self.first_chunk,
+                               "layout": self.layout.to_json(),
+                               "locations": dict(self.locations)}
         if self.capability is not None:
             out["capability"] = self.capability
+        if self.part_size is not None:
+            out["part_size"] = self.part_size
         return out
 
     @classmethod
@@ -132,7 +139,7 @@ class PartSlot:
         return cls(field_of(obj, "file_id", str), count_of(obj, "first_chunk"),
                    Layout.from_json(field_of(obj, "layout", dict)),
                    dict(field_of(obj, "locations", dict)),
-                   field_of(obj, "capability", str, None))
+                   field_of(obj, "capability", str, None), count_of(obj, "part_size", None))
 
 
 @dataclass(frozen=True)
@@ -297,7 +304,8 @@ SCHEMAS: dict[str, Any] = {
     "PartSlot": {"type": "object", "required": ["file_id", "first_chunk", "layout",
                                                 "locations"],
                  "properties": {"file_id": _STR, "first_chunk": _COUNT, "layout": _OBJ,
-                                "locations": _OBJ, "capability": _STR}},
+                                "locations": _OBJ, "capability": _STR,
+                                "part_size": _COUNT}},
     "PartDone": {"type": "object", "required": ["file_id", "first_chunk", "size", "md5",
                                                 "checksums"],
                  "properties": {"file_id": _STR, "first_chunk": _COUNT, "size": _COUNT,
