@@ -93,6 +93,10 @@ def test_a_loader_given_a_cluster_keeps_it_when_pickled(cluster: ThreadCluster,
             assert sum(len(batch) for batch in copy) == 4
 
 
+# Not callers: a profiler that wraps asyncio's own Handle._run to time each callback.
+PROFILERS = {"bench/holds_hook/sitecustomize.py"}
+
+
 def test_nothing_reaches_into_another_objects_io_thread_helpers() -> None:
     """The sync wrappers, the fs file objects and everything else block on an owner's
     public ``loop`` (``sync(owner.loop, ...)``, ``holder.schedule``), never through
@@ -100,6 +104,8 @@ def test_nothing_reaches_into_another_objects_io_thread_helpers() -> None:
     reaching = []
     for folder in ("stager", "tests", "bench", "clients"):
         for path in (ROOT / folder).rglob("*.py"):
+            if path.relative_to(ROOT).as_posix() in PROFILERS:
+                continue
             for node in ast.walk(ast.parse(path.read_text())):
                 if (isinstance(node, ast.Attribute) and node.attr in PRIVATE_IO
                         and not (isinstance(node.value, ast.Name) and node.value.id == "self")):
