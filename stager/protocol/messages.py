@@ -14,8 +14,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import msgspec
-
 from ..checksum import from_hex, to_hex
 from ..errors import BadRequest
 from .batch import parse_items
@@ -29,8 +27,6 @@ from .models import (
     count_of,
     field_of,
 )
-
-_encode = msgspec.json.Encoder().encode
 
 
 # -- every server ---------------------------------------------------------------------------
@@ -200,24 +196,6 @@ class Listing:
     def to_json(self) -> dict[str, Any]:
         entries = [e.to_json() if self.detail else {"path": e.path, "type": e.type}
                    for e in self.entries]
-        return {"path": self.path, "entries": entries, "next": self.next}
-
-    def wire_json(self) -> dict[str, Any]:
-        """:meth:`to_json` for msgspec's encoder, which writes it byte for byte alike:
-        each distinct layout (the files of a directory mostly share one object) is
-        encoded once and handed as ``msgspec.Raw``; json cannot write that."""
-        if not self.detail:
-            return self.to_json()
-        raws: dict[int, msgspec.Raw] = {}
-        entries = []
-        for e in self.entries:
-            layout = e.layout
-            raw = None
-            if layout is not None:
-                raw = raws.get(id(layout))
-                if raw is None:
-                    raw = raws[id(layout)] = msgspec.Raw(_encode(layout.to_json()))
-            entries.append(e.json_with(raw))
         return {"path": self.path, "entries": entries, "next": self.next}
 
     @classmethod

@@ -241,17 +241,12 @@ class FileInfo:
         return self.path.rsplit("/", 1)[-1] or "/"
 
     def to_json(self) -> dict[str, Any]:
-        return self.json_with(self.layout.to_json() if self.layout is not None else None)
-
-    def json_with(self, layout: Any) -> dict[str, Any]:
-        """:meth:`to_json` with ``layout`` in place of the layout's JSON: a listing hands
-        each distinct layout encoded once (``msgspec.Raw``, see ``Listing.wire_json``)."""
         out: dict[str, Any] = {"path": self.path, "type": self.type, "size": self.size,
                                "mtime": self.mtime}
         if self.file_id is not None:
             out["file_id"] = self.file_id
-        if layout is not None:
-            out["layout"] = layout
+        if self.layout is not None:
+            out["layout"] = self.layout.to_json()
         if self.default_layout is not None and self.default_layout.to_json():
             out["default_layout"] = self.default_layout.to_json()
         if self.checksums is not None:
