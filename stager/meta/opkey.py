@@ -38,8 +38,9 @@ class OperationKey:
     retried: bool       # the client sent it before: the first try may have acted
 
 
-# the routes whose retries find an earlier try's work (no recorded answer needed)
-SELF_ANSWERING = frozenset({"create", "commit"})
+# the routes whose retries find an earlier try's work (no recorded answer needed):
+# a gateway PUT is a create and a commit (Gateway._done_before)
+SELF_ANSWERING = frozenset({"create", "commit", "gateway_put"})
 _CURRENT: ContextVar[OperationKey | None] = ContextVar("stager_operation_key", default=None)
 
 

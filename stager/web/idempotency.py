@@ -12,9 +12,9 @@ operations change nothing, so a retry acts afresh.
 The record goes to the store right after the operation, not in its transaction:
 a server that dies between the two has acted without recording.  The client
 numbers its tries (``X-Stager-Attempt``), and the key is handed to the operation
-(``bind``): creates and commits (each a batch) find what an earlier try did
-themselves (stager/meta/opkey.py), so their answers are not recorded at all and
-the write path pays nothing for its keys.  A rename or remove caught in that gap
+(``bind``): creates and commits (each a batch), and a whole file's PUT, find what
+an earlier try did themselves (stager/meta/opkey.py), so their answers are not
+recorded at all and the write path pays nothing for its keys.  A rename or remove caught in that gap
 answers ``NotFound`` on its retry: an error the client sees, never an operation
 applied twice.  A first try (``X-Stager-Attempt: 1``) is not looked up.
 
