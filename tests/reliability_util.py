@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
+from stager.config import load_config
 from stager.layout import chunk_targets
-from stager.protocol.models import FileInfo, chunk_id
+from stager.meta.service import MetaService
+from stager.meta.store.sqlite.store import SQLiteStore
+from stager.protocol.models import FileInfo, TargetInfo, chunk_id
 from stager.storage import chunkfile
 
 T = TypeVar("T")
@@ -105,3 +109,32 @@ async def aeventually(check: Callable[[], Awaitable[bool]], timeout: float = 20,
             raise AssertionError(f"not within {timeout}s: {what}")
         await asyncio.sleep(0.05)
     return time.monotonic() - start
+
+
+class Clock:
+    """A clock a test moves by hand (``clock.now += 11``), for a service given it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@contextlib.asynccontextmanager
+async def clocked_service(tmp_path: Path, targets: int, url: Callable[[int], str],
+                          boot: bool = False) -> AsyncIterator[tuple[MetaService, Clock]]:
+    """A MetaService on SQLite with a :class:`Clock`, ``target_timeout`` 10 s, and
+    targets ``t0``... on nodes ``node0``... at ``url(i)`` (boot ids ``boot0``... with
+    ``boot``), registered."""
+    clock = Clock()
+    svc = MetaService(SQLiteStore(tmp_path / "meta.sqlite3"),
+                      load_config({"target_timeout": 10.0}, env={}), clock=clock)
+    await svc.start()
+    try:
+        for i in range(targets):
+            await svc.register_target(TargetInfo(f"t{i}", f"node{i}", url(i), capacity=1 << 30,
+                                                 boot=f"boot{i}" if boot else ""))
+        yield svc, clock
+    finally:
+        svc.close()

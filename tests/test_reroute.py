@@ -13,14 +13,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from reliability_util import Clock, clocked_service
 
-from stager.config import load_config
 from stager.errors import NoTargets, UploadNotFound
 from stager.layout import choose_layout, chunk_targets
 from stager.meta.reroute import replacement
 from stager.meta.service import MetaService
 from stager.meta.store.base import Upload
-from stager.meta.store.sqlite.store import SQLiteStore
 from stager.protocol.batch import CommitItem, CreateItem, one
 from stager.protocol.messages import RerouteItem, RerouteRequest
 from stager.protocol.models import FileInfo, LayoutSpec, TargetInfo
@@ -28,25 +27,10 @@ from stager.protocol.models import FileInfo, LayoutSpec, TargetInfo
 SMALL_R2 = LayoutSpec(chunk_size=4096, replicas=2)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 async def service(tmp_path: Path) -> AsyncIterator[tuple[MetaService, Clock]]:
-    clock = Clock()
-    svc = MetaService(SQLiteStore(tmp_path / "meta.sqlite3"),
-                      load_config({"target_timeout": 10.0}, env={}), clock=clock)
-    await svc.start()
-    for i in range(4):
-        await svc.register_target(TargetInfo(f"t{i}", f"node{i}", f"http://127.0.0.1:{i + 1}",
-                                             capacity=1 << 30))
-    yield svc, clock
-    svc.close()
+    async with clocked_service(tmp_path, 4, lambda i: f"http://127.0.0.1:{i + 1}") as got:
+        yield got
 
 
 async def report(svc: MetaService, target: str, code: str, file_id: str, chunks: int

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from reliability_util import wait_for
+from reliability_util import Clock, clocked_service, wait_for
 
 from stager import AsyncClient
 from stager.config import Config, load_config
@@ -33,7 +33,6 @@ from stager.meta.http.app import SERVICE
 from stager.meta.service import MetaService
 from stager.meta.shared import sync
 from stager.meta.store.postgres.store import PostgreSQLStore
-from stager.meta.store.sqlite.store import SQLiteStore
 from stager.protocol import messages as m
 from stager.protocol.batch import CreateItem, one
 from stager.protocol.models import LayoutSpec, TargetInfo
@@ -44,14 +43,6 @@ def dead(i: int) -> str:
     """A URL nothing listens on: a probe there is refused."""
     return f"http://127.0.0.1:{i + 1}"
 R2 = LayoutSpec(chunk_size=4096, replicas=2)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Health:
@@ -89,15 +80,8 @@ class Health:
 @pytest.fixture
 async def service(tmp_path: Path) -> AsyncIterator[tuple[MetaService, Clock]]:
     """Four targets on four nodes, none of which answers a probe until a test says."""
-    clock = Clock()
-    svc = MetaService(SQLiteStore(tmp_path / "meta.sqlite3"),
-                      load_config({"target_timeout": 10.0}, env={}), clock=clock)
-    await svc.start()
-    for i in range(4):
-        await svc.register_target(TargetInfo(f"t{i}", f"node{i}", dead(i), capacity=1 << 30,
-                                             boot=f"boot{i}"))
-    yield svc, clock
-    svc.close()
+    async with clocked_service(tmp_path, 4, dead, boot=True) as got:
+        yield got
 
 
 def states(svc: MetaService) -> dict[str, str]:

@@ -8,19 +8,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from reliability_util import Clock, clocked_service
 
-from stager.config import load_config
 from stager.meta.service import MetaService
-from stager.meta.store.sqlite.store import SQLiteStore
-from stager.protocol.models import TargetInfo
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class CountingTable:
@@ -40,15 +30,9 @@ class CountingTable:
 
 @pytest.fixture
 async def service(tmp_path: Path) -> AsyncIterator[tuple[MetaService, Clock]]:
-    clock = Clock()
-    svc = MetaService(SQLiteStore(tmp_path / "meta.sqlite3"),
-                      load_config({"target_timeout": 10.0}, env={}), clock=clock)
-    await svc.start()
-    for i in range(3):
-        await svc.register_target(TargetInfo(f"t{i}", f"node{i}", f"http://127.0.0.1:{i + 1}",
-                                             capacity=1 << 30, boot=f"boot{i}"))
-    yield svc, clock
-    svc.close()
+    async with clocked_service(tmp_path, 3, lambda i: f"http://127.0.0.1:{i + 1}",
+                               boot=True) as got:
+        yield got
 
 
 def states(svc: MetaService) -> dict[str, str]:
