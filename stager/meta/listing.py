@@ -25,10 +25,10 @@ def wire_entries(rows: Sequence[Listed], locations: Callable[[Layout], dict[str,
                  layouts: list[msgspec.Raw] | None = None) -> list[ListedEntry]:
     """The entries of ``rows``; ``locations(layout)``: the URL of each of its targets.
     With ``layouts`` (a shared page's, filled here) each distinct layout is appended
-    to it once, and an entry names its layout by index."""
-    if layouts is not None:
-        return _shared_entries(rows, locations, layouts)
-    parts: dict[int, tuple[msgspec.Raw, msgspec.Raw | None]] = {}
+    to it once, and an entry names its layout by index; without, each distinct layout
+    and its locations are encoded once and written into every entry of it."""
+    # per distinct layout: what an entry of it carries as its layout and its locations
+    parts: dict[int, tuple[msgspec.Raw | int, msgspec.Raw | None]] = {}
     out = []
     for path, kind, size, mtime, file_id, layout, spec, sums, attrs in rows:
         if layout is None:
@@ -38,28 +38,14 @@ def wire_entries(rows: Sequence[Listed], locations: Callable[[Layout], dict[str,
             continue
         got = parts.get(id(layout))     # rows hold their layouts: an id is not reused
         if got is None:
-            got = parts[id(layout)] = layout_parts(layout, locations(layout))
+            if layouts is None:
+                got = layout_parts(layout, locations(layout))
+            else:
+                layouts.append(shared_layout(layout, locations(layout)))
+                got = (len(layouts) - 1, None)
+            parts[id(layout)] = got
         out.append(ListedEntry(path, kind, size, mtime, file_id, got[0], None,
                                None if layout.cached else _hex(sums), got[1], None, attrs))
-    return out
-
-
-def _shared_entries(rows: Sequence[Listed], locations: Callable[[Layout], dict[str, str]],
-                    layouts: list[msgspec.Raw]) -> list[ListedEntry]:
-    index: dict[int, int] = {}
-    out = []
-    for path, kind, size, mtime, file_id, layout, spec, sums, attrs in rows:
-        if layout is None:
-            out.append(ListedEntry(path, kind, size, mtime, file_id,
-                                   default_layout=spec_json(spec), checksums=_hex(sums),
-                                   attrs=attrs))
-            continue
-        at = index.get(id(layout))      # rows hold their layouts: an id is not reused
-        if at is None:
-            at = index[id(layout)] = len(layouts)
-            layouts.append(shared_layout(layout, locations(layout)))
-        out.append(ListedEntry(path, kind, size, mtime, file_id, at, None,
-                               None if layout.cached else _hex(sums), None, None, attrs))
     return out
 
 
