@@ -15,10 +15,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from reliability_util import clocked_service
 
 from stager import Client
 from stager.client.listing import listing_from_bytes
-from stager.config import load_config
 from stager.meta.listing import wire_entries
 from stager.meta.service import MetaService
 from stager.meta.store.base import Listed, NodeEntry
@@ -26,7 +26,7 @@ from stager.meta.store.sqlite.listing import SCAN
 from stager.meta.store.sqlite.store import SQLiteStore
 from stager.protocol.listing import listing_body
 from stager.protocol.messages import Listing
-from stager.protocol.models import FileInfo, Layout, LayoutSpec, TargetInfo
+from stager.protocol.models import FileInfo, Layout, LayoutSpec
 from stager.testing import ThreadCluster
 from stager.web.middleware import encode_json
 
@@ -52,12 +52,9 @@ ROWS: list[list[Listed]] = [
 
 @pytest.fixture
 async def service(tmp_path: Path) -> AsyncIterator[MetaService]:
-    svc = MetaService(SQLiteStore(tmp_path / "meta.sqlite3"), load_config(env={}))
-    await svc.start()
-    for i in range(2):
-        await svc.register_target(TargetInfo(f"t{i}", f"n{i}", f"http://127.0.0.1:{i + 1}"))
-    yield svc
-    svc.close()
+    """Two known targets (the rows also name one unknown)."""
+    async with clocked_service(tmp_path, 2, lambda i: f"http://127.0.0.1:{i + 1}") as (svc, _):
+        yield svc
 
 
 @pytest.mark.parametrize("rows", ROWS)

@@ -17,19 +17,17 @@ from typing import Any
 import msgspec
 import pytest
 from conftest import STORES, cluster_on_each_store
+from reliability_util import clocked_service
 from test_listing_decode import CASES, LAYOUT
 from test_listing_fast import ROWS, A, file
 
 from stager import Client
 from stager.client.listing import listing_from_bytes, listing_of
-from stager.config import load_config
 from stager.errors import BadRequest
 from stager.meta.listing import wire_entries
 from stager.meta.service import MetaService
-from stager.meta.store.sqlite.store import SQLiteStore
 from stager.protocol.listing import listing_body, unshared
 from stager.protocol.messages import Listing
-from stager.protocol.models import TargetInfo
 from stager.testing import ThreadCluster
 
 _cluster = pytest.fixture(scope="module", params=STORES, name="cluster")(cluster_on_each_store)
@@ -37,13 +35,9 @@ _cluster = pytest.fixture(scope="module", params=STORES, name="cluster")(cluster
 
 @pytest.fixture
 async def service(tmp_path: Path) -> AsyncIterator[MetaService]:
-    """test_listing_fast.py's: two known targets (its rows also name one unknown)."""
-    svc = MetaService(SQLiteStore(tmp_path / "meta.sqlite3"), load_config(env={}))
-    await svc.start()
-    for i in range(2):
-        await svc.register_target(TargetInfo(f"t{i}", f"n{i}", f"http://127.0.0.1:{i + 1}"))
-    yield svc
-    svc.close()
+    """Two known targets (the rows also name one unknown)."""
+    async with clocked_service(tmp_path, 2, lambda i: f"http://127.0.0.1:{i + 1}") as (svc, _):
+        yield svc
 
 
 def pages(svc: MetaService, rows: Any, nxt: str | None, detail: bool = True
