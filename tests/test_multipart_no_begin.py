@@ -12,6 +12,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from conftest import STORES, meta_store_of, start_cluster
@@ -160,3 +161,34 @@ def test_the_cache_is_bounded_and_forgets_stale_and_closed_uploads() -> None:
     assert cache.place("e", 1, 1) is None           # no part size: asks
     assert PartSlot.from_json(slot.to_json()) == slot
     assert "part_size" not in replace(slot, part_size=None).to_json()
+
+
+async def test_a_part_placed_on_a_target_gone_down_asks_and_goes_around_it(
+        tmp_path: Path, slow_callbacks: object, payload) -> None:
+    """A part placed without asking fails on a target gone down since; from bytes, it
+    is written again where begin says (around the target), and the slot is forgotten."""
+    cluster = start_cluster(tmp_path / "down", 3, replicas=2, multipart_min_part=PART)
+    try:
+        async with AsyncClient(cluster.meta_url, config=load_config(env={})) as client:
+            uploads = MultipartUploads(client)
+            up = await uploads.create("/down/obj", layout=LAYOUT_SPEC)
+            data = payload(2 * PART + 7)
+            await uploads.write_part(up.upload_id, 1, data[:PART], PART)
+            gone = cluster.target_id(0)
+            cluster.stop_data(0)
+            deadline = time.monotonic() + 15
+            while any(t.id == gone and t.up for t in await client.targets()):
+                assert time.monotonic() < deadline, "the target is still up"
+                await asyncio.sleep(0.1)
+            uploads.slots.seen(up.upload_id, time.monotonic())  # as if parts kept coming
+            assert uploads.slots.place(up.upload_id, 2, PART) is not None
+            await uploads.write_part(up.upload_id, 2, data[PART:2 * PART], PART)
+            assert uploads.slots.place(up.upload_id, 3, 7) is None
+            await uploads.write_part(up.upload_id, 3, data[2 * PART:], 7)
+            done = await uploads.complete(up.upload_id, [
+                (1, md5(data[:PART])), (2, md5(data[PART:2 * PART])),
+                (3, md5(data[2 * PART:]))])
+            assert done.composed and gone not in done.info.layout.targets
+            assert await client.cat("/down/obj") == data
+    finally:
+        cluster.stop()

@@ -85,11 +85,14 @@ class SlotCache:
         return replace(slot, first_chunk=(number - 1) * (part // slot.layout.chunk_size))
 
     def learn(self, upload_id: str, slot: PartSlot, asked: float) -> None:
-        """Keep a begin's answer (asked at ``asked``) when it gives the part size."""
+        """Keep a begin's answer (asked at ``asked``) when it gives the part size; one
+        without (a hidden part's: maybe placed around a target gone down) drops the
+        upload's slot."""
         chunk = slot.layout.chunk_size
         if upload_id in self._slots and self._slots[upload_id] is _CLOSED:
             return
         if not slot.part_size or slot.part_size % chunk:
+            self._slots.pop(upload_id, None)
             return
         self._slots[upload_id] = (slot, asked, asked)
         self._slots.move_to_end(upload_id)
@@ -154,16 +157,26 @@ class MultipartUploads:
         that number is replaced).  Fewer or more bytes than ``size``: BadRequest, and
         nothing recorded.  ``md5_of``: the part's md5 (hex) once ``source`` is read,
         where its producer takes it anyway (the gateway's payload does), else taken here."""
+        placed = self.slots.place(upload_id, number, size)
         try:
-            return await self._write_part(upload_id, number, source, size, md5_of)
+            try:
+                return await self._write_part(upload_id, number, source, size, md5_of,
+                                              placed)
+            except Unavailable:
+                if placed is None or not isinstance(source, (bytes, bytearray, memoryview)):
+                    raise       # a stream is spent: its sender sends the part again
+                # placed without asking, on a target gone down since: ask, once (begin
+                # places it around the target when the server knows it is down)
+                self.slots.drop(upload_id)
+                return await self._write_part(upload_id, number, source, size, md5_of, None)
         except BaseException:
             self.slots.drop(upload_id)      # the part sent again asks where it goes
             raise
 
     async def _write_part(self, upload_id: str, number: int,
                           source: AsyncIterable[bytes | bytearray | memoryview] | bytes,
-                          size: int, md5_of: Callable[[], str] | None) -> Part:
-        slot = self.slots.place(upload_id, number, size)
+                          size: int, md5_of: Callable[[], str] | None,
+                          slot: PartSlot | None) -> Part:
         if slot is None:
             asked = time.monotonic()
             slot = PartSlot.from_json(await self.client.meta.request(
