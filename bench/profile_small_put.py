@@ -3,7 +3,9 @@
 
 ``python -m bench.profile_small_put [--files N] [--rounds R] [--size BYTES]
 [--meta-store URL]`` prints, per round, the wall time per file and the CPU per file
-of the metadata server, the data server and this client (``/proc``).  On a machine
+of the metadata server, the data server and this client (``/proc``), and the
+metadata server's split: its event loop's thread and its other threads (the SQLite
+store's thread, ``to_thread`` workers), user and kernel time each.  On a machine
 other work loads, the wall time is mostly waiting for a core and for the disk (the
 local floor of ``bench floors`` moves tenfold with it); the CPU per file moves far
 less, so compare versions by it, old and new alternating::
@@ -26,6 +28,23 @@ from .common import cpu_seconds, new_client
 from .profiling import own_cpu
 
 WARM = 20
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds so far of ``pid``'s main thread (its event loop) and of its other
+    threads together, user and kernel time apart (``/proc/PID/task``; a thread that
+    ended is not counted, so run this on a server whose threads live on)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = dict.fromkeys(("loop usr", "loop sys", "others usr", "others sys"), 0.0)
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(") ", 1)[1].split()
+        except FileNotFoundError:
+            continue
+        who = "loop" if int(task.name) == pid else "others"
+        out[f"{who} usr"] += int(fields[11]) / tick
+        out[f"{who} sys"] += int(fields[12]) / tick
+    return out
 
 
 async def _pipes(url: str, tag: str, n: int, size: int) -> float:
@@ -56,6 +75,7 @@ def main() -> None:
         uvloop.run(_pipes(cluster.meta_url, "first", WARM, args.size))
         for r in range(args.rounds):
             before = {k: cpu_seconds(p) for k, p in pids.items()}
+            threads = thread_cpu(pids["meta"])
             mine = own_cpu()
             wall = uvloop.run(_pipes(cluster.meta_url, f"r{r}", args.files, args.size))
             per = 1e6 / (args.files + WARM)
@@ -64,6 +84,9 @@ def main() -> None:
             print(f"{args.size} B pipe: {wall:,.0f} us each; CPU us per file: "
                   + ", ".join(f"{k} {v:,.0f}" for k, v in cpu.items())
                   + f"; load {os.getloadavg()[0]:.1f}", flush=True)
+            split = {k: (v - threads[k]) * per for k, v in thread_cpu(pids["meta"]).items()}
+            print("  meta CPU us per file: " + ", ".join(f"{k} {v:,.0f}"
+                                                         for k, v in split.items()), flush=True)
 
 
 if __name__ == "__main__":
