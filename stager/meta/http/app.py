@@ -377,7 +377,8 @@ async def gateway_put(request: web.Request) -> web.Response:
             yield piece
 
     info = await request.app[GATEWAY].write(path_arg(request), body(), layout=spec,
-                                            max_size=config.max_upload_size)
+                                            max_size=config.max_upload_size,
+                                            size=request.content_length)
     request.app[METRICS_KEY].bytes_in.labels("gateway").inc(info.size)
     return json_response(info.to_json(), status=201)
 

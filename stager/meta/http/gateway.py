@@ -14,6 +14,7 @@ from ...protocol.messages import RerouteItem, RerouteRequest
 from ...protocol.models import FileInfo, LayoutSpec
 from .. import opkey
 from ..service import MetaService
+from ..store.base import Upload
 
 
 class Gateway:
@@ -28,11 +29,13 @@ class Gateway:
                              readahead=self.config.readahead_chunks, retries=self.config.retries)
 
     async def write(self, path: str, body: AsyncIterator[bytes], *,
-                    layout: LayoutSpec | None = None, max_size: int) -> FileInfo:
+                    layout: LayoutSpec | None = None, max_size: int,
+                    size: int | None = None) -> FileInfo:
         """Store ``body`` at ``path``; visible only once every chunk is durable.  The
-        upload is recorded while the chunks are written (a small file's one chunk
-        and the record each wait on their own disk, at once); the commit, and any
-        reroute of a chunk, wait for the record."""
+        upload is recorded while the chunks are written (each waits on its own disk,
+        at once); the commit, and any reroute of a chunk, wait for the record.  A body
+        of a known ``size`` that fits one chunk (a small file) is recorded only once
+        its chunk is stored, in the transaction of its commit (see :class:`_Record`)."""
         created, fresh = await self.service.plan_creates([CreateItem(path, layout)])
         upload, info = one(created)
         assert info.layout is not None
@@ -40,11 +43,12 @@ class Gateway:
             done = await self._done_before(upload.file_id)
             if done is not None:
                 return done
-        begun = asyncio.ensure_future(self.service.begin_uploads(fresh))
+        record = _Record(self.service, fresh,
+                         later=size is not None and size <= info.layout.chunk_size)
 
         async def reroute(target: str, cause: StagerError, items: Sequence[RerouteItem]
                           ) -> list[Placement | StagerError]:
-            await asyncio.shield(begun)
+            await asyncio.shield(record.started())
             return await self._reroute(target, cause, items)
 
         writer = StripedWriter(self.plane, upload.file_id, info.layout, info.locations,
@@ -55,13 +59,20 @@ class Gateway:
                     raise PayloadTooLarge(f"body over the limit of {max_size} bytes",
                                           limit=max_size)
                 await writer.write(piece)
-            size, checksums = await writer.close()
-            await asyncio.shield(begun)
-            return one(await self.service.commit([CommitItem(upload.file_id, size,
-                                                             tuple(checksums))]))
+            written, checksums = await writer.close()
+            begun = record.started()
+            # queued right behind the record where it waited: one transaction
+            committed = asyncio.ensure_future(self.service.commit(
+                [CommitItem(upload.file_id, written, tuple(checksums))]))
+            try:
+                await asyncio.shield(begun)
+            except BaseException:
+                committed.add_done_callback(_outcome_seen)
+                raise
+            return one(await committed)
         except BaseException:
             await writer.abort()
-            await asyncio.shield(self._abort(upload.file_id, begun))
+            await asyncio.shield(self._abort(upload.file_id, record.started()))
             raise
 
     async def _done_before(self, file_id: str) -> FileInfo | None:
@@ -99,3 +110,32 @@ class Gateway:
             return
         # an error in its place: already committed or collected
         await self.service.abort([file_id])
+
+
+class _Record:
+    """The record of a write's new uploads (:meth:`MetaService.begin_uploads`): begun
+    at once, so that it is in the store while the chunks go out, or (``later``) only
+    when something needs it: a reroute (it changes the upload's layout), an abort, or
+    the commit, which then queues right behind it on the store's thread, so that the
+    two share one transaction.  A small file's put then makes one store write, not
+    two.  A server that dies after storing such a file's chunk and before its commit
+    leaves that chunk unrecorded: an orphan that fsck deletes after ``orphan_grace``,
+    where a recorded upload is collected after ``upload_grace`` (both an hour)."""
+
+    def __init__(self, service: MetaService, uploads: Sequence[Upload], *, later: bool) -> None:
+        self.service, self.uploads = service, uploads
+        self._task: asyncio.Future[None] | None = None
+        if not later:
+            self.started()
+
+    def started(self) -> asyncio.Future[None]:
+        if self._task is None:
+            self._task = asyncio.ensure_future(self.service.begin_uploads(self.uploads))
+        return self._task
+
+
+def _outcome_seen(task: asyncio.Future[object]) -> None:
+    """A commit queued behind a record that failed fails too (its upload is not
+    there); its error is the record's, already raised."""
+    if not task.cancelled():
+        task.exception()
