@@ -43,8 +43,8 @@ class Gateway:
             done = await self._done_before(upload.file_id)
             if done is not None:
                 return done
-        record = _Record(self.service, fresh,
-                         later=size is not None and size <= info.layout.chunk_size)
+        record = _Record(self.service, fresh, later=self.service.store.in_order
+                         and size is not None and size <= info.layout.chunk_size)
 
         async def reroute(target: str, cause: StagerError, items: Sequence[RerouteItem]
                           ) -> list[Placement | StagerError]:
@@ -60,20 +60,27 @@ class Gateway:
                                           limit=max_size)
                 await writer.write(piece)
             written, checksums = await writer.close()
-            begun = record.started()
-            # queued right behind the record where it waited: one transaction
-            committed = asyncio.ensure_future(self.service.commit(
-                [CommitItem(upload.file_id, written, tuple(checksums))]))
-            try:
-                await asyncio.shield(begun)
-            except BaseException:
-                committed.add_done_callback(_outcome_seen)
-                raise
-            return one(await committed)
+            return await self._commit(record, CommitItem(upload.file_id, written,
+                                                         tuple(checksums)))
         except BaseException:
             await writer.abort()
             await asyncio.shield(self._abort(upload.file_id, record.started()))
             raise
+
+    async def _commit(self, record: _Record, item: CommitItem) -> FileInfo:
+        """Commit once the upload is recorded; a record left for later is made now,
+        and the commit right behind it (the store runs it first: one transaction)."""
+        if not record.waiting:
+            await asyncio.shield(record.started())
+            return one(await self.service.commit([item]))
+        begun = record.started()
+        committed = asyncio.ensure_future(self.service.commit([item]))
+        try:
+            await asyncio.shield(begun)
+        except BaseException:
+            committed.add_done_callback(_outcome_seen)
+            raise
+        return one(await committed)
 
     async def _done_before(self, file_id: str) -> FileInfo | None:
         """On a retry whose earlier try left no upload: the file that try committed
@@ -116,17 +123,23 @@ class _Record:
     """The record of a write's new uploads (:meth:`MetaService.begin_uploads`): begun
     at once, so that it is in the store while the chunks go out, or (``later``) only
     when something needs it: a reroute (it changes the upload's layout), an abort, or
-    the commit, which then queues right behind it on the store's thread, so that the
-    two share one transaction.  A small file's put then makes one store write, not
-    two.  A server that dies after storing such a file's chunk and before its commit
-    leaves that chunk unrecorded: an orphan that fsck deletes after ``orphan_grace``,
-    where a recorded upload is collected after ``upload_grace`` (both an hour)."""
+    the commit, which is then made right behind it, on a store that runs its calls in
+    order (``in_order``: SQLite's thread), so that the two share one transaction.  A
+    small file's put then makes one store write, not two.  A server that dies after
+    storing such a file's chunk and before its commit leaves that chunk unrecorded:
+    an orphan that fsck deletes after ``orphan_grace``, where a recorded upload is
+    collected after ``upload_grace`` (both an hour)."""
 
     def __init__(self, service: MetaService, uploads: Sequence[Upload], *, later: bool) -> None:
         self.service, self.uploads = service, uploads
         self._task: asyncio.Future[None] | None = None
         if not later:
             self.started()
+
+    @property
+    def waiting(self) -> bool:
+        """Not begun yet (left for later, and nothing needed it so far)."""
+        return self._task is None
 
     def started(self) -> asyncio.Future[None]:
         if self._task is None:

@@ -183,7 +183,9 @@ class Namespace(ABC):
 
 class Uploads(ABC):
     """Writes: uploads begun, committed or aborted; each call a batch, one item or many
-    (:mod:`stager.meta.writes`)."""
+    (:mod:`stager.meta.writes`).  ``in_order``: the store runs calls one at a time in
+    the order they were made, so a commit made right behind a begin sees its upload."""
+    in_order = False
 
     @abstractmethod
     async def check_creates(self, items: Sequence[CreateCheck]
@@ -475,11 +477,9 @@ class Pins(ABC):
 class MetaStore(Namespace, Uploads, Collection, FileIndex, TokenStore, Registry, Copying,
                 SharedState, Answers, Quotas, Pins, Caching, Multipart, S3Keys):
     """Every role above: what a store implements.  A part of the server that needs one
-    role takes that role's type (the auth tables take a :class:`TokenStore`).
-
-    Used from one event loop; calls may overlap (the service does not wait for one
-    to finish before making the next), and each still has the guarantees above.
-    """
+    role takes that role's type (the auth tables take a :class:`TokenStore`).  Used
+    from one event loop; calls may overlap (the service does not wait for one to
+    finish before making the next), and each still has the guarantees above."""
 
     @abstractmethod
     def close(self) -> None:

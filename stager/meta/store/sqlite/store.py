@@ -58,6 +58,8 @@ class SQLiteStore(SQLiteMultipart, SQLiteS3Keys, MetaStore):
     """The store in one SQLite file at ``path``; up to ``max_group`` queued upload
     writes share one transaction (1: none do)."""
 
+    in_order = True     # every call runs on the one store thread, in the order made
+
     def __init__(self, path: str | Path, *, max_group: int = MAX_GROUP) -> None:
         self.database = Database(path)
         self.path = self.database.path
