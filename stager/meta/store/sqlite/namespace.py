@@ -202,15 +202,10 @@ class NamespaceSQL:
             self.db.execute("UPDATE entries SET layout = ? WHERE id = ?", (value, dir_id))
         return self.stat(path)
 
-    def inherited_layout(self, path: str) -> LayoutSpec:
+    @staticmethod
+    def inherited_layout(chain: Sequence[Row]) -> LayoutSpec:
+        """What a new file below the directories ``chain`` (the root first) inherits."""
         spec = LayoutSpec()
-        row = self.db.execute(f"SELECT {_COLS} FROM entries WHERE id = ?", (ROOT_ID,)).fetchone()
-        chain = [row]
-        for part in paths.parts(paths.normalize(path))[:-1]:
-            row = self.child(row[0], part)
-            if row is None or row[1] != "directory":
-                break
-            chain.append(row)
         for row in reversed(chain):          # nearest directory wins, field by field
             if row[5]:
                 spec = spec.merged_over(LayoutSpec.from_json(json.loads(row[5])))
@@ -372,16 +367,18 @@ class NamespaceSQL:
 
     def _parent_state(self, parent: str) -> tuple[int | None, LayoutSpec] | StagerError:
         """(the parent directory's row id or None when it is missing, the layout its
-        new files inherit), or the error every file in it gets."""
-        try:
-            row = self.resolve(parent)
-        except NotFound:
-            return None, self.inherited_layout(paths.join(parent, "x"))
-        except NotADirectory as exc:
-            return exc
-        if row[1] != "directory":
-            return NotADirectory(f"{parent} is not a directory", path=parent)
-        return int(row[0]), self.inherited_layout(paths.join(parent, "x"))
+        new files inherit), or the error every file in it gets: one walk down the
+        path, the directories met kept for their layouts."""
+        row = self.db.execute(f"SELECT {_COLS} FROM entries WHERE id = ?", (ROOT_ID,)).fetchone()
+        chain, walked = [row], ""
+        for part in paths.parts(parent):
+            row, walked = self.child(row[0], part), walked + "/" + part
+            if row is None:
+                return None, self.inherited_layout(chain)
+            if row[1] != "directory":
+                return NotADirectory(f"{walked} is not a directory", path=parent)
+            chain.append(row)
+        return int(chain[-1][0]), self.inherited_layout(chain)
 
     def begin_uploads(self, uploads: Sequence[Upload]) -> None:
         with self.tx():
