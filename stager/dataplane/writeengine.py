@@ -113,6 +113,9 @@ class WriteEngine:
         """Copy ``rows[k]`` to target ``targets[k]`` (sorted by target) for each k, in
         requests per target; the targets to route around, each with its error."""
         broken: dict[str, StagerError] = {}
+        if len(targets) == 1:       # one copy of one chunk (a small file's): one PUT
+            await self._put(int(targets[0]), rows, broken)
+            return broken
         starts = np.flatnonzero(targets[1:] != targets[:-1]) + 1   # sorted: where each begins
         jobs = [self._put(t, part[a:b], broken)
                 for t, part in zip(targets[np.r_[0, starts]].tolist(), np.split(rows, starts),
@@ -201,4 +204,6 @@ class WriteEngine:
             except StagerError as exc:
                 plan.fail(f, exc)
 
-        await asyncio.gather(*(fetch(r) for r in rows.tolist() if plan.data[r] is None))
+        let_go = [r for r in rows.tolist() if plan.data[r] is None]
+        if let_go:              # rows stored before a reroute, to copy again
+            await asyncio.gather(*(fetch(r) for r in let_go))
