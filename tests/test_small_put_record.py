@@ -9,6 +9,7 @@ upload behind.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from stager.client.async_client import SMALL_FILE
 from stager.meta.http.app import SERVICE
 from stager.meta.store.sqlite.store import SQLiteStore
 from stager.meta.store.sqlite.thread import StoreThread
+from stager.protocol.headers import ATTEMPT, IDEMPOTENCY_KEY
 from stager.testing import ThreadCluster
 
 
@@ -72,3 +74,24 @@ def test_a_larger_put_and_a_failed_small_put_leave_no_upload(
     answer = http(quiet.meta_url, "PUT", f"/v1/files{ns}/failed", body=b"small")
     assert answer.status == 503, answer.body
     assert pending(quiet, ns) == []
+
+
+@pytest.mark.parametrize("size", [1024, 4 * 1024 * 1024 + 1])    # one chunk; two
+def test_a_keyed_put_that_failed_is_written_by_its_retry(
+        tmp_path: Path, http, size: int) -> None:
+    """A keyed PUT whose chunk could not be stored (503) leaves its upload for its
+    retry, which writes the file: abandoned, the key's file id was retired, and the
+    retry was refused as a file "committed, then replaced" that no try committed."""
+    key, body = uuid.uuid4().hex, bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+    with ThreadCluster(tmp_path, data_servers=1) as c:
+        c.stop_data(0)
+        first = http(c.meta_url, "PUT", "/v1/files/d/f", body=body,
+                     headers={IDEMPOTENCY_KEY: key, ATTEMPT: "1"})
+        assert first.status == 503, first.body
+        c.start_data(0)
+        c.wait_targets(1)
+        again = http(c.meta_url, "PUT", "/v1/files/d/f", body=body,
+                     headers={IDEMPOTENCY_KEY: key, ATTEMPT: "2"})
+        assert again.status == 201, again.body
+        assert Client(c.meta_url).cat("/d/f") == body
+        assert pending(c, "/d") == []

@@ -49,6 +49,11 @@ def bind(key: str, retried: bool) -> None:
     _CURRENT.set(OperationKey(key, retried))
 
 
+def keyed() -> bool:
+    """Does the request being served carry a key (its client may send it again)?"""
+    return _CURRENT.get() is not None
+
+
 def retried() -> bool:
     current = _CURRENT.get()
     return current is not None and current.retried

@@ -62,8 +62,14 @@ class Gateway:
             written, checksums = await writer.close()
             return await self._commit(record, CommitItem(upload.file_id, written,
                                                          tuple(checksums)))
-        except BaseException:
+        except BaseException as exc:
             await writer.abort()
+            if opkey.keyed() and not _final(exc):
+                # Its client sends it again (a 5xx, a broken connection): the upload
+                # stays for that retry, which finds it (plan), or is collected after
+                # upload_grace.  Abandoned, its id (the key's) would be retired, and
+                # the retry refused as a file committed and then replaced.
+                raise
             await asyncio.shield(self._abort(upload.file_id, record.started()))
             raise
 
@@ -117,6 +123,11 @@ class Gateway:
             return
         # an error in its place: already committed or collected
         await self.service.abort([file_id])
+
+
+def _final(exc: BaseException) -> bool:
+    """A failure no retry of the same request mends: the request's own fault (4xx)."""
+    return isinstance(exc, StagerError) and exc.status < 500
 
 
 class _Record:
