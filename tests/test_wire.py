@@ -6,6 +6,7 @@ import json
 import re
 from dataclasses import replace
 
+import jsonschema
 import pytest
 
 import stager.errors as errors_module
@@ -400,7 +401,6 @@ def test_a_page_with_shared_layouts_is_asked_for_and_described() -> None:
     """``GET /v1/list/{path}?layouts=shared`` (issue 30): each layout once, in the page's
     ``layouts`` (with its targets' URLs), each entry's layout its index there; the
     document describes that page too."""
-    jsonschema = pytest.importorskip("jsonschema", reason="the dev extra installs it")
     from stager.meta.listing import wire_entries
     from stager.protocol.listing import SHARED, listing_body
 

@@ -117,15 +117,10 @@ class _Layout(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False)
     cached: bool = False
 
 
-class _Shared(msgspec.Struct, forbid_unknown_fields=True, gc=False):
-    """A layout of a shared page's ``layouts``, with its targets' URLs."""
+class _Shared(_Layout):
+    """A layout of a shared page's ``layouts``, with its targets' URLs (not hashable:
+    its layout is looked up as the :class:`_Layout` of its other fields)."""
 
-    chunk_size: Count
-    stripe_count: int
-    replicas: int
-    targets: tuple[str, ...]
-    nodes: tuple[str, ...]
-    cached: bool = False
     locations: dict[str, str] = {}
 
 

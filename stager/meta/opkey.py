@@ -39,7 +39,7 @@ class OperationKey:
 
 
 # the routes whose retries find an earlier try's work (no recorded answer needed):
-# a gateway PUT is a create and a commit (Gateway._done_before)
+# a gateway PUT is a create and a commit (its retry asks earlier_commit, as a commit's)
 SELF_ANSWERING = frozenset({"create", "commit", "gateway_put"})
 _CURRENT: ContextVar[OperationKey | None] = ContextVar("stager_operation_key", default=None)
 
