@@ -8,7 +8,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from stager.config import load_config
 from stager.layout import chunk_targets
@@ -138,3 +138,15 @@ async def clocked_service(tmp_path: Path, targets: int, url: Callable[[int], str
         yield svc, clock
     finally:
         svc.close()
+
+
+async def stop_data_until_down(cluster: Any, client: Any, i: int, timeout: float = 15.0) -> str:
+    """Stop ``cluster``'s data server ``i`` (a ThreadCluster) and wait until the metadata
+    server lists its target down (``client``: an AsyncClient); the target's id."""
+    gone = cluster.target_id(i)
+    cluster.stop_data(i)
+    deadline = time.monotonic() + timeout
+    while any(t.id == gone and t.up for t in await client.targets()):
+        assert time.monotonic() < deadline, f"target {gone} is still up"
+        await asyncio.sleep(0.1)
+    return gone

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import STORES, meta_store_of, start_cluster
+from reliability_util import stop_data_until_down
 
 from stager import AsyncClient
 from stager.client.uploads import MultipartUploads, SlotCache
@@ -174,12 +175,7 @@ async def test_a_part_placed_on_a_target_gone_down_asks_and_goes_around_it(
             up = await uploads.create("/down/obj", layout=LAYOUT_SPEC)
             data = payload(2 * PART + 7)
             await uploads.write_part(up.upload_id, 1, data[:PART], PART)
-            gone = cluster.target_id(0)
-            cluster.stop_data(0)
-            deadline = time.monotonic() + 15
-            while any(t.id == gone and t.up for t in await client.targets()):
-                assert time.monotonic() < deadline, "the target is still up"
-                await asyncio.sleep(0.1)
+            gone = await stop_data_until_down(cluster, client, 0)
             uploads.slots.seen(up.upload_id, time.monotonic())  # as if parts kept coming
             assert uploads.slots.place(up.upload_id, 2, PART) is not None
             await uploads.write_part(up.upload_id, 2, data[PART:2 * PART], PART)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import STORES, meta_store_of, start_cluster
+from reliability_util import stop_data_until_down
 
 from stager import AsyncClient
 from stager.client.uploads import MultipartUploads
@@ -427,12 +428,7 @@ async def test_parts_after_a_target_went_down_go_around_it(tmp_path: Path,
             up = await uploads.create("/down/obj", layout=LAYOUT_SPEC)
             data = payload(2 * PART + 7)
             await uploads.write_part(up.upload_id, 1, data[:PART], PART)
-            gone = cluster.target_id(0)
-            cluster.stop_data(0)
-            deadline = time.monotonic() + 15
-            while any(t.id == gone and t.up for t in await client.targets()):
-                assert time.monotonic() < deadline, "the target is still up"
-                await asyncio.sleep(0.1)
+            gone = await stop_data_until_down(cluster, client, 0)
             await uploads.write_part(up.upload_id, 2, data[PART:2 * PART], PART)
             await uploads.write_part(up.upload_id, 3, data[2 * PART:], 7)
             hidden = [hidden_part_id(up.upload_id, n) for n in (2, 3)]
