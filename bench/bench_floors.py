@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -50,28 +48,12 @@ from stager.client.sync import Client
 from stager.config import load_config
 from stager.testing import ProcessCluster
 
+from .bare_server import BareServer
 from .common import median, new_client, paired, quartiles, r2, scratch
 
 LISTED = 1000
 SMALL = b"x" * 1024
 
-# The floor's server: one route, uvloop, no middleware; prints its port.
-BARE = """
-import asyncio, uvloop
-from aiohttp import web
-async def ok(request):
-    return web.json_response({})
-async def main():
-    app = web.Application()
-    app.router.add_get("/", ok)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    print(site._server.sockets[0].getsockname()[1], flush=True)
-    await asyncio.Event().wait()
-uvloop.run(main())
-"""
 
 # (case, floor it is judged against, aim on the ratio or the absolute figure)
 AIMS: dict[str, tuple[str, float]] = {
@@ -85,21 +67,6 @@ NOT_YET = ("Not measured here yet (issue 30's other rows): PostgreSQL creates, t
            "path and TLS (bench auth has both), a client over 8 network-namespace nodes.")
 LIST_AIM_MS = 5.0
 SMALL_AIM_MS = 1.5
-
-
-class Bare:
-    """The floor's server process."""
-
-    def __enter__(self) -> tuple[str, int]:
-        """Its URL and process id."""
-        self.proc = subprocess.Popen([sys.executable, "-c", BARE], stdout=subprocess.PIPE,
-                                     text=True)
-        assert self.proc.stdout is not None
-        return f"http://127.0.0.1:{int(self.proc.stdout.readline())}/", self.proc.pid
-
-    def __exit__(self, *exc: object) -> None:
-        self.proc.kill()
-        self.proc.wait()
 
 
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -202,12 +169,13 @@ def run(quick: bool) -> dict[str, Any]:
     n = 200 if quick else 3000
     small = 50 if quick else 500
     rounds = 1 if quick else 5
-    with scratch("floors") as tmp, Bare() as bare, \
+    with scratch("floors") as tmp, BareServer() as server, \
             ProcessCluster(tmp / "cluster", data_servers=1, fast=False) as cluster:
         uvloop.run(prepare(cluster.meta_url))
         figures: dict[str, list[float]] = {}
         cpu: dict[str, list[tuple[float, float]]] = {}
         for r in range(rounds):
+            bare = (server.url + "/", server.pid)
             got = uvloop.run(one_round(bare, (cluster.meta_url, cluster.meta_pid()), n, small,
                                        r, tmp / "local"))
             for k, v in got.items():

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
-import subprocess
 import sys
 import time
 from typing import Any
@@ -38,6 +37,7 @@ import aiohttp
 from stager.protocol.routes import route
 from stager.testing import ProcessCluster
 
+from .bare_server import BareServer
 from .common import aim, cpu_seconds, machine_busy, r2, run_async, scratch
 
 HEARTBEAT = 2.0         # seconds: Config.heartbeat_interval's default
@@ -49,24 +49,6 @@ STAT_DIR = "/scale"
 BOTH = " batched targets + "       # in the name of the combined load, whose p99 the aim reads
 SINK_LOAD = "the same load sent to a bare sink (the machine's share)"
 
-# The sink: any method on any path answered 200 ``{}``, under uvloop; prints its port.
-SINK = """
-import asyncio, uvloop
-from aiohttp import web
-async def ok(request):
-    await request.read()
-    return web.json_response({})
-async def main():
-    app = web.Application(client_max_size=1 << 24)
-    app.router.add_route("*", "/{tail:.*}", ok)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    print(site._server.sockets[0].getsockname()[1], flush=True)
-    await asyncio.Event().wait()
-uvloop.run(main())
-"""
 
 
 def _sizes(quick: bool) -> dict[str, Any]:
@@ -83,7 +65,7 @@ def run(quick: bool) -> dict[str, Any]:
     env = {"STAGER_TARGET_TIMEOUT": "3600"}
     with scratch("scale") as tmp, ProcessCluster(tmp / "cluster", data_servers=0,
                                                  fast=False, env=env) as cluster, \
-            _Sink() as sink:
+            BareServer(sink=True) as sink_server:
         meta, pid = cluster.meta_url, cluster.meta_pid()
         _generate_in_child(meta, {"register": size["targets"]}, 0.0, 0.0)
         run_async(_mkdir(meta))
@@ -103,22 +85,8 @@ def run(quick: bool) -> dict[str, Any]:
             print(f"scale: {name}", file=sys.stderr, flush=True)
             measured.append((name, _phase(meta, pid, load, size)))
         print(f"scale: {SINK_LOAD}", file=sys.stderr, flush=True)
-        measured.append((SINK_LOAD, _phase(meta, pid, loads[-1][1], size, to=sink)))
+        measured.append((SINK_LOAD, _phase(meta, pid, loads[-1][1], size, to=sink_server.url)))
     return _result(measured, size, quick)
-
-
-class _Sink:
-    """The bare sink's process: its URL while it runs."""
-
-    def __enter__(self) -> str:
-        self.proc = subprocess.Popen([sys.executable, "-c", SINK], stdout=subprocess.PIPE,
-                                     text=True)
-        assert self.proc.stdout is not None
-        return f"http://127.0.0.1:{int(self.proc.stdout.readline())}"
-
-    def __exit__(self, *exc: object) -> None:
-        self.proc.kill()
-        self.proc.wait()
 
 
 def _phase(meta: str, pid: int, load: dict[str, int], size: dict[str, Any],
