@@ -159,15 +159,27 @@ def hold_root(root: Path, job: SlurmJob) -> int:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
+        holder = _holder(fd)
         os.close(fd)
         raise JobClusterError(
             f"{root} is in use by live stager servers ({holder}; they hold {lock}): "
             "give each job and node a root of its own (the default, "
             "$TMPDIR/stager-job-ID.NODE, is)") from None
+    text = f"job {job.job_id} node {job.node} pid {os.getpid()}\n".encode()
     os.ftruncate(fd, 0)
-    os.pwrite(fd, f"job {job.job_id} node {job.node} pid {os.getpid()}\n".encode(), 0)
+    os.pwrite(fd, text, 0)
     return fd
+
+
+def _holder(fd: int, wait: float = 2.0) -> str:
+    """Who holds the lock on ``fd``, as its holder wrote it: a holder that got the lock
+    a moment ago may not have written its line yet, so a partial line is read again."""
+    deadline = time.monotonic() + wait
+    while True:
+        text = os.pread(fd, 4096, 0).decode(errors="replace")
+        if text.endswith("\n") or time.monotonic() >= deadline:
+            return text.strip() or "unknown"
+        time.sleep(0.02)
 
 
 def _write_json(path: Path, body: object) -> None:
