@@ -10,6 +10,7 @@ the layout the file was committed with.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -97,21 +98,24 @@ def test_a_reroute_hands_back_the_stored_rows_that_miss_a_copy_now() -> None:
 
 # -- the executor, against real data servers --------------------------------------------------
 class Spy:
-    """Records the chunk requests a plane makes (they still go to the servers)."""
+    """Records the chunk requests the engine makes on a plane (they still go to the
+    servers): chunk batches through the plane, single chunks through the raw PUT's
+    seam (:mod:`stager.dataplane.rawput`, which falls back to the plane's)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, plane: Any) -> None:
         self.calls: list[tuple[str, str, int]] = []      # (kind, target, chunks)
         self.out = self.most = 0
-        for kind in ("put_chunk", "put_chunks"):
-            monkeypatch.setattr(plane, kind, self.wrap(kind, getattr(plane, kind)))
+        monkeypatch.setattr(plane, "put_chunks", self.wrap("put_chunks", plane.put_chunks))
+        one = self.wrap("put_chunk", functools.partial(writeengine.put_chunk, plane))
+        monkeypatch.setattr(writeengine, "put_chunk", lambda _, *args, **kw: one(*args, **kw))
 
     def wrap(self, kind: str, real: Any) -> Any:
-        async def call(target: str, url: str, *args: Any) -> None:
+        async def call(target: str, url: str, *args: Any, **kw: Any) -> None:
             self.calls.append((kind, target, len(args[0]) if kind == "put_chunks" else 1))
             self.out += 1
             self.most = max(self.most, self.out)
             try:
-                await real(target, url, *args)
+                await real(target, url, *args, **kw)
             finally:
                 self.out -= 1
         return call

@@ -38,6 +38,7 @@ from ..errors import (
 from ..protocol.messages import RerouteItem, Upload
 from .engine import cut_requests
 from .goodcopy import read_good_copy
+from .rawput import RAW_PUT_MAX, put_chunk
 from .transport import DataPlane, unknown_target
 from .writeplan import Placement, WritePlan
 
@@ -77,6 +78,7 @@ class WriteOptions:
     batch_bytes: int = CHUNK_BATCH_BYTES     # several chunks to a target: batches this big
     copy_bytes: int = 32 << 20               # chunks read back at once after a reroute
     max_reroutes: int = 16                   # reports per upload before a failure stands
+    raw_put_bytes: int = RAW_PUT_MAX         # a lone chunk this small: the raw client's PUT
 
 
 class WriteEngine:
@@ -139,7 +141,8 @@ class WriteEngine:
                 raise unknown_target(target)        # no address: nothing to route around
             async with self.limit:
                 if len(items) == 1:
-                    await self.plane.put_chunk(target, url, *items[0])  # type: ignore[arg-type]
+                    await put_chunk(self.plane, target, url, *items[0],  # type: ignore[arg-type]
+                                    limit=self.options.raw_put_bytes)
                 else:
                     await self.plane.put_chunks(target, url, items)     # type: ignore[arg-type]
         except StagerError as exc:
