@@ -459,3 +459,7 @@ CASES["report_ranks"] = Case(lambda w: post("report_ranks", {"items": [{
     "job": f"j-{next(w.fresh)}", "rank": 0, "report": {
         "interval": 1, "world_size": 1, "samples": 0, "dataset": "/m"}}]}),
     "loader_m", scope="read_m", prefix="write_o")
+# a multipart completion's seal (issue 29): the metadata server's, as purge; a release
+# of a file never sealed changes nothing
+CASES["seal_chunks"] = Case(lambda w: post("seal_chunks", {
+    "file_id": "e" * 32, "count": 0, "crcs": [], "release": True}), **CLUSTER_CAP)

@@ -192,6 +192,8 @@ def _answers() -> dict[str, object]:
     m.ManifestStored("/d", 4),
     m.ReadRequest((ReadItem("a" * 32 + ".0", 0, 10),)),
     m.PurgeRequest(("b" * 32,)),
+    mp.SealRequest("b" * 32, 2, ((1, 5),)), mp.SealRequest("b" * 32, 0, (), release=True),
+    mp.SealResult(()),
     m.ChunkStored("a" * 32 + ".0", 1, 0xdeadbeef), m.ChunkBatchStored(2, 3),
     m.ChunkDeleted(False),
     m.Listing("/d", (FileInfo("/d/x", "file", 3),), "x"),
@@ -263,6 +265,8 @@ def _multipart_examples(layout: Layout) -> dict[str, object]:
         "CompleteRequest": mp.CompleteRequest(((1, "0" * 32),)),
         "CompleteResult": mp.CompleteResult("0" * 32 + "-1", (10,),
                                             compose=(mp.Part(1, 10, "0" * 32, 1.0, slot, (7,)),)),
+        "SealRequest": mp.SealRequest("f" * 32, 3, ((0, 7), (2, 0xdeadbeef))),
+        "SealResult": mp.SealResult((2,)),
     }
 
 

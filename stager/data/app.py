@@ -22,6 +22,7 @@ from ..protocol.messages import (
     RemoveResult,
 )
 from ..protocol.models import parse_chunk_id
+from ..protocol.multipart import SealRequest, SealResult
 from ..protocol.ranges import content_range, parse_range, unsatisfied_range
 from ..web.authmw import GATE, CapabilityGate, quiet_audit, require_files
 from ..web.metrics import ServerMetrics
@@ -204,6 +205,17 @@ async def batch_read(request: web.Request) -> web.StreamResponse:
     return response
 
 
+async def seal_chunks(request: web.Request) -> web.Response:
+    """Seal a completed object's chunks here (stager/data/seals.py), or lift the seal."""
+    req = SealRequest.from_json(await read_json(request, request.app[CONFIG].max_json_body))
+    require_files(request, "cluster", [req.file_id])
+    if req.release:
+        await _svc(request).unseal([req.file_id])
+        return json_response(SealResult(()).to_json())
+    differ = await _svc(request).seal(req.file_id, req.count, dict(req.crcs))
+    return json_response(SealResult(tuple(differ)).to_json())
+
+
 async def purge(request: web.Request) -> web.Response:
     req = PurgeRequest.from_json(await read_json(request, request.app[CONFIG].max_json_body))
     require_files(request, "cluster", req.file_ids)
@@ -214,7 +226,7 @@ async def purge(request: web.Request) -> web.Response:
 HANDLERS = {
     "put_chunk": put_chunk, "get_chunk": get_chunk, "head_chunk": head_chunk,
     "delete_chunk": delete_chunk, "batch_read": batch_read, "batch_write": batch_write,
-    "purge": purge,
+    "purge": purge, "seal_chunks": seal_chunks,
     **maintenance.HANDLERS,
 }
 

@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..config import Config
-from ..errors import BadRequest
-from ..protocol.models import TARGET_ID_RE, ReadItem, check_file_id
+from ..errors import BadRequest, StagerError
+from ..protocol.models import TARGET_ID_RE, ReadItem, check_file_id, chunk_id
 from ..storage import ChunkMeta, ChunkStore, OpenChunk, Usage
 from .batchread import BatchRead
 from .credential import TargetCredential
+from .seals import Seals
 
 if TYPE_CHECKING:
     from .scrub import Scrubber
@@ -54,6 +55,7 @@ class DataService:
         self.identity = load_identity(root, config)
         self.credential = TargetCredential(root, config)    # what it speaks to the meta with
         self.store = ChunkStore(root, capacity=config.capacity)
+        self.seals = Seals(root)        # completed multipart objects' chunks (seals.py)
         # Chunk bytes served and stored since start: heartbeats carry them, and the
         # metadata server shows their rates (stager/meta/targetstats.py).
         self.bytes_read = 0
@@ -66,8 +68,34 @@ class DataService:
 
     async def put_many(self, items: Sequence[tuple[str, memoryview, int]]) -> list[ChunkMeta]:
         """Many chunks, each durable before this returns; per chunk, its size and
-        CRC32C read back from the file written (see ChunkStore.put_many)."""
-        return await asyncio.to_thread(self.store.put_many, items)
+        CRC32C read back from the file written (see ChunkStore.put_many).  A chunk of
+        a sealed file with other bytes than its own is refused (seals.py)."""
+        self.seals.check([(chunk, crc) for chunk, _, crc in items])
+        with self.seals.writing([chunk for chunk, _, _ in items]):
+            return await asyncio.to_thread(self.store.put_many, items)
+
+    async def seal(self, file_id: str, count: int, crcs: dict[int, int]) -> list[int]:
+        """Seal ``file_id``'s chunks here with these CRCs (seals.py); returns the
+        indices of those not stored here with them (missing, or other bytes)."""
+        check_file_id(file_id)
+        await self.seals.seal(file_id, count, crcs)
+        return await asyncio.to_thread(self._differing, file_id, crcs)
+
+    def _differing(self, file_id: str, crcs: dict[int, int]) -> list[int]:
+        out = []
+        for index, crc in sorted(crcs.items()):
+            try:
+                with self.store.open(chunk_id(file_id, index)) as oc:
+                    same = oc.meta.crc == crc
+            except StagerError:         # not there, or torn
+                same = False
+            if not same:
+                out.append(index)
+        return out
+
+    async def unseal(self, file_ids: Sequence[str]) -> None:
+        await asyncio.to_thread(self.seals.remove, self.seals.release(
+            [check_file_id(f) for f in file_ids]))
 
     async def open(self, chunk: str) -> OpenChunk:
         return await asyncio.to_thread(self.store.open, chunk)
@@ -77,7 +105,9 @@ class DataService:
 
     async def purge(self, file_ids: Sequence[str]) -> int:
         ids = [check_file_id(f) for f in file_ids]
-        return sum([await asyncio.to_thread(self.store.purge, f) for f in ids])
+        removed = sum([await asyncio.to_thread(self.store.purge, f) for f in ids])
+        await self.unseal(ids)      # the file is gone: no chunk of it is read again
+        return removed
 
     async def usage(self) -> Usage:
         return await asyncio.to_thread(self.store.usage)

@@ -24,17 +24,26 @@ in one place, for every gateway.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BadRequest, NotFound, StagerError, UploadNotFound
-from ..layout import choose_layout
+from ..errors import BadRequest, NotFound, StagerError, Unavailable, UploadNotFound
+from ..layout import choose_layout, chunk_targets
 from ..protocol.batch import CommitItem, CreateItem
-from ..protocol.models import FileInfo, Layout, LayoutSpec
-from ..protocol.multipart import CompleteResult, Part, PartDone, PartSlot, part_number
+from ..protocol.models import FileInfo, Layout, LayoutSpec, TargetInfo
+from ..protocol.multipart import (
+    CompleteResult,
+    Part,
+    PartDone,
+    PartSlot,
+    SealRequest,
+    SealResult,
+    part_number,
+)
 from . import writes
 from .store.base import NodeEntry
 from .store.multipart import MultipartRecord, PartRecord
@@ -43,6 +52,8 @@ if TYPE_CHECKING:
     from .service import MetaService
 
 log = logging.getLogger("stager.meta")
+# asks a data server to seal chunks (or lift a seal): the HTTP layer's, over its data plane
+Sealer = Callable[[TargetInfo, SealRequest], Awaitable[SealResult]]
 _HIDDEN = uuid.UUID("5b0c6f3e-54a3-4c8e-9c1e-6d2b1f0e7a11")   # hidden parts' id namespace
 
 
@@ -211,10 +222,12 @@ class MultipartService:
         return await self.store.list_multipart(prefix, after=after, limit=limit)
 
     async def complete(self, upload_id: str, requested: Sequence[tuple[int, str]],
-                       attrs: dict[str, Any] | None = None) -> CompleteResult:
+                       attrs: dict[str, Any] | None = None, seal: Sealer | None = None
+                       ) -> CompleteResult:
         """Commit the final file as its parts lie (no copy), with ``attrs``, or answer
         the parts to compose (the client commits the composed file with them); the
-        checks are S3's (:func:`check_completion`)."""
+        checks are S3's (:func:`check_completion`).  ``seal``: how a data server is
+        asked to seal the file's chunks there before it commits (:meth:`_seal`)."""
         record, parts = await self.parts(upload_id)
         chosen = check_completion(requested, {p.number: p for p in parts},
                                   self.config.multipart_min_part)
@@ -231,15 +244,66 @@ class MultipartService:
             return CompleteResult(etag, sizes, move=listed)
         checksums = tuple(c for p in chosen for c in p.checksums)
         size = sum(p.size for p in chosen)
+        sealed = await self._seal(record, checksums, seal) if seal is not None else []
         [done] = await writes.commit(self.service, [CommitItem(
             record.file_id, size, checksums, attrs=dict(attrs or {}))])
         if isinstance(done, UploadNotFound):
             done = await self._committed_before(record, done)
         if isinstance(done, StagerError):
+            await self._unseal(record, sealed, seal)
             raise done
         await self.store.drop_multipart(upload_id, keep={record.file_id},
                                         now=self.service.clock())
         return CompleteResult(etag, sizes, file=done)
+
+    async def _seal(self, record: MultipartRecord, checksums: Sequence[int],
+                    seal: Sealer) -> list[TargetInfo]:
+        """Seal the final file's chunks at every data server holding one, with the CRCs
+        it commits (stager/data/seals.py): a part still on its way from another client
+        is refused there from now on, and one stored before is named back.  Each chunk
+        needs a copy confirmed with its bytes, else nothing commits (Unavailable: a part
+        was written again meanwhile, or every copy's target is out of reach).  Returns
+        the targets sealed."""
+        layout, count = record.layout, len(checksums)
+        held: dict[str, list[tuple[int, int]]] = {}
+        for index, crc in enumerate(checksums):
+            for target in chunk_targets(layout, index):
+                held.setdefault(target, []).append((index, crc))
+        known = [(self.service.targets.get(t), crcs) for t, crcs in held.items()]
+        asked = [(t, crcs) for t, crcs in known if t is not None]
+        answers = await asyncio.gather(*(seal(t, SealRequest(record.file_id, count,
+                                                             tuple(crcs)))
+                                         for t, crcs in asked), return_exceptions=True)
+        good: set[int] = set()
+        sealed = []
+        for (target, crcs), answer in zip(asked, answers, strict=True):
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, (StagerError, OSError)):
+                    raise answer
+                log.warning("sealing %s on %s: %s", record.file_id, target.id, answer)
+                continue
+            sealed.append(target)
+            good.update(i for i, _ in crcs if i not in set(answer.differ))
+        missing = sorted(set(range(count)) - good)
+        if missing:
+            await self._unseal(record, sealed, seal)
+            raise Unavailable(f"chunk {missing[0]} of {record.path} is not as its part was "
+                              "recorded (a part written again while the upload completed, "
+                              "or no copy within reach): complete again",
+                              upload_id=record.upload_id, chunk=missing[0])
+        return sealed
+
+    async def _unseal(self, record: MultipartRecord, sealed: Sequence[TargetInfo],
+                      seal: Sealer | None) -> None:
+        """Lift the seals of a completion that does not commit (best effort: a seal
+        left behind refuses the upload's later parts in that file, as NoSuchUpload)."""
+        if seal is None:
+            return
+        release = SealRequest(record.file_id, 0, (), release=True)
+        for answer in await asyncio.gather(*(seal(t, release) for t in sealed),
+                                           return_exceptions=True):
+            if isinstance(answer, BaseException):
+                log.warning("releasing the seal of %s: %s", record.file_id, answer)
 
     async def _committed_before(self, record: MultipartRecord, gone: UploadNotFound
                                 ) -> FileInfo | StagerError:

@@ -20,7 +20,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import BadRequest
-from .models import FileInfo, Layout, LayoutSpec, attrs_of, count_of, field_of
+from .models import (
+    FileInfo,
+    Layout,
+    LayoutSpec,
+    attrs_of,
+    check_file_id,
+    count_of,
+    field_of,
+)
 
 MAX_PART_NUMBER = 10000         # S3's
 MAX_PARTS_LISTED = 1000
@@ -283,6 +291,55 @@ class CompleteResult:
                    tuple(Part.from_json(p) for p in field_of(obj, "move", list, [])))
 
 
+@dataclass(frozen=True)
+class SealRequest:
+    """Seal the chunks of a completed object at a data server (the metadata server's
+    request, before it commits): from then on a write of a chunk of ``file_id`` is refused
+    there unless it is that chunk's own bytes (``crcs``: index → CRC32C, the chunks that
+    target holds) and lies within the object's ``count`` chunks.  ``release``: lift the
+    seal of a completion that did not commit (``count`` and ``crcs`` unused)."""
+
+    file_id: str
+    count: int
+    crcs: tuple[tuple[int, int], ...]
+    release: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file_id": self.file_id, "count": self.count,
+                "crcs": [[i, f"{c:08x}"] for i, c in self.crcs], "release": self.release}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> SealRequest:
+        items = field_of(obj, "crcs", list)
+        crcs = []
+        for item in items:
+            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], int)
+                    and not isinstance(item[0], bool) and item[0] >= 0
+                    and isinstance(item[1], str)):
+                raise BadRequest("each of crcs is [chunk index, hex CRC32C]")
+            crcs.append((item[0], _crcs({"c": [item[1]]}, "c")[0]))
+        return cls(check_file_id(field_of(obj, "file_id", str)), count_of(obj, "count"),
+                   tuple(crcs), field_of(obj, "release", bool, False))
+
+
+@dataclass(frozen=True)
+class SealResult:
+    """The sealed chunks the target does not hold with their CRC (missing, or other
+    bytes: a write the completion did not record landed before the seal)."""
+
+    differ: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"differ": list(self.differ)}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> SealResult:
+        differ = field_of(obj, "differ", list)
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in differ):
+            raise BadRequest("differ must be chunk indices")
+        return cls(tuple(differ))
+
+
 # -- OpenAPI schemas (merged into stager.protocol.openapi.SCHEMAS) ---------------------------
 def _ref(name: str) -> dict[str, Any]:
     return {"$ref": f"#/components/schemas/{name}"}
@@ -322,6 +379,11 @@ SCHEMAS: dict[str, Any] = {
     "CompleteRequest": {"type": "object", "required": ["parts"], "properties": {
         "parts": {"type": "array", "minItems": 1, "maxItems": MAX_PART_NUMBER, "items": {
             "type": "array", "minItems": 2, "maxItems": 2}}, "attrs": _ref("Attrs")}},
+    "SealRequest": {"type": "object", "required": ["file_id", "count", "crcs"], "properties": {
+        "file_id": _STR, "count": _COUNT, "release": {"type": "boolean"},
+        "crcs": {"type": "array", "items": {"type": "array", "minItems": 2, "maxItems": 2}}}},
+    "SealResult": {"type": "object", "required": ["differ"], "properties": {
+        "differ": {"type": "array", "items": _COUNT}}},
     "CompleteResult": {"type": "object", "required": ["etag", "part_sizes", "file", "compose"],
                        "properties": {"etag": _STR, "file": {"type": ["object", "null"]},
                                       "part_sizes": {"type": "array", "items": _COUNT},

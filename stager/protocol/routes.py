@@ -336,6 +336,10 @@ ROUTES: tuple[Route, ...] = (
                                          416: "Error"}),
     Route("POST", "/v1/purge", "purge", "delete every chunk of the given files", "data",
           body="PurgeRequest", responses={200: "RemoveResult"}),
+    Route("POST", "/v1/seal", "seal_chunks",
+          "seal a completed multipart object's chunks: a later write of one with other "
+          "bytes is refused; answers the sealed chunks not stored with their CRC32C", "data",
+          body="SealRequest", responses={200: "SealResult", 400: "Error"}),
     Route("GET", "/v1/chunks", "list_chunks",
           "every chunk stored, one [chunk, size, mtime] JSON array per line", "data",
           responses={200: "ndjson"}),
@@ -467,6 +471,7 @@ ACCESS: dict[str, Access] = {
     "head_chunk": Access("read", "chunk"), "delete_chunk": Access("cluster"),
     "batch_write": Access("write", "body"), "batch_read": Access("read", "body"),
     "purge": Access("cluster"), "list_chunks": Access("cluster"),
+    "seal_chunks": Access("cluster"),
     "scrub_chunks": Access("cluster"),
     "heartbeats": Access("target", "body"),     # each item proven by its handler
     "report_ranks": Access("telemetry", "body"),    # each item's dataset, by its handler

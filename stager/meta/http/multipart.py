@@ -19,7 +19,7 @@ from aiohttp import web
 
 from ...auth.policy import allows
 from ...errors import Unavailable
-from ...protocol.models import MAX_LIST_LIMIT
+from ...protocol.models import MAX_LIST_LIMIT, TargetInfo
 from ...protocol.multipart import (
     CompleteRequest,
     MultipartCreate,
@@ -30,11 +30,14 @@ from ...protocol.multipart import (
     PartDone,
     PartList,
     PartSlot,
+    SealRequest,
+    SealResult,
 )
+from ...protocol.routes import route
 from ...web.authmw import authorize, token_of
 from ...web.middleware import json_response
 from ...web.requests import query_int, read_json
-from ..multipart import MultipartService
+from ..multipart import MultipartService, Sealer
 from ..store.multipart import MultipartRecord
 from .authapp import auth_of
 
@@ -143,11 +146,25 @@ async def multipart_part_done(request: web.Request) -> web.Response:
 async def multipart_complete(request: web.Request) -> web.Response:
     record = await _record(request)
     req = CompleteRequest.from_json(await read_json(request, MAX_BODY))
-    result = await request.app[MULTIPART].complete(record.upload_id, req.parts, req.attrs)
+    result = await request.app[MULTIPART].complete(record.upload_id, req.parts, req.attrs,
+                                                   _sealer(request))
     result = replace(result, compose=tuple(
         replace(p, slot=_capable(request, p.slot, "read")) if p.slot is not None else p
         for p in result.compose))
     return json_response(result.to_json())
+
+
+def _sealer(request: web.Request) -> Sealer:
+    """Seal requests to the data servers, over the metadata server's data plane."""
+    from .app import GATEWAY  # (app.py imports this module)
+    plane = request.app[GATEWAY].plane
+
+    async def seal(target: TargetInfo, req: SealRequest) -> SealResult:
+        async with plane.request(target.id, target.url, route("seal_chunks"),
+                                 json_body=req.to_json()) as resp:
+            return SealResult.from_json(await resp.json())
+
+    return seal
 
 
 async def multipart_abort(request: web.Request) -> web.Response:
