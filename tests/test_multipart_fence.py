@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 from conftest import start_cluster
@@ -19,8 +20,9 @@ from stager import AsyncClient
 from stager.client import uploads as uploads_module
 from stager.client.uploads import MultipartUploads
 from stager.config import load_config
+from stager.data.seals import Seals
 from stager.dataplane.writer import StripedWriter
-from stager.errors import UploadNotFound
+from stager.errors import BadRequest, Unavailable, UploadNotFound
 from stager.protocol.models import LayoutSpec
 from stager.protocol.multipart import PartBegin, PartSlot
 from stager.protocol.routes import route
@@ -126,3 +128,42 @@ async def test_the_same_bytes_again_are_taken_after_completion(
     await completed(b, up.upload_id, first, last)
     await write_at(a, slot, first)
     assert await b.cat(f"{ns}/obj") == first + last
+
+
+async def test_a_part_stored_unrecorded_before_the_seal_fails_the_completion(
+        two: tuple[AsyncClient, AsyncClient], ns: str, payload) -> None:
+    """Part 1 written again (other bytes) but not yet recorded when another client
+    completes: the seal finds its chunks, and the completion refuses (503) rather than
+    commit an object whose chunks are not the recorded part's; the seal is lifted, the
+    part's record goes through, and completing with its new ETag gives its bytes."""
+    a, b = two
+    first, last = payload(PART), payload(PART // 2 + 7)
+    again = other_bytes(first)
+    mine = MultipartUploads(a)
+    up = await mine.create(f"{ns}/obj", layout=LAYOUT_SPEC)
+    await mine.write_part(up.upload_id, 1, first, PART)
+    slot = PartSlot.from_json(await a.meta.request(
+        route("multipart_part_begin"), body=PartBegin(PART).to_json(),
+        upload_id=up.upload_id, number=1))
+    await write_at(a, slot, again)                          # stored, not recorded yet
+    theirs = MultipartUploads(b)
+    await theirs.write_part(up.upload_id, 2, last, len(last))
+    with pytest.raises(Unavailable):
+        await theirs.complete(up.upload_id, [(1, md5(first)), (2, md5(last))])
+    await mine.write_part(up.upload_id, 1, again, PART)     # recorded: the seal is lifted
+    with pytest.raises(BadRequest):                         # S3's InvalidPart
+        await theirs.complete(up.upload_id, [(1, md5(first)), (2, md5(last))])
+    await theirs.complete(up.upload_id, [(1, md5(again)), (2, md5(last))])
+    assert await b.cat(f"{ns}/obj") == again + last
+
+
+async def test_a_seal_outlives_a_restart_and_a_purge_lifts_it(tmp_path: Path) -> None:
+    seals = Seals(tmp_path)
+    await seals.seal("a" * 32, 2, {0: 7, 1: 9})
+    again = Seals(tmp_path)                     # the target restarted
+    again.check([("a" * 32 + ".0", 7), ("b" * 32 + ".5", 1)])  # its own bytes; another file
+    for chunk, crc in (("a" * 32 + ".0", 8), ("a" * 32 + ".2", 7)):
+        with pytest.raises(UploadNotFound):
+            again.check([(chunk, crc)])
+    again.remove(again.release(["a" * 32]))
+    Seals(tmp_path).check([("a" * 32 + ".0", 8)])

@@ -19,10 +19,10 @@ an upload aborted or completed meanwhile, as before.  A slot is used only while 
 upload was seen alive in the last :data:`FRESH` seconds (a begin or a part recorded), at
 most :data:`MAX_SLOT_AGE` after its begin (its capability's life), never after this
 client completed or aborted the upload, and dropped on any error: the part sent again
-then asks begin, which places it around a target gone down.  What the record cannot
-undo: a part placed after another client completed the upload has written over the
-object's chunks before it is refused (as a part begun just before that completion
-does); :data:`FRESH` keeps that window near one part's time.
+then asks begin, which places it around a target gone down.  A part placed after
+another client completed the upload (or begun just before that completion) cannot write
+over the object's chunks: the completion sealed them at the data servers first
+(:mod:`stager.data.seals`), which refuse its writes as UploadNotFound.
 """
 
 from __future__ import annotations
