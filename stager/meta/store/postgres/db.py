@@ -35,6 +35,7 @@ from .functions import (
     CACHED_COMMIT_FUNCTION,
     COMMIT_FUNCTION,
     LAZY_FUNCTIONS,
+    PUT_FUNCTION,
     QUOTA_COMMIT_FUNCTION,
     SELF_COMMIT_FUNCTION,
 )
@@ -49,7 +50,7 @@ Op = Callable[[asyncpg.Connection], Awaitable[R]]
 CONFLICT_RETRIES = 50        # serialization failures and deadlocks, per transaction
 RECONNECTS = 3               # connections found dead before the transaction began
 ROOT_ID = 1
-SCHEMA_VERSION = 15
+SCHEMA_VERSION = 16
 
 # Each migration takes the schema from version N-1 to N; applied in order, each in
 # the transaction that records its number.  Names sort bytewise (COLLATE "C"), as in
@@ -191,7 +192,7 @@ CREATE TABLE IF NOT EXISTS cache_chunks (
     PRIMARY KEY (file_id, idx)
 );
 """, 11: MULTIPART_TABLES, 12: S3KEY_TABLES, 13: ATTRS_COMMIT_FUNCTION,
-    14: CACHED_COMMIT_FUNCTION, 15: SELF_COMMIT_FUNCTION}
+    14: CACHED_COMMIT_FUNCTION, 15: SELF_COMMIT_FUNCTION, 16: PUT_FUNCTION}
 
 # Errors after which the connection is gone or the server cannot serve: the
 # database is unavailable (the pool reconnects once it is back).

@@ -304,3 +304,27 @@ _GARBAGE = ("        INSERT INTO garbage VALUES (e_fid, e_lay, e_size, p_now) "
 assert CACHED_COMMIT_FUNCTION.count(_GARBAGE) == 1
 SELF_COMMIT_FUNCTION = CACHED_COMMIT_FUNCTION.replace(
     _GARBAGE, "        IF e_fid IS DISTINCT FROM p_file_id THEN\n" + _GARBAGE + "        END IF;\n")
+
+# Schema migration 16: an upload begun and committed in one statement (a small file's
+# gateway PUT, whose record waits for its one chunk: :mod:`.postgres.group` joins the
+# record and the commit queued right behind it).  The row is inserted as
+# ``begin_uploads`` inserts it (a file id already pending is an error), without
+# ``stager_reserve``'s lazy flush: its commit is durable.  Idempotent.
+PUT_FUNCTION = """
+CREATE OR REPLACE FUNCTION stager_put(p_file_id TEXT, p_path TEXT, p_layout TEXT,
+                                      p_overwrite BOOLEAN, p_parents BOOLEAN,
+                                      p_created DOUBLE PRECISION, p_size BIGINT,
+                                      p_mtime DOUBLE PRECISION, p_checksums BYTEA,
+                                      p_now DOUBLE PRECISION, p_attrs TEXT,
+                                      OUT r_err TEXT, OUT r_at TEXT, OUT r_path TEXT,
+                                      OUT r_layout TEXT, OUT r_limit BIGINT,
+                                      OUT r_use BIGINT, OUT r_need BIGINT)
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    INSERT INTO uploads (file_id, path, layout, overwrite, parents, created)
+        VALUES (p_file_id, p_path, p_layout, p_overwrite, p_parents, p_created);
+    SELECT * INTO r_err, r_at, r_path, r_layout, r_limit, r_use, r_need
+        FROM stager_commit(p_file_id, p_size, p_mtime, p_checksums, p_now, p_attrs);
+END
+$fn$;
+"""

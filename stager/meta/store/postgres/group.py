@@ -10,12 +10,19 @@ for all of them; every caller is answered only after it.  Groups run one at a
 time, so the writes of one metadata server never conflict with each other (a
 group commit in one directory would otherwise have every transaction update the
 same parent row); a conflict with anything else runs the whole group again.
+
+A write may name itself a ``lead`` (a key and a value) and the one queued right
+behind it a ``follow`` of the same key: the two then run as the one statement the
+follower makes of the lead's value (a small file's upload record and its commit,
+queued together by the gateway: one round trip instead of two).  Both callers get
+its outcome: the lead ``None``, the follower its result; both its error.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +40,9 @@ class _Call:
     future: asyncio.Future[Any]
     alone: Op[Any] | None = None     # run instead when alone, without a transaction
     rerun: bool = True               # ... and again after a lost connection
+    lead: tuple[object, Any] | None = None      # (key, value) a follower may take in
+    follow: tuple[object, Callable[[Any], Op[Any]]] | None = None   # (key, joined op)
+    led: asyncio.Future[Any] | None = None      # a joined lead's caller, answered None
 
 
 class WriteGroups:
@@ -47,14 +57,17 @@ class WriteGroups:
         self._closed = False
 
     async def write(self, op: Op[Any], *, alone: Op[Any] | None = None,
-                    rerun: bool = True) -> Any:
+                    rerun: bool = True, lead: tuple[object, Any] | None = None,
+                    follow: tuple[object, Callable[[Any], Op[Any]]] | None = None) -> Any:
         """``op(conn)`` in a transaction it may share with the writes queued alongside.
         ``alone``, where given, does the same as one statement that needs no transaction
         (see :meth:`.Database.statement`, whose ``rerun`` it is): it runs instead when
-        nothing else is queued, a round trip instead of three (BEGIN, op, COMMIT)."""
+        nothing else is queued, a round trip instead of three (BEGIN, op, COMMIT).
+        ``lead`` and ``follow``: see the module's docstring."""
         if self._closed:
             raise RuntimeError("the metadata store is closed")
-        call = _Call(op, asyncio.get_running_loop().create_future(), alone, rerun)
+        call = _Call(op, asyncio.get_running_loop().create_future(), alone, rerun, lead,
+                     follow)
         self._queue.append(call)
         if self._worker is None or self._worker.done():
             self._worker = asyncio.get_running_loop().create_task(self._work())
@@ -80,7 +93,7 @@ class WriteGroups:
         while self._queue:
             group = [self._queue.popleft()
                      for _ in range(min(len(self._queue), self.max_group))]
-            group = [c for c in group if not c.future.done()]    # callers gone
+            group = _joined([c for c in group if not c.future.done()])    # callers gone
             if group:
                 await self._run(group)
 
@@ -113,12 +126,29 @@ class WriteGroups:
     @staticmethod
     def _answer(group: list[_Call], outcomes: list[tuple[bool, Any]]) -> None:
         for call, (ok, value) in zip(group, outcomes, strict=True):
-            if call.future.done():
-                continue
-            if ok:
-                call.future.set_result(value)
-            else:
-                call.future.set_exception(value)
+            for future, result in ((call.led, None), (call.future, value)):
+                if future is None or future.done():
+                    continue
+                if ok:
+                    future.set_result(result)
+                else:
+                    future.set_exception(value)
+
+
+def _joined(group: list[_Call]) -> list[_Call]:
+    """``group`` with each lead and the follower of its key right behind it made one
+    call: the follower's statement of the lead's value, answering both (never run again
+    after a lost connection: the follower's commit may have happened)."""
+    out: list[_Call] = []
+    for call in group:
+        last = out[-1] if out else None
+        if (call.follow is not None and last is not None and last.lead is not None
+                and last.led is None and last.lead[0] == call.follow[0]):
+            op = call.follow[1](last.lead[1])
+            out[-1] = _Call(op, call.future, alone=op, rerun=False, led=last.future)
+        else:
+            out.append(call)
+    return out
 
 
 class _Redo(Exception):

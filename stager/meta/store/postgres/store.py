@@ -70,6 +70,11 @@ class PostgreSQLStore(PostgresMultipart, PostgresS3Keys, MetaStore):
     ``max_group`` queued upload writes share one transaction (1: none do)."""
 
     shared = True               # several metadata servers may use one database
+    # Writes of uploads run one group at a time, in the order made (.postgres.group), so
+    # a commit queued right behind its upload's begin sees it; the two of one file then
+    # run as one statement (uploads.put): a small file's gateway PUT makes one round
+    # trip for both.
+    in_order = True
 
     def __init__(self, url: str, *, pool_size: int = 10, max_group: int = MAX_GROUP,
                  connect_timeout: float = 5.0) -> None:
@@ -172,7 +177,8 @@ class PostgreSQLStore(PostgresMultipart, PostgresS3Keys, MetaStore):
         self._check_open()
         # one alone: one statement that may run again, not waiting for the WAL flush
         alone = (lambda c: up.reserve(c, uploads[0])) if len(uploads) == 1 else None
-        await self.writes.write(lambda c: up.begin_uploads(c, uploads), alone=alone)
+        lead = (uploads[0].file_id, uploads[0]) if len(uploads) == 1 else None
+        await self.writes.write(lambda c: up.begin_uploads(c, uploads), alone=alone, lead=lead)
 
     async def get_uploads(self, file_ids: Sequence[str]) -> list[Upload | StagerError]:
         return list(await self._read(lambda c: up.get_uploads(c, file_ids)))
@@ -183,9 +189,16 @@ class PostgreSQLStore(PostgresMultipart, PostgresS3Keys, MetaStore):
         def commit(conn: asyncpg.Connection) -> Awaitable[list[NodeEntry | StagerError]]:
             return up.commit_uploads(conn, items, now=now)
 
-        # one alone: one statement; a lost connection leaves its outcome unknown (not rerun)
-        return list(await self.writes.write(commit, alone=commit if len(items) == 1 else None,
-                                            rerun=False))
+        def put(upload: Upload) -> Op[list[NodeEntry | StagerError]]:
+            async def op(conn: asyncpg.Connection) -> list[NodeEntry | StagerError]:
+                return [await up.put(conn, upload, items[0], now)]
+            return op
+
+        # one alone: one statement; a lost connection leaves its outcome unknown (not rerun);
+        # right behind the begin of its upload, one statement with it
+        one = len(items) == 1
+        return list(await self.writes.write(commit, alone=commit if one else None, rerun=False,
+                                            follow=(items[0][0], put) if one else None))
 
     async def replace_upload_layout(self, file_id: str, old: Layout, new: Layout) -> bool:
         return bool(await self._write(lambda c: up.replace_upload_layout(c, file_id, old, new)))

@@ -93,6 +93,37 @@ async def _commit(conn: asyncpg.Connection, item: CommitArgs, now: float, *,
     file_id, size, checksums, mtime, attrs = committing(item)
     row = await conn.fetchrow(_COMMIT_BUMPING if bump else _COMMIT,
                               file_id, size, mtime, pack(checksums), now, attrs_text(attrs))
+    return await _committed(conn, item, row, now)
+
+
+# An upload begun and committed as one statement (``stager_put``, schema 16), with the
+# manifests above its path bumped alongside, as _COMMIT_BUMPING does (whose walk starts
+# from the upload's row, which this statement's snapshot does not hold yet).
+_PUT_BUMPING = _COMMIT_BUMPING.replace(
+    "SELECT string_to_array(substr(path, 2), '/') AS names FROM uploads WHERE file_id = $1",
+    "SELECT string_to_array(substr($2::text, 2), '/') AS names").replace(
+    "SELECT * FROM stager_commit($1, $2, $3, $4, $5, $6)",
+    "SELECT * FROM stager_put($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)")
+assert "stager_put(" in _PUT_BUMPING and "FROM uploads" not in _PUT_BUMPING
+
+
+async def put(conn: asyncpg.Connection, upload: Upload, item: CommitArgs, now: float
+              ) -> NodeEntry | StagerError:
+    """:func:`begin_uploads` of ``upload`` and its commit ``item``, as one statement: a
+    durable one (unlike :func:`reserve`), answering as the commit would; a commit that
+    fails leaves the upload pending, as it would."""
+    file_id, size, checksums, mtime, attrs = committing(item)
+    assert file_id == upload.file_id
+    row = await conn.fetchrow(
+        _PUT_BUMPING, file_id, upload.path, layout_text(upload.layout), upload.overwrite,
+        upload.parents, upload.created, size, mtime, pack(checksums), now, attrs_text(attrs))
+    return await _committed(conn, item, row, now)
+
+
+async def _committed(conn: asyncpg.Connection, item: CommitArgs, row: asyncpg.Record,
+                     now: float) -> NodeEntry | StagerError:
+    """The entry a commit's row of ``stager_commit`` names, or its error."""
+    file_id, size, checksums, mtime, attrs = committing(item)
     if row["r_err"] is not None:
         if row["r_err"].startswith("quota_"):       # final: its chunks are collected
             async with conn.transaction():  # (a commit alone ran outside of one)
