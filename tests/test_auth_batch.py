@@ -64,6 +64,14 @@ def test_a_batch_capability_grants_its_files_and_no_other() -> None:
     {"files": frozenset()},                                  # "+" with no files
     {"files": frozenset(ids(MAX_BATCH_FILES + 1))},
     {"files": frozenset(["not-a-file-id"])},
+    # the ids are checked by one match over them joined by commas: none may hide a comma,
+    # run two ids together, or be other than a string
+    {"files": frozenset([",".join(ids(2))])},
+    {"files": frozenset(["".join(ids(2))])},
+    {"files": frozenset([ids(1)[0].upper()])},
+    {"files": frozenset([ids(1)[0][:31]])},
+    {"files": frozenset([*ids(2), 7])},
+    {"files": ids(2)[0]},                                    # a string is no collection
     {"files": frozenset(ids(2)), "target": "t0"},            # a batch names no target
 ])
 def test_bad_batches_are_a_bad_request(kwargs: dict[str, object]) -> None:
