@@ -22,6 +22,9 @@ from ..errors import StagerError
 from ..layout import chunk_targets
 from ..protocol.models import Layout, chunk_id
 
+# The arrays' first sizes: a small file's plan (one upload, one chunk, R targets) fits.
+FIRST_ROWS, FIRST_TARGETS, FIRST_UPLOADS = 4, 4, 1
+
 
 @dataclass
 class Placement:
@@ -43,27 +46,40 @@ def cut(data: bytes | bytearray | memoryview, chunk_size: int) -> list[memoryvie
 
 class WritePlan:
     """Uploads and their chunk rows.  A ``busy`` row is held by one engine call,
-    which stores it; the others are stored or their upload failed."""
+    which stores it; the others are stored or their upload failed.
+
+    The arrays have room for more rows, targets and uploads than are in use (``n``
+    rows, ``len(uploads)`` uploads), grown by doubling from a first size that holds a
+    small file's plan (a gateway PUT makes one per request: each growth is a dozen
+    array allocations, most of such a plan's cost)."""
 
     def __init__(self) -> None:
         self.uploads: list[Placement] = []
-        self.ok = np.zeros(0, dtype=bool)                   # per upload: no error yet
-        self.base, self.stripe = np.zeros((2, 0), dtype=np.int64)  # its layout's slots
+        # per upload (by number): no error yet, and its layout's first row in ``slots``
+        # and its stripe count
+        self.ok = np.zeros(FIRST_UPLOADS, dtype=bool)
+        self.base, self.stripe = np.zeros((2, FIRST_UPLOADS), dtype=np.int64)
         self.slots = np.full((0, 1), -1, dtype=np.int64)    # per layout and slot: targets
         self._blocks: dict[Layout, int] = {}                # where a layout's slots begin
         self.targets: list[str] = []                        # by number
         self._numbers: dict[str, int] = {}
         self.n = 0                                          # rows in use
-        self.file, self.index, self.length, self.crc = np.zeros((4, 0), dtype=np.int64)
-        self.busy = np.zeros(0, dtype=bool)                 # held by an engine call
-        self.placed = np.zeros((0, 0), dtype=bool)          # row x target: proved stored
+        self.file, self.index, self.length, self.crc = np.zeros((4, FIRST_ROWS),
+                                                                dtype=np.int64)
+        self.busy = np.zeros(FIRST_ROWS, dtype=bool)        # held by an engine call
+        self.placed = np.zeros((FIRST_ROWS, FIRST_TARGETS), dtype=bool)  # row x target:
+        #                                                     proved stored
         self.data: list[memoryview | None] = []             # a row's bytes while held
 
     def add_uploads(self, uploads: Sequence[Placement]) -> None:
-        self.uploads += uploads
-        self.ok = np.append(self.ok, [u.error is None for u in uploads])
-        self.base = np.append(self.base, [self._block(u.layout) for u in uploads])
-        self.stripe = np.append(self.stripe, [u.layout.stripe_count for u in uploads])
+        first, self.uploads = len(self.uploads), self.uploads + list(uploads)
+        if len(self.uploads) > len(self.ok):
+            size = max(len(self.uploads), 2 * len(self.ok))
+            self.ok, self.base, self.stripe = (_grown(a, (size,)) for a in
+                                               (self.ok, self.base, self.stripe))
+        for k, u in enumerate(uploads, first):
+            self.ok[k] = u.error is None
+            self.base[k], self.stripe[k] = self._block(u.layout), u.layout.stripe_count
 
     def add(self, files: Sequence[int], indices: Sequence[int],
             chunks: Sequence[memoryview]) -> np.ndarray:
@@ -72,10 +88,16 @@ class WritePlan:
         n = len(chunks)
         rows = np.arange(self.n, self.n + n)
         self._fit(self.n + n)
-        self.file[rows], self.index[rows] = files, indices
-        self.length[rows] = [c.nbytes for c in chunks]
-        self.crc[rows] = [crc32c(c) for c in chunks]
-        self.busy[rows] = True
+        if n == 1:          # a stream's chunk: scalars cost less than lists made arrays
+            r, c = self.n, chunks[0]
+            self.file[r], self.index[r], self.length[r] = files[0], indices[0], c.nbytes
+            self.crc[r] = crc32c(c)
+            self.busy[r] = True
+        else:
+            self.file[rows], self.index[rows] = files, indices
+            self.length[rows] = [c.nbytes for c in chunks]
+            self.crc[rows] = [crc32c(c) for c in chunks]
+            self.busy[rows] = True
         self.data += chunks
         self.n += n
         return rows
@@ -122,32 +144,49 @@ class WritePlan:
     def checksums(self) -> list[tuple[int, ...]]:
         """Each upload's chunk CRC32Cs in chunk order (one sort for all of them)."""
         file, n = self.file[:self.n], self.n
+        if len(self.uploads) == 1 and n <= 1:      # a small file's: no sort
+            return [tuple(self.crc[:n].tolist())]
         crcs = self.crc[:n][np.lexsort((self.index[:n], file))].tolist()
         ends = np.cumsum(np.bincount(file, minlength=len(self.uploads))).tolist()
         return [tuple(crcs[a:b]) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
 
     def _block(self, layout: Layout) -> int:
         """The rows of ``slots`` for ``layout``: each stripe slot's targets, numbered."""
-        if layout not in self._blocks:
-            block = [[self._numbers.setdefault(t, len(self._numbers))
-                      for t in chunk_targets(layout, i)] for i in range(layout.stripe_count)]
-            self.targets = list(self._numbers)
-            width = max(self.slots.shape[1], *map(len, block))
-            slots = np.full((len(self.slots) + len(block), width), -1, dtype=np.int64)
-            slots[:len(self.slots), :self.slots.shape[1]] = self.slots
-            for i, targets in enumerate(block, len(self.slots)):
-                slots[i, :len(targets)] = targets
-            self._blocks[layout], self.slots = len(self.slots), slots
-            self._fit(self.n)
-        return self._blocks[layout]
+        at = self._blocks.get(layout)
+        if at is not None:
+            return at
+        block = [[self._numbers.setdefault(t, len(self._numbers))
+                  for t in chunk_targets(layout, i)] for i in range(layout.stripe_count)]
+        self.targets = list(self._numbers)
+        at, width = len(self.slots), max(self.slots.shape[1], *map(len, block))
+        slots = np.full((at + len(block), width), -1, dtype=np.int64)
+        if at:
+            slots[:at, :self.slots.shape[1]] = self.slots
+        for i, targets in enumerate(block, at):
+            slots[i, :len(targets)] = targets
+        self._blocks[layout], self.slots = at, slots
+        self._fit(self.n)
+        return at
 
     def _fit(self, rows: int) -> None:
         """Room for ``rows`` rows and every target numbered (doubling: a stream adds
         its rows one at a time)."""
-        shape = tuple(have if need <= have else max(need, 2 * have) for need, have in
-                      zip((rows, len(self.targets)), self.placed.shape, strict=True))
-        if shape != self.placed.shape:
-            for name in ("file", "index", "length", "crc", "busy", "placed"):
-                old = getattr(self, name)
-                setattr(self, name, np.zeros(shape[:old.ndim], dtype=old.dtype))
-                getattr(self, name)[tuple(map(slice, old.shape))] = old
+        have_rows, have_targets = self.placed.shape
+        if rows <= have_rows and len(self.targets) <= have_targets:
+            return
+        if rows > have_rows:
+            grow = max(rows, 2 * have_rows)
+            self.file, self.index, self.length, self.crc, self.busy = (
+                _grown(a, (grow,)) for a in (self.file, self.index, self.length, self.crc,
+                                              self.busy))
+            have_rows = grow
+        if len(self.targets) > have_targets:
+            have_targets = max(len(self.targets), 2 * have_targets)
+        self.placed = _grown(self.placed, (have_rows, have_targets))
+
+
+def _grown(old: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``old`` in a zeroed array of ``shape`` (at least as large in every dimension)."""
+    new = np.zeros(shape, dtype=old.dtype)
+    new[tuple(map(slice, old.shape))] = old
+    return new

@@ -121,11 +121,23 @@ class StripedWriter:
     async def close(self) -> tuple[int, tuple[int, ...]]:
         """Send what is buffered, wait for every chunk; returns (size, checksums)."""
         if not self._closed:
-            if self._fill:
+            if self._fill and not self._tasks:
+                await self._store_last()
+            elif self._fill:
                 await self._send_buffer()
             self._closed = True
             await self.flush()
         return self.size, self.plan.checksums()[0]
+
+    async def _store_last(self) -> None:
+        """Store the buffered chunk, the only one out (a small file's whole body), here
+        rather than by a task that :meth:`flush` then waits for."""
+        buf = self._buf
+        assert buf is not None
+        data = memoryview(buf)[:self._fill]
+        self._buf, self._fill = None, 0
+        await self._store(self.plan.add([0], [self.first_chunk + self.plan.n], [data]))
+        _keep(buf)      # not after a failure or a cancel, as in _send_buffer
 
     async def flush(self) -> None:
         """Wait until every whole chunk written so far is stored on all its replicas
