@@ -1,0 +1,135 @@
+"""The raw read client over TLS: the low mark on ciphertext, and its descriptor of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import socket
+import ssl
+from pathlib import Path
+
+import pytest
+
+from stager.auth.tls import client_context, ensure_cluster_tls, server_context
+from stager.dataplane import rawhttp
+
+DATA = os.urandom(4 << 20)
+CHUNK = "0123456789abcdef0123456789abcdef.0"
+
+
+async def _tls_server(tmp_path: Path, body: bytes, lengths: tuple[int, ...], piece: int,
+                      pause: float) -> tuple[asyncio.Server, str, ssl.SSLContext]:
+    """A bare HTTPS server answering one request per length with that much of ``body``,
+    written ``piece`` bytes at a time ``pause`` seconds apart."""
+    files = ensure_cluster_tls(tmp_path / "tls")
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            for n in lengths:
+                await reader.readuntil(b"\r\n\r\n")
+                writer.write(f"HTTP/1.1 200 OK\r\nContent-Length: {n}\r\n\r\n".encode())
+                for at in range(0, n, piece):
+                    writer.write(body[at:min(n, at + piece)])
+                    await writer.drain()
+                    await asyncio.sleep(pause)
+            await reader.read()
+        except (ConnectionError, ssl.SSLError):
+            pass                        # the client aborts its TLS connections on close
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0,
+                                        ssl=server_context(files.cert, files.key))
+    port = server.sockets[0].getsockname()[1]
+    return server, f"https://127.0.0.1:{port}", client_context(files.ca_cert)
+
+
+async def test_a_long_tls_body_wakes_the_loop_once_per_low_mark_and_the_mark_is_reset(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 4 MiB body written in 64 KiB pieces arrives over TLS in a few large reads
+    (SO_RCVLOWAT on the ciphertext), not one per piece (64: the mark off, as before);
+    the next response on the connection, a short one, still wakes the loop."""
+    reads: list[int] = []
+    received = rawhttp._Conn.buffer_updated
+
+    def counting(self: rawhttp._Conn, nbytes: int) -> None:
+        reads.append(nbytes)
+        received(self, nbytes)
+
+    monkeypatch.setattr(rawhttp._Conn, "buffer_updated", counting)
+    server, url, ctx = await _tls_server(tmp_path, DATA, (len(DATA), 10), 64 * 1024, 0.001)
+    pool = rawhttp.RawPool(limit=1, connect_timeout=5.0, read_timeout=5.0, ssl_context=ctx)
+    try:
+        async with server:
+            buf = bytearray(len(DATA))
+            await pool.request(url, "GET", f"/v1/chunks/{CHUNK}", {}, None, memoryview(buf))
+            assert bytes(buf) == DATA
+            # the head, then about TLS_RCVLOWAT bytes per read until the slack is left
+            most = 4 + (len(DATA) // rawhttp.TLS_RCVLOWAT) * 2
+            assert len(reads) <= most, (len(reads), reads)
+            conn = next(iter(pool._all))
+            assert conn._sock is not None
+            assert conn._sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
+            small = memoryview(bytearray(10))
+            await asyncio.wait_for(pool.request(url, "GET", f"/v1/chunks/{CHUNK}", {}, None,
+                                                small), 5.0)
+            assert bytes(small) == DATA[:10] and len(pool._all) == 1
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("size", [rawhttp.LOWAT_FROM + rawhttp.TLS_SLACK + 1,
+                                  rawhttp.TLS_SLACK + rawhttp.TLS_RCVLOWAT + 16 * 1024 + 7])
+async def test_the_tls_low_mark_never_waits_for_bytes_that_do_not_come(
+        tmp_path: Path, size: int) -> None:
+    """Bodies just over where the mark starts, written a record at a time with pauses:
+    the last ones never sit under a mark the rest of the body cannot reach (the
+    inactivity timer would fail the read after 1 s)."""
+    server, url, ctx = await _tls_server(tmp_path, DATA, (size, size), 16 * 1024, 0.002)
+    pool = rawhttp.RawPool(limit=1, connect_timeout=5.0, read_timeout=1.0, ssl_context=ctx)
+    try:
+        async with server:
+            for _ in range(2):
+                buf = bytearray(size)
+                await pool.request(url, "GET", f"/v1/chunks/{CHUNK}", {}, None,
+                                   memoryview(buf))
+                assert bytes(buf) == DATA[:size]
+    finally:
+        pool.close()
+
+
+async def test_the_connections_own_descriptor_is_closed_with_it(tmp_path: Path) -> None:
+    """The socket object the low mark is set on is a duplicate of the connection's
+    descriptor: closed when the pool closes the connection, and when a connection
+    that was never closed is dropped."""
+    server, url, ctx = await _tls_server(tmp_path, DATA, (10, 10), 16 * 1024, 0)
+    pool = rawhttp.RawPool(limit=1, connect_timeout=5.0, read_timeout=5.0, ssl_context=ctx)
+    async with server:
+        await pool.request(url, "GET", f"/v1/chunks/{CHUNK}", {}, None,
+                           memoryview(bytearray(10)))
+        conn = next(iter(pool._all))
+        assert conn._sock is not None
+        fd = conn._sock.fileno()
+        assert fd != conn.transport.get_extra_info("socket").fileno()   # type: ignore[union-attr]
+        pool.close()
+        assert conn._sock is None
+        with pytest.raises(OSError):
+            os.fstat(fd)
+
+        dropped = rawhttp._Conn()
+        plain = socket.socket()
+        try:
+            class Transport:
+                def get_extra_info(self, name: str) -> socket.socket:
+                    return plain
+
+            dropped.connection_made(Transport())    # type: ignore[arg-type]
+            assert dropped._sock is not None
+            fd = dropped._sock.fileno()
+            del dropped
+            gc.collect()
+            with pytest.raises(OSError):
+                os.fstat(fd)
+        finally:
+            plain.close()
