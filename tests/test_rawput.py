@@ -128,7 +128,7 @@ async def test_a_put_on_a_connection_the_server_dropped_is_sent_again_fresh(
     ("not-a-chunk-id", DATA, None),                 # 400 bad_request
     (f"{FILE}.0", os.urandom(LIMIT + 1), None),     # 413 payload_too_large
     (f"{FILE}.0", DATA, zlib.crc32(b"other")),      # the body is not what the CRC32C says
-])
+], ids=["bad-chunk-id", "too-large", "bad-crc"])    # the same ids in every xdist worker
 async def test_a_refused_put_raises_what_aiohttps_path_raised(
         tmp_path: Path, chunk: str, data: bytes, crc: int | None) -> None:
     crc = crc32c(data) if crc is None else crc
