@@ -43,6 +43,11 @@ MARGIN = 120.0          # seconds: a capability closer than this to expiry is fe
                         # (a quarter of its life, if that is less)
 MAX_PER_REQUEST = 4096  # file ids per capabilities request (and per data request's header)
 MAX_KEPT = 65536        # capabilities kept; the oldest learnt leave first (~20 MB at most)
+SCATTERED = 16          # files in a row under one capability, on average, below which a
+                        # plan's capabilities held are fetched anew: a Loader's look-ahead
+                        # gives each data server's files of a few groups one batch, so a
+                        # group's files (each server's together) make a run or two per
+                        # server, and a shuffled next epoch's about a run a file
 MAX_HEADER = 256 * 1024     # characters of capabilities in one request: past this, the
                             # request's files are fetched anew as a few batches
 
@@ -82,6 +87,11 @@ class CapabilityBook:
                 for key in list(self._caps)[:MAX_KEPT // 4]:
                     del self._caps[key]
 
+    def held(self, op: str, file_id: str) -> str | None:
+        """The ``op`` capability held for ``file_id``, fresh or not (tests, telemetry)."""
+        hit = self._caps.get((op, file_id))
+        return None if hit is None else hit[0]
+
     def _renew_at(self, text: str) -> float:
         expires = float(expires_at(text))
         return expires - min(MARGIN, max(0.0, expires - self.clock()) / 4)
@@ -90,13 +100,13 @@ class CapabilityBook:
                      target: str | None = None) -> str | None:
         if self.off or op == "cluster" or not file_ids:
             return None
-        texts, missing = self._lookup(op, file_ids)
+        texts, missing, _ = self._lookup(op, file_ids)
         if missing:
             await self._fetch_missing(op, missing)
-            texts, missing = self._lookup(op, file_ids)
+            texts, missing, _ = self._lookup(op, file_ids)
         if sum(map(len, texts)) > MAX_HEADER:
             await self._fetch_missing(op, list(file_ids), anew=True)
-            texts, missing = self._lookup(op, file_ids)
+            texts, missing, _ = self._lookup(op, file_ids)
         if self.off:
             return None
         return " ".join(texts) if texts else None
@@ -105,11 +115,13 @@ class CapabilityBook:
         """Have the capabilities for ``op`` on ``file_ids`` (a plan's files read
         together, ordered so that each data server's lie together) at hand, in few
         batches: those held are kept unless they are scattered over many more batches
-        than a fetch of these files would make, and then all are fetched anew."""
+        than a fetch of these files would make, each naming few of them
+        (:data:`SCATTERED`), and then all are fetched anew."""
         if self.off or op == "cluster" or not file_ids:
             return
-        texts, missing = self._lookup(op, file_ids)
-        if len(texts) > 2 * (len(file_ids) // MAX_BATCH_FILES + 2):
+        texts, missing, runs = self._lookup(op, file_ids)
+        if len(texts) > 2 * (len(file_ids) // MAX_BATCH_FILES + 2) \
+                and len(file_ids) < SCATTERED * runs:
             await self._fetch_missing(op, list(file_ids), anew=True)
         elif missing:
             await self._fetch_missing(op, missing)
@@ -134,12 +146,15 @@ class CapabilityBook:
         for fetch in set(waits):
             await asyncio.shield(fetch)     # a cancelled reader leaves the fetch to others
 
-    def _lookup(self, op: str, file_ids: Collection[str]) -> tuple[list[str], list[str]]:
+    def _lookup(self, op: str, file_ids: Collection[str]
+                ) -> tuple[list[str], list[str], int]:
         """The distinct capabilities held for ``file_ids`` (a batch's text once, however
-        many of them it names), and the files with none fresh."""
+        many of them it names), the files with none fresh, and the runs of files in a
+        row that share one (in the order given: a plan's, each data server's together)."""
         fresh = self.clock()
         texts: dict[str, None] = {}
         missing = []
+        runs, last = 0, None
         for file_id in file_ids:
             hit = self._caps.get((op, file_id))
             if (hit is None or hit[1] < fresh) and op == "read":
@@ -148,7 +163,9 @@ class CapabilityBook:
                 missing.append(file_id)
             else:
                 texts[hit[0]] = None
-        return list(texts), missing
+                if hit[0] is not last:
+                    runs, last = runs + 1, hit[0]
+        return list(texts), missing, runs
 
     async def _fetch(self, op: str, file_ids: Sequence[str]) -> None:
         for start in range(0, len(file_ids), MAX_PER_REQUEST):

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from ..client import AsyncClient
 from ..dataplane.engine import ReadEngine
 from ..dataplane.readplan import FileTable
@@ -37,6 +39,8 @@ class Fetcher:
         self.options = options or FetchOptions()
         self.table = FileTable(files)
         self.engine = ReadEngine(client.plane, client.limit, self.options)
+        self._targets: np.ndarray | None = None     # see _by_target
+        self._ids: list[str | None] = []
 
     async def warm(self, spans: Spans) -> None:
         """Fetch, now, the capabilities the reads of ``spans`` will need (with auth on),
@@ -46,6 +50,44 @@ class Fetcher:
             await self.engine.plane.warm("read", self.table.file_ids_by_target(spans.file))
         except StagerError:
             pass
+
+    def needs_capabilities(self) -> bool:
+        """Whether reads show capabilities (auth on, as far as the client knows)."""
+        credentials = self.engine.plane.credentials
+        return credentials is not None and not getattr(credentials, "off", False)
+
+    async def warm_ahead(self, parts: Sequence[np.ndarray]) -> None:
+        """Fetch, in one request, the capabilities for the files of the next batches
+        (``parts``: each batch's file rows, in order), ordered by the data server that
+        holds each file, then by batch.  So each batch capability (up to 256 files)
+        names one data server's files of a few consecutive batches: only that server
+        verifies it, where a fetch group's own (its files over every server) was
+        verified by all of them; and the metadata server answers one request for
+        several groups.  A failure is left for the reads themselves to meet."""
+        if not parts:
+            return
+        rows = np.concatenate(parts)
+        batch = np.repeat(np.arange(len(parts)), [len(p) for p in parts])
+        rows, first = np.unique(rows, return_index=True)
+        targets, ids = self._by_target()
+        order = rows[np.lexsort((batch[first], targets[rows]))]
+        file_ids = [f for f in map(ids.__getitem__, order.tolist()) if f is not None]
+        try:
+            await self.engine.plane.warm("read", file_ids)
+        except StagerError:
+            pass
+
+    def _by_target(self) -> tuple[np.ndarray, list[str | None]]:
+        """Each file's data server (of its first chunk: a code) and its id, worked out
+        once for the Loader's life."""
+        if self._targets is None:
+            codes: dict[str, int] = {}
+            self._targets = np.array(
+                [codes.setdefault(f.layout.targets[0] if f.layout is not None
+                                  and f.layout.targets else "", len(codes))
+                 for f in self.files], dtype=np.int64)
+            self._ids = [f.file_id for f in self.files]
+        return self._targets, self._ids
 
     async def fetch(self, spans: Spans) -> list[bytes]:
         """The bytes of each extent, in order.

@@ -46,6 +46,9 @@ from .spans import Spans
 from .stats import Counters
 from .window import Window
 
+WARM_LEAD = 2           # batches: ask for more capabilities once so few are left asked for
+WARM_FILES = 2048       # files whose capabilities one look-ahead asks for (a few groups')
+
 #: (samples, unit of each, unit -> its value: the batch's units, maybe others too) -> batch
 Assemble = Callable[[np.ndarray, np.ndarray, dict[int, Any]], Any]
 #: segment number (1, 2, …) -> the sample ids of its batches, or None when there is none
@@ -73,6 +76,7 @@ class Pipeline:
         self.bounds = GroupBounds.of(prefetch)
         self.group = FetchGroup()
         self.groups = 0             # fetch groups sent so far
+        self._warmed = 0            # batches before this one have had capabilities asked
         self._slots: dict[int, cf.Future[Any]] = {}     # batch -> what the consumer gets
         self._lock = threading.Lock()
         self._wake: asyncio.Event | None = None
@@ -250,11 +254,30 @@ class Pipeline:
             # time, the data servers sat idle for about a quarter of each group's
             # cycle, from its last chunk in to the next group's first request out.
             large = self.bounds.large(group.need, len(group.keys))
-            # Its capabilities (auth on) while earlier groups' reads are still out.
+            # Its capabilities (auth on) while earlier groups' reads are still out:
+            # those of the next several groups at once, a group's own if that missed.
+            self._warm_ahead()
             self._spawn(self.fetcher.warm(group.spans()))
             await self._admit_fetch(group.need, 1 if large else 2)
             self._fetching += group.need
             self._spawn(self._fetch(group))
+
+    def _warm_ahead(self) -> None:
+        """Once fewer than :data:`WARM_LEAD` batches past the one being started have
+        their capabilities asked for, ask for those of the next :data:`WARM_FILES`
+        files' batches, in one request (:meth:`.Fetcher.warm_ahead`)."""
+        start = max(self._warmed, self._launching)
+        if start > self._launching + WARM_LEAD or not self.fetcher.needs_capabilities():
+            return
+        parts, files = [], 0
+        while files < WARM_FILES and (batch := self.window.batches.get(start)) is not None:
+            rows = self.index.spans_of(np.unique(batch.units)).file
+            parts.append(rows)
+            files += len(rows)
+            start += 1
+        self._warmed = start
+        if parts:
+            self._spawn(self.fetcher.warm_ahead(parts))
 
     async def _admit(self, j: int, need: int, batches: int) -> None:
         assert self._wake is not None
