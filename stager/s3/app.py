@@ -45,13 +45,15 @@ import secrets
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from ..config import Config
 from ..errors import StagerError
+from ..web.parseerrors import PARSE_ERRORS
 from . import buckets, listing, objects, syntax
 from .auth import Authenticator
 from .context import Gateway, S3Context
-from .errors import S3Error, from_stager
+from .errors import S3Error, from_parser, from_stager
 from .memory import keep_freed_memory
 from .names import Target, locate
 
@@ -187,6 +189,15 @@ def _error(exc: S3Error, request: web.Request, target: Target,
     return web.Response(status=exc.status, body=body, headers=headers)
 
 
+def _parse_error(exc: HttpProcessingError, status: int) -> web.Response:
+    """S3's XML error, with a request id, for a request aiohttp's parser refused (its
+    path may not even be known: no resource)."""
+    request_id = secrets.token_hex(8).upper()
+    return web.Response(status=status, body=from_parser(exc).xml(request_id), headers={
+        "Content-Type": "application/xml", "x-amz-request-id": request_id,
+        "x-amz-id-2": request_id})
+
+
 def make_s3_app(meta_url: str, config: Config, *, domain: str = "",
                 authenticator: Authenticator | None = None) -> web.Application:
     """The gateway over the cluster at ``meta_url``."""
@@ -200,6 +211,7 @@ def make_s3_app(meta_url: str, config: Config, *, domain: str = "",
         await gateway.close()
 
     app.cleanup_ctx.append(lifetime)
+    app[PARSE_ERRORS] = _parse_error
     # [\s\S]: "." stops at a newline, and aiohttp matches the decoded path, so a key
     # with %0A met aiohttp's plain-text 404 instead of this gateway's S3 answer
     app.router.add_route("*", "/{tail:[\\s\\S]*}", handle)

@@ -9,7 +9,16 @@ from __future__ import annotations
 import re
 from xml.sax.saxutils import escape
 
+from aiohttp.http_exceptions import (
+    ContentLengthError,
+    HttpProcessingError,
+    InvalidURLError,
+    LineTooLong,
+    TransferEncodingError,
+)
+
 from ..errors import StagerError
+from ..web.parseerrors import parser_message
 
 # code -> HTTP status, as Amazon S3 answers them
 STATUS: dict[str, int] = {
@@ -42,6 +51,7 @@ STATUS: dict[str, int] = {
     "NoSuchUpload": 404,
     "NotImplemented": 501,
     "PreconditionFailed": 412,
+    "RequestHeaderSectionTooLarge": 400,
     "RequestTimeTooSkewed": 403,
     "ServiceUnavailable": 503,
     "SignatureDoesNotMatch": 403,
@@ -118,3 +128,18 @@ _FROM_STAGER: dict[str, str] = {
 def from_stager(exc: StagerError, resource: str = "") -> S3Error:
     """The S3 answer to a stager error (an unknown code is S3's ``InternalError``)."""
     return S3Error(_FROM_STAGER.get(exc.code, "InternalError"), exc.message, resource=resource)
+
+
+# aiohttp's parser's refusals (stager/web/parseerrors.py) -> S3 codes, by class
+_FROM_PARSER: tuple[tuple[type[HttpProcessingError], str], ...] = (
+    (LineTooLong, "RequestHeaderSectionTooLarge"),
+    (InvalidURLError, "InvalidURI"),
+    ((ContentLengthError, TransferEncodingError), "IncompleteBody"),    # type: ignore[arg-type]
+)
+
+
+def from_parser(exc: HttpProcessingError) -> S3Error:
+    """The S3 answer to a request that is not valid HTTP/1.1 (``InvalidRequest`` but
+    for a line over the limit, a bad URI or a body cut short)."""
+    code = next((c for kinds, c in _FROM_PARSER if isinstance(exc, kinds)), "InvalidRequest")
+    return S3Error(code, f"malformed HTTP request: {parser_message(exc)}")

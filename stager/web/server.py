@@ -27,6 +27,7 @@ from ..version import __version__
 from .authmw import CAPABILITY_HEADER_BYTES
 from .metrics import ServerMetrics
 from .middleware import METRICS_KEY, MIDDLEWARES, encode_json, json_response
+from .parseerrors import Runner
 
 log = logging.getLogger("stager.server")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -82,8 +83,9 @@ async def serve(
     """Serve ``app`` on ``config.host:config.port`` until ``stop`` is set or a signal comes;
     over HTTPS when ``config`` names a TLS certificate and key."""
     tls = ssl_context_of(config)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False,
-                           shutdown_timeout=5.0, max_field_size=MAX_HEADER_FIELD)
+    # (parse errors answered in the app's own format: stager/web/parseerrors.py)
+    runner = Runner(app, access_log=None, handle_signals=False,
+                    shutdown_timeout=5.0, max_field_size=MAX_HEADER_FIELD)
     await runner.setup()
     listening = await start_sites(runner, config.host, config.port, ssl_context=tls)
     host, port = _bound_address(runner)
