@@ -14,7 +14,7 @@ import functools
 import io
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from fsspec.asyn import FSTimeoutError, sync
@@ -90,10 +90,12 @@ def run_there(loop: asyncio.AbstractEventLoop, func: Callable[..., Any], *args: 
     ``sync`` wraps the coroutine in a task of a runner coroutine, chains a
     ``concurrent.futures.Future`` to it and waits on a ``threading.Event`` (a
     condition: a lock and a waiter lock); a sync ``stat`` spent some 80 us in those
-    hops besides the request itself.  Here the loop's thread makes the task itself, and
-    its done callback releases one raw lock this thread waits on.  What it raises is
-    raised here as ``sync`` raises it (a timeout as fsspec's ``FSTimeoutError``); a
-    ``timeout`` argument is ``sync``'s own, so such a call goes through ``sync``.
+    hops besides the request itself.  Here the loop's thread runs the coroutine in a
+    task of :func:`_finish`, which releases one raw lock this thread waits on as the
+    coroutine ends, in the task's last step (a done callback would wait for one more
+    turn of the loop).  What it raises is raised here as ``sync`` raises it (a timeout
+    as fsspec's ``FSTimeoutError``); a ``timeout`` argument is ``sync``'s own, so such a
+    call goes through ``sync``.
     """
     if "timeout" in kwargs or loop.is_closed():
         return sync(loop, func, *args, **kwargs)
@@ -103,31 +105,36 @@ def run_there(loop: asyncio.AbstractEventLoop, func: Callable[..., Any], *args: 
         running = None
     if running is loop:         # it would wait on itself: refused as fsspec's sync does
         raise NotImplementedError("Calling sync() from within a running loop")
-    coro = func(*args, **kwargs)
     done = threading.Lock()
     done.acquire()
-    box: list[asyncio.Task[Any]] = []
-
-    def start() -> None:
-        task = loop.create_task(coro)
-        box.append(task)
-        task.add_done_callback(lambda _: done.release())
-
+    box: list[Any] = []
+    coro = func(*args, **kwargs)
+    finish = _finish(coro, box, done)
     try:
-        loop.call_soon_threadsafe(start)
+        loop.call_soon_threadsafe(loop.create_task, finish)
     except RuntimeError:            # the loop closed meanwhile
+        finish.close()
         coro.close()
         raise
     done.acquire()          # interruptible: Ctrl-C stops the wait, as sync's does
-    task = box[0]
-    if task.cancelled():
-        raise asyncio.CancelledError()
-    exc = task.exception()
-    if exc is None:
-        return task.result()
+    if len(box) == 1:
+        return box[0]
+    exc = box[1]
     if isinstance(exc, asyncio.TimeoutError):
         raise FSTimeoutError from exc
     raise exc
+
+
+async def _finish(coro: Coroutine[Any, Any, Any], box: list[Any],
+                  done: threading.Lock) -> None:
+    """Await ``coro``, put its result in ``box`` (``[result]``, or ``[None, exception]``
+    when it raised or was cancelled) and release ``done``."""
+    try:
+        box.append(await coro)
+    except BaseException as exc:     # cancelled too: the waiter raises CancelledError
+        box[:] = [None, exc]
+    finally:
+        done.release()
 
 
 def _mirror(name: str) -> Callable[..., Any]:
