@@ -2,22 +2,30 @@
 ``stager up`` cluster (one data server, default intervals, as ``bench floors`` runs it).
 
 ``python -m bench.profile_small_put [--files N] [--rounds R] [--size BYTES]
-[--meta-store URL]`` prints, per round, the wall time per file and the CPU per file
+[--meta-store URL] [--py-spy FILE]`` prints, per round, the wall time per file and the CPU per file
 of the metadata server, the data server and this client (``/proc``), and the
 metadata server's split: its event loop's thread and its other threads (the SQLite
 store's thread, ``to_thread`` workers), user and kernel time each.  On a machine
 other work loads, the wall time is mostly waiting for a core and for the disk (the
 local floor of ``bench floors`` moves tenfold with it); the CPU per file moves far
-less, so compare versions by it, old and new alternating::
+less, so compare versions by it, old and new alternating (or both at once, each
+in its own cluster, so that both see the same load)::
 
     for t in /tmp/old /work/main /tmp/old /work/main; do
         (cd $t && PYTHONPATH=$t python -m bench.profile_small_put --rounds 2); done
+
+``--py-spy FILE`` records the metadata server's stacks during the rounds (py-spy's
+raw format, 500 Hz, without pausing it), where the time of its event loop goes.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -65,6 +73,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--meta-store", default="", help="postgresql://... (default SQLite)")
+    parser.add_argument("--py-spy", default="", metavar="FILE",
+                        help="record the metadata server's stacks here (py-spy raw format)")
     args = parser.parse_args()
     from stager.testing import ProcessCluster
 
@@ -73,6 +83,7 @@ def main() -> None:
                            meta_store=args.meta_store) as cluster:
         pids = {"meta": cluster.meta_pid(), "data": cluster.data_pid(0)}
         uvloop.run(_pipes(cluster.meta_url, "first", WARM, args.size))
+        spy = _py_spy(pids["meta"], args.py_spy) if args.py_spy else None
         for r in range(args.rounds):
             before = {k: cpu_seconds(p) for k, p in pids.items()}
             threads = thread_cpu(pids["meta"])
@@ -87,6 +98,20 @@ def main() -> None:
             split = {k: (v - threads[k]) * per for k, v in thread_cpu(pids["meta"]).items()}
             print("  meta CPU us per file: " + ", ".join(f"{k} {v:,.0f}"
                                                          for k, v in split.items()), flush=True)
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)      # py-spy writes its file as it stops
+            spy.wait(30)
+
+
+def _py_spy(pid: int, out: str) -> subprocess.Popen[bytes]:
+    """py-spy recording ``pid`` into ``out`` until it is sent SIGINT."""
+    exe = shutil.which("py-spy", path=os.path.dirname(sys.executable)) or shutil.which("py-spy")
+    if exe is None:
+        raise SystemExit("py-spy is not installed (pip install py-spy)")
+    spy = subprocess.Popen([exe, "record", "-p", str(pid), "-r", "500", "-f", "raw", "-o", out,
+                            "--nonblocking"], stdout=subprocess.DEVNULL)
+    time.sleep(1.0)         # attached before the first round
+    return spy
 
 
 if __name__ == "__main__":
