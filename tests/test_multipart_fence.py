@@ -159,7 +159,7 @@ async def test_a_part_stored_unrecorded_before_the_seal_fails_the_completion(
 
 async def test_a_seal_outlives_a_restart_and_a_purge_lifts_it(tmp_path: Path) -> None:
     seals = Seals(tmp_path)
-    await seals.seal("a" * 32, 2, {0: 7, 1: 9})
+    seals.store("a" * 32, *await seals.seal("a" * 32, 2, {0: 7, 1: 9}))
     again = Seals(tmp_path)                     # the target restarted
     again.check([("a" * 32 + ".0", 7), ("b" * 32 + ".5", 1)])  # its own bytes; another file
     for chunk, crc in (("a" * 32 + ".0", 8), ("a" * 32 + ".2", 7)):

@@ -129,9 +129,10 @@ class Seals:
                             waiter.set_result(None)
 
     # -- sealing ---------------------------------------------------------------
-    async def seal(self, file_id: str, count: int, crcs: dict[int, int]) -> None:
-        """Seal ``file_id`` now; return once every write checked before is done and the
-        seal is on disk."""
+    async def seal(self, file_id: str, count: int, crcs: dict[int, int]
+                   ) -> tuple[Seal, list[str]]:
+        """Seal ``file_id`` now; return once every write checked before is done, with
+        the seal and the old seals forgotten: :meth:`store` them (blocking)."""
         seal = Seal.of(count, crcs, time.time())
         self._sealed.pop(file_id, None)
         self._sealed[file_id] = seal
@@ -139,8 +140,7 @@ class Seals:
             waiter = asyncio.get_running_loop().create_future()
             self._waiting.setdefault(file_id, []).append(waiter)
             await waiter
-        forgotten = self._forget_old()
-        await asyncio.to_thread(self._store, file_id, seal, forgotten)
+        return seal, self._forget_old()
 
     def release(self, file_ids: Sequence[str]) -> list[str]:
         """Lift the seals of ``file_ids`` (a completion that did not commit, a purge);
@@ -165,7 +165,8 @@ class Seals:
             gone.append(file_id)
         return gone
 
-    def _store(self, file_id: str, seal: Seal, forgotten: list[str]) -> None:
+    def store(self, file_id: str, seal: Seal, forgotten: list[str]) -> None:
+        """Keep ``seal`` on disk (durably), and remove the ``forgotten`` ones'."""
         body = json.dumps(seal.to_json()).encode()
         path = self.dir / file_id
         tmp = path.with_name(f".{file_id}.tmp")

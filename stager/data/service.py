@@ -78,8 +78,13 @@ class DataService:
         """Seal ``file_id``'s chunks here with these CRCs (seals.py); returns the
         indices of those not stored here with them (missing, or other bytes)."""
         check_file_id(file_id)
-        await self.seals.seal(file_id, count, crcs)
-        return await asyncio.to_thread(self._differing, file_id, crcs)
+        seal, forgotten = await self.seals.seal(file_id, count, crcs)
+
+        def keep_and_compare() -> list[int]:        # one thread hop for both
+            self.seals.store(file_id, seal, forgotten)
+            return self._differing(file_id, crcs)
+
+        return await asyncio.to_thread(keep_and_compare)
 
     def _differing(self, file_id: str, crcs: dict[int, int]) -> list[int]:
         out = []
