@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import start_cluster
+from reliability_util import stop_data_until_down
 
 from stager import AsyncClient
 from stager.client import uploads as uploads_module
@@ -167,3 +168,32 @@ async def test_a_seal_outlives_a_restart_and_a_purge_lifts_it(tmp_path: Path) ->
             again.check([(chunk, crc)])
     again.remove(again.release(["a" * 32]))
     Seals(tmp_path).check([("a" * 32 + ".0", 8)])
+
+
+async def test_a_completion_seals_the_copies_in_reach_when_a_target_is_down(
+        tmp_path: Path, slow_callbacks: object, payload) -> None:
+    """With a target down, each chunk still has a copy sealed and confirmed on a target
+    up (replicas 2): the object completes in place and reads whole; with replicas 1 the
+    chunks on the down target have no copy in reach, and completing waits (503)."""
+    for replicas in (2, 1):
+        cluster = start_cluster(tmp_path / f"r{replicas}", 3, replicas=replicas,
+                                multipart_min_part=PART)
+        try:
+            async with AsyncClient(cluster.meta_url, config=load_config(env={})) as c:
+                uploads = MultipartUploads(c)
+                spec = LayoutSpec(chunk_size=SMALL, stripe_count=3, replicas=replicas)
+                up = await uploads.create("/d/obj", layout=spec)
+                first, last = payload(PART), payload(PART + 1)[:PART - 3]
+                await uploads.write_part(up.upload_id, 1, first, PART)
+                await uploads.write_part(up.upload_id, 2, last, len(last))
+                await stop_data_until_down(cluster, c, 0)
+                parts = [(1, md5(first)), (2, md5(last))]
+                if replicas == 1:
+                    with pytest.raises(Unavailable):
+                        await uploads.complete(up.upload_id, parts)
+                    continue
+                done = await uploads.complete(up.upload_id, parts)
+                assert not done.composed and done.copied == 0
+                assert await c.cat("/d/obj") == first + last
+        finally:
+            cluster.stop()
