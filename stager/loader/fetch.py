@@ -42,15 +42,6 @@ class Fetcher:
         self._targets: np.ndarray | None = None     # see _by_target
         self._ids: list[str | None] = []
 
-    async def warm(self, spans: Spans) -> None:
-        """Fetch, now, the capabilities the reads of ``spans`` will need (with auth on),
-        so that fetching them overlaps the reads before instead of delaying these.
-        A failure here is left for the reads themselves to meet and report."""
-        try:
-            await self.engine.plane.warm("read", self.table.file_ids_by_target(spans.file))
-        except StagerError:
-            pass
-
     def needs_capabilities(self) -> bool:
         """Whether reads show capabilities (auth on, as far as the client knows)."""
         credentials = self.engine.plane.credentials

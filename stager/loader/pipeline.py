@@ -255,19 +255,21 @@ class Pipeline:
             # cycle, from its last chunk in to the next group's first request out.
             large = self.bounds.large(group.need, len(group.keys))
             # Its capabilities (auth on) while earlier groups' reads are still out:
-            # those of the next several groups at once, a group's own if that missed.
-            self._warm_ahead()
-            self._spawn(self.fetcher.warm(group.spans()))
+            # those of the next several groups at once (the read engine asks for any
+            # a group still lacks when its reads start).
+            if self.fetcher.needs_capabilities():
+                self._warm_ahead(max(0, self._launching - group.batches))
             await self._admit_fetch(group.need, 1 if large else 2)
             self._fetching += group.need
             self._spawn(self._fetch(group))
 
-    def _warm_ahead(self) -> None:
+    def _warm_ahead(self, first: int) -> None:
         """Once fewer than :data:`WARM_LEAD` batches past the one being started have
         their capabilities asked for, ask for those of the next :data:`WARM_FILES`
-        files' batches, in one request (:meth:`.Fetcher.warm_ahead`)."""
-        start = max(self._warmed, self._launching)
-        if start > self._launching + WARM_LEAD or not self.fetcher.needs_capabilities():
+        files' batches from ``first`` (the group's being fetched) on, in one request
+        (:meth:`.Fetcher.warm_ahead`)."""
+        start = max(self._warmed, first)
+        if start > self._launching + WARM_LEAD:
             return
         parts, files = [], 0
         while files < WARM_FILES and (batch := self.window.batches.get(start)) is not None:
