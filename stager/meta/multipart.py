@@ -245,10 +245,13 @@ class MultipartService:
         checksums = tuple(c for p in chosen for c in p.checksums)
         size = sum(p.size for p in chosen)
         sealed = await self._seal(record, checksums, seal) if seal is not None else []
-        [done] = await writes.commit(self.service, [CommitItem(
-            record.file_id, size, checksums, attrs=dict(attrs or {}))])
-        if isinstance(done, UploadNotFound):
-            done = await self._committed_before(record, done)
+        try:
+            [done] = await writes.commit(self.service, [CommitItem(
+                record.file_id, size, checksums, attrs=dict(attrs or {}))])
+            if isinstance(done, UploadNotFound):
+                done = await self._committed_before(record, done)
+        except StagerError as exc:      # (the store out of reach, say): nothing committed
+            done = exc
         if isinstance(done, StagerError):
             await self._unseal(record, sealed, seal)
             raise done
