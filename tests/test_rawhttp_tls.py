@@ -99,37 +99,82 @@ async def test_the_tls_low_mark_never_waits_for_bytes_that_do_not_come(
         pool.close()
 
 
-async def test_the_connections_own_descriptor_is_closed_with_it(tmp_path: Path) -> None:
-    """The socket object the low mark is set on is a duplicate of the connection's
-    descriptor: closed when the pool closes the connection, and when a connection
-    that was never closed is dropped."""
-    server, url, ctx = await _tls_server(tmp_path, DATA, (10, 10), 16 * 1024, 0)
+async def test_the_low_mark_uses_asyncios_socket_and_no_other_descriptor(
+        tmp_path: Path) -> None:
+    """On the stock loop the mark is set through the transport's own socket wrapper
+    (cheap): no duplicate descriptor is made, and none is left behind."""
+    server, url, ctx = await _tls_server(tmp_path, DATA, (10,), 16 * 1024, 0)
     pool = rawhttp.RawPool(limit=1, connect_timeout=5.0, read_timeout=5.0, ssl_context=ctx)
     async with server:
         await pool.request(url, "GET", f"/v1/chunks/{CHUNK}", {}, None,
                            memoryview(bytearray(10)))
         conn = next(iter(pool._all))
-        assert conn._sock is not None
-        fd = conn._sock.fileno()
-        assert fd != conn.transport.get_extra_info("socket").fileno()   # type: ignore[union-attr]
+        assert conn._sock is conn.transport.get_extra_info("socket")  # type: ignore[union-attr]
+        assert conn._own is None
         pool.close()
         assert conn._sock is None
-        with pytest.raises(OSError):
-            os.fstat(fd)
 
-        dropped = rawhttp._Conn()
-        plain = socket.socket()
-        try:
-            class Transport:
-                def get_extra_info(self, name: str) -> socket.socket:
-                    return plain
 
-            dropped.connection_made(Transport())    # type: ignore[arg-type]
-            assert dropped._sock is not None
-            fd = dropped._sock.fileno()
-            del dropped
-            gc.collect()
+def test_on_uvloop_the_mark_is_set_on_a_duplicate_closed_with_the_connection() -> None:
+    """uvloop's socket stand-in builds a socket object per setsockopt; the connection
+    sets the mark on a duplicate descriptor of its own instead, which the pool's
+    close closes (and a connection dropped unclosed closes when collected)."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def main() -> None:
+        body = DATA[:1 << 20]
+
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+            for at in range(0, len(body), 64 * 1024):
+                writer.write(body[at:at + 64 * 1024])
+                await writer.drain()
+            await reader.read()
+            writer.close()
+            await writer.wait_closed()
+            served.set()
+
+        served = asyncio.Event()
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        pool = rawhttp.RawPool(limit=1, connect_timeout=5.0, read_timeout=5.0)
+        async with server:
+            buf = bytearray(len(body))
+            await pool.request(url, "GET", f"/v1/chunks/{CHUNK}", {}, None, memoryview(buf))
+            assert bytes(buf) == body
+            conn = next(iter(pool._all))
+            own = conn._own
+            assert own is not None and conn._sock is own
+            assert own.fileno() != conn.transport.get_extra_info("socket").fileno()  # type: ignore[union-attr]
+            assert own.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
+            fd = own.fileno()
+            pool.close()
+            assert conn._own is None and own.fileno() == -1
             with pytest.raises(OSError):
                 os.fstat(fd)
-        finally:
-            plain.close()
+            await asyncio.wait_for(served.wait(), 5.0)    # the server saw the close
+        await asyncio.sleep(0.05)                           # ... and its transports closed
+
+    loop = uvloop.new_event_loop()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+    plain = socket.socket()
+    try:
+        class Transport:
+            def get_extra_info(self, name: str) -> socket.socket:
+                return plain
+
+        dropped = rawhttp._Conn()
+        dropped.connection_made(Transport())    # type: ignore[arg-type]
+        assert dropped._own is not None
+        fd = dropped._own.fileno()
+        del dropped
+        gc.collect()
+        with pytest.raises(OSError):
+            os.fstat(fd)
+    finally:
+        plain.close()

@@ -43,6 +43,7 @@ import ssl
 import struct
 import termios
 import weakref
+from asyncio.trsock import TransportSocket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -96,25 +97,27 @@ class _Conn(asyncio.BufferedProtocol):
         self._body: memoryview | None = None    # where the body goes, once the head is parsed
         self._pos = 0
         self._resp: RawResponse | None = None
-        self._sock: socket.socket | None = None
+        self._sock: socket.socket | TransportSocket | None = None   # for the low mark
+        self._own: socket.socket | None = None   # ... a duplicate this connection closes
         self._lowat = 1                         # the socket's SO_RCVLOWAT
 
     # -- asyncio callbacks -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         sock = transport.get_extra_info("socket") if transport is not None else None
-        if sock is not None:
-            # A socket object of our own on a duplicate of the descriptor: uvloop's
-            # stand-in builds a new socket object (three system calls) for every
-            # setsockopt, and the low mark is set twice per response.
-            try:
-                self._sock = socket.socket(sock.family, sock.type, sock.proto,
-                                           os.dup(sock.fileno()))
-            except OSError:
-                self._sock = None       # no low mark: every read wakes the loop
-            else:
-                # closed with the connection, or when a connection never closed is dropped
-                weakref.finalize(self, self._sock.close)
+        if sock is None or isinstance(sock, TransportSocket):
+            self._sock = sock           # asyncio's: a thin wrapper of the socket itself
+            return
+        # Elsewhere (uvloop) a socket object of our own, on a duplicate of the
+        # descriptor: uvloop's stand-in builds a new socket object (three system
+        # calls) for every setsockopt, and the low mark is set twice per response.
+        try:
+            own = socket.socket(sock.family, sock.type, sock.proto, os.dup(sock.fileno()))
+        except OSError:
+            return                      # no low mark: every read wakes the loop
+        self._sock = self._own = own
+        # closed with the connection, or when a connection never closed is dropped
+        weakref.finalize(self, own.close)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -122,9 +125,11 @@ class _Conn(asyncio.BufferedProtocol):
         self._fail(exc or ConnectionResetError("connection closed by the server"))
 
     def _close_sock(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        """Forget the connection's socket (closing the duplicate, if one was made)."""
+        if self._own is not None:
+            self._own.close()
+            self._own = None
+        self._sock = None
 
     def eof_received(self) -> bool:
         return False                    # close our side too
