@@ -20,7 +20,10 @@ The rows named '..., store interface' time the same create, stat and rename at t
 store interface in this process (no HTTP, no metadata server): the position of
 JuiceFS's client, which talks to its metadata engine directly, and so the one its
 published figures compare with.  On PostgreSQL a ``SELECT 1`` through the store's
-pool gives the floor under them: one round trip to the database.
+pool gives the floor under them: one round trip to the database.  A create
+whose upload is begun and committed together is what a small file's gateway PUT asks
+of its store (the record queued right behind by its commit): on PostgreSQL the two
+run as one statement, so the check and one more round trip.
 """
 
 from __future__ import annotations
@@ -175,7 +178,8 @@ async def _spread(clients: list[AsyncClient], n: int) -> float:
 
 def _interface(name: str, store: MetaStore, n: int) -> Rows:
     """``name``'s rows: create (what the metadata server asks of its store: the check,
-    the upload begun, its commit), stat and rename, one at a time, in this process."""
+    the upload begun, its commit; and with the last two queued together, as for a
+    small gateway PUT), stat and rename, one at a time, in this process."""
     async def ops() -> Rows:
         await store.mkdir("/i", parents=False, exist_ok=False, now=1.0)
 
@@ -190,8 +194,16 @@ def _interface(name: str, store: MetaStore, n: int) -> Rows:
             t = await many_timed(lambda i: store.db.read(lambda c: c.fetchval("SELECT 1")),
                                  n, 1)
             out["SELECT 1, 1 at a time (the database floor)"] = _rate(n, t, "queries")
+        async def put(i: int) -> None:
+            u = upload(f"p{i:08d}", f"/i/p{i:06d}")
+            await store.check_creates([(u.path, True, True)])
+            await asyncio.gather(store.begin_uploads([u]),
+                                 store.commit_uploads([(u.file_id, 0, (), 1.0)], now=1.0))
+
         t = await many_timed(create, n, 1)
         out["create (0 B), 1 at a time"] = _rate(n, t, "files")
+        t = await many_timed(put, n, 1)
+        out["create (0 B), begun and committed together, 1 at a time"] = _rate(n, t, "files")
         t = await many_timed(lambda i: store.stat(f"/i/f{i:06d}"), n, 1)
         out["stat, 1 at a time"] = _rate(n, t, "stats")
         t = await many_timed(lambda i: store.rename(f"/i/f{i:06d}", f"/i/r{i:06d}",
