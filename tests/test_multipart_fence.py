@@ -158,7 +158,7 @@ async def test_a_part_stored_unrecorded_before_the_seal_fails_the_completion(
     assert await b.cat(f"{ns}/obj") == again + last
 
 
-async def test_a_seal_outlives_a_restart_and_a_purge_lifts_it(tmp_path: Path) -> None:
+async def test_a_seal_outlives_a_restart_and_its_release_lifts_it(tmp_path: Path) -> None:
     seals = Seals(tmp_path)
     seals.store("a" * 32, *await seals.seal("a" * 32, 2, {0: 7, 1: 9}))
     again = Seals(tmp_path)                     # the target restarted
