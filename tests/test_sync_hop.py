@@ -15,7 +15,8 @@ import pytest
 from fsspec.asyn import FSTimeoutError
 
 from stager.client.holder import current
-from stager.client.sync import run_there
+from stager.client.sync import Client, run_there
+from stager.testing import ThreadCluster
 
 
 @pytest.fixture
@@ -72,3 +73,18 @@ def test_ctrl_c_stops_the_wait(loop: asyncio.AbstractEventLoop) -> None:
         timer.cancel()
     assert time.monotonic() - start < 3.0
     assert run_there(loop, _answer, 2) == 2
+
+
+def test_a_closed_client_makes_its_session_again(cluster: ThreadCluster, ns: str) -> None:
+    """The loop and AsyncClient a Client keeps between calls are dropped by close(): the
+    next call makes a new session (the old one is closed), as before they were kept."""
+    c = Client(cluster.meta_url)
+    try:
+        c.pipe(f"{ns}/k", b"kept")
+        first = c.aio
+        assert c.cat(f"{ns}/k") == b"kept" and c.aio is first
+        c.close()
+        assert c.cat(f"{ns}/k") == b"kept"
+        assert c.aio is not first
+    finally:
+        c.close()

@@ -23,7 +23,7 @@ from ..config import Config
 from .async_client import AsyncClient
 from .cluster import Cluster
 from .fileio import AsyncReadFile, AsyncWriteFile
-from .holder import current, new_owner, release
+from .holder import ProcessHolder, current, new_owner, release
 
 MIRRORED = ("stat", "exists", "ls", "mkdir", "set_layout", "rename", "rm", "status",
             "targets", "cat", "read_into", "get", "put", "pipe", "put_manifest", "get_manifest",
@@ -41,6 +41,10 @@ class Client:
         self.cluster = Cluster.resolve(meta_url, config=config, token=token, cluster=cluster)
         self.config = self.cluster.config
         self._owner = new_owner()
+        # (holder, loop, client) of the last call: a mirrored call takes them from here
+        # while this process's holder is the one they came from (a forked child has
+        # another) and close() has not dropped them
+        self._kept: tuple[ProcessHolder, asyncio.AbstractEventLoop, AsyncClient] | None = None
         weakref.finalize(self, release, self._owner)    # forgotten without close()
 
     def _new_client(self) -> AsyncClient:
@@ -63,6 +67,16 @@ class Client:
     def close(self) -> None:
         """Close this process's session; it is made again if the client is used again."""
         current().release(self._owner)
+        self._kept = None
+
+    def _there(self) -> tuple[asyncio.AbstractEventLoop, AsyncClient]:
+        """:attr:`loop` and :attr:`aio`, kept from the call before where they still hold
+        (two look-ups in the holder fewer on every call)."""
+        holder = current()
+        kept = self._kept
+        if kept is None or kept[0] is not holder:
+            kept = self._kept = (holder, self.loop, self.aio)
+        return kept[1], kept[2]
 
     def __enter__(self) -> Client:
         return self
@@ -142,7 +156,8 @@ def _mirror(name: str) -> Callable[..., Any]:
 
     @functools.wraps(method)
     def blocking(self: Client, *args: Any, **kwargs: Any) -> Any:
-        return run_there(self.loop, getattr(self.aio, name), *args, **kwargs)
+        loop, aio = self._there()
+        return run_there(loop, getattr(aio, name), *args, **kwargs)
 
     return blocking
 
