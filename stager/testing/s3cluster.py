@@ -101,10 +101,11 @@ class S3Thread:
         from aiohttp import web
 
         from ..s3.app import make_s3_app
+        from ..web.parseerrors import Runner
 
         async def start() -> str:
             app = make_s3_app(self.meta_url, self.config, domain=self.domain)
-            self._runner = web.AppRunner(app, access_log=None)
+            self._runner = Runner(app, access_log=None)    # parse errors as S3 XML too
             await self._runner.setup()
             site = web.TCPSite(self._runner, "127.0.0.1", 0)
             await site.start()
