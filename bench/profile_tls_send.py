@@ -13,7 +13,8 @@ A size ``R:W`` reads ``R`` KiB at a time and hands the TLS transport
 ``W`` KiB views of it at a time: the transport encrypts each write into its
 outgoing buffer and copies that out whole, so a smaller write keeps those
 buffers in the CPU's cache.  The servers run on the loop the data servers run
-on (uvloop when installed: config ``event_loop`` "auto").
+on: stock asyncio's, their default under ``event_loop`` "auto" (stager/cli/servers.py:
+its sendfile is zero-copy).
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ def main() -> None:
                    help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve:
-        with asyncio.Runner(loop_factory=loop_factory("auto")) as runner:
+        with asyncio.Runner(loop_factory=loop_factory("asyncio")) as runner:
             runner.run(serve(args.serve[0], args.serve[1], args.serve[2]))
         return
     pieces = args.pieces.split(",")
