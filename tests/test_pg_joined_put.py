@@ -8,10 +8,15 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from stager import Client
+from stager.client.async_client import SMALL_FILE
 from stager.errors import StagerError
+from stager.meta.http.app import SERVICE
 from stager.meta.store.base import MetaStore, NodeEntry, Upload
 from stager.meta.store.postgres.store import PostgreSQLStore
 from stager.meta.store.sqlite.store import SQLiteStore
+from stager.protocol.models import LayoutSpec
+from stager.testing import ThreadCluster
 from stager.testing.metastore import LAYOUT
 
 
@@ -107,3 +112,31 @@ async def test_a_pending_id_is_not_joined_over(pg_url: str) -> None:
         assert await store.get_uploads([first.file_id]) == [first]
     finally:
         store.close()
+
+
+def test_a_small_gateway_put_joins_its_record_and_commit(pg_url: str, tmp_path: Path,
+                                                         ns: str) -> None:
+    """Through a real metadata server on PostgreSQL: a small PUT (0 B and one chunk)
+    records its upload with its commit, in one statement (a look for quotas, once a
+    second, may come between the two of one put); a larger file, written through a
+    create, its chunks and a commit (three requests), is not joined."""
+    with ThreadCluster(tmp_path, data_servers=1, meta_store=pg_url) as cluster:
+        assert cluster.meta is not None
+        store = cluster.meta.app[SERVICE].store
+        assert isinstance(store, PostgreSQLStore)
+        client, puts = Client(cluster.meta_url), 8
+        try:
+            before = store.writes.joined
+            for i in range(puts):
+                client.pipe(f"{ns}/e{i}", b"")
+                client.pipe(f"{ns}/s{i}", b"s" * 1024)
+            assert store.writes.joined - before >= puts
+            assert all(client.cat(f"{ns}/s{i}") == b"s" * 1024 and client.cat(f"{ns}/e{i}")
+                       == b"" for i in range(puts))
+            before = store.writes.joined
+            big = bytes(SMALL_FILE + 1)
+            client.pipe(f"{ns}/big", big, layout=LayoutSpec(chunk_size=1 << 20))
+            assert store.writes.joined == before and client.cat(f"{ns}/big") == big
+            assert cluster.call(store.expired_uploads(float("inf"))) == []
+        finally:
+            client.close()

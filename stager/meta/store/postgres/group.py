@@ -52,6 +52,7 @@ class WriteGroups:
         self.groups = 0              # shared transactions of more than one write
         self.grouped_calls = 0       # writes that ran inside one
         self.redone = 0              # groups run again with savepoints (a database error)
+        self.joined = 0              # leads run as one statement with their follower
         self._queue: deque[_Call] = deque()
         self._worker: asyncio.Task[None] | None = None
         self._closed = False
@@ -93,7 +94,9 @@ class WriteGroups:
         while self._queue:
             group = [self._queue.popleft()
                      for _ in range(min(len(self._queue), self.max_group))]
-            group = _joined([c for c in group if not c.future.done()])    # callers gone
+            waiting = [c for c in group if not c.future.done()]    # callers gone
+            group = _joined(waiting)
+            self.joined += len(waiting) - len(group)
             if group:
                 await self._run(group)
 
