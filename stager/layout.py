@@ -42,7 +42,7 @@ def place_spread(targets: Sequence[TargetInfo], stripe_count: int, replicas: int
     nodes = nodes[k:] + nodes[:k]
     order: list[TargetInfo] = []
     depth = 0
-    while len(order) < len(targets):
+    while len(order) < min(stripe_count, len(targets)):     # the rest would be cut off
         for node in nodes:
             group = by_node[node]
             if depth < len(group):
