@@ -2,8 +2,9 @@
 
 Both the client library and the metadata server's whole-file gateway use this
 module, so there is one read path and one write path.  Every request to a data
-server goes through :meth:`DataPlane.request` (or its raw twin for reads), which
-counts it per target and maps its failures through :mod:`stager.errors`.
+server goes through :meth:`DataPlane.request` (or its raw twins: reads, and a small
+chunk's PUT in :mod:`.rawput`), which counts it per target and maps its failures
+through :mod:`stager.errors`.
 """
 
 from __future__ import annotations
