@@ -135,7 +135,8 @@ class _Record:
     at once, so that it is in the store while the chunks go out, or (``later``) only
     when something needs it: a reroute (it changes the upload's layout), an abort, or
     the commit, which is then made right behind it, on a store that runs its calls in
-    order (``in_order``: SQLite's thread), so that the two share one transaction.  A
+    order (``in_order``: SQLite's thread; PostgreSQL's write groups, which run the two
+    as one statement), so that the two share one transaction.  A
     small file's put then makes one store write, not two.  A server that dies after
     storing such a file's chunk and before its commit leaves that chunk unrecorded:
     an orphan that fsck deletes after ``orphan_grace``, where a recorded upload is
