@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+import aiohttp
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
@@ -79,6 +80,12 @@ class Runner(web.AppRunner):
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
+        if not all(hasattr(server, name) for name in ("_kwargs", "_loop")):
+            # an aiohttp whose server is built otherwise: its own plain-text 400s,
+            # rather than connections that cannot be made
+            log.warning("aiohttp %s: malformed requests get aiohttp's plain-text 400",
+                        aiohttp.__version__)
+            return server
         # the app's own server, made by aiohttp (its startup ran there): the same
         # object, as the subclass that makes our connections
         server.__class__ = _Server
