@@ -19,6 +19,12 @@ push good entries out.  The cache holds at most ``size`` entries and
 capability (up to 256 files) is ~7.6 KB of text and a set of its files, so a count
 alone would let 16,384 of them take hundreds of MB.
 
+A capability cache also names each text it verified by its reference
+(:mod:`stager.auth.refs`), so that a request may show ``ref1.<id>`` for a text
+this server verified and still keeps; the id leaves with its text, and a hit
+through it is checked as a hit through the text (expiry here, the claims by the
+gate).
+
 It is meant for one event loop (the data server's); a dictionary operation
 holds the GIL, so threads sharing one would at worst verify twice.
 """
@@ -32,6 +38,7 @@ from typing import Generic, TypeVar
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ..errors import Unauthenticated
+from .refs import PREFIX, UNKNOWN, reference
 from .tokens import CLOCK_SKEW, Capability, Claims, verify_capability
 
 DEFAULT_SIZE = 16384        # a few MB at most: a file capability's text is ~200 bytes
@@ -44,23 +51,48 @@ class VerifiedCache(Generic[C]):
     server keeps bearer tokens in one (its ``check`` also asks revocation)."""
 
     def __init__(self, check: Callable[[str, float], C], size: int = DEFAULT_SIZE,
-                 max_bytes: int = DEFAULT_BYTES) -> None:
+                 max_bytes: int = DEFAULT_BYTES, refs: bool = False) -> None:
         if size < 1:
             raise ValueError("a verified cache holds at least one entry")
         self.check = check
         self.size, self.max_bytes = size, max_bytes
         self._verified: OrderedDict[str, C] = OrderedDict()
+        # reference → text, for the texts held (only when ``refs``: a data server's)
+        self._refs: dict[str, str] | None = {} if refs else None
+        self._ref_of: dict[str, str] = {}       # text → its reference, the same entries
         self._bytes = 0             # characters of the texts held
         self.hits = 0
         self.misses = 0
 
     def known(self, text: str) -> bool:
-        """Was ``text`` verified and kept (a hit, unless it expired since)?"""
+        """Was ``text`` (or the text a reference names) verified and kept (a hit,
+        unless it expired since)?"""
+        if self._refs is not None and text.startswith(PREFIX):
+            return True         # resolved or refused at once: never a verification
         return text in self._verified
 
     def forget(self, text: str) -> None:
         if self._verified.pop(text, None) is not None:
             self._bytes -= len(text)
+            self._drop_ref(text)
+
+    def _drop_ref(self, text: str) -> None:
+        if self._refs is not None:
+            ref = self._ref_of.pop(text, None)
+            if ref is not None:
+                self._refs.pop(ref, None)
+
+    def item(self, text: str, now: float) -> C:
+        """:meth:`verify` for one item of a request: a text, or (with ``refs``) the
+        reference of a text this cache verified and holds; any other reference is
+        :class:`~stager.errors.Unauthenticated` with reason ``unknown_reference``."""
+        if self._refs is not None and text.startswith(PREFIX):
+            held = self._refs.get(text)
+            if held is None:
+                raise Unauthenticated("this data server holds no capability by that "
+                                      "reference (send its text)", reason=UNKNOWN)
+            text = held
+        return self.verify(text, now)
 
     def verify(self, text: str, now: float) -> C:
         """The claims ``text`` carries; :class:`~stager.errors.Unauthenticated`
@@ -80,11 +112,15 @@ class VerifiedCache(Generic[C]):
         cap = self.check(text, now)
         if text not in self._verified:
             self._bytes += len(text)
+            if self._refs is not None:      # named only once verified, by this server
+                ref = self._ref_of[text] = reference(text)
+                self._refs[ref] = text
         self._verified[text] = cap
         while len(self._verified) > 1 and (len(self._verified) > self.size
                                            or self._bytes > self.max_bytes):
             old, _ = self._verified.popitem(last=False)
             self._bytes -= len(old)
+            self._drop_ref(old)
         return cap
 
     def __len__(self) -> int:
@@ -92,10 +128,11 @@ class VerifiedCache(Generic[C]):
 
 
 class CapabilityCache(VerifiedCache[Capability]):
-    """:func:`~stager.auth.tokens.verify_capability` with ``public``, remembered per text."""
+    """:func:`~stager.auth.tokens.verify_capability` with ``public``, remembered per text
+    and per reference."""
 
     def __init__(self, public: Ed25519PublicKey, size: int = DEFAULT_SIZE,
                  max_bytes: int = DEFAULT_BYTES) -> None:
         super().__init__(lambda text, now: verify_capability(public, text, now), size,
-                         max_bytes)
+                         max_bytes, refs=True)
         self.public = public

@@ -19,6 +19,15 @@ capabilities held for a group are scattered over many batches (the next epoch
 draws its files in another order), it fetches the group's anew rather than
 showing every data server all of them.
 
+A data server that has verified a text keeps it, under a reference it computes
+itself (:mod:`stager.auth.refs`).  The book remembers, per target, the texts a
+request of it carried whole and that target then answered (:meth:`CapabilityBook.
+accepted`), and shows that target ``ref1.<id>`` for them from then on: 24
+characters, not a batch's ~7.6 KB.  A target that no longer holds one (it
+restarted, or evicted it) answers 401 ``unknown_reference``; the data plane then
+forgets that target's references (:meth:`CapabilityBook.forget_references`) and
+sends the request again with the texts.
+
 A write capability also reads the file it was issued for (a writer copies the
 chunks it stored when it routes around a dead target).  Against a cluster with
 auth off, the first answer says so (a null capability) and the book stops
@@ -29,9 +38,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Sequence
 
 from ..auth import expires_at
+from ..auth.refs import PREFIX, reference
 from ..auth.tokens import MAX_BATCH_FILES
 from ..errors import StagerError
 from ..protocol.authmsg import CapabilityRequest
@@ -50,6 +61,9 @@ SCATTERED = 16          # files in a row under one capability, on average, below
                         # server, and a shuffled next epoch's about a run a file
 MAX_HEADER = 256 * 1024     # characters of capabilities in one request: past this, the
                             # request's files are fetched anew as a few batches
+MAX_REFS = 4096         # references remembered per target (a batch's names 256 files),
+                        # the oldest accepted leaving first
+MAX_TARGETS = 4096      # targets remembered; past this, all are forgotten
 
 Request = Callable[..., Awaitable[object]]
 
@@ -65,6 +79,9 @@ class CapabilityBook:
         self._pending: dict[tuple[str, str], asyncio.Future[None]] = {}   # fetches under way
         self.off = False            # the cluster answered without capabilities: auth is off
         self.fetched = 0            # capabilities fetched (tests, telemetry)
+        # target → the references it holds (it answered a request carrying their texts)
+        self._accepted: dict[str, OrderedDict[str, None]] = {}
+        self._ref_of: dict[str, str] = {}       # text → its reference, as computed
 
     async def close(self) -> None:
         """Cancel the fetches under way (the client is closing: one left running would
@@ -107,9 +124,44 @@ class CapabilityBook:
         if sum(map(len, texts)) > MAX_HEADER:
             await self._fetch_missing(op, list(file_ids), anew=True)
             texts, missing, _ = self._lookup(op, file_ids)
-        if self.off:
+        if self.off or not texts:
             return None
-        return " ".join(texts) if texts else None
+        held = self._accepted.get(target) if target is not None else None
+        if held:
+            ref_of = self._ref_of
+            for i, text in enumerate(texts):
+                ref = ref_of.get(text)
+                if ref is not None and ref in held:
+                    texts[i] = ref
+        return " ".join(texts)
+
+    def accepted(self, target: str, value: str) -> None:
+        """``target`` answered a request that showed it ``value`` (a header :meth:`header`
+        made): it verified and holds the texts sent whole, so it is shown their
+        references from now on."""
+        held = None
+        for item in value.split(" "):
+            if item.startswith(PREFIX):
+                continue
+            ref = self._ref_of.get(item)
+            if ref is None:
+                if len(self._ref_of) >= MAX_KEPT:
+                    self._ref_of.clear()
+                ref = self._ref_of[item] = reference(item)
+            if held is None:
+                held = self._accepted.get(target)
+                if held is None:
+                    if len(self._accepted) >= MAX_TARGETS:
+                        self._accepted.clear()
+                    held = self._accepted[target] = OrderedDict()
+            held[ref] = None
+            held.move_to_end(ref)
+            if len(held) > MAX_REFS:
+                held.popitem(last=False)
+
+    def forget_references(self, target: str) -> None:
+        """``target`` answered ``unknown_reference``: show it texts again."""
+        self._accepted.pop(target, None)
 
     async def plan(self, op: str, file_ids: Sequence[str]) -> None:
         """Have the capabilities for ``op`` on ``file_ids`` (a plan's files read

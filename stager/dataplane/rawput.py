@@ -63,11 +63,19 @@ async def put_chunk(plane: DataPlane, target: str, url: str, chunk: str,
     start = time.perf_counter()
     answer = memoryview(bytearray(ACK_MAX))
     try:
-        resp = await pool.request(url, _PUT_CHUNK.method, _PUT_CHUNK.target(chunk=chunk),
-                                  hdrs, memoryview(data).cast("B"), answer, exact=False,
-                                  timeout=plane.options.write_timeout + size / WRITE_FLOOR_RATE)
-        if resp.status >= 400:
-            raise error_from_wire(resp.status, resp.body)
+        for attempt in (0, 1):
+            resp = await pool.request(url, _PUT_CHUNK.method, _PUT_CHUNK.target(chunk=chunk),
+                                      hdrs, memoryview(data).cast("B"), answer, exact=False,
+                                      timeout=plane.options.write_timeout
+                                      + size / WRITE_FLOOR_RATE)
+            if resp.status < 400:
+                break
+            error = error_from_wire(resp.status, resp.body)
+            if attempt or not plane.stale_reference(target, error):
+                raise error
+            # a reference the target no longer holds: refused before the body was
+            # stored, so it goes again with the capability's text
+            hdrs.update(await plane.credential(_PUT_CHUNK, chunk, target=target))
     except (rawhttp.Unsupported, rawhttp.LengthMismatch):
         # an answer this client does not frame, or an ack past ACK_MAX: aiohttp's path
         # sends it again and reads whatever comes back
@@ -89,4 +97,5 @@ async def put_chunk(plane: DataPlane, target: str, url: str, chunk: str,
     finally:
         counter.seconds += time.perf_counter() - start
     counter.bytes_written += size
+    plane.accepted_by(target, hdrs)
     ack.prove_put(target, bytes(answer[:resp.length]), sent)

@@ -22,6 +22,7 @@ import aiohttp
 from aiohttp import payload
 from aiohttp.abc import AbstractStreamWriter
 
+from ..auth.refs import UNKNOWN
 from ..auth.tls import client_ssl
 from ..checksum import to_hex
 from ..config import Config
@@ -31,6 +32,7 @@ from ..errors import (
     InternalError,
     StagerError,
     TargetUnavailable,
+    Unauthenticated,
     error_from_wire,
     unreachable,
 )
@@ -210,8 +212,8 @@ class DataPlane:
         (``data``, ``headers``, ``timeout``); ``json_body`` is sent as JSON."""
         params = {k: kwargs.pop(k) for k in op.path_params}
         where = op.url(url, query=kwargs.pop("query", None), **params)
-        credential = await self.credential(op, params.get("chunk"), kwargs.pop("files", ()),
-                                           target)
+        files = kwargs.pop("files", ())
+        credential = await self.credential(op, params.get("chunk"), files, target)
         if credential:
             kwargs["headers"] = {**kwargs.get("headers", {}), **credential}
         if json_body is not None:
@@ -221,10 +223,20 @@ class DataPlane:
         counter.requests += 1
         start = time.perf_counter()
         try:
-            async with self.session.request(op.method, where, **kwargs) as resp:
-                if resp.status >= 400:
-                    raise error_from_wire(resp.status, await resp.read())
-                yield resp
+            for attempt in (0, 1):
+                async with self.session.request(op.method, where, **kwargs) as resp:
+                    if resp.status >= 400:
+                        error = error_from_wire(resp.status, await resp.read())
+                        if attempt == 0 and self.stale_reference(target, error):
+                            # refused before the body was used: again, with the texts
+                            credential = await self.credential(op, params.get("chunk"),
+                                                               files, target)
+                            kwargs["headers"] = {**kwargs["headers"], **credential}
+                            continue
+                        raise error
+                    self.accepted_by(target, credential)
+                    yield resp
+                    return
         except StagerError:
             counter.errors += 1
             raise
@@ -245,6 +257,28 @@ class DataPlane:
             files = (parse_chunk_id(chunk)[0],)
         text = await self.credentials.header(access.scope, files, target)
         return {headers.CAPABILITY: text} if text else {}
+
+    def accepted_by(self, target: str, hdrs: dict[str, str]) -> None:
+        """``target`` answered a request sent with ``hdrs``: it holds the capability
+        texts they carried, and is shown their references next time
+        (:meth:`stager.client.capabilities.CapabilityBook.accepted`)."""
+        value = hdrs.get(headers.CAPABILITY)
+        if value:
+            accepted = getattr(self.credentials, "accepted", None)
+            if accepted is not None:
+                accepted(target, value)
+
+    def stale_reference(self, target: str, error: StagerError) -> bool:
+        """Whether ``error`` is ``target`` not holding a capability a reference named
+        (it restarted, or evicted it): then its references are forgotten, and the
+        request may go again with the texts (once: it then shows no reference)."""
+        if not isinstance(error, Unauthenticated) or error.details.get("reason") != UNKNOWN:
+            return False
+        forget = getattr(self.credentials, "forget_references", None)
+        if forget is None:
+            return False
+        forget(target)
+        return True
 
     async def fill(self, items: Sequence[FillItem]) -> list[Filled | StagerError]:
         """Each item's chunks filled (see :mod:`stager.protocol.cache`), or its error."""
@@ -336,7 +370,8 @@ class DataPlane:
         if pool is not None:
             try:
                 got = await self._read_raw(pool, target, url, _GET_CHUNK.target(chunk=chunk),
-                                           _GET_CHUNK.method, hdrs, None, out, chunk, timeout)
+                                           _GET_CHUNK, hdrs, None, out, chunk, timeout,
+                                           chunk=chunk)
             except rawhttp.Unsupported:
                 pass    # a response the raw client does not frame: aiohttp reads it below
             else:
@@ -354,18 +389,20 @@ class DataPlane:
         """Many pieces from one target in one request, concatenated into ``out``."""
         body = json.dumps(ReadRequest(tuple(items)).to_json()).encode()
         timeout = self.read_timeout(patient)
+        files = _files_of(items)
         hdrs = {"Content-Type": "application/json",
-                **await self.credential(_BATCH_READ, None, _files_of(items), target)}
+                **await self.credential(_BATCH_READ, None, files, target)}
         pool = self._raw_pool()
         if pool is not None:
             try:
                 await self._read_raw(pool, target, url, _BATCH_READ.target(),
-                                     _BATCH_READ.method, hdrs, body, out, "batch", timeout)
+                                     _BATCH_READ, hdrs, body, out, "batch", timeout,
+                                     files=files)
                 return
             except rawhttp.Unsupported:
                 pass    # a response the raw client does not frame: aiohttp reads it below
         async with self.request(target, url, _BATCH_READ, data=body, headers=hdrs,
-                                timeout=_client_timeout(timeout)) as resp:
+                                files=files, timeout=_client_timeout(timeout)) as resp:
             await _read_exactly(resp, out, target, "batch")
             self.counter(target).bytes_read += len(out)
 
@@ -374,17 +411,28 @@ class DataPlane:
         return pool if self.options.raw_reads and not self.session.closed else None
 
     async def _read_raw(self, pool: rawhttp.RawPool, target: str, url: str, path: str,
-                        method: str, hdrs: dict[str, str], body: bytes | None, out: memoryview,
-                        what: str, timeout: float | None = None) -> dict[str, str]:
+                        op: Route, hdrs: dict[str, str], body: bytes | None, out: memoryview,
+                        what: str, timeout: float | None = None, *, chunk: str | None = None,
+                        files: Collection[str] = ()) -> dict[str, str]:
         """One read through :mod:`rawhttp` into ``out``, counted and mapped as
-        :meth:`request` does; returns the response headers (lower-case names)."""
+        :meth:`request` does (sent again with the capability texts, as there, when a
+        reference was stale: ``chunk``/``files`` say which); returns the response
+        headers (lower-case names)."""
         counter = self.counter(target)
         counter.requests += 1
         start = time.perf_counter()
         try:
-            resp = await pool.request(url, method, path, hdrs, body, out, timeout=timeout)
+            resp = await pool.request(url, op.method, path, hdrs, body, out, timeout=timeout)
             if resp.status >= 400:
-                raise error_from_wire(resp.status, resp.body)
+                error = error_from_wire(resp.status, resp.body)
+                if not self.stale_reference(target, error):
+                    raise error
+                # an error's body never goes to ``out``: nothing of it was used
+                hdrs = {**hdrs, **await self.credential(op, chunk, files, target)}
+                resp = await pool.request(url, op.method, path, hdrs, body, out,
+                                          timeout=timeout)
+                if resp.status >= 400:
+                    raise error_from_wire(resp.status, resp.body)
         except rawhttp.Unsupported:
             counter.requests -= 1   # the caller sends it again through aiohttp
             raise
@@ -403,6 +451,7 @@ class DataPlane:
         finally:
             counter.seconds += time.perf_counter() - start
         counter.bytes_read += len(out)
+        self.accepted_by(target, hdrs)
         return resp.headers
 
     async def purge(self, target: str, url: str, file_ids: Sequence[str]) -> int:

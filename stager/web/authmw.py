@@ -11,8 +11,11 @@ admitted, as on a loopback development cluster.  With auth on:
   with :func:`authorize`, before it acts.  A refusal is a 403.
 - **Data server** (:class:`CapabilityGate`): ``X-Stager-Capability``, one or
   more capabilities separated by spaces, verified with the metadata server's
-  public key alone and remembered per text.  The URL's chunk is checked here; a
-  batch's chunks in the handler with :func:`require_files`.
+  public key alone and remembered per text.  An item ``ref1.<id>`` stands for a
+  text this server verified and still holds (:mod:`stager.auth.refs`); any other
+  is a 401 with reason ``unknown_reference``, and the client sends the text.  The
+  URL's chunk is checked here; a batch's chunks in the handler with
+  :func:`require_files`.
 
 The metadata server writes an audit line (logger ``stager.audit``) for every
 request that is not a GET or HEAD (but heartbeats, loader telemetry and
@@ -170,9 +173,9 @@ class CapabilityGate:
         if sum(not cache.known(t) for t in texts) > VERIFY_ON_LOOP:
             # ~0.13 ms each: thousands of new ones (a first batch over many small files,
             # or a flood of forged ones) would hold every other request up.
-            caps = await asyncio.to_thread(lambda: [cache.verify(t, now) for t in texts])
+            caps = await asyncio.to_thread(lambda: [cache.item(t, now) for t in texts])
         else:
-            caps = [cache.verify(t, now) for t in texts]
+            caps = [cache.item(t, now) for t in texts]
         request[CAPS] = caps
         request[HERE] = self.target
         if access.on == "cluster":
