@@ -420,3 +420,25 @@ def test_a_page_with_shared_layouts_is_asked_for_and_described() -> None:
     jsonschema.validate(page, document)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**page, "layouts": [{"locations": 5}]}, document)
+
+
+def test_a_capability_by_reference_and_its_refusal_on_the_wire() -> None:
+    """``X-Stager-Capability`` items are texts or ``ref1.<id>`` (stager/auth/refs.py):
+    the client and the data server compute the same id from a text; an id the server
+    does not hold is a 401 whose reason the client reads to send the texts again."""
+    from stager.auth.refs import UNKNOWN, reference
+
+    text = "stg1.eyJ0eXAiOiJjYXAifQ.c2ln"
+    ref = reference(text)
+    assert ref == "ref1.eDcXii8sx5Cuadl5NmqY_TsA"
+    header = f"{ref} stg1.eyJ0eXAiOiJjYXAifQ.b3RoZXI"     # a reference among texts
+    assert header.split()[0] == ref and re.fullmatch(r"ref1\.[A-Za-z0-9_-]{24}", ref)
+    response = error_response(errors_module.Unauthenticated("no such reference",
+                                                            reason=UNKNOWN))
+    assert response.status == 401
+    body = bytes(response.body)                                  # type: ignore[arg-type]
+    assert json.loads(body) == {"error": "unauthenticated", "message": "no such reference",
+                                "details": {"reason": "unknown_reference"}}
+    got = error_from_wire(401, body)
+    assert isinstance(got, errors_module.Unauthenticated)
+    assert got.details["reason"] == UNKNOWN
