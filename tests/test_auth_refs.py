@@ -6,6 +6,7 @@ grants exactly as for the text itself, and answers any other id 401
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -19,7 +20,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from stager import AsyncClient, Client
 from stager.auth import CLOCK_SKEW, KEY_FILE, Capability, CapabilityCache, load_key, sign
 from stager.auth.refs import PREFIX, UNKNOWN, reference
+from stager.checksum import crc32c
 from stager.config import load_config
+from stager.dataplane.rawput import put_chunk
 from stager.errors import Unauthenticated
 from stager.protocol.models import ReadItem, chunk_id
 from stager.testing.cluster import ThreadCluster
@@ -205,3 +208,34 @@ async def test_batch_reads_send_texts_again_to_a_restarted_server(
                               for t, ns_of in by_target.items()})
         for t, ns_of in by_target.items():
             assert await read(t, where[t]) == ns_of
+
+
+@pytest.mark.parametrize("raw", [True, False], ids=["rawput", "aiohttp"])
+async def test_chunk_writes_send_texts_again_to_a_restarted_server(
+        cluster: ThreadCluster, ns: str, raw: bool) -> None:
+    token = cluster.mint(["read", "write"])
+    async with AsyncClient(cluster.meta_url, config=load_config(env={}), token=token) as c:
+        file_id, _ = await c.create(f"{ns}/w")
+        infos = {t.id: t.url for t in await c.targets()}
+        target = sorted(infos)[0]
+        data = b"w" * 1000
+
+        async def put(url: str, index: int) -> None:
+            chunk = f"{file_id}.{index}"
+            if raw:
+                await put_chunk(c.plane, target, url, chunk, data, crc32c(data))
+            else:
+                await c.plane.put_chunk(target, url, chunk, data, crc32c(data))
+
+        await put(infos[target], 0)                 # the text
+        await put(infos[target], 1)                 # its reference
+        shown = await c.capabilities.header("write", [file_id], target)  # type: ignore[union-attr]
+        assert shown is not None and shown.startswith(PREFIX)
+        n = next(i for i in range(len(cluster.data)) if cluster.target_id(i) == target)
+        cluster.stop_data(n)
+        cluster.start_data(n)
+        deadline = time.monotonic() + 15
+        while (url := {t.id: t.url for t in await c.targets()}[target]) == infos[target]:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        await put(url, 2)                           # unknown reference: the text again
