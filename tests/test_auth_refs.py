@@ -239,3 +239,47 @@ async def test_chunk_writes_send_texts_again_to_a_restarted_server(
             assert time.monotonic() < deadline
             await asyncio.sleep(0.05)
         await put(url, 2)                           # unknown reference: the text again
+
+
+async def test_a_shuffled_pass_keeps_the_batches_held_and_each_grants_only_its_files(
+        cluster: ThreadCluster, ns: str) -> None:
+    token = cluster.mint(["read", "write"])
+    async with AsyncClient(cluster.meta_url, config=load_config(env={}), token=token) as c:
+        await c.write_many([(f"{ns}/{i}", bytes([i])) for i in range(101)])
+        infos = [await c.stat(f"{ns}/{i}") for i in range(101)]
+        outside, infos = infos[-1], infos[:-1]
+        book = c.capabilities
+        assert book is not None
+        groups = [[i.file_id for i in infos[g::5]] for g in range(5)]
+        for group in groups:                    # five batches, each of every fifth file
+            await book.plan("read", group)
+            await book._fetch_missing("read", group, anew=True)
+        fetched = book.fetched
+        texts = {book.held("read", i.file_id) for i in infos}
+        assert len(texts) == 5
+        shuffled = [i.file_id for i in infos[::-1]]     # a run a file: kept all the same
+        await book.plan("read", shuffled)
+        assert book.fetched == fetched
+        # a data server reads each file of the five batches, shown by reference, and
+        # no file they do not name
+        target = infos[0].layout.targets[0]
+        mine = [i for i in infos if i.layout.targets[0] == target]
+        items = [ReadItem(chunk_id(i.file_id, 0), 0, 1) for i in mine]
+        out = memoryview(bytearray(len(items)))
+        url = mine[0].locations[target]
+        for _ in range(2):                      # the texts, then the references
+            await c.plane.batch_read_into(target, url, items, out)
+            assert list(out) == [infos.index(i) for i in mine]
+        header = await book.header("read", [i.file_id for i in mine], target)
+        assert header is not None and all(h.startswith(PREFIX) for h in header.split())
+        assert len(header.split()) == len({book.held("read", i.file_id) for i in mine})
+
+        def few(*files: object) -> int:         # each looked for in each batch in turn
+            body = json.dumps({"items": [[chunk_id(f.file_id, 0), 0, 1]  # type: ignore[attr-defined]
+                                         for f in files]}).encode()
+            return raw_http(url, "POST", "/v1/read", body,
+                            {"X-Stager-Capability": header,
+                             "Content-Type": "application/json"}).status
+
+        assert few(mine[0], mine[-1]) == 200
+        assert few(mine[0], outside) == 403

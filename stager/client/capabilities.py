@@ -15,9 +15,9 @@ text for each: a request carries each distinct text once, so a batch of small
 files read together shows one or a few capabilities, not one per file.  A
 Loader's :meth:`CapabilityBook.plan` asks for a fetch group's files together,
 in an order that keeps each data server's files in few batches; when the
-capabilities held for a group are scattered over many batches (the next epoch
-draws its files in another order), it fetches the group's anew rather than
-showing every data server all of them.
+capabilities held for a group name few of its files each (a stat's, one per
+file, or a shuffled epoch over many more batches than the group), it fetches the
+group's anew rather than showing every data server all of them.
 
 A data server that has verified a text keeps it, under a reference it computes
 itself (:mod:`stager.auth.refs`).  The book remembers, per target, the texts a
@@ -54,11 +54,13 @@ MARGIN = 120.0          # seconds: a capability closer than this to expiry is fe
                         # (a quarter of its life, if that is less)
 MAX_PER_REQUEST = 4096  # file ids per capabilities request (and per data request's header)
 MAX_KEPT = 65536        # capabilities kept; the oldest learnt leave first (~20 MB at most)
-SCATTERED = 16          # files in a row under one capability, on average, below which a
-                        # plan's capabilities held are fetched anew: a Loader's look-ahead
-                        # gives each data server's files of a few groups one batch, so a
-                        # group's files (each server's together) make a run or two per
-                        # server, and a shuffled next epoch's about a run a file
+SCATTERED = 16          # a plan's files per distinct capability held, on average, below
+                        # which they are fetched anew: a data server is shown (and checks)
+                        # each distinct one a request carries, so one per file or so (a
+                        # stat's, or a shuffled epoch over far more files than a window)
+                        # is refetched as a few batches; a shuffled next epoch over a few
+                        # batches per server keeps them (shown by reference, they cost a
+                        # request ~30 characters each, and no new verification)
 MAX_HEADER = 256 * 1024     # characters of capabilities in one request: past this, the
                             # request's files are fetched anew as a few batches
 MAX_REFS = 4096         # references remembered per target (a batch's names 256 files),
@@ -117,13 +119,13 @@ class CapabilityBook:
                      target: str | None = None) -> str | None:
         if self.off or op == "cluster" or not file_ids:
             return None
-        texts, missing, _ = self._lookup(op, file_ids)
+        texts, missing = self._lookup(op, file_ids)
         if missing:
             await self._fetch_missing(op, missing)
-            texts, missing, _ = self._lookup(op, file_ids)
+            texts, missing = self._lookup(op, file_ids)
         if sum(map(len, texts)) > MAX_HEADER:
             await self._fetch_missing(op, list(file_ids), anew=True)
-            texts, missing, _ = self._lookup(op, file_ids)
+            texts, missing = self._lookup(op, file_ids)
         if self.off or not texts:
             return None
         held = self._accepted.get(target) if target is not None else None
@@ -166,14 +168,16 @@ class CapabilityBook:
     async def plan(self, op: str, file_ids: Sequence[str]) -> None:
         """Have the capabilities for ``op`` on ``file_ids`` (a plan's files read
         together, ordered so that each data server's lie together) at hand, in few
-        batches: those held are kept unless they are scattered over many more batches
+        batches: those held are kept unless they are spread over many more capabilities
         than a fetch of these files would make, each naming few of them
-        (:data:`SCATTERED`), and then all are fetched anew."""
+        (:data:`SCATTERED`), and then all are fetched anew.  Held in another order (a
+        shuffled epoch's) they are kept: a data server checks the few a request shows
+        it by reference, and has verified them already."""
         if self.off or op == "cluster" or not file_ids:
             return
-        texts, missing, runs = self._lookup(op, file_ids)
+        texts, missing = self._lookup(op, file_ids)
         if len(texts) > 2 * (len(file_ids) // MAX_BATCH_FILES + 2) \
-                and len(file_ids) < SCATTERED * runs:
+                and len(file_ids) < SCATTERED * len(texts):
             await self._fetch_missing(op, list(file_ids), anew=True)
         elif missing:
             await self._fetch_missing(op, missing)
@@ -198,26 +202,22 @@ class CapabilityBook:
         for fetch in set(waits):
             await asyncio.shield(fetch)     # a cancelled reader leaves the fetch to others
 
-    def _lookup(self, op: str, file_ids: Collection[str]
-                ) -> tuple[list[str], list[str], int]:
+    def _lookup(self, op: str, file_ids: Collection[str]) -> tuple[list[str], list[str]]:
         """The distinct capabilities held for ``file_ids`` (a batch's text once, however
-        many of them it names), the files with none fresh, and the runs of files in a
-        row that share one (in the order given: a plan's, each data server's together)."""
+        many of them it names), and the files with none fresh."""
         fresh = self.clock()
         texts: dict[str, None] = {}
         missing = []
-        runs, last = 0, None
+        caps = self._caps
         for file_id in file_ids:
-            hit = self._caps.get((op, file_id))
+            hit = caps.get((op, file_id))
             if (hit is None or hit[1] < fresh) and op == "read":
-                hit = self._caps.get(("write", file_id)) or hit    # reading back a write
+                hit = caps.get(("write", file_id)) or hit    # reading back a write
             if hit is None or hit[1] < fresh:
                 missing.append(file_id)
             else:
                 texts[hit[0]] = None
-                if hit[0] is not last:
-                    runs, last = runs + 1, hit[0]
-        return list(texts), missing, runs
+        return list(texts), missing
 
     async def _fetch(self, op: str, file_ids: Sequence[str]) -> None:
         for start in range(0, len(file_ids), MAX_PER_REQUEST):
