@@ -54,13 +54,15 @@ MARGIN = 120.0          # seconds: a capability closer than this to expiry is fe
                         # (a quarter of its life, if that is less)
 MAX_PER_REQUEST = 4096  # file ids per capabilities request (and per data request's header)
 MAX_KEPT = 65536        # capabilities kept; the oldest learnt leave first (~20 MB at most)
-SCATTERED = 16          # a plan's files per distinct capability held, on average, below
+SCATTERED = 4           # a plan's files per distinct capability held, on average, below
                         # which they are fetched anew: a data server is shown (and checks)
                         # each distinct one a request carries, so one per file or so (a
-                        # stat's, or a shuffled epoch over far more files than a window)
-                        # is refetched as a few batches; a shuffled next epoch over a few
-                        # batches per server keeps them (shown by reference, they cost a
-                        # request ~30 characters each, and no new verification)
+                        # stat's, or a shuffled epoch over far more batches than a window
+                        # has files) is refetched as a few batches; a shuffled next epoch
+                        # over some tens of batches keeps them (shown by reference they
+                        # cost a request ~30 characters each and no new verification, where
+                        # a refetch costs a signature and every data server a verification
+                        # per batch)
 MAX_HEADER = 256 * 1024     # characters of capabilities in one request: past this, the
                             # request's files are fetched anew as a few batches
 MAX_REFS = 4096         # references remembered per target (a batch's names 256 files),
