@@ -243,7 +243,9 @@ SECURITY_SCHEMES = {
                         "description": "a token from `stager token create`"}},
     "data": {"capability": {"type": "apiKey", "in": "header", "name": CAPABILITY,
                             "description": "capabilities the metadata server handed out "
-                                           "with layouts, space separated"}},
+                                           "with layouts, space separated; ref1.<id> "
+                                           "for a text this data server verified "
+                                           "(401 unknown_reference otherwise)"}},
 }
 
 
