@@ -63,6 +63,9 @@ def test_the_loops_own_thread_is_refused(loop: asyncio.AbstractEventLoop) -> Non
 def test_ctrl_c_stops_the_wait(loop: asyncio.AbstractEventLoop) -> None:
     """SIGINT during a long call interrupts this thread's wait at once; the call goes on
     on the loop (as with fsspec's sync), and the next one is served."""
+    # Python's own SIGINT handler for this test: an xdist worker ignores SIGINT (its
+    # controller stops it otherwise), so the wait would run its 60 s and return
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
     start = time.monotonic()
     timer.start()
@@ -71,6 +74,7 @@ def test_ctrl_c_stops_the_wait(loop: asyncio.AbstractEventLoop) -> None:
             run_there(loop, _answer, 1, after=60.0)
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, handler)
     assert time.monotonic() - start < 3.0
     assert run_there(loop, _answer, 2) == 2
 
