@@ -169,12 +169,21 @@ def two_metas(tmp_path: Path, pg_url: str) -> Iterator[ProcessCluster]:
         yield two
 
 
+def _urls(client: Client) -> list[tuple[str, str]]:
+    return sorted((t.id, t.url) for t in client.targets())
+
+
 def test_a_commit_through_one_server_is_seen_through_the_other(
         two_metas: ProcessCluster) -> None:
     a, b = (Client(url) for url in two_metas.meta_urls)
     try:
         record(a, "/ds")
         assert stale(a, "/ds") == [] and stale(b, "/ds") == []      # both cached
+        # The ETag names the targets' URLs too: the second server learns of the data
+        # servers (which beat to one of them) from the store, a moment later.
+        deadline = time.monotonic() + 10
+        while _urls(a) != _urls(b) and time.monotonic() < deadline:
+            time.sleep(0.1)
         etags = {raw_http(url, "GET", "/v1/manifest/ds").headers["ETag"]
                  for url in two_metas.meta_urls}
         assert len(etags) == 1                      # one store, one version: one ETag
