@@ -405,10 +405,15 @@ class Database:
                 try:
                     await tx.rollback()
                 except Exception as again:
-                    if _is_down(again, conn):
-                        _drop(conn)
+                    # a transaction cancelled half-way through its BEGIN cannot be rolled
+                    # back ("in error state"): the connection goes, and what stopped the
+                    # transaction (a cancellation: a server stopping) is what is raised,
+                    # not the rollback's error, which its caller would retry forever
+                    down = _is_down(again, conn)        # asked before the drop closes it
+                    _drop(conn)
+                    if down:
                         raise _Lost() from exc
-                    raise
+                    raise exc from again
             raise
         try:
             await tx.commit()
