@@ -8,13 +8,14 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from test_pg_roundtrips import on_both_stores
+
 from stager import Client
 from stager.client.async_client import SMALL_FILE
 from stager.errors import StagerError
 from stager.meta.http.app import SERVICE
 from stager.meta.store.base import MetaStore, NodeEntry, Upload
 from stager.meta.store.postgres.store import PostgreSQLStore
-from stager.meta.store.sqlite.store import SQLiteStore
 from stager.protocol.models import LayoutSpec
 from stager.testing import ThreadCluster
 from stager.testing.metastore import LAYOUT
@@ -88,12 +89,7 @@ async def _outcomes(store: MetaStore) -> list[Any]:
 
 
 async def test_a_joined_put_answers_as_on_sqlite(pg_url: str, tmp_path: Path) -> None:
-    stores: list[MetaStore] = [SQLiteStore(tmp_path / "meta.sqlite3"), PostgreSQLStore(pg_url)]
-    try:
-        sqlite, pg = [await _outcomes(s) for s in stores]
-    finally:
-        for s in stores:
-            s.close()
+    sqlite, pg = await on_both_stores(pg_url, tmp_path, _outcomes)
     assert pg == sqlite
     assert [o[1] for o in pg[:6]] == ["AlreadyExists", "IsADirectory", "AlreadyExists",
                                       "NotFound", "ok", "ok"]

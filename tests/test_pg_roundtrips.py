@@ -5,9 +5,9 @@ store does, changing nothing when it fails."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 import pytest
@@ -19,6 +19,8 @@ from stager.meta.store.postgres.store import PostgreSQLStore
 from stager.meta.store.sqlite.store import SQLiteStore
 from stager.protocol.models import LayoutSpec
 from stager.testing.metastore import LAYOUT, commit_one, upload
+
+T = TypeVar("T")
 
 
 async def watched(store: PostgreSQLStore) -> list[str]:
@@ -118,14 +120,20 @@ async def _outcomes(store: MetaStore) -> list[Any]:
     return out
 
 
-async def test_a_commit_answers_as_on_sqlite_and_a_failed_one_changes_nothing(
-        pg_url: str, tmp_path: Path) -> None:
+async def on_both_stores(pg_url: str, tmp_path: Path,
+                         outcomes: Callable[[MetaStore], Awaitable[T]]) -> list[T]:
+    """``outcomes`` of a fresh SQLite store, then of a fresh PostgreSQL one."""
     stores: list[MetaStore] = [SQLiteStore(tmp_path / "meta.sqlite3"), PostgreSQLStore(pg_url)]
     try:
-        sqlite, pg = [await _outcomes(s) for s in stores]
+        return [await outcomes(s) for s in stores]
     finally:
         for s in stores:
             s.close()
+
+
+async def test_a_commit_answers_as_on_sqlite_and_a_failed_one_changes_nothing(
+        pg_url: str, tmp_path: Path) -> None:
+    sqlite, pg = await on_both_stores(pg_url, tmp_path, _outcomes)
     assert pg == sqlite
     assert [o[0] for o in pg[:8]] == ["AlreadyExists", "NotADirectory", "IsADirectory",
                                       "AlreadyExists", "NotFound", "ok", "ok",

@@ -10,6 +10,7 @@ import ssl
 from pathlib import Path
 
 import pytest
+import uvloop  # a dependency of stager on Linux: this test never skips
 
 from stager.auth.tls import client_context, ensure_cluster_tls, server_context
 from stager.dataplane import rawhttp
@@ -119,8 +120,6 @@ def test_on_uvloop_the_mark_is_set_on_a_duplicate_closed_with_the_connection() -
     """uvloop's socket stand-in builds a socket object per setsockopt; the connection
     sets the mark on a duplicate descriptor of its own instead, which the pool's
     close closes (and a connection dropped unclosed closes when collected)."""
-    uvloop = pytest.importorskip("uvloop")
-
     async def main() -> None:
         body = DATA[:1 << 20]
 
