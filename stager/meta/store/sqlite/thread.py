@@ -8,6 +8,12 @@ one commit, one fsync, for all of them.  Each still fails alone (its own
 transaction nests as a savepoint), and every caller is answered only after the
 shared commit, so an acknowledged write is durable exactly as before.  A read
 (:meth:`StoreThread.run`) ends a group: calls never change order.
+
+The calls one pass of the event loop makes reach the thread as one hand-off (the
+pass's last step queues them together): the record of a small PUT's upload and its
+commit, made by two tasks one after the other (stager/meta/http/gateway.py), share
+one wake-up and one transaction every time, not only when the thread was still
+busy when the second came (about every other PUT before).
 """
 
 from __future__ import annotations
@@ -70,7 +76,10 @@ class StoreThread:
         self.max_group = max_group
         self.groups = 0              # shared transactions run (for tests and metrics)
         self.grouped_calls = 0       # calls that ran inside one
+        self.handoffs = 0            # items taken from the queue: each one wake-up, at most
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # per loop: the calls of its pass under way, queued together at the pass's end
+        self._outbox: dict[asyncio.AbstractEventLoop, list[_Call]] = {}
         self._closed = False
         self._thread = threading.Thread(target=self._work, name="meta-store", daemon=True)
         self._thread.start()
@@ -88,13 +97,27 @@ class StoreThread:
             raise RuntimeError("the metadata store is closed")
         loop = asyncio.get_running_loop()
         call = _Call(fn, write, loop, loop.create_future())
-        self._queue.put(call)
+        outbox = self._outbox.get(loop)
+        if outbox is None:
+            outbox = self._outbox[loop] = []
+            loop.call_soon(self._flush, loop)
+        outbox.append(call)
         return await call.future
+
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Queue the calls ``loop``'s pass made, as one item (in their order)."""
+        calls = self._outbox.pop(loop, None)
+        if calls:
+            self._queue.put(calls)
 
     def close(self) -> None:
         """Finish every call already queued, then stop the thread."""
         if not self._closed:
             self._closed = True
+            # calls made on a loop since its last pass ended: they run before the stop
+            # (a flush still scheduled on that loop then finds nothing)
+            for loop in list(self._outbox):
+                self._flush(loop)
             self._queue.put(_STOP)
             self._thread.join()
 
@@ -103,7 +126,7 @@ class StoreThread:
         pending: deque[Any] = deque()
         while True:
             if not pending:
-                pending.append(self._queue.get())
+                self._add(pending, self._queue.get())
             self._take_queued(pending)
             head = pending.popleft()
             if head is _STOP:
@@ -119,9 +142,17 @@ class StoreThread:
         """Move everything queued so far to ``pending``, without waiting."""
         while True:
             try:
-                pending.append(self._queue.get_nowait())
+                self._add(pending, self._queue.get_nowait())
             except queue.Empty:
                 return
+
+    def _add(self, pending: deque[Any], item: Any) -> None:
+        """One item of the queue (a pass's calls, or the stop) into ``pending``."""
+        self.handoffs += 1
+        if isinstance(item, list):
+            pending.extend(item)
+        else:
+            pending.append(item)
 
     def _refuse(self, pending: deque[Any]) -> None:
         """Answer calls that raced with close() instead of leaving them waiting."""
