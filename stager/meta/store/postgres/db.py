@@ -34,6 +34,7 @@ from .functions import (
     ATTRS_COMMIT_FUNCTION,
     CACHED_COMMIT_FUNCTION,
     COMMIT_FUNCTION,
+    DIRECT_PUT_FUNCTION,
     LAZY_FUNCTIONS,
     PUT_FUNCTION,
     QUOTA_COMMIT_FUNCTION,
@@ -50,7 +51,7 @@ Op = Callable[[asyncpg.Connection], Awaitable[R]]
 CONFLICT_RETRIES = 50        # serialization failures and deadlocks, per transaction
 RECONNECTS = 3               # connections found dead before the transaction began
 ROOT_ID = 1
-SCHEMA_VERSION = 16
+SCHEMA_VERSION = 17
 
 # Each migration takes the schema from version N-1 to N; applied in order, each in
 # the transaction that records its number.  Names sort bytewise (COLLATE "C"), as in
@@ -192,7 +193,8 @@ CREATE TABLE IF NOT EXISTS cache_chunks (
     PRIMARY KEY (file_id, idx)
 );
 """, 11: MULTIPART_TABLES, 12: S3KEY_TABLES, 13: ATTRS_COMMIT_FUNCTION,
-    14: CACHED_COMMIT_FUNCTION, 15: SELF_COMMIT_FUNCTION, 16: PUT_FUNCTION}
+    14: CACHED_COMMIT_FUNCTION, 15: SELF_COMMIT_FUNCTION, 16: PUT_FUNCTION,
+    17: DIRECT_PUT_FUNCTION}
 
 # Errors after which the connection is gone or the server cannot serve: the
 # database is unavailable (the pool reconnects once it is back).

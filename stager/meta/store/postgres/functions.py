@@ -328,3 +328,66 @@ BEGIN
 END
 $fn$;
 """
+
+# Schema migration 17: stager_put without the upload's row where its commit succeeds.
+# Migration 16 inserted the row and had stager_commit read it back and delete it, in
+# the same statement: a heap tuple, two index entries and a delete, all written to
+# the WAL, for a row no other transaction could ever see; and the statement walked
+# the path once more, in SQL around the call, to bump the manifests above it.
+# ``stager_commit_values`` is migration 15's commit with the upload given as values
+# (derived from it, as 13 to 15 are from 9), bumping those manifests itself once
+# every check has passed (the directories its walk found: the ones a manifest can be
+# on).  stager_put inserts the row only where the commit is refused, so that the
+# upload is then pending as after a begin and a failed commit (the caller aborts it,
+# or a quota refusal's abort moves it to the garbage); an id already pending fails
+# as the begin of it does, with the insert's own error.  Idempotent.
+_TAKE_UPLOAD = """\
+    SELECT * INTO up FROM uploads WHERE file_id = p_file_id;
+    IF NOT FOUND THEN
+        r_err := 'upload';
+        RETURN;
+    END IF;
+"""
+_GIVEN_UPLOAD = """\
+    up.file_id := p_file_id;
+    up.path := p_path;
+    up.layout := p_layout;
+    up.overwrite := p_overwrite;
+    up.parents := p_parents;
+"""
+_DROP_UPLOAD = "    DELETE FROM uploads WHERE file_id = p_file_id;\n"
+_BUMP_CHAIN = "    UPDATE manifests SET gen = gen + 1 WHERE dir_id = ANY(chain);\n"
+_COMMIT_HEAD = "CREATE OR REPLACE FUNCTION stager_commit(p_file_id TEXT, p_size BIGINT,"
+_BODY = SELF_COMMIT_FUNCTION[SELF_COMMIT_FUNCTION.index(_COMMIT_HEAD):]
+assert all(_BODY.count(s) == 1 for s in (_TAKE_UPLOAD, _DROP_UPLOAD, _COMMIT_HEAD))
+COMMIT_VALUES_FUNCTION = (
+    _BODY.replace(_COMMIT_HEAD, "CREATE OR REPLACE FUNCTION stager_commit_values("
+                  "p_file_id TEXT, p_path TEXT, p_layout TEXT,\n"
+                  "                              p_overwrite BOOLEAN, p_parents BOOLEAN, "
+                  "p_size BIGINT,")
+    .replace(_TAKE_UPLOAD, _GIVEN_UPLOAD).replace(_DROP_UPLOAD, _BUMP_CHAIN))
+DIRECT_PUT_FUNCTION = COMMIT_VALUES_FUNCTION + """
+CREATE OR REPLACE FUNCTION stager_put(p_file_id TEXT, p_path TEXT, p_layout TEXT,
+                                      p_overwrite BOOLEAN, p_parents BOOLEAN,
+                                      p_created DOUBLE PRECISION, p_size BIGINT,
+                                      p_mtime DOUBLE PRECISION, p_checksums BYTEA,
+                                      p_now DOUBLE PRECISION, p_attrs TEXT,
+                                      OUT r_err TEXT, OUT r_at TEXT, OUT r_path TEXT,
+                                      OUT r_layout TEXT, OUT r_limit BIGINT,
+                                      OUT r_use BIGINT, OUT r_need BIGINT)
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    PERFORM 1 FROM uploads WHERE file_id = p_file_id;
+    IF NOT FOUND THEN
+        SELECT * INTO r_err, r_at, r_path, r_layout, r_limit, r_use, r_need
+            FROM stager_commit_values(p_file_id, p_path, p_layout, p_overwrite, p_parents,
+                                      p_size, p_mtime, p_checksums, p_now, p_attrs);
+        IF r_err IS NULL THEN
+            RETURN;
+        END IF;
+    END IF;
+    INSERT INTO uploads (file_id, path, layout, overwrite, parents, created)
+        VALUES (p_file_id, p_path, p_layout, p_overwrite, p_parents, p_created);
+END
+$fn$;
+"""

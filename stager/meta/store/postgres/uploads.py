@@ -96,15 +96,10 @@ async def _commit(conn: asyncpg.Connection, item: CommitArgs, now: float, *,
     return await _committed(conn, item, row, now)
 
 
-# An upload begun and committed as one statement (``stager_put``, schema 16), with the
-# manifests above its path bumped alongside, as _COMMIT_BUMPING does (whose walk starts
-# from the upload's row, which this statement's snapshot does not hold yet).
-_PUT_BUMPING = _COMMIT_BUMPING.replace(
-    "SELECT string_to_array(substr(path, 2), '/') AS names FROM uploads WHERE file_id = $1",
-    "SELECT string_to_array(substr($2::text, 2), '/') AS names").replace(
-    "SELECT * FROM stager_commit($1, $2, $3, $4, $5, $6)",
-    "SELECT * FROM stager_put($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)")
-assert "stager_put(" in _PUT_BUMPING and "FROM uploads" not in _PUT_BUMPING
+# An upload begun and committed as one statement (``stager_put``, schema 16; since 17
+# without the upload's row where the commit succeeds), bumping the manifests above its
+# path itself: the walk of _COMMIT_BUMPING would start from that row.
+_PUT = "SELECT * FROM stager_put($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
 
 
 async def put(conn: asyncpg.Connection, upload: Upload, item: CommitArgs, now: float
@@ -115,7 +110,7 @@ async def put(conn: asyncpg.Connection, upload: Upload, item: CommitArgs, now: f
     file_id, size, checksums, mtime, attrs = committing(item)
     assert file_id == upload.file_id
     row = await conn.fetchrow(
-        _PUT_BUMPING, file_id, upload.path, layout_text(upload.layout), upload.overwrite,
+        _PUT, file_id, upload.path, layout_text(upload.layout), upload.overwrite,
         upload.parents, upload.created, size, mtime, pack(checksums), now, attrs_text(attrs))
     return await _committed(conn, item, row, now)
 
