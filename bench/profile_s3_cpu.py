@@ -18,22 +18,17 @@ plus the CRC32C of stager's chunks, each over the same bytes once, measured here
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import sys
 import time
-import zlib
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from stager.checksum import crc32c
 from stager.testing.s3clients import moto_endpoint
 from stager.testing.s3cluster import S3Cluster
 
 from . import s3_null
-from .bench_s3 import DATA_SERVERS, Bench
+from .bench_s3 import DATA_SERVERS, Bench, hash_floor
 from .common import GiB, MiB, scratch
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -43,29 +38,6 @@ def user_system(pid: int) -> tuple[float, float]:
     """A process's user and system CPU seconds so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return int(fields[11]) / TICK, int(fields[12]) / TICK
-
-
-def hash_floor(data: bytes | memoryview, piece: int = 4 * MiB) -> dict[str, float]:
-    """CPU seconds per GiB of each hash a boto3 PUT over http obliges the gateway to
-    make, in ``piece``-sized updates as the gateway makes them."""
-    def crc(fn: Callable[[Any, int], int]) -> Callable[[memoryview], None]:
-        value = 0
-
-        def update(b: memoryview) -> None:
-            nonlocal value
-            value = fn(b, value)
-        return update
-
-    view = memoryview(data)
-    out: dict[str, float] = {}
-    for name, update in (("MD5", hashlib.md5(usedforsecurity=False).update),
-                         ("SHA-256", hashlib.sha256().update),
-                         ("CRC32", crc(zlib.crc32)), ("CRC32C", crc(crc32c))):
-        start = time.process_time()
-        for at in range(0, len(view), piece):
-            update(view[at:at + piece])
-        out[name] = (time.process_time() - start) / (len(view) / GiB)
-    return out
 
 
 def main() -> None:
