@@ -342,9 +342,25 @@ async def copy_object(ctx: S3Context) -> web.StreamResponse:
     declared = request_attrs(ctx) if directive == "REPLACE" else None
 
     async def pieces() -> AsyncIterator[bytes]:
-        async for piece in ctx.client.reader(info).stream(0, info.size):
-            md5.update(piece)
-            yield bytes(piece)
+        # Each piece is copied out of a lent buffer (handed back at once: no chunk
+        # buffer zero-filled per chunk) and its MD5 made on a thread while it is
+        # written: on the event loop it held every other request 5 ms per 4 MiB.
+        reader = ctx.client.reader(info)
+        hashing: asyncio.Future[None] | None = None
+        try:
+            async for piece in reader.stream(0, info.size, lend=True):
+                data = bytes(piece)
+                reader.give_back(piece)
+                if hashing is not None:
+                    await hashing
+                hashing = asyncio.ensure_future(asyncio.to_thread(md5.update, data))
+                yield data
+            if hashing is not None:
+                await hashing
+                hashing = None
+        finally:
+            if hashing is not None:     # the write failed: let the thread finish alone
+                hashing.cancel()
 
     def made() -> dict[str, Any]:
         etag = f'"{md5.hexdigest()}"'

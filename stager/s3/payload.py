@@ -142,14 +142,15 @@ class Payload:
             hashers[alg] = _hasher(alg)
         if self.want_sha256 is not None and "sha256" not in hashers:
             hashers["sha256"] = _hasher("sha256")
+        lanes = _lanes(hashers)
         trailer = Trailer()
         content = self.request.content
         source = _whole(decode(content, trailer, self.signatures) if self.chunked
                         else _body(content, self.length))
         size = 0
-        # A piece is hashed on a thread while it is written and the next one is read
-        # (the MD5 alone is ~1.3 CPU s a GiB); one hash at a time keeps their order.
-        hashing: asyncio.Future[None] | None = None
+        # A piece is hashed on threads while it is written and the next one is read
+        # (the MD5 alone is ~1.2 CPU s a GiB); one piece at a time keeps their order.
+        hashing: asyncio.Future[Any] | None = None
         try:
             async for piece in source:
                 size += len(piece)
@@ -163,7 +164,8 @@ class Payload:
                     await hashing
                     hashing = None
                 if len(piece) >= THREAD_AT and isinstance(piece, bytes):
-                    hashing = asyncio.ensure_future(asyncio.to_thread(_update, hashers, piece))
+                    hashing = asyncio.gather(*(asyncio.to_thread(_update, lane, piece)
+                                               for lane in lanes))
                 else:
                     _update(hashers, piece)
                 yield piece
@@ -242,6 +244,16 @@ async def _whole(source: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
             held, size = ([rest] if rest else []), len(rest)
     if held:
         yield b"".join(held)
+
+
+def _lanes(hashers: dict[str, Any]) -> list[dict[str, Any]]:
+    """``hashers`` in the groups hashed side by side, one thread each: the MD5 alone,
+    the rest together.  A piece waits for the slowest group, so a stream is hashed at
+    the MD5's pace (1.23 CPU s a GiB here) rather than at the sum of every hash's (the
+    MD5, SHA-256 and CRC32 of a boto3 PUT over http: 1.91 s a GiB, ~550 MB/s a stream).
+    The CPU is the same: where no core is idle nothing is gained."""
+    rest = {k: h for k, h in hashers.items() if k != "md5"}
+    return [{"md5": hashers["md5"]}, rest] if rest else [hashers]
 
 
 def _update(hashers: dict[str, Any], piece: bytes) -> None:
