@@ -16,7 +16,6 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BadRequest
-from ..stage.progress import make_progress
 from .filecmds import human, with_client
 from .stage import storage_options
 
@@ -122,6 +121,7 @@ def warm_summary(path: str, r: WarmResult) -> str:
 
 def cmd_warm(args: argparse.Namespace) -> int:
     from ..client.warm import PlanSpec, warm
+    from ..stage.progress import make_progress
 
     plan = PlanSpec.parse(args.plan) if args.plan is not None else None
     if args.parallel < 1:

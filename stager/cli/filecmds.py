@@ -9,17 +9,21 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..client import AsyncClient
 from ..config import parse_size
 from ..protocol.models import FileInfo, LayoutSpec
 from .main import meta_url
+
+if TYPE_CHECKING:   # the client loads when a command talks to a cluster
+    from ..client import AsyncClient
 
 T = TypeVar("T")
 
 
 def with_client(args: argparse.Namespace, fn: Callable[[AsyncClient], Awaitable[T]]) -> T:
+    from ..client import AsyncClient
+
     async def main() -> T:
         async with AsyncClient(meta_url(args)) as client:
             return await fn(client)

@@ -13,15 +13,6 @@ import sys
 import threading
 from pathlib import Path
 
-from ..deploy.jobcluster import (
-    JobClusterError,
-    JobFiles,
-    JobOptions,
-    NodeUp,
-    default_root,
-    env_lines,
-    read_cluster,
-)
 from ..deploy.jobprocs import run_dir, stop_node
 from ..deploy.slurmenv import job_from_env, node_address
 
@@ -31,6 +22,15 @@ def _exit_on(signum: int, frame: object) -> None:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    from ..deploy.jobcluster import (
+        JobClusterError,
+        JobFiles,
+        JobOptions,
+        NodeUp,
+        default_root,
+        env_lines,
+    )
+
     job = job_from_env(job_dir=args.job_dir, job_id=args.job_id)
     opts = JobOptions(
         root=Path(args.root) if args.root else default_root(job),
@@ -87,6 +87,8 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_env(args: argparse.Namespace) -> int:
+    from ..deploy.jobcluster import JobClusterError, env_lines, read_cluster
+
     job = job_from_env(job_dir=args.job_dir, job_id=args.job_id)
     try:
         print(env_lines(read_cluster(job.job_dir)), end="")

@@ -12,13 +12,17 @@ import argparse
 import asyncio
 import json
 import sys
+from typing import TYPE_CHECKING
 
-from ..meta.store.base import MetaStore
-from ..meta.store.factory import store_at
-from ..meta.store.migrate import MigrationReport, migrate
+if TYPE_CHECKING:   # the stores (asyncpg, the metadata service) load when migrating
+    from ..meta.store.base import MetaStore
+    from ..meta.store.migrate import MigrationReport
 
 
 async def _run(source_url: str, target_url: str, quiet: bool) -> MigrationReport:
+    from ..meta.store.factory import store_at
+    from ..meta.store.migrate import migrate
+
     source: MetaStore = store_at(source_url, must_exist=True)
     try:
         target = store_at(target_url)

@@ -7,16 +7,19 @@ import hashlib
 import os
 import sys
 import tempfile
+from typing import TYPE_CHECKING
 
-from ..client.cluster import Cluster
 from ..config import Config, parse_size
-from ..mount import MountOptions, run_foreground, spawn, unmount
-from ..mount.options import resolve
 from ..protocol import paths
 from .main import meta_url
 
+if TYPE_CHECKING:   # the mount and the client load when a command mounts
+    from ..mount import MountOptions
+
 
 def options_of(args: argparse.Namespace, config: Config) -> MountOptions:
+    from ..mount import MountOptions
+
     return MountOptions(
         mountpoint=args.mountpoint, path=paths.normalize(args.path),
         read_only=args.read_only, attr_timeout=args.attr_timeout,
@@ -27,12 +30,16 @@ def options_of(args: argparse.Namespace, config: Config) -> MountOptions:
 
 
 def default_log(mountpoint: str) -> str:
+    from ..mount.options import resolve
+
     tag = hashlib.sha1(resolve(mountpoint).encode()).hexdigest()[:10]
     return os.path.join(tempfile.gettempdir(), f"stager-mount-{os.getuid()}-{tag}.log")
 
 
 def _daemon_argv(args: argparse.Namespace) -> list[str]:
     """The same mount, as the command line of the foreground daemon."""
+    from ..mount.options import resolve
+
     argv = ["--meta", meta_url(args), "--log-level", args.log_level, "mount",
             resolve(args.mountpoint), "--path", args.path, "--foreground",
             "--attr-timeout", str(args.attr_timeout),
@@ -47,6 +54,8 @@ def _daemon_argv(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
+    from ..client.cluster import Cluster
+    from ..mount import run_foreground, spawn
     from ..mount.runner import check_mountpoint
 
     cluster = Cluster.resolve(meta_url(args))
@@ -62,6 +71,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
+    from ..mount import unmount
+
     unmount(args.mountpoint, lazy=args.lazy)
     return 0
 

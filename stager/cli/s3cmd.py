@@ -12,13 +12,13 @@ import argparse
 from pathlib import Path
 
 from ..config import load_config
-from ..web.server import refuse_exposed, run, serve
 from .main import meta_url
 
 
 def run_s3(args: argparse.Namespace) -> int:
     from ..s3.app import make_s3_app
     from ..s3.auth import Authenticator
+    from ..web.server import refuse_exposed, run, serve
 
     config = load_config({"host": args.host, "port": args.port, "auth": args.auth or None,
                           "insecure": args.insecure or None, "tls_cert": args.tls_cert,

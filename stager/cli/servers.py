@@ -9,8 +9,11 @@ from typing import Any
 
 from ..config import Config, load_config
 from ..errors import BadRequest
-from ..web.server import refuse_exposed, run, serve
 from . import metamigrate
+
+# The server's code (aiohttp's web side, the metadata service, the data service) is
+# imported by the command that runs it: a data server never loads the metadata
+# server's, and other commands load neither.
 
 
 def add_server_flags(p: argparse.ArgumentParser, default_port: int) -> None:
@@ -34,6 +37,8 @@ def add_server_flags(p: argparse.ArgumentParser, default_port: int) -> None:
 
 
 def server_config(args: argparse.Namespace, default_port: int, **extra: Any) -> Config:
+    from ..web.server import refuse_exposed
+
     flags = {"root": args.root, "host": args.host, "advertise_url": args.advertise_url,
              "port": args.port, "event_loop": args.event_loop, "auth": args.auth,
              "insecure": args.insecure, "tls_cert": args.tls_cert, "tls_key": args.tls_key,
@@ -50,6 +55,7 @@ def _ready_file(args: argparse.Namespace, config: Config) -> Path:
 def run_meta(args: argparse.Namespace) -> int:
     from ..meta.http.app import make_meta_app
     from ..meta.presence import announcer
+    from ..web.server import run, serve
 
     config = server_config(args, 7070, chunk_size=args.chunk_size,
                            cache_limit=args.cache_limit,
@@ -70,6 +76,7 @@ def run_data(args: argparse.Namespace) -> int:
     from ..data.app import SERVICE, make_data_app
     from ..data.registration import leave, register_and_heartbeat
     from ..web.authmw import GATE
+    from ..web.server import run, serve
 
     # --meta as a flag; else the usual layers: STAGER_META_URL, the file's meta_url (a
     # systemd unit's /etc/stager/stager.toml), the default

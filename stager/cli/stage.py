@@ -6,18 +6,21 @@ import argparse
 import asyncio
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..client import AsyncClient
 from ..config import parse_size
 from ..errors import BadRequest
-from ..stage import StageOptions, StageReport, stage, stager_url
 from .filecmds import add_layout_flags, layout_spec
 from .main import meta_url
+
+if TYPE_CHECKING:   # the staging code and the client load when a command stages
+    from ..stage import StageOptions, StageReport
 
 
 def cluster_of(args: argparse.Namespace) -> str:
     """The cluster a ``stager://HOST:PORT/…`` argument names, else ``--meta``/the default."""
+    from ..stage import stager_url
+
     for url, bare in ((args.dst, True), (args.src, False)):
         named = stager_url(url, bare_is_stager=bare)
         if named is not None and named[0] is not None:
@@ -40,6 +43,8 @@ def storage_options(pairs: list[str]) -> dict[str, Any]:
 
 
 def options_of(args: argparse.Namespace) -> StageOptions:
+    from ..stage import StageOptions
+
     progress = {"auto": None, "always": True, "never": False}[args.progress]
     return StageOptions(
         include=tuple(args.include), exclude=tuple(args.exclude), layout=layout_spec(args),
@@ -50,6 +55,9 @@ def options_of(args: argparse.Namespace) -> StageOptions:
 
 
 def cmd_stage(args: argparse.Namespace) -> int:
+    from ..client import AsyncClient
+    from ..stage import stage
+
     options = options_of(args)
 
     async def run() -> StageReport:

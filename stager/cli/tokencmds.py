@@ -23,13 +23,15 @@ import secrets
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..auth.keys import write_secret
-from ..client import AsyncClient
 from ..errors import BadRequest, NotFound
 from ..protocol.authmsg import TokenCreated, TokenInfo
 from ..protocol.s3keys import S3KeyCreated, S3KeyInfo
 from .filecmds import with_client
+
+if TYPE_CHECKING:   # the client loads when a command talks to a cluster
+    from ..client import AsyncClient
 
 _TTL = re.compile(r"^\s*(\d+)\s*([smhdw]?)\s*$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -59,6 +61,8 @@ def token_line(t: TokenInfo, now: float, s3_keys: Sequence[str] = ()) -> str:
 def write_token_file(path: Path, token: str) -> None:
     """Put ``token`` at ``path``, 0600 from its first byte, replacing what was there in
     one rename (a rotation never leaves an empty or half-written file for a reader)."""
+    from ..auth.keys import write_secret
+
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.new")
     write_secret(tmp, token + "\n")
     try:

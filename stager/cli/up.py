@@ -29,17 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..auth.keys import write_secret
-from ..auth.tls import client_context, ensure_cluster_tls, tls_pair
-from ..client import AsyncClient
 from ..config import Config, load_config, parse_size
 from ..errors import StagerError
-from ..meta.auth import ADMIN_TOKEN_FILE, AUTH_DIR
-from ..protocol.authmsg import MAX_TTL
-from ..protocol.messages import TargetList
-from ..protocol.routes import route
-from ..web.server import refuse_exposed, write_json_atomic
 from .supervise import restart
+
+# The client, the servers' pieces and TLS are imported where they are used: every
+# `stager` command builds this module's parser, and most never start a cluster.
 
 READY_TIMEOUT = 30.0
 JOIN_TOKEN_FILE = "join.token"
@@ -110,6 +105,10 @@ def _wait_ready(server: Server, deadline: float) -> None:
 
 def _wait_targets(meta_url: str, want: int, deadline: float, token: str | None,
                   ca_file: str = "") -> None:
+    from ..auth.tls import client_context
+    from ..protocol.messages import TargetList
+    from ..protocol.routes import route
+
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     context = client_context(ca_file) if ca_file else None
     while time.monotonic() < deadline:
@@ -129,6 +128,8 @@ def start_cluster(args: argparse.Namespace, started: list[Server]
                   ) -> tuple[list[Server], list[Server]]:
     """Start every server; each is added to ``started`` as soon as it is spawned.
     Returns the metadata servers and the data servers."""
+    from ..meta.auth import ADMIN_TOKEN_FILE, AUTH_DIR
+
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + READY_TIMEOUT
@@ -182,6 +183,8 @@ def start_cluster(args: argparse.Namespace, started: list[Server]
 def _start_s3(args: argparse.Namespace, root: Path, metas: list[Server], ca: list[str],
               tls: list[str], exposure: list[str], deadline: float) -> Server:
     """``--s3-port``: an S3 gateway (``stager s3``) over the cluster, as a client of it."""
+    from ..meta.auth import ADMIN_TOKEN_FILE, AUTH_DIR
+
     s3root = root / "s3"
     # with --auth: its own credential, which only asks whether S3 signatures are good
     cred = ["--token-file", str(_machine_token(
@@ -197,6 +200,8 @@ def _start_s3(args: argparse.Namespace, root: Path, metas: list[Server], ca: lis
 def _join_token(root: Path, meta_url: str, admin: str, ca_file: str = "") -> Path:
     """``ROOT/auth/join.token`` (0600), minted the first time: the data servers'
     credential to register and heartbeat."""
+    from ..meta.auth import AUTH_DIR
+
     return _machine_token(root / AUTH_DIR / JOIN_TOKEN_FILE, "join", "stager up data servers",
                           meta_url, admin, ca_file)
 
@@ -204,6 +209,10 @@ def _join_token(root: Path, meta_url: str, admin: str, ca_file: str = "") -> Pat
 def _machine_token(path: Path, scope: str, name: str, meta_url: str, admin: str | None,
                    ca_file: str = "") -> Path:
     """``path`` (0600): a token of ``scope`` alone on ``/``, minted the first time."""
+    from ..auth.keys import write_secret
+    from ..client import AsyncClient
+    from ..protocol.authmsg import MAX_TTL
+
     if not path.exists():
         async def mint() -> str:
             config = load_config({"ca_file": ca_file or None})
@@ -219,6 +228,8 @@ def _tls_argv(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     ``--tls`` makes a private CA and a certificate under ``ROOT/tls/`` (once);
     ``--tls-cert/--tls-key`` name the operator's own (trusted through ``--ca`` or
     ``STAGER_CA_FILE``, else the system's store)."""
+    from ..auth.tls import ensure_cluster_tls, tls_pair
+
     if args.tls:
         files = ensure_cluster_tls(Path(args.root).resolve() / "tls", [args.host])
         args.ca_file = str(files.ca_cert)
@@ -249,6 +260,9 @@ def stop_servers(servers: list[Server], timeout: float = 10.0) -> None:
 
 
 def run_up(args: argparse.Namespace) -> int:
+    from ..meta.auth import ADMIN_TOKEN_FILE
+    from ..web.server import refuse_exposed, write_json_atomic
+
     stopping = False
 
     def on_signal(signum: int, frame: object) -> None:
@@ -323,6 +337,8 @@ def run_up(args: argparse.Namespace) -> int:
 
 def _restart(old: Server, servers: list[Server], cluster: dict[str, Any], root: Path) -> None:
     """``--restart``: start ``old`` again (same root and port), update cluster.json."""
+    from ..web.server import write_json_atomic
+
     try:
         new = restart(old, _spawn, _wait_ready)
     except RuntimeError as exc:
