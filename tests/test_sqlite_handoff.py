@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from stager.config import load_config
+from stager.errors import AlreadyExists
 from stager.meta.service import MetaService
 from stager.meta.store.sqlite.store import SQLiteStore
 from stager.meta.store.sqlite.thread import StoreThread
@@ -75,3 +76,73 @@ async def test_calls_made_before_close_still_run(tmp_path: Path) -> None:
     assert thread._outbox
     service.close()
     await asyncio.wait_for(job, 5)
+
+
+async def watch_upload_rows(service: MetaService) -> None:
+    """Record every row inserted into ``uploads`` in ``seen_uploads`` (a trigger)."""
+    def install() -> None:
+        db = store_thread_db(service)
+        db.execute("CREATE TABLE IF NOT EXISTS seen_uploads (file_id TEXT)")
+        db.execute("CREATE TRIGGER IF NOT EXISTS watch AFTER INSERT ON uploads "
+                   "BEGIN INSERT INTO seen_uploads VALUES (NEW.file_id); END")
+
+    await store_thread(service).run(install)
+
+
+def store_thread_db(service: MetaService):  # type: ignore[no-untyped-def]
+    assert isinstance(service.store, SQLiteStore)
+    return service.store.database.db
+
+
+async def seen_upload_rows(service: MetaService) -> list[str]:
+    return [r[0] for r in await store_thread(service).run(
+        lambda: store_thread_db(service).execute("SELECT file_id FROM seen_uploads").fetchall())]
+
+
+async def put_as_the_gateway(service: MetaService, path: str, *, overwrite: bool = True
+                             ) -> object:
+    """A small PUT's store calls as Gateway makes them: the upload's record and its
+    commit, two tasks one after the other (the record left until the chunk is
+    stored); the commit's outcome, the record's error first."""
+    [(upload, _)], fresh = await service.plan_creates([CreateItem(path, overwrite=overwrite)])
+    begun = asyncio.ensure_future(service.begin_uploads(fresh))
+    committed = asyncio.ensure_future(service.commit([CommitItem(upload.file_id, 0, ())]))
+    await begun
+    return (await committed)[0]
+
+
+async def test_a_small_put_never_writes_its_upload_row(tmp_path: Path) -> None:
+    service = await make_service(tmp_path)
+    try:
+        await watch_upload_rows(service)
+        thread = store_thread(service)
+        joined = thread.joined
+        infos = [await put_as_the_gateway(service, f"/j/f{i}") for i in range(3)]
+        assert [i.path for i in infos] == [f"/j/f{i}" for i in range(3)]  # type: ignore[attr-defined]
+        assert thread.joined == joined + 3
+        assert await seen_upload_rows(service) == []        # recorded and committed as one
+        assert (await service.stat("/j/f1")).size == 0
+    finally:
+        service.close()
+
+
+async def test_a_joined_commit_that_fails_leaves_its_upload_pending(tmp_path: Path) -> None:
+    """Its record is made after all (as after a record and a failed commit): its writer
+    aborts it, and its chunks are collected."""
+    service = await make_service(tmp_path)
+    try:
+        await watch_upload_rows(service)
+        [(first, _)], fresh = await service.plan_creates([CreateItem("/j/x", overwrite=False)])
+        await put_as_the_gateway(service, "/j/x")           # the path taken meanwhile
+        begun = asyncio.ensure_future(service.begin_uploads(fresh))
+        committed = asyncio.ensure_future(service.commit([CommitItem(first.file_id, 0, ())]))
+        await begun
+        [result] = await committed
+        assert isinstance(result, AlreadyExists)
+        assert await seen_upload_rows(service) == [first.file_id]
+        assert one(await service.store.get_uploads([first.file_id])).path == "/j/x"
+        assert await service.abort([first.file_id]) == [None]
+        garbage = await service.store.take_garbage(10)
+        assert first.file_id in [g.file_id for g in garbage]
+    finally:
+        service.close()

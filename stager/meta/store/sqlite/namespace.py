@@ -406,9 +406,10 @@ class NamespaceSQL:
             return out
 
     def _commit(self, file_id: str, size: int, checksums: tuple[int, ...], mtime: float,
-                attrs: dict[str, Any], now: float) -> NodeEntry:
+                attrs: dict[str, Any], now: float, given: Upload | None = None) -> NodeEntry:
+        """``given``: an upload whose row was never written (SQLiteStore.put_upload)."""
         with self.tx():
-            upload = self._upload(file_id)
+            upload = given or self._upload(file_id)
             parent, name = paths.split(upload.path)
             parent_id = self._mkdirs(parent, parents=upload.parents, exist_ok=True, now=now) \
                 if parent != "/" else ROOT_ID
@@ -428,7 +429,8 @@ class NamespaceSQL:
                 " attrs) VALUES (?, ?, 'file', ?, ?, ?, ?, ?, ?)",
                 (parent_id, name, size, mtime, file_id, layout_text(upload.layout),
                  pack(checksums), attrs_text(attrs)))
-            self.db.execute("DELETE FROM uploads WHERE file_id = ?", (file_id,))
+            if given is None:
+                self.db.execute("DELETE FROM uploads WHERE file_id = ?", (file_id,))
             self._touch(parent_id, now)
             self.changed(parent_id)
         return NodeEntry(upload.path, "file", size, mtime, file_id, upload.layout,

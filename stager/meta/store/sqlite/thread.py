@@ -30,6 +30,8 @@ from typing import Any, ParamSpec, TypeVar
 P = ParamSpec("P")
 R = TypeVar("R")
 MAX_GROUP = 256          # calls per shared transaction
+Lead = tuple[str, Any]
+Follow = tuple[str, Callable[[Any], Callable[[], Any]]]
 
 
 @dataclass
@@ -39,6 +41,8 @@ class _Call:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Any]
     outcome: tuple[bool, Any] = field(default=(False, None))
+    lead: Lead | None = None        # (key, value): a follow of the same key joins it
+    follow: Follow | None = None    # (key, the joined call made from the lead's value)
 
     def execute(self) -> None:
         try:
@@ -51,6 +55,49 @@ class _Call:
             self.loop.call_soon_threadsafe(_settle, self.future, self.outcome)
         except RuntimeError:
             pass                 # the caller's loop is closed: nobody is waiting
+
+
+class _Joined:
+    """A lead and the call that followed it with its key, run as one call (the joined
+    function, made from the lead's value): both are answered with its outcome, the
+    lead with None where it went through (a small PUT's upload record and commit:
+    SQLiteStore.put_upload)."""
+
+    write = True
+
+    def __init__(self, lead: _Call, follow: _Call) -> None:
+        self.lead, self.follow = lead, follow
+
+    def execute(self) -> None:
+        assert self.lead.lead is not None and self.follow.follow is not None
+        self.follow.fn = self.follow.follow[1](self.lead.lead[1])
+        self.follow.execute()
+        self.lead.outcome = (True, None) if self.follow.outcome[0] else self.follow.outcome
+
+    @property
+    def outcome(self) -> tuple[bool, Any]:
+        return self.follow.outcome
+
+    @outcome.setter
+    def outcome(self, value: tuple[bool, Any]) -> None:
+        self.lead.outcome = self.follow.outcome = value
+
+    def answer(self) -> None:
+        self.lead.answer()
+        self.follow.answer()
+
+
+def _join(group: list[Any]) -> list[Any]:
+    """``group`` with each lead that the next call follows (same key) joined to it."""
+    out: list[Any] = []
+    for call in group:
+        prev = out[-1] if out else None
+        if (call.follow is not None and isinstance(prev, _Call) and prev.lead is not None
+                and prev.lead[0] == call.follow[0]):
+            out[-1] = _Joined(prev, call)
+        else:
+            out.append(call)
+    return out
 
 
 def _settle(future: asyncio.Future[Any], outcome: tuple[bool, Any]) -> None:
@@ -76,6 +123,7 @@ class StoreThread:
         self.max_group = max_group
         self.groups = 0              # shared transactions run (for tests and metrics)
         self.grouped_calls = 0       # calls that ran inside one
+        self.joined = 0              # leads run joined with the call that followed them
         self.handoffs = 0            # items taken from the queue: each one wake-up, at most
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         # per loop: the calls of its pass under way, queued together at the pass's end
@@ -92,11 +140,20 @@ class StoreThread:
         """Like :meth:`run`, but may share one transaction with other writes."""
         return await self._submit(lambda: fn(*args, **kwargs), write=True)
 
-    async def _submit(self, fn: Callable[[], Any], *, write: bool) -> Any:
+    async def write_as(self, lead: Lead | None, follow: Follow | None,
+                       fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """:meth:`write`; a call with ``lead`` (key, value) right before one with
+        ``follow`` (the same key, a function of that value) in the queue run as one:
+        that function's call, whose outcome answers both (see :class:`_Joined`)."""
+        return await self._submit(lambda: fn(*args, **kwargs), write=True,
+                                  lead=lead, follow=follow)
+
+    async def _submit(self, fn: Callable[[], Any], *, write: bool, lead: Lead | None = None,
+                      follow: Follow | None = None) -> Any:
         if self._closed:
             raise RuntimeError("the metadata store is closed")
         loop = asyncio.get_running_loop()
-        call = _Call(fn, write, loop, loop.create_future())
+        call = _Call(fn, write, loop, loop.create_future(), lead=lead, follow=follow)
         outbox = self._outbox.get(loop)
         if outbox is None:
             outbox = self._outbox[loop] = []
@@ -136,7 +193,7 @@ class StoreThread:
             while (head.write and pending and len(group) < self.max_group
                    and isinstance(pending[0], _Call) and pending[0].write):
                 group.append(pending.popleft())
-            self._execute(group)
+            self._execute(_join(group))
 
     def _take_queued(self, pending: deque[Any]) -> None:
         """Move everything queued so far to ``pending``, without waiting."""
@@ -162,9 +219,13 @@ class StoreThread:
                 call.outcome = (False, RuntimeError("the metadata store is closed"))
                 call.answer()
 
-    def _execute(self, group: list[_Call]) -> None:
+    def _execute(self, group: list[Any]) -> None:
         if len(group) == 1:
             group[0].execute()
+            if isinstance(group[0], _Joined):       # two calls, one transaction
+                self.joined += 1
+                self.groups += 1
+                self.grouped_calls += 2
             group[0].answer()
             return
         try:
@@ -176,6 +237,7 @@ class StoreThread:
                 call.outcome = (False, exc)
         else:
             self.groups += 1
-            self.grouped_calls += len(group)
+            self.grouped_calls += sum(2 if isinstance(c, _Joined) else 1 for c in group)
+            self.joined += sum(isinstance(c, _Joined) for c in group)
         for call in group:
             call.answer()
