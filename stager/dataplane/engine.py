@@ -114,7 +114,8 @@ class ReadEngine:
             await self._ask_again(plan, out, kinds, state)
         if state.recalled:
             self._report(plan, state)
-        for _ in range(self.options.retries):
+        for _ in range(self.options.retries if state.left else 0):
+            # (no numpy call where every piece was read: the common case)
             stuck = np.unique(plan.chunk[~state.done]).tolist()
             again = [c for c in stuck if cached[c] and c not in state.dead]
             if not again:
