@@ -23,9 +23,13 @@ from test_bench_cache import check_quick_cluster_rows
 
 from bench import BENCHMARKS, EMULATE_NODES
 
-# Not in the slurm group: the benchmarks that start nodes and namespaces
-# (bench.EMULATE_NODES) each wait for the nodes lock that the group's modules hold while
-# they run (tests/conftest.py), and the rest run beside them.
+# In the slurm group, so one worker runs it and the group's modules one after another:
+# beside them, the benchmarks that start nodes and namespaces (bench.EMULATE_NODES) each
+# waited for the nodes lock that a module of the group held on the other worker (100 s
+# in one CI run), their worker idle.  This module does not hold that lock
+# (tests/conftest.py): the benchmark runner takes it around each of those benchmarks.
+pytestmark = pytest.mark.xdist_group("slurm")
+NODES_IN_TURN = False
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
