@@ -83,6 +83,12 @@ class CapabilityBook:
         self._pending: dict[tuple[str, str], asyncio.Future[None]] = {}   # fetches under way
         self.off = False            # the cluster answered without capabilities: auth is off
         self.fetched = 0            # capabilities fetched (tests, telemetry)
+        self.requests = 0           # capabilities requests sent, and their seconds
+        self.fetch_seconds = 0.0
+        # times a request (not a look-ahead) waited for capabilities, and how long: a
+        # look-ahead that works keeps these at the first reads' (telemetry, tests)
+        self.stalls = 0
+        self.stalled = 0.0
         # target → the references it holds (it answered a request carrying their texts)
         self._accepted: dict[str, OrderedDict[str, None]] = {}
         self._ref_of: dict[str, str] = {}       # text → its reference, as computed
@@ -174,21 +180,35 @@ class CapabilityBook:
         than a fetch of these files would make, each naming few of them
         (:data:`SCATTERED`), and then all are fetched anew.  Held in another order (a
         shuffled epoch's) they are kept: a data server checks the few a request shows
-        it by reference, and has verified them already."""
+        it by reference, and has verified them already.  Waiting for them here is a
+        stall (:attr:`stalls`): the requests that need them wait."""
+        await self._wait(self._start_plan(op, file_ids))
+
+    def ask(self, op: str, file_ids: Sequence[str]) -> list[asyncio.Future[None]]:
+        """As :meth:`plan`, ahead of the requests that will need them, without waiting:
+        the fetch is under way before the caller's next reads are (a request they then
+        make waits for it; its failure is theirs to meet, asking again).  Returns the
+        fetches they wait for."""
+        return self._start_plan(op, file_ids)
+
+    def _start_plan(self, op: str, file_ids: Sequence[str]) -> list[asyncio.Future[None]]:
         if self.off or op == "cluster" or not file_ids:
-            return
+            return []
         texts, missing = self._lookup(op, file_ids)
         if len(texts) > 2 * (len(file_ids) // MAX_BATCH_FILES + 2) \
                 and len(file_ids) < SCATTERED * len(texts):
-            await self._fetch_missing(op, list(file_ids), anew=True)
-        elif missing:
-            await self._fetch_missing(op, missing)
+            return self._start(op, list(file_ids), anew=True)
+        return self._start(op, missing) if missing else []
 
     async def _fetch_missing(self, op: str, missing: list[str], anew: bool = False) -> None:
-        """Fetch what no request under way is fetching already, and wait for all of it:
-        requests for other files run at once (a Loader's fetch groups in flight each
-        ask for theirs), and a file is never asked for twice at the same time.
-        ``anew``: the files held too, but not those being fetched."""
+        await self._wait(self._start(op, missing, anew))
+
+    def _start(self, op: str, missing: list[str], anew: bool = False
+               ) -> list[asyncio.Future[None]]:
+        """Fetch what no request under way is fetching already; return the fetches
+        ``missing`` waits for: requests for other files run at once (a Loader's fetch
+        groups in flight each ask for theirs), and a file is never asked for twice at
+        the same time.  ``anew``: the files held too, but not those being fetched."""
         waits = [self._pending[(op, f)] for f in missing if (op, f) in self._pending]
         mine = [f for f in dict.fromkeys(missing) if (op, f) not in self._pending]
         if anew:
@@ -198,11 +218,26 @@ class CapabilityBook:
             fetch = asyncio.ensure_future(self._fetch(op, mine))
             for f in mine:
                 self._pending[(op, f)] = fetch
-            fetch.add_done_callback(lambda _: [self._pending.pop((op, f), None)
-                                               for f in mine])
+
+            def done(_: object) -> None:
+                for f in mine:
+                    self._pending.pop((op, f), None)
+                if not fetch.cancelled():
+                    fetch.exception()   # a look-ahead's failure: the reads ask again
+            fetch.add_done_callback(done)
             waits.append(fetch)
-        for fetch in set(waits):
-            await asyncio.shield(fetch)     # a cancelled reader leaves the fetch to others
+        return waits
+
+    async def _wait(self, waits: list[asyncio.Future[None]]) -> None:
+        if not waits:
+            return
+        start = time.perf_counter()
+        try:
+            for fetch in set(waits):
+                await asyncio.shield(fetch)     # a cancelled reader leaves the fetch to others
+        finally:
+            self.stalls += 1
+            self.stalled += time.perf_counter() - start
 
     def _lookup(self, op: str, file_ids: Collection[str]) -> tuple[list[str], list[str]]:
         """The distinct capabilities held for ``file_ids`` (a batch's text once, however
@@ -224,8 +259,11 @@ class CapabilityBook:
     async def _fetch(self, op: str, file_ids: Sequence[str]) -> None:
         for start in range(0, len(file_ids), MAX_PER_REQUEST):
             part = tuple(file_ids[start:start + MAX_PER_REQUEST])
+            began = time.perf_counter()
             answer = await self._request(route("capabilities"),
                                          body=CapabilityRequest(op, part).to_json())
+            self.requests += 1
+            self.fetch_seconds += time.perf_counter() - began
             results = read_results(answer, _item)
             if not any(isinstance(got, str) for got in results):
                 if None in results:     # null throughout: auth is off

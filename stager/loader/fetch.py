@@ -12,6 +12,7 @@ the engine with its reused whole-chunk buffers.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 import numpy as np
@@ -20,7 +21,6 @@ from ..client import AsyncClient
 from ..dataplane.engine import ReadEngine
 from ..dataplane.readplan import FileTable
 from ..dataplane.readplan import ReadOptions as FetchOptions
-from ..errors import StagerError
 from ..protocol.models import FileInfo
 from .spans import Spans
 
@@ -47,26 +47,26 @@ class Fetcher:
         credentials = self.engine.plane.credentials
         return credentials is not None and not getattr(credentials, "off", False)
 
-    async def warm_ahead(self, parts: Sequence[np.ndarray]) -> None:
-        """Fetch, in one request, the capabilities for the files of the next batches
-        (``parts``: each batch's file rows, in order), ordered by the data server that
-        holds each file, then by batch.  So each batch capability (up to 256 files)
-        names one data server's files of a few consecutive batches: only that server
-        verifies it, where a fetch group's own (its files over every server) was
-        verified by all of them; and the metadata server answers one request for
-        several groups.  A failure is left for the reads themselves to meet."""
-        if not parts:
-            return
+    def warm_ahead(self, parts: Sequence[np.ndarray]) -> list[asyncio.Future[None]]:
+        """Start fetching the capabilities for the files of the next batches
+        (``parts``: each batch's file rows, in order), in one request, ordered by the
+        data server that holds each file, then by batch; not waiting for them.  So each
+        batch capability (up to 256 files) names one data server's files of a few
+        consecutive batches: only that server verifies it, where a fetch group's own
+        (its files over every server) was verified by all of them; and the metadata
+        server answers one request for several groups.  The request is under way before
+        the reads started after this call: the reads that need it wait for it, and meet
+        its failure by asking again.  Returns the fetches under way for them."""
+        credentials = self.engine.plane.credentials
+        ask = getattr(credentials, "ask", None)
+        if ask is None or not parts:
+            return []
         rows = np.concatenate(parts)
         batch = np.repeat(np.arange(len(parts)), [len(p) for p in parts])
         rows, first = np.unique(rows, return_index=True)
         targets, ids = self._by_target()
         order = rows[np.lexsort((batch[first], targets[rows]))]
-        file_ids = [f for f in map(ids.__getitem__, order.tolist()) if f is not None]
-        try:
-            await self.engine.plane.warm("read", file_ids)
-        except StagerError:
-            pass
+        return ask("read", [f for f in map(ids.__getitem__, order.tolist()) if f is not None])
 
     def _by_target(self) -> tuple[np.ndarray, list[str | None]]:
         """Each file's data server (of its first chunk: a code) and its id, worked out
