@@ -46,6 +46,13 @@ WITH RECURSIVE walk AS (
     WHERE w.kind = 'directory' AND w.depth < cardinality($1::text[])
 )"""
 _WALK = _WALK_CTE + "SELECT * FROM walk ORDER BY depth"
+# The walk a create's check takes: what a new file inherits and what stands in its way
+# (id, kind, layout), not the checksums of a file it would replace (megabytes for a
+# large one: 4 bytes a chunk).
+_ALL_E = "e.id, e.kind, e.size, e.mtime, e.file_id, e.layout, e.checksums,\n           e.attrs"
+assert _WALK_CTE.count(_ALL_E) == 1 and _WALK_CTE.count(COLS) == 1
+_WALK_KINDS = (_WALK_CTE.replace(COLS, "id, kind, layout")
+               .replace(_ALL_E, "e.id, e.kind, e.layout") + "SELECT * FROM walk ORDER BY depth")
 # The walk with each directory's quota (NULL quota: none), for a rename: the quotas it
 # moves use between come with the walks it takes anyway, no round trip of their own.
 _WALK_QUOTAS = _WALK_CTE + (
@@ -80,10 +87,11 @@ async def changed_files(conn: asyncpg.Connection, file_ids: Sequence[str]) -> No
     await conn.execute(_BUMP_FILES, list(file_ids))
 
 
-async def walk(conn: asyncpg.Connection, names: Sequence[str]) -> list[Row]:
+async def walk(conn: asyncpg.Connection, names: Sequence[str], *,
+               kinds: bool = False) -> list[Row]:
     """The entries along ``names`` from the root (the root first), as far as they go:
-    up to a missing one, or to a file."""
-    return list(await conn.fetch(_WALK, list(names)))
+    up to a missing one, or to a file; with ``kinds``, only their id, kind and layout."""
+    return list(await conn.fetch(_WALK_KINDS if kinds else _WALK, list(names)))
 
 
 def located(path: str, names: Sequence[str], rows: Sequence[Row]) -> Row:

@@ -206,7 +206,8 @@ async def check_creates(conn: asyncpg.Connection, items: Sequence[CreateCheck]
     for path, _, _ in items:
         parent = paths.split(path)[0]
         if parent not in states:
-            states[parent] = _parent_state(parent, await walk(conn, paths.parts(parent)))
+            states[parent] = _parent_state(parent, await walk(conn, paths.parts(parent),
+                                                               kinds=True))
             state = states[parent]
             if not isinstance(state, StagerError) and state[0] is not None:
                 names = sorted({paths.split(p)[1] for p, _, _ in items
@@ -225,7 +226,7 @@ async def check_create(conn: asyncpg.Connection, item: CreateCheck) -> LayoutSpe
     gives its parent's state and what is already there."""
     path = item[0]
     names = paths.parts(path)
-    rows = await walk(conn, names)
+    rows = await walk(conn, names, kinds=True)
     parent = paths.split(path)[0]
     state = _parent_state(parent, rows[:len(names)])
     found = rows[-1] if len(rows) == len(names) + 1 else None
