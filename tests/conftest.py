@@ -335,15 +335,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     The modules marked ``slow`` or ``faults`` (minutes, some of them) come first, the
     rest in their order: workers take modules in this order (``--no-loadscope-reorder``),
-    so no long module starts last and runs alone while the other workers idle."""
-    heavy = set()
+    so no long module starts last and runs alone while the other workers idle.  First
+    of all the ``slurm`` group, by far the longest unit (its modules and the quick run
+    of every benchmark, one after another: about 6 minutes on CI's 2 cores): started
+    first, it ends long before the others' share of the rest."""
+    heavy, nodes = set(), set()
     for item in items:
-        if item.get_closest_marker("xdist_group") is None:
+        group = item.get_closest_marker("xdist_group")
+        if group is None:
             module = item.nodeid.split("::")[0].removeprefix("tests/").removesuffix(".py")
             item.add_marker(pytest.mark.xdist_group(module))
+        elif group.args[:1] == (NODE_GROUP,):
+            nodes.add(item.path)
         if item.get_closest_marker("slow") or item.get_closest_marker("faults"):
             heavy.add(item.path)
-    items.sort(key=lambda item: item.path not in heavy)
+    items.sort(key=lambda item: (item.path not in nodes, item.path not in heavy))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
