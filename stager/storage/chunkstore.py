@@ -462,7 +462,10 @@ def _each(fn: Callable[[T], object], items: Sequence[T], pool: ThreadPoolExecuto
 
 
 def _sync(what: _Pending | Path) -> None:
-    """fsync a chunk file held open, or a directory."""
+    """fsync a chunk file held open, or a directory.  fsync, not fdatasync: every file
+    synced here is new (a new name's, or a temporary file), and a new file's
+    fdatasync commits the same journal transaction as its fsync (its inode, size and
+    blocks are what reading it back needs; ext4, XFS), so it would save nothing."""
     if isinstance(what, _Pending):
         assert what.fd is not None
         os.fsync(what.fd)
