@@ -1,5 +1,5 @@
-"""Whole-chunk GETs sent with ``sendfile`` (stager/web/sendfile.py): the first call made
-at once, the rest through the loop, and the edges of both."""
+"""Whole-chunk GETs sent with ``sendfile`` (stager/web/sendfile.py): a chunk larger than
+the socket's send buffer to a slow reader, an empty one, several on one connection."""
 
 from __future__ import annotations
 
@@ -49,8 +49,8 @@ def _slow_get(url: str, chunk: str, pause: float) -> tuple[bytes, bytes]:
 
 def test_a_chunk_larger_than_the_send_buffer_arrives_whole(http, data_url: str,
                                                           payload) -> None:
-    # 12 MiB: more than Linux's largest autotuned send buffer (4 MiB), so the rest
-    # after the first sendfile goes through loop.sendfile, after the client waited.
+    # 12 MiB: more than Linux's largest autotuned send buffer (4 MiB), so the server
+    # waits for the client to drain it, several times.
     data = payload(12 * MiB + 5)
     chunk = _put(http, data_url, data)
     head, body = _slow_get(data_url, chunk, 0.3)
@@ -60,7 +60,6 @@ def test_a_chunk_larger_than_the_send_buffer_arrives_whole(http, data_url: str,
 
 
 def test_an_empty_chunk_is_an_empty_body(http, data_url: str) -> None:
-    # The first sendfile is skipped (nothing to send), and so is loop.sendfile.
     chunk = _put(http, data_url, b"")
     r = http(data_url, "GET", f"/v1/chunks/{chunk}")
     assert r.status == 200 and r.body == b""

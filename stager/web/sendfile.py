@@ -4,14 +4,6 @@ On the standard asyncio loop this is the kernel's ``sendfile`` (zero copy);
 where the loop has no native sendfile (uvloop), or the connection is TLS
 (the bytes must be encrypted on their way out), it falls back to reads in a
 worker thread and ordinary writes.
-
-Over plain TCP the first ``sendfile`` is made here, at once, when nothing waits
-in the transport's buffer: the socket's send buffer (up to 4 MiB with Linux's
-autotuning) usually takes a whole chunk in that one call, where ``loop.sendfile``
-spends more Python than the call itself on its waiters, pausing the transport and
-registering the socket as a writer.  Only what
-the call left goes through ``loop.sendfile`` (on uvloop, which has none, the
-fallback).
 """
 
 from __future__ import annotations
@@ -37,10 +29,6 @@ async def send_region(request: web.Request, response: web.StreamResponse, fd: in
     loop = asyncio.get_running_loop()
     tls = transport.get_extra_info("sslcontext") is not None
     if not tls:
-        sent = _sendfile_now(transport, fd, offset, count)
-        offset, count = offset + sent, count - sent
-        if not count:
-            return
         with open(fd, "rb", buffering=0, closefd=False) as fileobj:
             try:
                 await loop.sendfile(transport, fileobj, offset, count, fallback=False)
@@ -54,17 +42,3 @@ async def send_region(request: web.Request, response: web.StreamResponse, fd: in
             raise ConnectionResetError("file shrank while sending")
         await write_body(response, data, tls)
         offset += len(data)
-
-
-def _sendfile_now(transport: asyncio.BaseTransport, fd: int, offset: int, count: int) -> int:
-    """Bytes of ``fd`` sent by one non-blocking ``sendfile`` straight to the
-    transport's socket (0 when the socket is full, or bytes written before still
-    wait in the transport's buffer: the body must not overtake them)."""
-    sock = transport.get_extra_info("socket")
-    if sock is None or not isinstance(transport, asyncio.WriteTransport) \
-            or transport.is_closing() or transport.get_write_buffer_size():
-        return 0
-    try:
-        return os.sendfile(sock.fileno(), fd, offset, count)
-    except (BlockingIOError, InterruptedError):
-        return 0
