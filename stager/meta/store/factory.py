@@ -7,8 +7,15 @@ from pathlib import Path
 from ...config import Config
 from ...errors import BadRequest, NotFound
 from .base import MetaStore
-from .postgres.store import PostgreSQLStore, is_postgres_url
 from .sqlite.store import SQLiteStore
+
+# PostgreSQL's store (and asyncpg) is imported where a URL names it: a SQLite
+# metadata server does not load it.
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+
+def is_postgres_url(url: str) -> bool:
+    return url.startswith(POSTGRES_SCHEMES)
 
 
 def open_store(config: Config) -> MetaStore:
@@ -17,6 +24,7 @@ def open_store(config: Config) -> MetaStore:
     if not config.meta_store:
         return SQLiteStore(Path(config.root) / "meta.sqlite3")
     if is_postgres_url(config.meta_store):
+        from .postgres.store import PostgreSQLStore
         return PostgreSQLStore(config.meta_store, connect_timeout=config.connect_timeout)
     raise BadRequest(f"unknown metadata store {config.meta_store!r}: give "
                      "postgresql://USER@HOST:PORT/DB, or nothing for SQLite under ROOT")
@@ -33,6 +41,7 @@ def store_at(spec: str, *, must_exist: bool = False) -> MetaStore:
     """The store a URL names: ``sqlite:PATH`` or ``postgresql://USER@HOST:PORT/DB``.
     With ``must_exist``, a SQLite file that is not there is refused (not made)."""
     if is_postgres_url(spec):
+        from .postgres.store import PostgreSQLStore
         return PostgreSQLStore(spec)
     if spec.startswith("sqlite:"):
         path = sqlite_path(spec)

@@ -57,12 +57,6 @@ from .multipart import PostgresMultipart
 from .s3keys import PostgresS3Keys
 from .shared import DutyLock
 
-SCHEMES = ("postgresql://", "postgres://")
-
-
-def is_postgres_url(url: str) -> bool:
-    return url.startswith(SCHEMES)
-
 
 class PostgreSQLStore(PostgresMultipart, PostgresS3Keys, MetaStore):
     """The store in the PostgreSQL database at ``url``; connects on first use (then
