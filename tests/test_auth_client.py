@@ -61,7 +61,7 @@ async def test_a_reader_renews_its_capabilities_and_keeps_reading(cluster: Threa
         while time.monotonic() < deadline:          # one file, open for > 2 lifetimes
             reader.seek(0)
             assert await reader.read() == data
-            stale = stale or c.capabilities._caps[("read", reader.info.file_id)][0]
+            stale = stale or c.capabilities.held("read", reader.info.file_id)
             await asyncio.sleep(0.3)
         assert c.capabilities.fetched > first       # renewed by the book, not by a stat
         await reader.close()

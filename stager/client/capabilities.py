@@ -78,9 +78,11 @@ class CapabilityBook:
     def __init__(self, request: Request, clock: Callable[[], float] = time.time) -> None:
         self._request = request
         self.clock = clock
-        self._caps: dict[tuple[str, str], tuple[str, float]] = {}   # (op, file) → text,
-                                                                     # when to fetch anew
-        self._pending: dict[tuple[str, str], asyncio.Future[None]] = {}   # fetches under way
+        # op → file → (text, when to fetch anew); op → file → its fetch under way.  Per
+        # op, keyed by the file id alone: a Loader looks up every file of every request,
+        # and a tuple built per file cost as much as the lookup
+        self._caps: dict[str, dict[str, tuple[str, float]]] = {"read": {}, "write": {}}
+        self._pending: dict[str, dict[str, asyncio.Future[None]]] = {"read": {}, "write": {}}
         self.off = False            # the cluster answered without capabilities: auth is off
         self.fetched = 0            # capabilities fetched (tests, telemetry)
         self.requests = 0           # capabilities requests sent, and their seconds
@@ -96,8 +98,9 @@ class CapabilityBook:
     async def close(self) -> None:
         """Cancel the fetches under way (the client is closing: one left running would
         open a new session to finish, and nothing would close it)."""
-        fetches = set(self._pending.values())
-        self._pending.clear()
+        fetches = {f for pending in self._pending.values() for f in pending.values()}
+        for pending in self._pending.values():
+            pending.clear()
         for fetch in fetches:
             fetch.cancel()
         await asyncio.gather(*fetches, return_exceptions=True)
@@ -107,16 +110,28 @@ class CapabilityBook:
         """Keep ``text``, the ``op`` capability for ``file_id`` an answer carried
         (``renew``: when to fetch it anew, if the caller worked it out already)."""
         if file_id is not None and text is not None:
-            self._caps.pop((op, file_id), None)       # to the end: the newest
-            self._caps[(op, file_id)] = (text, self._renew_at(text) if renew is None
-                                         else renew)
-            if len(self._caps) > MAX_KEPT:
-                for key in list(self._caps)[:MAX_KEPT // 4]:
-                    del self._caps[key]
+            caps = self._held(op)
+            caps.pop(file_id, None)                     # to the end: the newest
+            caps[file_id] = (text, self._renew_at(text) if renew is None else renew)
+            self._trim()
+
+    def _trim(self) -> None:
+        """Past :data:`MAX_KEPT` held, drop the oldest learnt quarter of each op's."""
+        if sum(map(len, self._caps.values())) > MAX_KEPT:
+            for kept in self._caps.values():
+                for key in list(kept)[:len(kept) // 4 + 1]:
+                    del kept[key]
+
+    def _held(self, op: str) -> dict[str, tuple[str, float]]:
+        caps = self._caps.get(op)
+        if caps is None:
+            caps = self._caps[op] = {}
+            self._pending[op] = {}
+        return caps
 
     def held(self, op: str, file_id: str) -> str | None:
         """The ``op`` capability held for ``file_id``, fresh or not (tests, telemetry)."""
-        hit = self._caps.get((op, file_id))
+        hit = self._caps.get(op, {}).get(file_id)
         return None if hit is None else hit[0]
 
     def _renew_at(self, text: str) -> float:
@@ -209,19 +224,21 @@ class CapabilityBook:
         ``missing`` waits for: requests for other files run at once (a Loader's fetch
         groups in flight each ask for theirs), and a file is never asked for twice at
         the same time.  ``anew``: the files held too, but not those being fetched."""
-        waits = [self._pending[(op, f)] for f in missing if (op, f) in self._pending]
-        mine = [f for f in dict.fromkeys(missing) if (op, f) not in self._pending]
+        caps = self._held(op)
+        pending = self._pending[op]
+        waits = [pending[f] for f in missing if f in pending]
+        mine = [f for f in dict.fromkeys(missing) if f not in pending]
         if anew:
             for f in mine:
-                self._caps.pop((op, f), None)
+                caps.pop(f, None)
         if mine:
             fetch = asyncio.ensure_future(self._fetch(op, mine))
             for f in mine:
-                self._pending[(op, f)] = fetch
+                pending[f] = fetch
 
             def done(_: object) -> None:
                 for f in mine:
-                    self._pending.pop((op, f), None)
+                    pending.pop(f, None)
                 if not fetch.cancelled():
                     fetch.exception()   # a look-ahead's failure: the reads ask again
             fetch.add_done_callback(done)
@@ -245,11 +262,12 @@ class CapabilityBook:
         fresh = self.clock()
         texts: dict[str, None] = {}
         missing = []
-        caps = self._caps
+        caps = self._held(op)
+        writes = self._caps["write"] if op == "read" else None
         for file_id in file_ids:
-            hit = caps.get((op, file_id))
-            if (hit is None or hit[1] < fresh) and op == "read":
-                hit = caps.get(("write", file_id)) or hit    # reading back a write
+            hit = caps.get(file_id)
+            if (hit is None or hit[1] < fresh) and writes:
+                hit = writes.get(file_id) or hit            # reading back a write
             if hit is None or hit[1] < fresh:
                 missing.append(file_id)
             else:
@@ -269,15 +287,18 @@ class CapabilityBook:
                 if None in results:     # null throughout: auth is off
                     self.off = True
                     return
-            text, renew = None, 0.0
+            text, renew, caps, learnt = None, 0.0, self._held(op), 0
             for file_id, got in zip(part, results, strict=True):
                 if isinstance(got, StagerError):
                     continue            # no such file: the data server will say 401/403
                 if got is not None:     # a batch's text comes once: null is the one before
                     text, renew = got, self._renew_at(got)
-                if text is not None:
-                    self.learn(op, file_id, text, renew)
-                    self.fetched += 1
+                if text is not None:    # as learn(), the trim once for the whole answer
+                    caps.pop(file_id, None)
+                    caps[file_id] = (text, renew)
+                    learnt += 1
+            self.fetched += learnt
+            self._trim()
 
 
 def _item(obj: object) -> str | None:

@@ -153,6 +153,8 @@ class Pipeline:
         self._main_task = asyncio.current_task()
         base, segment, batches = 0, 0, self.first
         try:
+            if batches and self.fetcher.needs_capabilities():
+                self._warm_first(batches)
             while batches:
                 await self._plan(base, batches)
                 for j in range(base, base + len(batches)):
@@ -312,6 +314,37 @@ class Pipeline:
                     asking = asyncio.gather(*fetches, return_exceptions=True)
                     asking.add_done_callback(lambda _: self._warm_ahead(self._launching + 1))
                     self._asking.append(asking)
+
+    def _warm_first(self, batches: list[np.ndarray]) -> None:
+        """Ask for the first window's capabilities before it is planned (the plan of a
+        large epoch takes a while, and the first reads waited for it and then for the
+        answer): the look-aheads :meth:`_warm_ahead` would ask for at the first group's
+        fetch, the first group's files and more, :data:`WARM_FIRST` in all, then twice that,
+        … (:data:`WARM_UNDER_WAY` under way at most) over the window's batches.
+        :meth:`_warm_ahead` goes on from there.  (The first group's files alone in a
+        request of their own would be answered sooner, but its batch capabilities
+        would split each data server's files further, and with ``fill`` batch 0 waits
+        for the whole window anyway.)"""
+        def rows(batch: np.ndarray) -> np.ndarray:
+            return self.index.spans_of(np.unique(self.index.units_of(batch))).file
+
+        own, at = self.bounds.batches(0), 0
+        end = min(len(batches), self.prefetch.batches + 1)
+        while at < end and len(self._asking) < WARM_UNDER_WAY:
+            most = min(WARM_FILES, WARM_FIRST << self._warm_requests)
+            parts, files = [], 0
+            while at < len(batches) and (files < most or at < own):
+                parts.append(rows(batches[at]))
+                files += len(parts[-1])
+                at += 1
+            fetches = self.fetcher.warm_ahead(parts)
+            self._warm_batches = max(self._warm_batches, len(parts))
+            self._warm_requests += 1
+            if fetches:
+                asking = asyncio.gather(*fetches, return_exceptions=True)
+                asking.add_done_callback(lambda _: self._warm_ahead(self._launching + 1))
+                self._asking.append(asking)
+        self._warmed = at
 
     def _warm_lead(self) -> int:
         """Batches past the one being started to have asked for: a look-ahead's (or a
