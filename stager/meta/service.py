@@ -40,7 +40,7 @@ from .snapshots import Snapshot, SnapshotCache
 from .store.base import Listed, MetaStore, NodeEntry, Upload
 from .suspicion import Probes, Suspicion, asker, incarnation
 from .targettable import TargetTable
-from .writes import Begun, Created
+from .writes import Begun, Created, SpecHints
 
 log = logging.getLogger("stager.meta")
 
@@ -87,6 +87,8 @@ class MetaService:
         self.snapshots = SnapshotCache(config.manifest_cache_bytes)
         # The chunk size of each upload begun here, for its commit (stager/meta/writes.py).
         self.begun = Begun()
+        # The layout spec a small PUT is planned with, per directory (writes.plan_hinted).
+        self.spec_hints = SpecHints()
         # Directory quotas and pins (stager/meta/quotas.py).
         self.quotas = QuotaService(store, clock)
 

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BadRequest, IsADirectory, StagerError, UploadNotFound
 from ..layout import choose_layout
+from ..protocol import paths
 from ..protocol.batch import CommitItem, CreateItem, check_count
 from ..protocol.models import FileInfo, LayoutSpec, TargetInfo
 from . import opkey
@@ -27,6 +29,27 @@ if TYPE_CHECKING:
 
 Created = tuple[Upload, FileInfo]
 BEGUN_KEPT = 65536        # uploads whose chunk size a commit finds in memory
+HINTS_KEPT = 4096         # directories whose layout spec a small PUT is planned with
+
+
+class SpecHints:
+    """The layout spec each directory hands down its new files, as this server last saw
+    it (a check of a create there, or a put's store refusing an older one), the newest
+    last; ``LayoutSpec()`` for one not seen.  A small gateway PUT is planned with it and
+    no check (:func:`plan_hinted`): its store checks it in the put itself."""
+
+    def __init__(self, kept: int = HINTS_KEPT) -> None:
+        self.kept = kept
+        self._specs: OrderedDict[str, LayoutSpec] = OrderedDict()
+
+    def get(self, parent: str) -> LayoutSpec:
+        return self._specs.get(parent, LayoutSpec())
+
+    def learn(self, parent: str, spec: LayoutSpec) -> None:
+        self._specs[parent] = spec
+        self._specs.move_to_end(parent)
+        while len(self._specs) > self.kept:
+            self._specs.popitem(last=False)
 
 
 class Begun:
@@ -74,13 +97,38 @@ async def begin(service: MetaService, uploads: Sequence[Upload]) -> None:
         await service.store.begin_uploads(uploads)
 
 
-async def plan(service: MetaService, items: Sequence[CreateItem]
+def plan_hinted(service: MetaService, item: CreateItem, size: int) -> Created | None:
+    """:func:`plan` of one new upload of ``size`` bytes without the check of its path
+    (a store round trip): its layout from the spec :class:`SpecHints` has for its
+    directory, which the upload carries (``Upload.spec``) for the store that records it
+    to check, with everything else the check did (see
+    :func:`stager.meta.store.spec.checked_spec`).  None where the file would not fit
+    one chunk of that layout (its record would not wait for its commit: it is checked)."""
+    if item.path == "/":
+        raise IsADirectory("the root is a directory", path=item.path)
+    if item.layout is not None:
+        item.layout.validate(service.config.max_chunk_size)
+    hint = service.spec_hints.get(paths.split(item.path)[0])
+    upload = new_upload(service, item.path, (item.layout or LayoutSpec()).merged_over(hint),
+                        overwrite=item.overwrite, parents=item.parents,
+                        healthy=service.placeable_targets())
+    if size > upload.layout.chunk_size:
+        return None
+    upload = replace(upload, spec=hint)
+    service.begun.add([upload])
+    return upload, service.info(NodeEntry(upload.path, "file", 0, upload.created,
+                                          upload.file_id, upload.layout))
+
+
+async def plan(service: MetaService, items: Sequence[CreateItem], *, again: bool = False
                ) -> tuple[list[Created | StagerError], list[Upload]]:
     """:func:`create` without recording the new uploads: what it answers, and the
     uploads still to :func:`begin` before their commit and before any reroute of
     their chunks.  A writer in this server begins them while their first chunks
     are on their way (:class:`~stager.meta.http.gateway.Gateway`): the record
-    does not wait for the data, nor the data for it."""
+    does not wait for the data, nor the data for it.  ``again``: a write planned once
+    more after its store refused a :func:`plan_hinted` (its first id is not reused: that
+    try's chunks may lie on other targets, unrecorded)."""
     check_count(len(items))
     results: list[Created | StagerError | None] = [None] * len(items)
     todo = []
@@ -96,7 +144,10 @@ async def plan(service: MetaService, items: Sequence[CreateItem]
         todo.append(i)
     inherited = await service.store.check_creates([
         (items[i].path, items[i].overwrite, items[i].parents) for i in todo]) if todo else []
-    uploads = _plan_uploads(service, items, todo, inherited, results)
+    for i, spec in zip(todo, inherited, strict=True):
+        if isinstance(spec, LayoutSpec):
+            service.spec_hints.learn(paths.split(items[i].path)[0], spec)
+    uploads = _plan_uploads(service, items, todo, inherited, results, again)
     # a retry: the uploads the first try began are answered, not begun again
     earlier = await opkey.earlier_uploads(service.store, [u.file_id for _, u in uploads])
     uploads = [(i, earlier.get(u.file_id, u)) for i, u in uploads]
@@ -110,7 +161,7 @@ async def plan(service: MetaService, items: Sequence[CreateItem]
 
 def _plan_uploads(service: MetaService, items: Sequence[CreateItem], todo: list[int],
                   inherited: list[LayoutSpec | StagerError],
-                  results: list[Any]) -> list[tuple[int, Upload]]:
+                  results: list[Any], again: bool) -> list[tuple[int, Upload]]:
     """Each file's new upload: its id and its layout, chosen once among the targets a
     new layout may name now."""
     healthy = service.placeable_targets()
@@ -122,7 +173,8 @@ def _plan_uploads(service: MetaService, items: Sequence[CreateItem], todo: list[
         item = items[i]
         try:
             upload = new_upload(service, item.path, (item.layout or LayoutSpec()).merged_over(spec),
-                                overwrite=item.overwrite, parents=item.parents, healthy=healthy)
+                                overwrite=item.overwrite, parents=item.parents, healthy=healthy,
+                                again=again)
         except StagerError as exc:
             results[i] = exc
             continue
@@ -131,14 +183,14 @@ def _plan_uploads(service: MetaService, items: Sequence[CreateItem], todo: list[
 
 
 def new_upload(service: MetaService, path: str, spec: LayoutSpec, *, overwrite: bool,
-               parents: bool, healthy: Sequence[TargetInfo]) -> Upload:
+               parents: bool, healthy: Sequence[TargetInfo], again: bool = False) -> Upload:
     """A new file id at ``path`` and its layout among ``healthy`` targets (the up ones,
     suspect ones where too few are up: :func:`choose_layout`): ``spec`` (the request's,
     over the nearest directory's), then the configured defaults."""
     config = service.config
     spec = spec.merged_over(LayoutSpec(config.chunk_size, config.stripe_count,
                                        config.replicas))
-    file_id = opkey.new_file_id(path)
+    file_id = opkey.new_file_id(path + "\0again" if again else path)
     chosen = choose_layout(
         healthy, chunk_size=spec.chunk_size or config.chunk_size,
         stripe_count=spec.stripe_count or 0, replicas=spec.replicas or 1,

@@ -9,12 +9,15 @@ from ...config import Config
 from ...dataplane import DataPlane, StripedReader, StripedWriter
 from ...dataplane.writeplan import Placement
 from ...errors import PayloadTooLarge, StagerError, UploadNotFound
+from ...protocol import paths
 from ...protocol.batch import CommitItem, CreateItem, one
 from ...protocol.messages import RerouteItem, RerouteRequest
 from ...protocol.models import FileInfo, LayoutSpec
-from .. import opkey
+from .. import opkey, writes
 from ..service import MetaService
 from ..store.base import Upload
+from ..store.spec import SpecChanged
+from ..writes import Created
 
 
 class Gateway:
@@ -35,9 +38,39 @@ class Gateway:
         upload is recorded while the chunks are written (each waits on its own disk,
         at once); the commit, and any reroute of a chunk, wait for the record.  A body
         of a known ``size`` that fits one chunk (a small file) is recorded only once
-        its chunk is stored, in the transaction of its commit (see :class:`_Record`)."""
-        created, fresh = await self.service.plan_creates([CreateItem(path, layout)])
-        upload, info = one(created)
+        its chunk is stored, in the transaction of its commit (see :class:`_Record`);
+        on a store that runs the two as one statement, a first try of one is planned
+        without the check of its path (:func:`.writes.plan_hinted`): its store checks
+        it in that statement, and where the directory's layout spec was not the one
+        assumed, it is planned (checked) and written once more, from its bytes kept."""
+        item = CreateItem(path, layout)
+        hinted = None
+        if self.service.store.in_order and size is not None and not opkey.retried():
+            hinted = writes.plan_hinted(self.service, item, size)
+        if hinted is None:
+            created, fresh = await self.service.plan_creates([item])
+            return await self._write(one(created), fresh, body, max_size=max_size, size=size)
+        kept: list[bytes] = []
+
+        async def keeping() -> AsyncIterator[bytes]:
+            async for piece in body:
+                kept.append(piece)
+                yield piece
+
+        try:
+            return await self._write(hinted, [hinted[0]], keeping(), max_size=max_size,
+                                     size=size)
+        except SpecChanged as exc:
+            self.service.spec_hints.learn(paths.split(path)[0], exc.spec)
+        created, fresh = await writes.plan(self.service, [item], again=True)
+        return await self._write(one(created), fresh, _replay(kept), max_size=max_size,
+                                 size=size)
+
+    async def _write(self, created: Created, fresh: Sequence[Upload],
+                     body: AsyncIterator[bytes], *, max_size: int, size: int | None
+                     ) -> FileInfo:
+        """:meth:`write` of a planned upload."""
+        upload, info = created
         assert info.layout is not None
         if fresh and opkey.retried():
             done = await self._done_before(upload.file_id)
@@ -64,6 +97,8 @@ class Gateway:
                                                          tuple(checksums)))
         except BaseException as exc:
             await writer.abort()
+            if isinstance(exc, SpecChanged):    # nothing recorded: written again (write)
+                raise
             if opkey.keyed() and not _final(exc):
                 # Its client sends it again (a 5xx, a broken connection): the upload
                 # stays for that retry, which finds it (plan), or is collected after
@@ -123,6 +158,11 @@ class Gateway:
             return
         # an error in its place: already committed or collected
         await self.service.abort([file_id])
+
+
+async def _replay(pieces: list[bytes]) -> AsyncIterator[bytes]:
+    for piece in pieces:
+        yield piece
 
 
 def _final(exc: BaseException) -> bool:

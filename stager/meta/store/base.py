@@ -61,14 +61,15 @@ class NodeEntry:
 
 @dataclass(frozen=True)
 class Upload:
-    """A write in progress: created, not yet committed."""
-
+    """A write in progress: created, not yet committed.  ``spec``: the directory layout
+    its plan assumed unchecked (writes.plan_hinted), checked where it is recorded."""
     file_id: str
     path: str
     layout: Layout
     overwrite: bool
     parents: bool
     created: float
+    spec: LayoutSpec | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -109,8 +110,7 @@ class ManifestVersion:
 Listed = tuple[str, str, int, float, str | None, Layout | None, LayoutSpec | None,
                tuple[int, ...] | None, dict[str, Any]]
 
-# (path, overwrite, parents) of one file about to be created
-CreateCheck = tuple[str, bool, bool]
+CreateCheck = tuple[str, bool, bool]    # (path, overwrite, parents) of a file to create
 # (file_id, size, checksums, mtime[, attrs]) of one upload to commit; attrs: the version's
 Committing = tuple[str, int, tuple[int, ...], float, dict[str, Any]]
 CommitArgs = tuple[str, int, tuple[int, ...], float] | Committing

@@ -39,6 +39,7 @@ from .functions import (
     PUT_FUNCTION,
     QUOTA_COMMIT_FUNCTION,
     SELF_COMMIT_FUNCTION,
+    SPEC_PUT_FUNCTION,
 )
 from .multipart import TABLES as MULTIPART_TABLES
 from .s3keys import TABLES as S3KEY_TABLES
@@ -51,7 +52,7 @@ Op = Callable[[asyncpg.Connection], Awaitable[R]]
 CONFLICT_RETRIES = 50        # serialization failures and deadlocks, per transaction
 RECONNECTS = 3               # connections found dead before the transaction began
 ROOT_ID = 1
-SCHEMA_VERSION = 17
+SCHEMA_VERSION = 18
 
 # Each migration takes the schema from version N-1 to N; applied in order, each in
 # the transaction that records its number.  Names sort bytewise (COLLATE "C"), as in
@@ -194,7 +195,7 @@ CREATE TABLE IF NOT EXISTS cache_chunks (
 );
 """, 11: MULTIPART_TABLES, 12: S3KEY_TABLES, 13: ATTRS_COMMIT_FUNCTION,
     14: CACHED_COMMIT_FUNCTION, 15: SELF_COMMIT_FUNCTION, 16: PUT_FUNCTION,
-    17: DIRECT_PUT_FUNCTION}
+    17: DIRECT_PUT_FUNCTION, 18: SPEC_PUT_FUNCTION}
 
 # Errors after which the connection is gone or the server cannot serve: the
 # database is unavailable (the pool reconnects once it is back).
@@ -272,6 +273,9 @@ class Database:
         # needs no BEGIN and COMMIT round trips (see statement()).
         self._pools: dict[bool, asyncpg.Pool] = {}      # {serializable: pool}
         self._opening: asyncio.Lock | None = None
+        # Tests: where set, every statement a connection made since sends, one a line
+        # (connections made before: expire the pools' ones, asyncpg.Pool.expire_connections).
+        self.trace: list[str] | None = None
 
     # -- the pool -------------------------------------------------------------------
     async def pool(self, serializable: bool = False) -> asyncpg.Pool:
@@ -289,12 +293,18 @@ class Database:
                 self.loop_thread = threading.get_ident()
         return self._pools[serializable]
 
+    async def _traced(self, conn: asyncpg.Connection) -> None:
+        if self.trace is not None:
+            trace = self.trace
+            conn.add_query_logger(lambda q: trace.append(" ".join(q.query.split())))
+
     async def _open(self, serializable: bool, migrating: bool) -> asyncpg.Pool:
         try:
             pool = await asyncpg.create_pool(
                 # No floor of idle connections: asyncpg would keep reconnecting them
                 # (and logging it) all through an outage; calls connect as they need.
                 self.url, min_size=0, timeout=self.connect_timeout, reset=_keep_session,
+                init=self._traced,
                 max_size=max(1, self.pool_size // 2) if serializable else self.pool_size,
                 command_timeout=self.command_timeout, server_settings={
                     "default_transaction_isolation":

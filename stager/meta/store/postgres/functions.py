@@ -391,3 +391,60 @@ BEGIN
 END
 $fn$;
 """
+
+# Schema migration 18: stager_put checks the directory layout its put was planned with
+# (``p_spec``: the spec a gateway PUT assumed without the check of its path, see
+# stager/meta/writes.py plan_hinted; NULL where it was checked).  Its walk merges the
+# ``layout`` of the directories above the file, the nearest winning field by field (as
+# postgres/namespace.py inherited); where that is not ``p_spec`` it answers 'spec', that
+# spec in r_layout, having changed nothing (not even the upload's row: the writer plans
+# and writes again).  Otherwise migration 17's put.  Idempotent: 17 run again makes its
+# overload of eleven arguments again, which this drops.
+_PUT_HEAD = "p_now DOUBLE PRECISION, p_attrs TEXT,\n"
+_PUT_BEGIN = ("LANGUAGE plpgsql AS $fn$\nBEGIN\n"
+              "    PERFORM 1 FROM uploads WHERE file_id = p_file_id;\n")
+_PUT = DIRECT_PUT_FUNCTION[DIRECT_PUT_FUNCTION.index("CREATE OR REPLACE FUNCTION stager_put("):]
+assert _PUT.count(_PUT_HEAD) == 1 and _PUT.count(_PUT_BEGIN) == 1
+SPEC_PUT_FUNCTION = """
+DROP FUNCTION IF EXISTS stager_put(TEXT, TEXT, TEXT, BOOLEAN, BOOLEAN, DOUBLE PRECISION,
+                                   BIGINT, DOUBLE PRECISION, BYTEA, DOUBLE PRECISION, TEXT);
+CREATE OR REPLACE FUNCTION stager_spec_fields(p_layout TEXT) RETURNS JSONB
+LANGUAGE sql IMMUTABLE AS $fn$
+    SELECT CASE WHEN p_layout IS NULL OR p_layout = '' THEN '{}'::jsonb
+                WHEN jsonb_typeof(p_layout::jsonb) <> 'object' THEN '{}'::jsonb
+                ELSE COALESCE((SELECT jsonb_object_agg(key, value)
+                               FROM jsonb_each(p_layout::jsonb)
+                               WHERE key IN ('chunk_size', 'stripe_count', 'replicas')
+                                 AND value <> 'null'::jsonb), '{}'::jsonb) END
+$fn$;
+""" + _PUT.replace(_PUT_HEAD, "p_now DOUBLE PRECISION, p_attrs TEXT, p_spec TEXT,\n").replace(
+    _PUT_BEGIN, """\
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    names   TEXT[];
+    cur     BIGINT := 1;
+    spec    JSONB;
+    e_id    BIGINT;
+    e_kind  TEXT;
+    e_lay   TEXT;
+BEGIN
+    IF p_spec IS NOT NULL THEN
+        SELECT layout INTO e_lay FROM entries WHERE id = cur;
+        spec := stager_spec_fields(e_lay);
+        names := string_to_array(substr(p_path, 2), '/');
+        FOR i IN 1 .. cardinality(names) - 1 LOOP
+            SELECT id, kind, layout INTO e_id, e_kind, e_lay
+                FROM entries WHERE parent = cur AND name = names[i];
+            EXIT WHEN NOT FOUND OR e_kind <> 'directory';
+            spec := spec || stager_spec_fields(e_lay);
+            cur := e_id;
+        END LOOP;
+        IF spec <> p_spec::jsonb THEN
+            r_err := 'spec';
+            r_path := p_path;
+            r_layout := spec::text;
+            RETURN;
+        END IF;
+    END IF;
+    PERFORM 1 FROM uploads WHERE file_id = p_file_id;
+""")

@@ -11,6 +11,7 @@ is one statement too (the walk of its whole path), and so is beginning one uploa
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 import asyncpg
@@ -20,12 +21,14 @@ from ....errors import (
     IsADirectory,
     NotADirectory,
     NotFound,
+    QuotaExceeded,
     StagerError,
     UploadNotFound,
 )
 from ....protocol import paths
 from ....protocol.models import Layout, LayoutSpec, attrs_text
 from ..base import CommitArgs, CreateCheck, Garbage, NodeEntry, Upload, committing
+from ..spec import SpecChanged, checked_spec
 from ..sqlite.db import layout_of, layout_text, pack
 from ..sqlite.namespace import checked_create
 from . import quotas
@@ -45,6 +48,7 @@ def _missing(file_id: str) -> UploadNotFound:
 
 
 async def begin_uploads(conn: asyncpg.Connection, uploads: Sequence[Upload]) -> None:
+    await _check_planned(conn, uploads)
     await conn.executemany(f"INSERT INTO uploads ({_UPLOAD_COLS}) VALUES ($1, $2, $3, $4, $5, $6)",
                            [(u.file_id, u.path, layout_text(u.layout), u.overwrite, u.parents,
                              u.created) for u in uploads])
@@ -55,6 +59,7 @@ async def reserve(conn: asyncpg.Connection, upload: Upload) -> None:
     connection, its first run may have committed): finding its own row is done.  Its
     commit does not wait for the WAL flush (``stager_reserve``, :mod:`.postgres.functions`
     says why that loses nothing promised)."""
+    await _check_planned(conn, [upload])
     values = (upload.file_id, upload.path, layout_text(upload.layout), upload.overwrite,
               upload.parents, upload.created)
     if await conn.fetchval("SELECT stager_reserve($1, $2, $3, $4, $5, $6)", *values):
@@ -99,7 +104,9 @@ async def _commit(conn: asyncpg.Connection, item: CommitArgs, now: float, *,
 # An upload begun and committed as one statement (``stager_put``, schema 16; since 17
 # without the upload's row where the commit succeeds), bumping the manifests above its
 # path itself: the walk of _COMMIT_BUMPING would start from that row.
-_PUT = "SELECT * FROM stager_put($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+# Since schema 18 it also checks the directory layout a put planned without the check
+# of its path assumed (``Upload.spec``).
+_PUT = "SELECT * FROM stager_put($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
 
 
 async def put(conn: asyncpg.Connection, upload: Upload, item: CommitArgs, now: float
@@ -109,10 +116,32 @@ async def put(conn: asyncpg.Connection, upload: Upload, item: CommitArgs, now: f
     fails leaves the upload pending, as it would."""
     file_id, size, checksums, mtime, attrs = committing(item)
     assert file_id == upload.file_id
+    spec = None if upload.spec is None else json.dumps(upload.spec.to_json())
     row = await conn.fetchrow(
         _PUT, file_id, upload.path, layout_text(upload.layout), upload.overwrite,
-        upload.parents, upload.created, size, mtime, pack(checksums), now, attrs_text(attrs))
-    return await _committed(conn, item, row, now)
+        upload.parents, upload.created, size, mtime, pack(checksums), now, attrs_text(attrs),
+        spec)
+    if row["r_err"] == "spec":          # changed nothing: planned again, written again
+        return SpecChanged(upload.path, LayoutSpec.from_json(json.loads(row["r_layout"])))
+    out = await _committed(conn, item, row, now)
+    if spec is not None and isinstance(out, StagerError) and not isinstance(out, QuotaExceeded):
+        # refused where the check it skipped would have refused it: that check's error
+        # (its words and codes), from one more statement on this rare path
+        found = await check_create(conn, (upload.path, upload.overwrite, upload.parents))
+        if isinstance(found, StagerError):
+            return found
+    return out
+
+
+async def _check_planned(conn: asyncpg.Connection, uploads: Sequence[Upload]) -> None:
+    """Uploads planned without a check (``spec`` set) and recorded alone, not joined to
+    their commit (a reroute, an abort): their check, before the record."""
+    for upload in uploads:
+        if upload.spec is not None:
+            refused = checked_spec(upload, await check_create(
+                conn, (upload.path, upload.overwrite, upload.parents)))
+            if refused is not None:
+                raise refused
 
 
 async def _committed(conn: asyncpg.Connection, item: CommitArgs, row: asyncpg.Record,

@@ -39,6 +39,7 @@ from ..base import (
     committing,
 )
 from ..caching import AttachmentRecord, CachedChunk, CachedFile
+from ..spec import SpecChanged, checked_spec
 from .answers import AnswerSQL
 from .cache import CacheSQL
 from .copy import CopySQL
@@ -154,8 +155,27 @@ class SQLiteStore(SQLiteMultipart, SQLiteS3Keys, MetaStore):
         # them (docs/metadata-stores.md: what a store may lose, and why that loses nothing)
         # one alone leads: a commit of it right behind it in the queue is joined to it
         lead = (uploads[0].file_id, uploads[0]) if len(uploads) == 1 else None
-        await self.thread.write_as(lead, None, self._unflushed, self.namespace.begin_uploads,
-                                   uploads)
+        await self.thread.write_as(lead, None, self._unflushed, self._begin_uploads, uploads)
+
+    def _begin_uploads(self, uploads: Sequence[Upload]) -> None:
+        """(On the store thread.)  One planned without a check, recorded alone (not
+        joined to its commit: a reroute, an abort), is checked here, in the same
+        transaction."""
+        with self.namespace.tx():
+            for upload in uploads:
+                refused = self._check_planned(upload)
+                if refused is not None:
+                    raise refused
+            self.namespace.begin_uploads(uploads)
+
+    def _check_planned(self, upload: Upload) -> StagerError | None:
+        """(On the store thread.)  The check of an upload planned without one (its
+        ``spec`` set), where it is recorded: the error its create there raises,
+        :class:`~stager.meta.store.spec.SpecChanged`, or None."""
+        if upload.spec is None:
+            return None
+        return checked_spec(upload, self.namespace.check_creates(
+            [(upload.path, upload.overwrite, upload.parents)])[0])
 
     async def get_uploads(self, file_ids: Sequence[str]) -> list[Upload | StagerError]:
         return await self.thread.run(self.namespace.get_uploads, file_ids)
@@ -179,6 +199,11 @@ class SQLiteStore(SQLiteMultipart, SQLiteS3Keys, MetaStore):
         fewer (the row's insert, read and delete) and one call, not two."""
         ns = self.namespace
         with ns.tx():
+            refused = self._check_planned(upload)   # planned without a check: it is here
+            if refused is not None:
+                if not isinstance(refused, SpecChanged):    # pending, as on PostgreSQL
+                    ns.begin_uploads([upload])
+                return refused
             try:
                 return ns._commit(*committing(item), now, upload)
             except StagerError as exc:
