@@ -20,9 +20,10 @@ reaches it (a spread wider than the cost judged is no result).
   its own grant.  The Loader asks for the capabilities ahead of its reads (the
   next ~2,048 files' in one request, the first requests smaller), as batch
   capabilities (one signature, and one verification per data server, for up to
-  256 files: stager/auth/tokens.py), its files ordered by data server; only the
-  first window's reads wait for them (the notes give each round's requests and
-  stalls).  Its next epoch keeps them (two epochs together are measured too).
+  256 files: stager/auth/tokens.py), its files ordered by data server; the first
+  window's are asked for before the epoch is planned, and only its reads wait for
+  them (the notes give each round's requests and stalls).  Its next epoch keeps
+  them (two epochs together are measured too).
 
 With auth on the client holds a ``read``+``write`` token for ``/`` (not admin).
 """
@@ -242,9 +243,10 @@ def _result(figures: dict[str, dict[str, list[float]]], big: int, samples: int, 
             "(cached per capability text). The Loader asks for batch capabilities (up to "
             "256 files, ordered by data server) ahead of its reads, ~2,048 files a "
             "request: the metadata server signs (Ed25519) once per batch and each data "
-            "server verifies once per batch, not per file; only the first window's reads "
-            "wait for them (stalls: the reads that waited, summed over reads in "
-            "parallel); the next epoch keeps them.",
+            "server verifies once per batch, not per file; the first window's are asked "
+            "for before the epoch is planned, and only its reads wait for them (stalls: "
+            "the reads that waited, summed over reads in parallel); the next epoch keeps "
+            "them.",
             "auth on + TLS: the same over HTTPS (`stager up --auth --tls`, a private CA, "
             "TLS 1.3): data servers cannot sendfile, so each chunk is read into memory and "
             "encrypted; the client decrypts every byte (docs/tls.md).",
