@@ -393,21 +393,20 @@ class NamespaceSQL:
         row = self.db.execute("SELECT * FROM uploads WHERE file_id = ?", (file_id,)).fetchone()
         if row is None:
             raise UploadNotFound(f"no pending upload {file_id}", file_id=file_id)
-        return Upload(row[0], row[1], layout_of(row[2]), bool(row[3]),
-                      bool(row[4]), row[5])
+        return Upload(row[0], row[1], layout_of(row[2]), bool(row[3]), bool(row[4]), row[5])
 
     def commit_uploads(self, items: Sequence[CommitArgs], *, now: float
                        ) -> list[NodeEntry | StagerError]:
         with self.tx():     # each item's own transaction nests: a savepoint
-            out = [_each(self._commit, *committing(item), now) for item in items]
+            out = [_each(self.commit_one, *committing(item), now) for item in items]
             for item, result in zip(items, out, strict=True):
                 if isinstance(result, QuotaExceeded):   # final: its chunks are collected
                     self._abort(item[0], now)
             return out
 
-    def _commit(self, file_id: str, size: int, checksums: tuple[int, ...], mtime: float,
-                attrs: dict[str, Any], now: float, given: Upload | None = None) -> NodeEntry:
-        """``given``: an upload whose row was never written (SQLiteStore.put_upload)."""
+    def commit_one(self, file_id: str, size: int, checksums: tuple[int, ...], mtime: float,
+                   attrs: dict[str, Any], now: float, given: Upload | None = None) -> NodeEntry:
+        """One upload's commit; ``given``: one whose row was never written (put_upload)."""
         with self.tx():
             upload = given or self._upload(file_id)
             parent, name = paths.split(upload.path)
@@ -444,8 +443,11 @@ class NamespaceSQL:
         with self.tx():
             upload = self._upload(file_id)
             self.db.execute("DELETE FROM uploads WHERE file_id = ?", (file_id,))
-            self.db.execute("INSERT OR REPLACE INTO garbage VALUES (?, ?, ?, ?)",
-                            (file_id, layout_text(upload.layout), 0, now))
+            self.discard(upload, now)
+
+    def discard(self, upload: Upload, now: float) -> None:    # its chunks to the garbage
+        self.db.execute("INSERT OR REPLACE INTO garbage VALUES (?, ?, ?, ?)",
+                        (upload.file_id, layout_text(upload.layout), 0, now))
 
     def replace_upload_layout(self, file_id: str, old: Layout, new: Layout) -> bool:
         with self.tx():

@@ -205,11 +205,12 @@ class SQLiteStore(SQLiteMultipart, SQLiteS3Keys, MetaStore):
                     ns.begin_uploads([upload])
                 return refused
             try:
-                return ns._commit(*committing(item), now, upload)
+                return ns.commit_one(*committing(item), now, upload)
+            except QuotaExceeded as exc:    # final: its chunks are collected, no row made
+                ns.discard(upload, now)
+                return exc
             except StagerError as exc:
                 ns.begin_uploads([upload])
-                if isinstance(exc, QuotaExceeded):      # final: its chunks are collected
-                    ns._abort(upload.file_id, now)
                 return exc
 
     async def abort_uploads(self, file_ids: Sequence[str], *, now: float
