@@ -306,14 +306,10 @@ class Pipeline:
             if not parts:
                 return                          # the window has no more batches planned
             self._warmed = start = at
-            fetches = self.fetcher.warm_ahead(parts)
-            if not alone:
-                self._warm_batches = max(self._warm_batches, len(parts))
-                self._warm_requests += 1
-                if fetches:
-                    asking = asyncio.gather(*fetches, return_exceptions=True)
-                    asking.add_done_callback(lambda _: self._warm_ahead(self._launching + 1))
-                    self._asking.append(asking)
+            if alone:
+                self.fetcher.warm_ahead(parts)
+            else:
+                self._ask(parts)
 
     def _warm_first(self, batches: list[np.ndarray]) -> None:
         """Ask for the first window's capabilities before it is planned (the plan of a
@@ -337,14 +333,19 @@ class Pipeline:
                 parts.append(rows(batches[at]))
                 files += len(parts[-1])
                 at += 1
-            fetches = self.fetcher.warm_ahead(parts)
-            self._warm_batches = max(self._warm_batches, len(parts))
-            self._warm_requests += 1
-            if fetches:
-                asking = asyncio.gather(*fetches, return_exceptions=True)
-                asking.add_done_callback(lambda _: self._warm_ahead(self._launching + 1))
-                self._asking.append(asking)
+            self._ask(parts)
         self._warmed = at
+
+    def _ask(self, parts: list[np.ndarray]) -> None:
+        """One look-ahead request for ``parts`` (batches' file rows), counted; as it
+        comes back, :meth:`_warm_ahead` asks for the next."""
+        fetches = self.fetcher.warm_ahead(parts)
+        self._warm_batches = max(self._warm_batches, len(parts))
+        self._warm_requests += 1
+        if fetches:
+            asking = asyncio.gather(*fetches, return_exceptions=True)
+            asking.add_done_callback(lambda _: self._warm_ahead(self._launching + 1))
+            self._asking.append(asking)
 
     def _warm_lead(self) -> int:
         """Batches past the one being started to have asked for: a look-ahead's (or a
