@@ -310,7 +310,8 @@ SELF_COMMIT_FUNCTION = CACHED_COMMIT_FUNCTION.replace(
 # record and the commit queued right behind it).  The row is inserted as
 # ``begin_uploads`` inserts it (a file id already pending is an error), without
 # ``stager_reserve``'s lazy flush: its commit is durable.  Idempotent.
-PUT_FUNCTION = """
+# stager_put's signature in migrations 16 and 17 (18 adds p_spec to it)
+_PUT_SIGNATURE = """\
 CREATE OR REPLACE FUNCTION stager_put(p_file_id TEXT, p_path TEXT, p_layout TEXT,
                                       p_overwrite BOOLEAN, p_parents BOOLEAN,
                                       p_created DOUBLE PRECISION, p_size BIGINT,
@@ -319,6 +320,8 @@ CREATE OR REPLACE FUNCTION stager_put(p_file_id TEXT, p_path TEXT, p_layout TEXT
                                       OUT r_err TEXT, OUT r_at TEXT, OUT r_path TEXT,
                                       OUT r_layout TEXT, OUT r_limit BIGINT,
                                       OUT r_use BIGINT, OUT r_need BIGINT)
+"""
+PUT_FUNCTION = "\n" + _PUT_SIGNATURE + """\
 LANGUAGE plpgsql AS $fn$
 BEGIN
     INSERT INTO uploads (file_id, path, layout, overwrite, parents, created)
@@ -366,15 +369,7 @@ COMMIT_VALUES_FUNCTION = (
                   "                              p_overwrite BOOLEAN, p_parents BOOLEAN, "
                   "p_size BIGINT,")
     .replace(_TAKE_UPLOAD, _GIVEN_UPLOAD).replace(_DROP_UPLOAD, _BUMP_CHAIN))
-DIRECT_PUT_FUNCTION = COMMIT_VALUES_FUNCTION + """
-CREATE OR REPLACE FUNCTION stager_put(p_file_id TEXT, p_path TEXT, p_layout TEXT,
-                                      p_overwrite BOOLEAN, p_parents BOOLEAN,
-                                      p_created DOUBLE PRECISION, p_size BIGINT,
-                                      p_mtime DOUBLE PRECISION, p_checksums BYTEA,
-                                      p_now DOUBLE PRECISION, p_attrs TEXT,
-                                      OUT r_err TEXT, OUT r_at TEXT, OUT r_path TEXT,
-                                      OUT r_layout TEXT, OUT r_limit BIGINT,
-                                      OUT r_use BIGINT, OUT r_need BIGINT)
+DIRECT_PUT_FUNCTION = COMMIT_VALUES_FUNCTION + "\n" + _PUT_SIGNATURE + """\
 LANGUAGE plpgsql AS $fn$
 BEGIN
     PERFORM 1 FROM uploads WHERE file_id = p_file_id;
