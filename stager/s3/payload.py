@@ -17,6 +17,7 @@ import binascii
 import hashlib
 import zlib
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import StreamReader
@@ -148,10 +149,9 @@ class Payload:
         source = _whole(decode(content, trailer, self.signatures) if self.chunked
                         else _body(content, self.length))
         size = 0
-        # A piece is hashed on threads while it is written and the next one is read
-        # (the MD5 alone is ~1.2 CPU s a GiB); one piece at a time keeps their order.
-        hashing: asyncio.Future[Any] | None = None
-        try:
+
+        async def counted() -> AsyncIterator[bytes]:
+            nonlocal size
             async for piece in source:
                 size += len(piece)
                 if self.length is not None and size > self.length:
@@ -160,21 +160,11 @@ class Payload:
                 if size > self.limit:
                     raise S3Error("EntityTooLarge", f"the body is over the limit of "
                                   f"{self.limit} bytes (max_upload_size)")
-                if hashing is not None:
-                    await hashing
-                    hashing = None
-                if len(piece) >= THREAD_AT and isinstance(piece, bytes):
-                    hashing = asyncio.gather(*(asyncio.to_thread(_update, lane, piece)
-                                               for lane in lanes))
-                else:
-                    _update(hashers, piece)
                 yield piece
-            if hashing is not None:
-                await hashing
-                hashing = None
-        finally:
-            if hashing is not None:     # the write failed: let the thread finish alone
-                hashing.cancel()
+
+        async with aclosing(hashed(counted(), lanes)) as pieces:
+            async for piece in pieces:
+                yield piece
         if self.length is not None and size != self.length:
             raise S3Error("IncompleteBody", f"the body has {size} bytes, not {self.length}")
         self.size = size
@@ -254,6 +244,33 @@ def _lanes(hashers: dict[str, Any]) -> list[dict[str, Any]]:
     The CPU is the same: where no core is idle nothing is gained."""
     rest = {k: h for k, h in hashers.items() if k != "md5"}
     return [{"md5": hashers["md5"]}, rest] if rest else [hashers]
+
+
+async def hashed(source: AsyncIterator[bytes], lanes: list[dict[str, Any]]
+                 ) -> AsyncIterator[bytes]:
+    """``source``'s pieces, each hashed by every hasher of ``lanes`` while it is written
+    and the next one is read (the MD5 alone is ~1.2 CPU s a GiB): a piece of
+    :data:`THREAD_AT` bytes or more on threads, one a lane (see :func:`_lanes`), a
+    smaller one at once; one piece at a time, so that their order is kept."""
+    hashing: asyncio.Future[Any] | None = None
+    try:
+        async for piece in source:
+            if hashing is not None:
+                await hashing
+                hashing = None
+            if len(piece) >= THREAD_AT and isinstance(piece, bytes):
+                hashing = asyncio.gather(*(asyncio.to_thread(_update, lane, piece)
+                                           for lane in lanes))
+            else:
+                for lane in lanes:
+                    _update(lane, piece)
+            yield piece
+        if hashing is not None:
+            await hashing
+            hashing = None
+    finally:
+        if hashing is not None:     # the write failed: let the threads finish alone
+            hashing.cancel()
 
 
 def _update(hashers: dict[str, Any], piece: bytes) -> None:
