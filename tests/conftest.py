@@ -116,6 +116,20 @@ def slow_callbacks() -> Iterator[_SlowCallbacks]:
     logging.getLogger("asyncio").removeHandler(handler)
 
 
+def numbered_files_loader(meta_url: str, token: str, ns: str, files: int, batch_size: int
+                          ) -> Any:
+    """``files`` files under ``ns/d``, each holding its number (2 bytes), and a Loader
+    of them (format files, one epoch, no telemetry): the auth look-ahead tests' data."""
+    from stager import Client
+    from stager.config import load_config
+    from stager.loader import Loader
+    with Client(meta_url, config=load_config(env={}), token=token) as c:
+        c.write_many([(f"{ns}/d/{i:05d}", i.to_bytes(2, "big")) for i in range(files)])
+    return Loader(f"{ns}/d", batch_size=batch_size, meta_url=meta_url, token=token,
+                  format="files", config=load_config(env={}), report=False,
+                  prefetch_next_epoch=False)
+
+
 def start_cluster(root: Path, data_servers: int = 3, **overrides: object) -> ThreadCluster:
     cluster = ThreadCluster(root, data_servers, **overrides)
     cluster.loop.set_debug(True)

@@ -11,11 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import start_cluster
+from conftest import numbered_files_loader, start_cluster
 
-from stager import Client
-from stager.config import load_config
-from stager.loader import Loader
 from stager.testing.cluster import ThreadCluster
 
 FILES = 1024                # 32 batches of 32: two look-aheads of 512 files at least
@@ -32,11 +29,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, slow_callbacks: object
 def test_the_first_capabilities_are_asked_for_before_the_epoch_is_planned(
         cluster: ThreadCluster, ns: str) -> None:
     token = cluster.mint(["read", "write"], (ns,))
-    with Client(cluster.meta_url, config=load_config(env={}), token=token) as c:
-        c.write_many([(f"{ns}/d/{i:04d}", i.to_bytes(2, "big")) for i in range(FILES)])
-    loader = Loader(f"{ns}/d", batch_size=32, meta_url=cluster.meta_url, token=token,
-                    format="files", config=load_config(env={}), report=False,
-                    prefetch_next_epoch=False)
+    loader = numbered_files_loader(cluster.meta_url, token, ns, FILES, 32)
     try:
         book = loader._client.aio.capabilities
         assert book is not None

@@ -15,10 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import numbered_files_loader
 
-from stager import Client
-from stager.config import load_config
-from stager.loader import Loader
 from stager.testing.cluster import ProcessCluster
 
 pytestmark = pytest.mark.slow      # stager processes: not in make check
@@ -41,11 +39,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessCluster
 def test_reads_past_the_first_window_never_wait_for_capabilities(
         cluster: ProcessCluster, ns: str) -> None:
     token = cluster.mint(["read", "write"])
-    with Client(cluster.meta_url, config=load_config(env={}), token=token) as c:
-        c.write_many([(f"{ns}/d/{i:05d}", i.to_bytes(2, "big")) for i in range(FILES)])
-    loader = Loader(f"{ns}/d", batch_size=BATCH, meta_url=cluster.meta_url, token=token,
-                    format="files", config=load_config(env={}), report=False,
-                    prefetch_next_epoch=False)
+    loader = numbered_files_loader(cluster.meta_url, token, ns, FILES, BATCH)
     try:
         book = loader._client.aio.capabilities
         assert book is not None
