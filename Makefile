@@ -39,7 +39,12 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 # The fuse extra (pyfuse3) compiles against libfuse3, so it comes after sysdeps;
 # where it cannot build, the FUSE tests skip and say why.
+# The torch extra first, alone: so pip takes the CPU build of torch 2.13.0 where this
+# machine has one on disk (find-links), which the next line then keeps.  Asked for with
+# the dev extra, pip's resolver picked PyPI's CUDA build of the same version (3.4 GB
+# more of nvidia-* and triton in the venv).
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python sysdeps
+	$(PIP) install -q -e '.[torch]'
 	$(PIP) install -q -e '.[dev,bench,torch]'
 	$(PIP) install -q -e '.[fuse]' || echo "pyfuse3 did not build (needs libfuse3-dev and pkg-config): the FUSE tests will skip"
 	@touch $@ $(VENV)/.installed
