@@ -31,12 +31,12 @@ holds the GIL, so threads sharing one would at worst verify twice.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from ..bounded import Bounded
 from ..errors import Unauthenticated
 from .refs import PREFIX, UNKNOWN, reference
 from .tokens import CLOCK_SKEW, Capability, Claims, verify_capability
@@ -56,7 +56,7 @@ class VerifiedCache(Generic[C]):
             raise ValueError("a verified cache holds at least one entry")
         self.check = check
         self.size, self.max_bytes = size, max_bytes
-        self._verified: OrderedDict[str, C] = OrderedDict()
+        self._verified: Bounded[str, C] = Bounded(size, on_evict=self._evicted)
         # reference → text, for the texts held (only when ``refs``: a data server's)
         self._refs: dict[str, str] | None = {} if refs else None
         self._ref_of: dict[str, str] = {}       # text → its reference, the same entries
@@ -73,10 +73,11 @@ class VerifiedCache(Generic[C]):
 
     def forget(self, text: str) -> None:
         if self._verified.pop(text, None) is not None:
-            self._bytes -= len(text)
-            self._drop_ref(text)
+            self._evicted(text, None)
 
-    def _drop_ref(self, text: str) -> None:
+    def _evicted(self, text: str, _: object) -> None:
+        """``text`` left: its characters and its reference with it."""
+        self._bytes -= len(text)
         if self._refs is not None:
             ref = self._ref_of.pop(text, None)
             if ref is not None:
@@ -115,12 +116,9 @@ class VerifiedCache(Generic[C]):
             if self._refs is not None:      # named only once verified, by this server
                 ref = self._ref_of[text] = reference(text)
                 self._refs[ref] = text
-        self._verified[text] = cap
-        while len(self._verified) > 1 and (len(self._verified) > self.size
-                                           or self._bytes > self.max_bytes):
-            old, _ = self._verified.popitem(last=False)
-            self._bytes -= len(old)
-            self._drop_ref(old)
+        self._verified.put(text, cap)          # past ``size``, the oldest leave
+        while self._bytes > self.max_bytes and len(self._verified) > 1:
+            self._verified.evict()
         return cap
 
     def __len__(self) -> int:
