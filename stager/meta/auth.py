@@ -27,7 +27,6 @@ once per five minutes.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -45,6 +44,7 @@ from ..auth import (
 from ..auth.cache import VerifiedCache
 from ..auth.keys import write_secret
 from ..auth.tokens import ANY_FILE, MAX_BATCH_FILES
+from ..bounded import Bounded
 from ..protocol.authmsg import TokenInfo, TokenRequest
 from .store.base import TokenStore
 
@@ -71,8 +71,8 @@ class MetaAuth:
         self.clock = clock
         self.revoked: set[str] = set()
         self.tokens = VerifiedCache(lambda text, now: verify_token(self.public, text, now, self))
-        self._minted: OrderedDict[tuple[str, str, str, str | None], tuple[str, int]] = \
-            OrderedDict()
+        self._minted: Bounded[tuple[str, str, str, str | None], tuple[str, int]] = \
+            Bounded(MINTED_CACHE)
 
     @classmethod
     def under(cls, directory: Path | str, store: TokenStore,
@@ -144,10 +144,7 @@ class MetaAuth:
             return hit[0]
         cap = Capability(file_id, op, int(now + self.capability_ttl), holder, target)
         text = sign(self.key, cap)
-        self._minted[key] = (text, cap.expires)
-        self._minted.move_to_end(key)
-        if len(self._minted) > MINTED_CACHE:
-            self._minted.popitem(last=False)
+        self._minted.put(key, (text, cap.expires))
         return text
 
     def capabilities(self, file_ids: Sequence[str], op: str, holder: str) -> list[str]:
