@@ -11,11 +11,11 @@ the others go ahead (see :mod:`stager.protocol.batch` for the wire semantics).
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from ..bounded import Bounded
 from ..errors import BadRequest, IsADirectory, StagerError, UploadNotFound
 from ..layout import choose_layout
 from ..protocol import paths
@@ -39,17 +39,13 @@ class SpecHints:
     no check (:func:`plan_hinted`): its store checks it in the put itself."""
 
     def __init__(self, kept: int = HINTS_KEPT) -> None:
-        self.kept = kept
-        self._specs: OrderedDict[str, LayoutSpec] = OrderedDict()
+        self._specs: Bounded[str, LayoutSpec] = Bounded(kept)
 
     def get(self, parent: str) -> LayoutSpec:
         return self._specs.get(parent, LayoutSpec())
 
     def learn(self, parent: str, spec: LayoutSpec) -> None:
-        self._specs[parent] = spec
-        self._specs.move_to_end(parent)
-        while len(self._specs) > self.kept:
-            self._specs.popitem(last=False)
+        self._specs.put(parent, spec)
 
 
 class Begun:
@@ -58,14 +54,12 @@ class Begun:
     commit is the authority on whether the upload is still there)."""
 
     def __init__(self, kept: int = BEGUN_KEPT) -> None:
-        self.kept = kept
-        self._sizes: OrderedDict[str, int] = OrderedDict()
+        self._sizes: Bounded[str, int] = Bounded(kept)
 
     def add(self, uploads: Sequence[Upload]) -> None:
-        for upload in uploads:
+        for upload in uploads:      # one begun again keeps its place: the first begin's
             self._sizes[upload.file_id] = upload.layout.chunk_size
-        while len(self._sizes) > self.kept:
-            self._sizes.popitem(last=False)
+        self._sizes.trim()
 
     def take(self, file_id: str) -> int | None:
         return self._sizes.pop(file_id, None)
