@@ -38,12 +38,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Sequence
 
 from ..auth import expires_at
 from ..auth.refs import PREFIX, reference
 from ..auth.tokens import MAX_BATCH_FILES
+from ..bounded import Bounded
 from ..errors import StagerError
 from ..protocol.authmsg import CapabilityRequest
 from ..protocol.batch import read_results
@@ -92,7 +92,7 @@ class CapabilityBook:
         self.stalls = 0
         self.stalled = 0.0
         # target → the references it holds (it answered a request carrying their texts)
-        self._accepted: dict[str, OrderedDict[str, None]] = {}
+        self._accepted: dict[str, Bounded[str, None]] = {}
         self._ref_of: dict[str, str] = {}       # text → its reference, as computed
 
     async def close(self) -> None:
@@ -178,11 +178,8 @@ class CapabilityBook:
                 if held is None:
                     if len(self._accepted) >= MAX_TARGETS:
                         self._accepted.clear()
-                    held = self._accepted[target] = OrderedDict()
-            held[ref] = None
-            held.move_to_end(ref)
-            if len(held) > MAX_REFS:
-                held.popitem(last=False)
+                    held = self._accepted[target] = Bounded(MAX_REFS)
+            held.put(ref, None)
 
     def forget_references(self, target: str) -> None:
         """``target`` answered ``unknown_reference``: show it texts again."""
