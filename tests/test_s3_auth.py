@@ -30,6 +30,7 @@ from botocore.auth import S3SigV4Auth, SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
+from s3_client_util import through
 
 from stager import Client
 from stager.s3.auth import CACHE_TTL
@@ -46,10 +47,20 @@ class Key:
     token_id: str
 
 
+@dataclass(frozen=True)
+class Aging:
+    """Keys made as the module's cluster starts, for its last test: the 30 s of the
+    gateway's cache and of the servers' clock skew pass under the other tests."""
+    expiring: Key           # a 1 s token's
+    born: float             # time.monotonic() just after it was made
+    cached: Key             # used once through the gateway then: its answer is cached
+
+
 class World:
     def __init__(self, s3: S3Cluster) -> None:
         self.s3 = s3
         self.admin_file = str(s3.cluster.info["admin_token_file"])
+        self.aging: Aging | None = None
 
     def stager(self, *argv: str) -> str:
         """A ``stager`` command as the admin; its stdout (it must succeed)."""
@@ -77,10 +88,13 @@ class World:
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     with S3Cluster(tmp_path_factory.mktemp("s3-auth"), auth=True) as s3:
         w = World(s3)
+        expiring = w.key("read", prefix="/datasets", ttl="1s")
+        w.aging = Aging(expiring, time.monotonic(), w.key("read", prefix="/datasets"))
         admin = w.boto(w.key("admin"))
         admin.create_bucket(Bucket="datasets")
         for name in ("a/x.bin", "a/sub/y.bin", "b/z.bin", "top.bin"):
             admin.put_object(Bucket="datasets", Key=name, Body=name.encode() * 10)
+        assert w.boto(w.aging.cached).get_object(Bucket="datasets", Key="top.bin")
         yield w
 
 
@@ -286,30 +300,6 @@ def test_a_signed_trailer_without_its_signature_is_refused(world: World) -> None
     assert (status, xml_code(body)) == (403, "SignatureDoesNotMatch")
 
 
-def test_a_revoked_and_an_expired_tokens_key_are_refused(world: World) -> None:
-    """One wait for both (each is about the 30 s of a cache or of clock skew)."""
-    expiring = world.key("read", prefix="/datasets", ttl="1s")
-    born = time.monotonic()
-    key = world.key("read", prefix="/datasets")
-    c = world.boto(key)
-    assert c.get_object(Bucket="datasets", Key="top.bin")["Body"].read() == b"top.bin" * 10
-    world.stager("token", "revoke", key.token_id)
-    # at once: the gateway still knows the key, but the servers refuse its token
-    assert refused(c.get_object, Bucket="datasets", Key="top.bin")[0] == 403
-    # ... and the gateway itself, once its answer is older than its cache's TTL
-    deadline = time.monotonic() + CACHE_TTL + 10
-    while True:
-        status, code = refused(c.get_object, Bucket="datasets", Key="top.bin")
-        if code == "InvalidAccessKeyId" or time.monotonic() > deadline:
-            break
-        time.sleep(1)
-    assert (status, code) == (403, "InvalidAccessKeyId")
-    # past its expiry and the servers' 30 s of clock skew
-    time.sleep(max(0.0, born + 32 - time.monotonic()))
-    assert refused(world.boto(expiring).get_object, Bucket="datasets", Key="top.bin") == \
-        (403, "InvalidAccessKeyId")
-
-
 @pytest.fixture
 def lone_gateway(world: World, tmp_path: Path) -> Iterator[str]:
     """``stager s3 --auth`` beside the cluster, started afresh (nothing cached): its
@@ -414,74 +404,6 @@ async def test_requests_arriving_together_ask_once_and_bad_keys_are_remembered(
 CLIENTS = ["s3fs", "pyarrow", "polars", "duckdb", "awscli", "rclone"]
 
 
-def table(tag: str) -> Any:
-    import pyarrow as pa
-
-    return pa.table({"id": list(range(1000)), "tag": [tag] * 1000})
-
-
-def parquet(tag: str) -> bytes:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    sink = pa.BufferOutputStream()
-    pq.write_table(table(tag), sink)
-    return bytes(sink.getvalue().to_pybytes())
-
-
-def through(client: str, e: S3Endpoint, folder: str, tmp: Path) -> None:
-    """With ``client`` alone: write ``datasets/FOLDER/t.parquet``, list the folder, read
-    the file back (each request signed by that client's own SigV4 code)."""
-    key = f"{folder}/t.parquet"
-    data = parquet(client)
-    tmp.mkdir()
-    if client == "s3fs":
-        fs = e.s3fs()
-        fs.pipe(f"datasets/{key}", data)
-        assert fs.cat(f"datasets/{key}") == data
-        assert [p.rsplit("/", 1)[1] for p in fs.ls(f"datasets/{folder}")] == ["t.parquet"]
-    elif client == "pyarrow":
-        from pyarrow import fs as pafs
-
-        arrow = e.pyarrow()
-        with arrow.open_output_stream(f"datasets/{key}") as out:
-            out.write(data)
-        with arrow.open_input_stream(f"datasets/{key}") as src:
-            assert src.read() == data
-        infos = arrow.get_file_info(pafs.FileSelector(f"datasets/{folder}"))
-        assert [i.base_name for i in infos] == ["t.parquet"]
-    elif client == "polars":
-        import polars as pl
-
-        frame = pl.from_arrow(table(client))
-        frame.write_parquet(f"s3://datasets/{key}", storage_options=e.polars_options())
-        back = pl.scan_parquet(f"s3://datasets/{folder}/*.parquet",
-                               storage_options=e.polars_options()).collect()
-        assert back.equals(frame)
-    elif client == "duckdb":
-        con = e.duckdb()
-        con.execute(f"COPY (SELECT range AS id, 'duckdb' AS tag FROM range(1000)) "
-                    f"TO 's3://datasets/{key}' (FORMAT parquet)")
-        assert con.execute(f"SELECT count(*), sum(id) FROM "
-                           f"read_parquet('s3://datasets/{folder}/*.parquet')"
-                           ).fetchone() == (1000, 499500)
-    elif client == "awscli":
-        (tmp / "up.parquet").write_bytes(data)
-        e.aws("s3", "cp", str(tmp / "up.parquet"), f"s3://datasets/{key}")
-        e.aws("s3", "cp", f"s3://datasets/{key}", str(tmp / "down.parquet"))
-        assert (tmp / "down.parquet").read_bytes() == data
-        listed = e.aws("s3", "ls", f"s3://datasets/{folder}/").stdout
-        assert [ln.split()[-1] for ln in listed.splitlines()] == ["t.parquet"]
-    else:
-        assert client == "rclone"
-        (tmp / "up").mkdir()
-        (tmp / "up" / "t.parquet").write_bytes(data)
-        e.rclone("copy", str(tmp / "up"), f"st:datasets/{folder}")
-        e.rclone("copy", f"st:datasets/{folder}", str(tmp / "down"))
-        assert (tmp / "down" / "t.parquet").read_bytes() == data
-        assert e.rclone("lsf", f"st:datasets/{folder}").stdout.split() == ["t.parquet"]
-
-
 @pytest.mark.parametrize("client", CLIENTS)
 def test_every_clients_signatures_are_accepted_and_a_wrong_secret_is_not(
         world: World, client: str, tmp_path: Path) -> None:
@@ -498,3 +420,31 @@ def test_every_clients_signatures_are_accepted_and_a_wrong_secret_is_not(
         said[-2000:]
     with Client(world.s3.meta_url, token=Path(world.admin_file).read_text().strip()) as c:
         assert not c.exists(f"/datasets/clients/{client}-bad")
+
+
+# -- last, so that its waits have mostly passed (module order: pytest, and make test's
+# xdist groups, run a module's tests in file order on one worker) -----------------------
+def test_a_revoked_and_an_expired_tokens_key_are_refused(world: World) -> None:
+    aging = world.aging
+    assert aging is not None
+    key = world.key("read", prefix="/datasets")
+    c = world.boto(key)
+    assert c.get_object(Bucket="datasets", Key="top.bin")["Body"].read() == b"top.bin" * 10
+    world.stager("token", "revoke", key.token_id)
+    # at once: the gateway still knows the key, but the servers refuse its token
+    assert refused(c.get_object, Bucket="datasets", Key="top.bin")[0] == 403
+    # ... and the gateway itself, once its answer is older than its cache's TTL (the
+    # cached key's answer is as old as the module)
+    world.stager("token", "revoke", aging.cached.token_id)
+    c = world.boto(aging.cached)
+    deadline = time.monotonic() + CACHE_TTL + 10
+    while True:
+        status, code = refused(c.get_object, Bucket="datasets", Key="top.bin")
+        if code == "InvalidAccessKeyId" or time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
+    assert (status, code) == (403, "InvalidAccessKeyId")
+    # past its expiry and the servers' 30 s of clock skew
+    time.sleep(max(0.0, aging.born + 32 - time.monotonic()))
+    assert refused(world.boto(aging.expiring).get_object, Bucket="datasets",
+                   Key="top.bin") == (403, "InvalidAccessKeyId")
