@@ -52,13 +52,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from aiohttp import web
 
+from ..bounded import Bounded
 from ..client import AsyncClient
 from ..config import Config
 from ..errors import Forbidden, NotFound, Unauthenticated
@@ -121,9 +121,9 @@ class Authenticator:
         self.cache_ttl = cache_ttl
         self.clock = clock
         self.asked = 0              # questions sent to the metadata server (tests, metrics)
-        self._known: OrderedDict[tuple[str, str], _Known] = OrderedDict()
+        self._known: Bounded[tuple[str, str], _Known] = Bounded(CACHE_SIZE)
         # keys the metadata server said are unknown, revoked or expired: (when, why)
-        self._refused: OrderedDict[str, tuple[float, str]] = OrderedDict()
+        self._refused: Bounded[str, tuple[float, str]] = Bounded(CACHE_SIZE)
         self._asking: dict[tuple[str, str], asyncio.Future[None]] = {}
         self._client: AsyncClient | None = None
 
@@ -184,16 +184,12 @@ class Authenticator:
             self._known.pop(slot, None)
             if verdict.refused == "InvalidAccessKeyId":    # no such key, or no longer
                 self._refused[signed.access_key] = (now, verdict.message)
-                while len(self._refused) > CACHE_SIZE:
-                    self._refused.popitem(last=False)
+                self._refused.trim()        # a key refused again keeps its place
             raise S3Error(verdict.refused, verdict.message)
         assert verdict.signing_key is not None and verdict.token is not None
         known = _Known(bytes.fromhex(verdict.signing_key), verdict.token,
                        verdict.expires or 0, now)
-        self._known[slot] = known
-        self._known.move_to_end(slot)
-        while len(self._known) > CACHE_SIZE:
-            self._known.popitem(last=False)
+        self._known.put(slot, known)
         return known
 
     def forget(self) -> None:
