@@ -42,6 +42,7 @@ from .functions import (
     SPEC_PUT_FUNCTION,
 )
 from .multipart import TABLES as MULTIPART_TABLES
+from .plans import GENERIC_PLANS
 from .s3keys import TABLES as S3KEY_TABLES
 
 log = logging.getLogger("stager.meta")
@@ -52,7 +53,7 @@ Op = Callable[[asyncpg.Connection], Awaitable[R]]
 CONFLICT_RETRIES = 50        # serialization failures and deadlocks, per transaction
 RECONNECTS = 3               # connections found dead before the transaction began
 ROOT_ID = 1
-SCHEMA_VERSION = 18
+SCHEMA_VERSION = 19
 
 # Each migration takes the schema from version N-1 to N; applied in order, each in
 # the transaction that records its number.  Names sort bytewise (COLLATE "C"), as in
@@ -195,7 +196,7 @@ CREATE TABLE IF NOT EXISTS cache_chunks (
 );
 """, 11: MULTIPART_TABLES, 12: S3KEY_TABLES, 13: ATTRS_COMMIT_FUNCTION,
     14: CACHED_COMMIT_FUNCTION, 15: SELF_COMMIT_FUNCTION, 16: PUT_FUNCTION,
-    17: DIRECT_PUT_FUNCTION, 18: SPEC_PUT_FUNCTION}
+    17: DIRECT_PUT_FUNCTION, 18: SPEC_PUT_FUNCTION, 19: GENERIC_PLANS}
 
 # Errors after which the connection is gone or the server cannot serve: the
 # database is unavailable (the pool reconnects once it is back).
