@@ -9,6 +9,12 @@ each side (self time and total), and the rate.
 MODE: ``health``, ``stat-raw`` (aiohttp client), ``stat`` (``AsyncClient.stat``),
 ``sync-stat`` (``Client.stat``), ``list`` (1,000 entries), ``small`` (1 KiB
 durable files).  The flame files stay in the printed scratch directory.
+
+``python -m bench.profile_floors timeline [FILES]``: no py-spy; FILES (default 200)
+1 KiB durable files untraced, their median wall and each process's CPU per file,
+then 20 under ``strace`` on both servers, one row each
+(:mod:`bench.strace_timeline`): which requests, fsyncs and directories a file's
+write made, and when.
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ from stager.client.sync import Client
 from stager.config import load_config
 from stager.testing import ProcessCluster
 
-from .bench_floors import SMALL, prepare
+from . import strace_timeline
+from .bench_floors import SMALL, cpu_of, prepare
 from .common import new_client
 
 PY_SPY = Path(sys.executable).with_name("py-spy")
@@ -85,8 +92,48 @@ async def load(mode: str, meta: str, seconds: float) -> int:
     return done
 
 
+async def piped(meta: str, n: int, tag: str) -> list[tuple[float, float]]:
+    """Pipe ``n`` 1 KiB files one at a time; each one's send and answer, in seconds
+    since local midnight (strace's clock)."""
+    offset = time.localtime().tm_gmtoff
+    marks = []
+    async with new_client(meta) as c:
+        for i in range(n):
+            start = time.time()
+            await c.pipe(f"/floors/{tag}/f{i:07d}", SMALL)
+            marks.append(((start + offset) % 86400, (time.time() + offset) % 86400))
+    return marks
+
+
+def timeline(files: int) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="profile-floors-"))
+    with ProcessCluster(tmp / "cluster", data_servers=1, fast=False) as cluster:
+        pids = {"meta": cluster.meta_pid(), "data": cluster.data_pid(0)}
+        uvloop.run(piped(cluster.meta_url, 50, "warm"))
+        before = {k: cpu_of(p) for k, p in pids.items()}
+        client = time.process_time()
+        marks = uvloop.run(piped(cluster.meta_url, files, "plain"))
+        spent = {k: (cpu_of(p) - before[k]) / files * 1e6 for k, p in pids.items()}
+        walls = sorted(b - a for a, b in marks)
+        print(f"{files} files untraced: median {walls[files // 2] * 1e3:.2f} ms; CPU per "
+              f"file, us: meta {spent['meta']:.0f}, data {spent['data']:.0f}, client "
+              f"{(time.process_time() - client) / files * 1e6:.0f} "
+              f"(load {os.getloadavg()[0]:.1f})")
+        with strace_timeline.traced(pids, tmp):
+            time.sleep(1.0)             # strace attaches
+            marks = uvloop.run(piped(cluster.meta_url, 20, "traced"))
+            time.sleep(0.5)
+    found = strace_timeline.rows(marks, strace_timeline.calls(tmp / "meta.strace"),
+                                 strace_timeline.calls(tmp / "data.strace"))
+    print(f"under strace (ms after the client's send; logs in {tmp}):")
+    print(strace_timeline.table(found))
+
+
 def main() -> None:
     mode = sys.argv[1]
+    if mode == "timeline":
+        timeline(int(sys.argv[2]) if len(sys.argv) > 2 else 200)
+        return
     seconds = float(sys.argv[2]) if len(sys.argv) > 2 else 10.0
     tmp = Path(tempfile.mkdtemp(prefix="profile-floors-"))
     with ProcessCluster(tmp / "cluster", data_servers=1, fast=False) as cluster:
