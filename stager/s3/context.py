@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from ..bounded import Bounded
 from ..client import AsyncClient
 from ..config import Config
 from .auth import Authenticator, Principal
@@ -39,22 +39,23 @@ class Gateway:
         self.config = config
         self.domain = domain
         self.authenticator = authenticator or Authenticator(required=False)
-        self._clients: OrderedDict[str | None, AsyncClient] = OrderedDict()
+        self._clients: Bounded[str | None, AsyncClient] = Bounded(KEPT_CLIENTS,
+                                                                  on_evict=self._evicted)
         self._retired: set[AsyncClient] = set()     # evicted, closed after CLOSE_AFTER
         self._closing: set[asyncio.Task[None]] = set()
 
     def client(self, token: str | None) -> AsyncClient:
         """The client acting with ``token`` (``None``: no token, an open cluster)."""
-        got = self._clients.pop(token, None)
+        got = self._clients.get(token)
         if got is None:
             got = AsyncClient(self.meta_url, config=self.config, token=token)
-        self._clients[token] = got
-        while len(self._clients) > KEPT_CLIENTS:
-            _, old = self._clients.popitem(last=False)
-            # closed once the requests that hold it are surely done (or at close)
-            self._retired.add(old)
-            asyncio.get_running_loop().call_later(CLOSE_AFTER, self._retire, old)
+        self._clients.put(token, got)
         return got
+
+    def _evicted(self, _: str | None, client: AsyncClient) -> None:
+        """Closed once the requests that hold it are surely done (or at close)."""
+        self._retired.add(client)
+        asyncio.get_running_loop().call_later(CLOSE_AFTER, self._retire, client)
 
     def _retire(self, client: AsyncClient) -> None:
         if client in self._retired:
