@@ -5,14 +5,16 @@ Five data servers, two replicas, ``stager up --restart`` with its default timing
 ``put`` (of a local file) of 10 KB–9 MB files while
 
 * one data server is killed with SIGKILL every 3 s (restarted by ``stager up``), or
-* every data server is stopped with SIGTERM, one at a time, each twice (a rolling
-  restart, as Kubernetes updates a DaemonSet).
+* every data server is stopped with SIGTERM, one at a time (a rolling restart, as
+  Kubernetes updates a DaemonSet).
+
+Each kind of fault comes at least five times (five SIGTERMs, five or more SIGKILLs).
 
 At most one server is away at a time, so four nodes always answer: not one write
 may fail, and every acknowledged write reads back byte-exact with its copies on
 disk.  The counts are printed (``pytest -s``) and recorded in the run's figures.
 
-Lengths: ``STAGER_KILLED_WRITES_SECONDS`` (CI: 25 s of kills).
+Lengths: ``STAGER_KILLED_WRITES_SECONDS`` (CI: 21 s of kills).
 """
 
 from __future__ import annotations
@@ -158,7 +160,7 @@ async def stop_and_wait(cluster: ProcessCluster, i: int, how: signal.Signals) ->
 
 
 async def test_kill9_every_3s_fails_no_write(tmp_path: Path, figures: dict[str, Any]) -> None:
-    duration = seconds("killed_writes", 27)
+    duration = seconds("killed_writes", 21)
     rng = random.Random(27)
     kills: list[str] = []
     with ProcessCluster(tmp_path / "c", N, replicas=2, restart=True, fast=False) as cluster:
@@ -183,7 +185,7 @@ async def test_kill9_every_3s_fails_no_write(tmp_path: Path, figures: dict[str, 
     figures.update(kills=kills, acked=len(work.acked), failed=len(work.failed),
                    by_kind=dict(work.counts), bytes_read_back=nbytes, bad_reads=len(bad),
                    replica_problems=len(missing))
-    assert len(kills) >= duration // 4, kills           # a kill every 3 s + its restart
+    assert len(kills) >= max(5, duration // 4), kills   # a kill every 3 s + its restart
     assert len(work.acked) > 5 * len(kills), report       # writes went on between kills
     assert {k.split(":")[0] for k in work.counts} == set(KINDS), report
     assert bad == [], bad[:5]
@@ -193,14 +195,14 @@ async def test_kill9_every_3s_fails_no_write(tmp_path: Path, figures: dict[str, 
 
 async def test_a_rolling_restart_fails_no_write(tmp_path: Path,
                                                 figures: dict[str, Any]) -> None:
-    """SIGTERM each data server in turn, 3 s apart, every one twice; 8 writers."""
+    """SIGTERM each data server in turn, 3 s apart; 8 writers."""
     restarts: list[str] = []
     with ProcessCluster(tmp_path / "c", N, replicas=2, restart=True, fast=False) as cluster:
         await asyncio.to_thread(wait_for_targets, cluster.meta_url, N, 30)
 
         async def nemesis(stop: asyncio.Event) -> None:
-            order = iter([i for _ in range(2) for i in range(N)])
-            restarts.extend(await every(3.0, 2 * N, None, lambda: stop_and_wait(
+            order = iter(range(N))
+            restarts.extend(await every(3.0, N, None, lambda: stop_and_wait(
                 cluster, next(order), signal.SIGTERM)))
 
         work = await run_writes(cluster, tmp_path, 8, 10_000, 3_000_000, nemesis)
@@ -210,7 +212,7 @@ async def test_a_rolling_restart_fails_no_write(tmp_path: Path,
     figures.update(restarts=restarts, acked=len(work.acked), failed=len(work.failed),
                    by_kind=dict(work.counts), bytes_read_back=nbytes, bad_reads=len(bad),
                    replica_problems=len(missing))
-    assert len(restarts) == 2 * N
+    assert len(restarts) == N
     assert len(work.acked) > 5 * len(restarts), report
     assert bad == [], bad[:5]
     assert missing == [], missing[:5]
