@@ -127,11 +127,14 @@ def test_a_job_reads_an_attached_and_warmed_dataset_and_teardown_detaches_it(
     results.mkdir()
     os.chown(results, slurm.uid, slurm.gid)
     (slurm.work / "train.py").write_text(TRAIN)
+    # the job waits (at most 2 min) until the test has seen it running, attached and warm
+    go = slurm.work / "attached.go"
+    hold = f"for i in $(seq 1200); do [ -e {go} ] && break; sleep 0.1; done"
     script = job_script(slurm, "attached", f"""
 #STAGER attach {url}/ds /jobs/$SLURM_JOB_ID/in --include '*.bin'
 #STAGER capacity=1MiB
 #STAGER stage_out /jobs/$SLURM_JOB_ID/out file://{results}
-""", f"sleep 5\nsrun -n 3 {sys.executable} {slurm.work}/train.py")
+""", f"{hold}\nsrun -n 3 {sys.executable} {slurm.work}/train.py")
     job = slurm.sbatch(script)
     running = slurm.wait_job(job, until=lambda r: r["JobState"] not in ("PENDING",
                                                                          "CONFIGURING"),
@@ -140,6 +143,7 @@ def test_a_job_reads_an_attached_and_warmed_dataset_and_teardown_detaches_it(
     [view] = [a for a in admin.attachments() if a.path == f"/jobs/{job}/in"]
     assert (view.files, view.cached_bytes) == (len(digests), view.bytes), view    # warm
     assert {q.path: q.bytes for q in admin.quotas()}.get(f"/jobs/{job}") == 1 << 20
+    go.touch()                                  # seen while it ran: now it may read
     record = slurm.wait_job(job, timeout=180)
     output = slurm.work / f"attached-{job}.out"
     assert record["JobState"] == "COMPLETED", (record, output.read_text() if output.exists()
