@@ -1,8 +1,9 @@
 """Multipart parts placed by the writer without a begin request (issue 29): once the
 upload's part size is fixed, a part of at most that size goes to its slot of the final
 file without asking, so an upload of N parts makes about N + few metadata requests,
-not 2N; the part's record still refuses a part of an upload aborted meanwhile, and a
-part after this client completed or aborted the upload asks (and is refused)."""
+not 2N (parts sent at once before any is placed wait for one begin); the part's
+record still refuses a part of an upload aborted meanwhile, and a part after this
+client completed or aborted the upload asks (and is refused)."""
 
 from __future__ import annotations
 
@@ -86,6 +87,25 @@ async def test_n_parts_make_n_and_few_requests_not_2n(client: AsyncClient, http,
     done = await uploads.complete(up.upload_id, [(k, md5(p)) for k, p in enumerate(pieces, 1)])
     assert done.copied == 0 and not done.composed and done.info.file_id == up.file_id
     assert await client.cat(f"{ns}/obj") == data
+
+
+async def test_a_first_wave_of_parts_sent_at_once_asks_one_begin(
+        client: AsyncClient, http, ns: str, mcluster: ThreadCluster, payload) -> None:
+    """boto3 sends its first ten parts at once, before any has a slot: they wait for
+    the one begin on its way, which fixes the part size, and place themselves."""
+    uploads = MultipartUploads(client)
+    n = 6
+    data = payload(n * PART)
+    pieces = [data[i:i + PART] for i in range(0, len(data), PART)]
+    up = await uploads.create(f"{ns}/wave", layout=LAYOUT_SPEC)
+    before = await counts(http, mcluster)
+    await asyncio.gather(*(uploads.write_part(up.upload_id, k, pieces[k - 1], PART)
+                           for k in range(1, n + 1)))
+    assert grown(before, await counts(http, mcluster)) == {
+        "multipart_part_begin": 1, "multipart_part_done": n}
+    done = await uploads.complete(up.upload_id, [(k, md5(p)) for k, p in enumerate(pieces, 1)])
+    assert done.copied == 0 and not done.composed
+    assert await client.cat(f"{ns}/wave") == data
 
 
 async def test_a_part_whose_begin_was_skipped_is_refused_after_an_abort(

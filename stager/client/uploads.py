@@ -13,7 +13,9 @@ copy: correct, and slower), which replaces the pending one.
 
 Once the server has fixed the upload's part size, the slot of each later part of at
 most that size is known (:class:`SlotCache`): the writer places it itself and skips the
-part's begin request, half of a multipart PUT's metadata requests.  The part's record
+part's begin request, half of a multipart PUT's metadata requests.  Parts that come
+while this client's begin of their upload is on its way (boto3 sends its first ten at
+once) wait for its answer and place themselves by it: one begin, not ten.  The part's record
 (``multipart_part_done``) checks its place and the token's scope and refuses a part of
 an upload aborted or completed meanwhile, as before.  A slot is used only while its
 upload was seen alive in the last :data:`FRESH` seconds (a begin or a part recorded), at
@@ -34,6 +36,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from ..dataplane.writer import StripedWriter
@@ -121,6 +124,9 @@ class SlotCache:
 
 # one per client (the gateway makes a MultipartUploads per request over its client)
 _SLOTS: weakref.WeakKeyDictionary[AsyncClient, SlotCache] = weakref.WeakKeyDictionary()
+# per client, the uploads with a begin on its way (set once answered, however)
+_BEGINS: weakref.WeakKeyDictionary[AsyncClient, dict[str, asyncio.Event]] = \
+    weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -144,6 +150,7 @@ class MultipartUploads:
         if slots is None:
             slots = _SLOTS[client] = SlotCache()
         self.slots = slots
+        self.begins = _BEGINS.setdefault(client, {})
 
     async def create(self, path: str, *, layout: LayoutSpec | None = None,
                      extra: str = "") -> MultipartUpload:
@@ -155,23 +162,32 @@ class MultipartUploads:
 
     async def write_part(self, upload_id: str, number: int,
                          source: AsyncIterable[bytes | bytearray | memoryview] | bytes,
-                         size: int, *, md5_of: Callable[[], str] | None = None) -> Part:
+                         size: int, *, md5_of: Callable[[], str] | None = None,
+                         give_back: Callable[[memoryview], None] | None = None) -> Part:
         """Write part ``number``: ``size`` bytes from ``source`` (a part sent before with
         that number is replaced).  Fewer or more bytes than ``size``: BadRequest, and
         nothing recorded.  ``md5_of``: the part's md5 (hex) once ``source`` is read,
-        where its producer takes it anyway (the gateway's payload does), else taken here."""
+        where its producer takes it anyway (the gateway's payload does), else taken here.
+        ``give_back``: ``source``'s pieces are lent (a reader's ``stream(lend=True)``):
+        each is handed to it once the writer no longer holds it."""
         placed = self.slots.place(upload_id, number, size)
+        if placed is None and (begun := self.begins.get(upload_id)) is not None:
+            # boto3 sends its first ten parts at once: they wait for one begin, which
+            # fixes the part size, and place themselves by it, rather than each asking
+            await begun.wait()
+            placed = self.slots.place(upload_id, number, size)
         try:
             try:
                 return await self._write_part(upload_id, number, source, size, md5_of,
-                                              placed)
+                                              placed, give_back)
             except Unavailable:
                 if placed is None or not isinstance(source, (bytes, bytearray, memoryview)):
                     raise       # a stream is spent: its sender sends the part again
                 # placed without asking, on a target gone down since: ask, once (begin
                 # places it around the target when the server knows it is down)
                 self.slots.drop(upload_id)
-                return await self._write_part(upload_id, number, source, size, md5_of, None)
+                return await self._write_part(upload_id, number, source, size, md5_of, None,
+                                              give_back)
         except BaseException:
             self.slots.drop(upload_id)      # the part sent again asks where it goes
             raise
@@ -179,13 +195,10 @@ class MultipartUploads:
     async def _write_part(self, upload_id: str, number: int,
                           source: AsyncIterable[bytes | bytearray | memoryview] | bytes,
                           size: int, md5_of: Callable[[], str] | None,
-                          slot: PartSlot | None) -> Part:
+                          slot: PartSlot | None,
+                          give_back: Callable[[memoryview], None] | None = None) -> Part:
         if slot is None:
-            asked = time.monotonic()
-            slot = PartSlot.from_json(await self.client.meta.request(
-                route("multipart_part_begin"), body=PartBegin(size).to_json(),
-                upload_id=upload_id, number=number))
-            self.slots.learn(upload_id, slot, asked)
+            slot = await self._begin(upload_id, number, size)
         self.client.learn("write", slot.file_id, slot.capability)
         writer = StripedWriter(self.client.plane, slot.file_id, slot.layout, slot.locations,
                                max_in_flight=self.client.config.readahead_chunks,
@@ -206,7 +219,10 @@ class MultipartUploads:
                         await asyncio.to_thread(md5.update, data)
                     elif hashing:
                         md5.update(data)
-                    await writer.write(data)
+                    # a lent piece: whole chunks go out from it (no copy), and it goes
+                    # back to its lender once their PUTs are answered
+                    await writer.write(data, None if give_back is None
+                                       else partial(give_back, data))
                     if writer.size > size:
                         break
             if writer.size != size:     # fewer: S3's IncompleteBody; more: a bad request
@@ -218,8 +234,10 @@ class MultipartUploads:
             await asyncio.shield(writer.abort())
             raise
         digest = md5.hexdigest() if md5_of is None else md5_of()
+        # a part in the upload's own chunks (a slot with the part size) lies in the
+        # upload's layout, which the server knows: only a hidden part's is sent
         done = PartDone(slot.file_id, slot.first_chunk, written, digest, checksums,
-                        writer.layout)
+                        None if slot.part_size else writer.layout)
         asked = time.monotonic()
         part = Part.from_json(await self.client.meta.request(
             route("multipart_part_done"), body=done.to_json(), upload_id=upload_id,
@@ -227,18 +245,38 @@ class MultipartUploads:
         self.slots.seen(upload_id, asked)
         return part
 
+    async def _begin(self, upload_id: str, number: int, size: int) -> PartSlot:
+        """Ask where part ``number`` goes; the upload's other parts that come meanwhile
+        wait for the answer (:meth:`write_part`) when this is its only begin here."""
+        begun = None if upload_id in self.begins else asyncio.Event()
+        if begun is not None:
+            self.begins[upload_id] = begun
+        try:
+            asked = time.monotonic()
+            slot = PartSlot.from_json(await self.client.meta.request(
+                route("multipart_part_begin"), body=PartBegin(size).to_json(),
+                upload_id=upload_id, number=number))
+            self.slots.learn(upload_id, slot, asked)
+            return slot
+        finally:
+            if begun is not None:
+                del self.begins[upload_id]
+                begun.set()
+
     async def copy_part(self, upload_id: str, number: int, src: str, start: int = 0,
                         stop: int | None = None) -> Part:
         """Write part ``number`` from bytes ``[start, stop)`` of the file ``src``
-        (S3's UploadPartCopy), streamed from its reader into the part's writer."""
+        (S3's UploadPartCopy), streamed from its reader into the part's writer: in
+        buffers the reader lends and takes back once written, not a zero-filled new
+        one per chunk (and a range at a chunk boundary goes out from them uncopied)."""
         info = await self.client.stat(src)
         stop = info.size if stop is None else min(stop, info.size)
         if not 0 <= start <= stop:
             raise BadRequest(f"range {start}-{stop} is outside {src} ({info.size} bytes)",
                              reason="InvalidRange")
         reader = self.client.reader(info)
-        return await self.write_part(upload_id, number, reader.stream(start, stop),
-                                     stop - start)
+        return await self.write_part(upload_id, number, reader.stream(start, stop, lend=True),
+                                     stop - start, give_back=reader.give_back)
 
     async def parts(self, upload_id: str) -> PartList:
         return PartList.from_json(await self.client.meta.request(

@@ -31,6 +31,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..bounded import Bounded
 from ..errors import BadRequest, NotFound, StagerError, Unavailable, UploadNotFound
 from ..layout import choose_layout, chunk_targets
 from ..protocol.batch import CommitItem, CreateItem
@@ -55,6 +56,7 @@ log = logging.getLogger("stager.meta")
 # asks a data server to seal chunks (or lift a seal): the HTTP layer's, over its data plane
 Sealer = Callable[[TargetInfo, SealRequest], Awaitable[SealResult]]
 _HIDDEN = uuid.UUID("5b0c6f3e-54a3-4c8e-9c1e-6d2b1f0e7a11")   # hidden parts' id namespace
+SETTLED = 1024          # records of uploads with a fixed part size kept in memory
 
 
 def hidden_part_id(upload_id: str, number: int) -> str:
@@ -120,6 +122,9 @@ class MultipartService:
         self.service = service
         self.store = service.store
         self.config = service.config
+        # upload id -> its record once the part size is fixed: what a part's record
+        # reads of it (path, file id, layout, part size) never changes from then on
+        self._settled: Bounded[str, MultipartRecord] = Bounded(SETTLED)
 
     async def create(self, path: str, layout: LayoutSpec | None, extra: str = ""
                      ) -> MultipartRecord:
@@ -139,6 +144,18 @@ class MultipartService:
         except NotFound:
             raise UploadNotFound(f"no multipart upload {upload_id}",
                                  upload_id=upload_id) from None
+
+    async def settled(self, upload_id: str) -> MultipartRecord:
+        """The record, as a part's record reads it: from memory once its part size is
+        fixed (boto3's parts of 8 MiB: ~128 records a GiB, each a store read saved).
+        Not fresh (``touched`` may be older); the store's write of the part checks
+        the upload is still there (:meth:`record_part`)."""
+        record = self._settled.get(upload_id)
+        if record is None:
+            record = await self.get(upload_id)
+            if record.part_size is not None:
+                self._settled.put(upload_id, record)
+        return record
 
     def slot(self, record: MultipartRecord, file_id: str, first_chunk: int,
              layout: Layout | None = None, part_size: int | None = None) -> PartSlot:
@@ -180,8 +197,9 @@ class MultipartService:
 
     async def record_part(self, record: MultipartRecord, number: int, done: PartDone
                           ) -> Part:
-        """Keep part ``number`` of the upload ``record`` as written where
-        :meth:`begin_part` said (the store's write checks the upload is still there)."""
+        """Keep part ``number`` of the upload ``record`` (as the caller read it, maybe
+        :meth:`settled`) as written where :meth:`begin_part` said; the store's write
+        checks the upload is still there (refused when aborted or completed)."""
         number = part_number(number)
         upload_id = record.upload_id
         chunk = record.layout.chunk_size
@@ -189,16 +207,17 @@ class MultipartService:
             raise BadRequest(f"a {done.size}-byte part has {-(-done.size // chunk)} chunks, "
                              f"got {len(done.checksums)} checksums")
         fixed = record.part_size or 0
-        allowed = {(hidden_part_id(upload_id, number), 0)}
-        if fixed and done.size <= fixed:
-            allowed.add((record.file_id, (number - 1) * (fixed // chunk)))
-        if (done.file_id, done.first_chunk) not in allowed:
+        own = fixed and done.size <= fixed and \
+            (done.file_id, done.first_chunk) == (record.file_id, (number - 1) * (fixed // chunk))
+        if not own and (done.file_id, done.first_chunk) != (hidden_part_id(upload_id, number),
+                                                            0):
             raise BadRequest(f"part {number} of {upload_id} does not go to "
                              f"{done.file_id} from chunk {done.first_chunk}")
-        own = self._own_layout(record, done)
         part = PartRecord(number, done.file_id, done.first_chunk, done.size, done.md5,
-                          done.checksums, self.service.clock(), own)
+                          done.checksums, self.service.clock(),
+                          self._own_layout(record, done))
         if not await self.store.put_part(upload_id, part):
+            self._settled.pop(upload_id, None)
             raise UploadNotFound(f"no multipart upload {upload_id}", upload_id=upload_id)
         return Part(number, part.size, part.md5, part.written)
 
@@ -257,6 +276,7 @@ class MultipartService:
             raise done
         await self.store.drop_multipart(upload_id, keep={record.file_id},
                                         now=self.service.clock())
+        self._settled.pop(upload_id, None)
         return CompleteResult(etag, sizes, file=done)
 
     async def _seal(self, record: MultipartRecord, checksums: Sequence[int],
@@ -320,6 +340,7 @@ class MultipartService:
 
     async def abort(self, upload_id: str) -> MultipartRecord:
         """Drop the upload: its pending file and hidden parts go to garbage."""
+        self._settled.pop(upload_id, None)
         try:
             return await self.store.drop_multipart(upload_id, keep=(),
                                                    now=self.service.clock())
@@ -334,6 +355,7 @@ class MultipartService:
         for record in idle:
             log.info("multipart upload %s of %s idle: collecting", record.upload_id,
                      record.path)
+            self._settled.pop(record.upload_id, None)
             try:
                 await self.store.drop_multipart(record.upload_id, keep=(),
                                                 now=self.service.clock())

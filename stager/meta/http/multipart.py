@@ -137,7 +137,9 @@ async def multipart_part_begin(request: web.Request) -> web.Response:
 
 
 async def multipart_part_done(request: web.Request) -> web.Response:
-    record = await _record(request)
+    # the record as settled: its path (the scope checked) and its slots do not change
+    record = await request.app[MULTIPART].settled(request.match_info["upload_id"])
+    authorize(request, "write", record.path)
     done = PartDone.from_json(await read_json(request, MAX_BODY))
     part = await request.app[MULTIPART].record_part(record, _number(request), done)
     return json_response(part.to_json())
