@@ -38,8 +38,7 @@ def test_expected_skips_pass_and_others_are_kept_with_their_reason() -> None:
 @pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["serial", "xdist"])
 def test_an_unexpected_skip_fails_the_run(workers: list[str]) -> None:
     """The four kubectl comparisons skip without kubectl: not in the list, so the run
-    fails and names them; a test of the module that does not skip passes (one: the
-    module's other tests would add their own time, not a check).  Under xdist too."""
+    fails and names them; the rest of the module alone passes.  Under xdist too."""
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers,
             "--strict-skips", "tests/test_deploy_k8s.py"]
     env = {**os.environ, "STAGER_TEST_NO_KUBECTL": "1"}
@@ -48,7 +47,7 @@ def test_an_unexpected_skip_fails_the_run(workers: list[str]) -> None:
     assert failed.returncode == 1, failed.stdout[-2000:]
     assert "unexpected skips" in failed.stdout
     assert failed.stdout.count("test_our_rendering_is_kubectls") == 4
-    passed = subprocess.run([*argv, "-k", "not kubectl and the_base_is_what_the_issue_asks"],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    passed = subprocess.run([*argv, "-k", "not kubectl"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=240)
     assert passed.returncode == 0, passed.stdout[-2000:]
-    assert "unexpected skips" not in passed.stdout and "1 passed" in passed.stdout
+    assert "unexpected skips" not in passed.stdout
