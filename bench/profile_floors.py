@@ -12,7 +12,7 @@ durable files).  The flame files stay in the printed scratch directory.
 
 ``python -m bench.profile_floors timeline [FILES]``: no py-spy; FILES (default 200)
 1 KiB durable files untraced, their median wall and each process's CPU per file,
-then 20 under ``strace`` on both servers, one row each
+by thread, then 20 under ``strace`` on both servers, one row each
 (:mod:`bench.strace_timeline`): which requests, fsyncs and directories a file's
 write made, and when.
 """
@@ -111,6 +111,7 @@ def timeline(files: int) -> None:
         pids = {"meta": cluster.meta_pid(), "data": cluster.data_pid(0)}
         uvloop.run(piped(cluster.meta_url, 50, "warm"))
         before = {k: cpu_of(p) for k, p in pids.items()}
+        threads = {k: strace_timeline.thread_cpu(p) for k, p in pids.items()}
         client = time.process_time()
         marks = uvloop.run(piped(cluster.meta_url, files, "plain"))
         spent = {k: (cpu_of(p) - before[k]) / files * 1e6 for k, p in pids.items()}
@@ -119,6 +120,10 @@ def timeline(files: int) -> None:
               f"file, us: meta {spent['meta']:.0f}, data {spent['data']:.0f}, client "
               f"{(time.process_time() - client) / files * 1e6:.0f} "
               f"(load {os.getloadavg()[0]:.1f})")
+        for k, p in pids.items():
+            print(f"  {k} by thread, us per file: "
+                  + strace_timeline.per_thread(p, threads[k], strace_timeline.thread_cpu(p),
+                                               files))
         with strace_timeline.traced(pids, tmp):
             time.sleep(1.0)             # strace attaches
             marks = uvloop.run(piped(cluster.meta_url, 20, "traced"))

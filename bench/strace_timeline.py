@@ -11,6 +11,7 @@ made) are what it shows.  The untraced wall and CPU per file come first.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import statistics
@@ -44,6 +45,27 @@ def traced(pids: dict[str, int], out: Path) -> Iterator[None]:
         for p in procs:
             p.send_signal(signal.SIGINT)
             p.wait(30)
+
+
+def thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds (user and system) each thread of ``pid`` used so far."""
+    out = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue            # ended meanwhile
+        out[int(tid)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def per_thread(pid: int, before: dict[int, float], after: dict[int, float], n: int) -> str:
+    """Microseconds of CPU per file, by thread (the main thread is the event loop's),
+    busiest first."""
+    spent = sorted(((after[t] - before.get(t, 0.0)) / n * 1e6, t) for t in after)
+    shown = [f"{'loop' if t == pid else t}: {us:.0f}" for us, t in reversed(spent) if us >= 5]
+    return ", ".join(shown)
 
 
 def calls(log: Path) -> list[Call]:
