@@ -62,7 +62,10 @@ demo: $(VENV)/.installed
 
 # The whole suite, as CI runs it (.ci/run).  Every skip is printed with its reason (-rs),
 # and one outside tests/skip_budget.py's short list fails the run (--strict-skips).
-test: $(VENV)/.installed-dev $(MOSAIC)/.installed sysdeps pidspace
+# The two venvs install side by side (a sub-make with -j2: pip waits on the registry
+# and the disk as much as on a core).
+test: sysdeps pidspace
+	$(MAKE) -j2 --no-print-directory $(VENV)/.installed-dev $(MOSAIC)/.installed
 	$(PYTEST) -rs --strict-skips --durations=30
 
 # The suite starts and kills thousands of processes on a small machine, and Slurm's
