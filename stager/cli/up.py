@@ -32,6 +32,7 @@ from typing import Any
 from ..config import Config, load_config, parse_size
 from ..errors import StagerError
 from .supervise import restart
+from .upfork import Forked, fork_stager
 
 # The client, the servers' pieces and TLS are imported where they are used: every
 # `stager` command builds this module's parser, and most never start a cluster.
@@ -45,7 +46,7 @@ S3GATEWAY_TOKEN_FILE = "s3gateway.token"    # --auth --s3-port: the gateway's ow
 class Server:
     role: str
     root: Path
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes] | Forked
     node: str = ""
     url: str = ""
     argv: list[str] = field(default_factory=list)
@@ -81,8 +82,13 @@ def _die_with_parent() -> None:
 
 
 def _spawn(role: str, root: Path, argv: list[str], log: Path) -> Server:
+    """Start ``stager ARGV``: forked from this process, its code already imported
+    (stager/cli/upfork.py), else as a new ``python -m stager``."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "server.json").unlink(missing_ok=True)
+    forked = fork_stager(argv, log)
+    if forked is not None:
+        return Server(role, root, forked, argv=argv, log=log)
     with open(log, "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "stager", *argv], stdout=out,
                                 stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
