@@ -84,23 +84,23 @@ class MultipartSQL:
 
     def put_part(self, upload_id: str, p: PartRecord) -> bool:
         with self.database.transaction():
-            try:
-                record = self.get(upload_id)
-            except NotFound:
+            # the touch is the check that the upload is still there (no record read)
+            if not self.db.execute("UPDATE multipart_uploads SET touched = max(touched, ?) "
+                                   "WHERE upload_id = ?", (p.written, upload_id)).rowcount:
                 return False        # aborted meanwhile: a hidden part's chunks are orphans
-            old = self.db.execute(f"SELECT {_PART} FROM multipart_parts "
+            old = self.db.execute("SELECT file_id FROM multipart_parts "
                                   "WHERE upload_id = ? AND number = ?",
                                   (upload_id, p.number)).fetchone()
-            if old is not None:
-                self._garbage(hidden_files(record, [part_of(old)], {p.file_id}),
-                              now=p.written)
+            if old is not None and old[0] != p.file_id:     # maybe a hidden part replaced
+                record = self.get(upload_id)
+                self._garbage(hidden_files(record, [part_of(self.db.execute(
+                    f"SELECT {_PART} FROM multipart_parts WHERE upload_id = ? AND number = ?",
+                    (upload_id, p.number)).fetchone())], {p.file_id}), now=p.written)
             self.db.execute(f"INSERT OR REPLACE INTO multipart_parts (upload_id, {_PART}) "
                             "VALUES (?,?,?,?,?,?,?,?,?)",
                             (upload_id, p.number, p.file_id, p.first_chunk, p.size, p.md5,
                              pack(p.checksums), p.written,
                              None if p.layout is None else layout_text(p.layout)))
-            self.db.execute("UPDATE multipart_uploads SET touched = max(touched, ?) "
-                            "WHERE upload_id = ?", (p.written, upload_id))
         return True
 
     def parts(self, upload_id: str) -> list[PartRecord]:
@@ -154,7 +154,7 @@ class SQLiteMultipart(Multipart):
         return await self.thread.run(self.multipart.fix_part_size, upload_id, size)
 
     async def put_part(self, upload_id: str, part: PartRecord) -> bool:
-        return await self.thread.run(self.multipart.put_part, upload_id, part)
+        return await self.thread.write(self.multipart.put_part, upload_id, part)
 
     async def list_parts(self, upload_id: str) -> list[PartRecord]:
         return await self.thread.run(self.multipart.parts, upload_id)
