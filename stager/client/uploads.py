@@ -33,12 +33,12 @@ import asyncio
 import hashlib
 import time
 import weakref
-from collections import OrderedDict
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
+from ..bounded import Bounded
 from ..dataplane.writer import StripedWriter
 from ..errors import BadRequest, Unavailable
 from ..protocol import paths
@@ -74,8 +74,7 @@ class SlotCache:
     ``None`` for an upload this client completed or aborted, never placed again."""
 
     def __init__(self, limit: int = MAX_SLOTS) -> None:
-        self.limit = limit
-        self._slots: OrderedDict[str, tuple[PartSlot, float, float] | None] = OrderedDict()
+        self._slots: Bounded[str, tuple[PartSlot, float, float] | None] = Bounded(limit)
 
     def place(self, upload_id: str, number: int, size: int) -> PartSlot | None:
         """Part ``number``'s slot when it can be placed without asking, else None."""
@@ -100,10 +99,7 @@ class SlotCache:
         if not slot.part_size or slot.part_size % chunk:
             self._slots.pop(upload_id, None)
             return
-        self._slots[upload_id] = (slot, asked, asked)
-        self._slots.move_to_end(upload_id)
-        while len(self._slots) > self.limit:
-            self._slots.popitem(last=False)
+        self._slots.put(upload_id, (slot, asked, asked))
 
     def seen(self, upload_id: str, asked: float) -> None:
         """The upload was alive when a request sent at ``asked`` was answered."""
@@ -116,10 +112,7 @@ class SlotCache:
 
     def close(self, upload_id: str) -> None:
         """Never place a part of ``upload_id`` again (completed or aborted here)."""
-        self._slots[upload_id] = _CLOSED
-        self._slots.move_to_end(upload_id)
-        while len(self._slots) > self.limit:
-            self._slots.popitem(last=False)
+        self._slots.put(upload_id, _CLOSED)
 
 
 # one per client (the gateway makes a MultipartUploads per request over its client)
