@@ -82,9 +82,9 @@ def _count(request: web.Request, sent: int = 0, received: int = 0) -> None:
     service.bytes_read += sent
     service.bytes_written += received
     if sent:
-        metrics.bytes_out.labels(target).inc(sent)
+        metrics.sent(target, sent)
     if received:
-        metrics.bytes_in.labels(target).inc(received)
+        metrics.received(target, received)
 
 
 async def put_chunk(request: web.Request) -> web.Response:

@@ -27,6 +27,8 @@ class ServerMetrics:
         # (op, status) -> the two children a request counts in: labels() locks and
         # builds its key on every call, a good part of a small request's middleware time
         self._children: dict[tuple[str, int], tuple[Any, Any]] = {}
+        self._in: dict[str, Any] = {}           # target -> its bytes_in child
+        self._out: dict[str, Any] = {}          # target -> its bytes_out child
 
     def observe(self, op: str, status: int, seconds: float) -> None:
         """Count one request of ``op`` answered with ``status`` in ``seconds``."""
@@ -36,6 +38,21 @@ class ServerMetrics:
                                                  self.latency.labels(op))
         pair[0].inc()
         pair[1].observe(seconds)
+
+    def received(self, target: str, nbytes: int) -> None:
+        """Count ``nbytes`` of request body received for ``target`` (its child kept, as
+        :meth:`observe` keeps its own)."""
+        child = self._in.get(target)
+        if child is None:
+            child = self._in[target] = self.bytes_in.labels(target)
+        child.inc(nbytes)
+
+    def sent(self, target: str, nbytes: int) -> None:
+        """Count ``nbytes`` of response body sent for ``target`` (as :meth:`received`)."""
+        child = self._out.get(target)
+        if child is None:
+            child = self._out[target] = self.bytes_out.labels(target)
+        child.inc(nbytes)
 
     def gauge(self, name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
         if name not in self.gauges:

@@ -347,7 +347,7 @@ async def gateway_get(request: web.Request) -> web.StreamResponse:
         async for piece in pieces:
             await response.write(piece)
             sent += len(piece)
-    request.app[METRICS_KEY].bytes_out.labels("gateway").inc(sent)
+    request.app[METRICS_KEY].sent("gateway", sent)
     await response.write_eof()
     return response
 
@@ -372,14 +372,21 @@ async def gateway_put(request: web.Request) -> web.Response:
                       replicas=query_int(request, "replicas"))
     spec.validate(config.max_chunk_size)
 
-    async def body() -> AsyncIterator[bytes]:
-        async for piece in request.content.iter_chunked(STREAM_PIECE):
-            yield piece
+    size = request.content_length
+    body: AsyncIterator[bytes] | bytes
+    if size is not None and size <= STREAM_PIECE:
+        # a body no longer than one piece (a small file's), read whole: its bytes are
+        # in already, and two async generators stepped per piece cost more than it
+        body = await request.content.read()
+    else:
+        async def pieces() -> AsyncIterator[bytes]:
+            async for piece in request.content.iter_chunked(STREAM_PIECE):
+                yield piece
+        body = pieces()
 
-    info = await request.app[GATEWAY].write(path_arg(request), body(), layout=spec,
-                                            max_size=config.max_upload_size,
-                                            size=request.content_length)
-    request.app[METRICS_KEY].bytes_in.labels("gateway").inc(info.size)
+    info = await request.app[GATEWAY].write(path_arg(request), body, layout=spec,
+                                            max_size=config.max_upload_size, size=size)
+    request.app[METRICS_KEY].received("gateway", info.size)
     return json_response(info.to_json(), status=201)
 
 

@@ -31,7 +31,7 @@ class Gateway:
         return StripedReader(self.plane, info, concurrency=self.limit,
                              readahead=self.config.readahead_chunks, retries=self.config.retries)
 
-    async def write(self, path: str, body: AsyncIterator[bytes], *,
+    async def write(self, path: str, body: AsyncIterator[bytes] | bytes, *,
                     layout: LayoutSpec | None = None, max_size: int,
                     size: int | None = None) -> FileInfo:
         """Store ``body`` at ``path``; visible only once every chunk is durable.  The
@@ -42,7 +42,9 @@ class Gateway:
         on a store that runs the two as one statement, a first try of one is planned
         without the check of its path (:func:`.writes.plan_hinted`): its store checks
         it in that statement, and where the directory's layout spec was not the one
-        assumed, it is planned (checked) and written once more, from its bytes kept."""
+        assumed, it is planned (checked) and written once more, from its bytes kept.
+        ``body`` may be the whole body at once (``bytes``: a small one, read whole):
+        nothing to keep then, and no iterator to step through."""
         item = CreateItem(path, layout)
         hinted = None
         if self.service.store.in_order and size is not None and not opkey.retried():
@@ -52,22 +54,24 @@ class Gateway:
             return await self._write(one(created), fresh, body, max_size=max_size, size=size)
         kept: list[bytes] = []
 
-        async def keeping() -> AsyncIterator[bytes]:
+        async def keeping(body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
             async for piece in body:
                 kept.append(piece)
                 yield piece
 
         try:
-            return await self._write(hinted, [hinted[0]], keeping(), max_size=max_size,
-                                     size=size)
+            return await self._write(hinted, [hinted[0]],
+                                     body if isinstance(body, bytes) else keeping(body),
+                                     max_size=max_size, size=size)
         except SpecChanged as exc:
             self.service.spec_hints.learn(paths.split(path)[0], exc.spec)
         created, fresh = await writes.plan(self.service, [item], again=True)
-        return await self._write(one(created), fresh, _replay(kept), max_size=max_size,
-                                 size=size)
+        return await self._write(one(created), fresh,
+                                 body if isinstance(body, bytes) else _replay(kept),
+                                 max_size=max_size, size=size)
 
     async def _write(self, created: Created, fresh: Sequence[Upload],
-                     body: AsyncIterator[bytes], *, max_size: int, size: int | None
+                     body: AsyncIterator[bytes] | bytes, *, max_size: int, size: int | None
                      ) -> FileInfo:
         """:meth:`write` of a planned upload."""
         upload, info = created
@@ -87,11 +91,11 @@ class Gateway:
         writer = StripedWriter(self.plane, upload.file_id, info.layout, info.locations,
                                max_in_flight=self.config.readahead_chunks, reroute=reroute)
         try:
-            async for piece in body:
-                if writer.size + len(piece) > max_size:
-                    raise PayloadTooLarge(f"body over the limit of {max_size} bytes",
-                                          limit=max_size)
-                await writer.write(piece)
+            if isinstance(body, bytes):
+                await _write_piece(writer, body, max_size)
+            else:
+                async for piece in body:
+                    await _write_piece(writer, piece, max_size)
             written, checksums = await writer.close()
             return await self._commit(record, CommitItem(upload.file_id, written,
                                                          tuple(checksums)))
@@ -158,6 +162,15 @@ class Gateway:
             return
         # an error in its place: already committed or collected
         await self.service.abort([file_id])
+
+
+async def _write_piece(writer: StripedWriter, piece: bytes, max_size: int) -> None:
+    """One piece of a body into ``writer``, unless it takes the body past ``max_size``
+    (an empty one writes nothing, as an empty body's iterator yields nothing)."""
+    if writer.size + len(piece) > max_size:
+        raise PayloadTooLarge(f"body over the limit of {max_size} bytes", limit=max_size)
+    if piece:
+        await writer.write(piece)
 
 
 async def _replay(pieces: list[bytes]) -> AsyncIterator[bytes]:
