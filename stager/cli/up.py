@@ -32,7 +32,7 @@ from typing import Any
 from ..config import Config, load_config, parse_size
 from ..errors import StagerError
 from .supervise import restart
-from .upfork import Forked, fork_stager
+from .upfork import Forked, fork_stager, wake_on_signals
 
 # The client, the servers' pieces and TLS are imported where they are used: every
 # `stager` command builds this module's parser, and most never start a cluster.
@@ -86,7 +86,7 @@ def _spawn(role: str, root: Path, argv: list[str], log: Path) -> Server:
     (stager/cli/upfork.py), else as a new ``python -m stager``."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "server.json").unlink(missing_ok=True)
-    forked = fork_stager(argv, log)
+    forked = fork_stager(argv, log, data=role == "data")
     if forked is not None:
         return Server(role, root, forked, argv=argv, log=log)
     with open(log, "ab") as out:
@@ -277,6 +277,7 @@ def run_up(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    idle = wake_on_signals()
     root = Path(args.root)
     servers: list[Server] = []
     try:
@@ -330,7 +331,7 @@ def run_up(args: argparse.Namespace) -> int:
                     if s.role == "meta" and not any(o.role == "meta" for o in servers):
                         return 1        # the last metadata server: the cluster is gone
                     break
-            time.sleep(0.2)
+            idle(0.2)
         return 0
     except (RuntimeError, StagerError) as exc:
         print(f"stager up: {exc}", file=sys.stderr)

@@ -19,17 +19,20 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 # What `stager data` imports to run (stager/cli/servers.py run_data).
 PRELOAD = ("stager.data.app", "stager.data.registration", "stager.web.authmw",
            "stager.web.server")
+_WAKEUP: list[int] = []     # the pipe `stager up` idles on: a forked child closes it
 
 
 class Forked:
@@ -70,6 +73,27 @@ class Forked:
         self.send_signal(signal.SIGKILL)
 
 
+def wake_on_signals() -> Callable[[float], None]:
+    """``idle(seconds)``: a sleep that a signal ends at once (SIGTERM, SIGINT, and a
+    server's exit: SIGCHLD), so that ``stager up`` stops, and restarts a killed
+    server, without first finishing its poll interval."""
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    _WAKEUP[:] = [r, w]
+    signal.set_wakeup_fd(w)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)   # a handler: it wakes
+
+    def idle(seconds: float) -> None:
+        select.select([r], [], [], seconds)
+        try:
+            os.read(r, 4096)
+        except BlockingIOError:
+            pass
+
+    return idle
+
+
 def preload() -> None:
     """Import the data server's modules here, once, so every fork has them."""
     import importlib
@@ -78,13 +102,16 @@ def preload() -> None:
         importlib.import_module(name)
 
 
-def fork_stager(argv: list[str], log: Path) -> Forked | None:
+def fork_stager(argv: list[str], log: Path, *, data: bool = False) -> Forked | None:
     """Run ``stager ARGV`` in a forked child writing to ``log`` (appended), in a new
     session that gets SIGTERM when this process dies; ``None`` where this process
-    cannot fork safely (more than one thread)."""
+    cannot fork safely (more than one thread).  ``data``: it is a data server, whose
+    modules are imported here first (:func:`preload`; the metadata server is forked
+    before them, and starts while they load)."""
     if threading.active_count() > 1:
         return None
-    preload()
+    if data:
+        preload()
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -115,9 +142,13 @@ def _child(argv: list[str], log: Path) -> int:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-    # `stager up`'s own handlers would only set its flag in the child
+    # `stager up`'s own handlers and wake-up pipe are not the server's
+    signal.set_wakeup_fd(-1)
+    for fd in _WAKEUP:
+        os.close(fd)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     # the child sets its logging from its own flags, as an exec'd one would
     root = logging.getLogger()
     for handler in list(root.handlers):
