@@ -75,13 +75,16 @@ async def _garbage(conn: asyncpg.Connection, files: Sequence[tuple[str, Layout]]
 
 
 async def put_part(conn: asyncpg.Connection, upload_id: str, p: PartRecord) -> bool:
-    try:
-        record = await get(conn, upload_id, lock=True)
-    except NotFound:
+    # the touch is the check that the upload is still there, and takes its row's lock
+    # (as the record's read FOR UPDATE did); the record is read only where a part of
+    # another file is replaced (maybe a hidden part's chunks to collect)
+    if await conn.fetchval("UPDATE multipart_uploads SET touched = greatest(touched, $1) "
+                           "WHERE upload_id = $2 RETURNING 1", p.written, upload_id) is None:
         return False        # aborted meanwhile: a hidden part's chunks are orphans
     old = await conn.fetchrow(f"SELECT {_PART} FROM multipart_parts "
                               "WHERE upload_id = $1 AND number = $2", upload_id, p.number)
-    if old is not None:
+    if old is not None and old["file_id"] != p.file_id:
+        record = await get(conn, upload_id)
         await _garbage(conn, hidden_files(record, [_part(old)], {p.file_id}), p.written)
     await conn.execute(
         f"INSERT INTO multipart_parts (upload_id, {_PART}) "
@@ -92,8 +95,6 @@ async def put_part(conn: asyncpg.Connection, upload_id: str, p: PartRecord) -> b
         "layout = EXCLUDED.layout",
         upload_id, p.number, p.file_id, p.first_chunk, p.size, p.md5, pack(p.checksums),
         p.written, None if p.layout is None else layout_text(p.layout))
-    await conn.execute("UPDATE multipart_uploads SET touched = greatest(touched, $1) "
-                       "WHERE upload_id = $2", p.written, upload_id)
     return True
 
 
