@@ -48,7 +48,8 @@ class Forked:
         if self.returncode is None:
             try:
                 pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
+            except ChildProcessError:   # reaped elsewhere: gone, its status unknown
+                self.returncode = 0         # (what subprocess.Popen says then)
                 return self.returncode
             if pid == self.pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
