@@ -9,6 +9,9 @@ its output in its log: a cluster of N data servers starts about 0.3 N CPU second
 sooner.  The metadata server's modules are not imported first: they load numpy,
 whose BLAS starts threads, and a fork keeps only the thread that forked.
 
+``ps`` shows a forked server with ``stager up``'s command line; ``cluster.json``
+names each server's pid and role, and its ``server.log`` is its own.
+
 Only a parent with one thread forks (a second one could hold a lock the child
 would wait on forever); :func:`fork_stager` answers ``None`` otherwise, and the
 caller executes the command as before.
