@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> None:
         path = os.pathsep.join(p for p in (str(HOOK), os.environ.get("PYTHONPATH", ""),
                                            str(HOOK.parent.parent)) if p)
         env = {"STAGER_TARGET_TIMEOUT": "3600", "STAGER_EVENT_LOOP": "asyncio",
-               "STAGER_HOLDS": prefix, "PYTHONPATH": path}
+               "STAGER_HOLDS": prefix, "PYTHONPATH": path,
+               "STAGER_UP_EXEC": "1"}     # the hook starts with the server's interpreter
         with ProcessCluster(tmp / "cluster", data_servers=0, fast=False, env=env) as cluster:
             meta = cluster.meta_url
             bench_scale._generate_in_child(meta, {"register": args.targets}, 0.0, 0.0)

@@ -68,3 +68,13 @@ def test_stager_up_forks_its_data_servers_and_restarts_a_killed_one(tmp_path: Pa
         assert c.wait_restarted("data", 1, old, timeout=20) < 20
         c.reload()
         assert Path(f"/proc/{c.data_pid(1)}/cmdline").read_bytes() == up
+
+
+def test_stager_up_exec_runs_each_server_as_its_own_interpreter(tmp_path: Path) -> None:
+    """``STAGER_UP_EXEC``: for hooks that start with a server's interpreter (a
+    ``sitecustomize``, ``LD_PRELOAD``), each server is ``python -m stager …`` again."""
+    with ProcessCluster(tmp_path / "c", 1, env={"STAGER_UP_EXEC": "1"}) as c:
+        up = Path(f"/proc/{c.proc.pid}/cmdline").read_bytes()    # type: ignore[union-attr]
+        for pid in (c.data_pid(0), c.meta_pid()):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            assert argv != up.split(b"\0") and argv[1:3] == [b"-m", b"stager"], argv

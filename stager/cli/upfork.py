@@ -14,7 +14,10 @@ names each server's pid and role, and its ``server.log`` is its own.
 
 Only a parent with one thread forks (a second one could hold a lock the child
 would wait on forever); :func:`fork_stager` answers ``None`` otherwise, and the
-caller executes the command as before.
+caller executes the command as before.  So it does where ``STAGER_UP_EXEC`` is set
+(to anything but empty): for what hooks a server's own interpreter as it starts (a
+``sitecustomize`` that looks at its ``sys.argv``, ``LD_PRELOAD``, a wrapper that
+profiles a process from its first instruction), which a fork of ``up`` would bypass.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from pathlib import Path
 # What `stager data` imports to run (stager/cli/servers.py run_data).
 PRELOAD = ("stager.data.app", "stager.data.registration", "stager.web.authmw",
            "stager.web.server")
+EXEC_ENV = "STAGER_UP_EXEC"  # set: `stager up` executes each server, forks none
 _WAKEUP: list[int] = []     # the pipe `stager up` idles on: a forked child closes it
 
 
@@ -112,7 +116,7 @@ def fork_stager(argv: list[str], log: Path, *, data: bool = False) -> Forked | N
     cannot fork safely (more than one thread).  ``data``: it is a data server, whose
     modules are imported here first (:func:`preload`; the metadata server is forked
     before them, and starts while they load)."""
-    if threading.active_count() > 1:
+    if threading.active_count() > 1 or os.environ.get(EXEC_ENV):
         return None
     if data:
         preload()
