@@ -199,6 +199,34 @@ def test_two_metadata_servers_share_namespace_targets_revocations_and_duties(
         b.close()
 
 
+def test_a_file_on_a_target_another_server_heard_first_reads_through_this_one(
+        tmp_path: Path, pg_url: str) -> None:
+    """A data server that registers with the first metadata server after the second
+    started: the second reads it back only every ``heartbeat_interval / 2`` (here
+    30 s).  A file written through the first at once, on that target, reads through
+    the second: its stat reads the shared state back before answering (CI saw
+    ``target … is unknown`` from the second once clusters started in under a second)."""
+    slow = {"STAGER_HEARTBEAT_INTERVAL": "60", "STAGER_TARGET_TIMEOUT": "600"}
+    with ProcessCluster(tmp_path / "c", data_servers=0, meta_store=pg_url, meta_servers=2,
+                        fast=False, env=slow) as cluster:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("STAGER_")}
+        data = subprocess.Popen(
+            [sys.executable, "-m", "stager", "--meta", cluster.meta_url, "data", "--root",
+             str(tmp_path / "late"), "--port", "0", "--node", "late"],
+            env={**env, **slow}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        a, b = (Client(url) for url in cluster.meta_urls)
+        try:
+            wait_for(lambda: len(a.targets()) == 1, 30)
+            a.pipe("/fresh/f", b"through a" * 1000)
+            assert b.cat("/fresh/f") == b"through a" * 1000
+            assert b.stat("/fresh/f").locations == a.stat("/fresh/f").locations
+        finally:
+            a.close()
+            b.close()
+            data.terminate()
+            data.wait(20)
+
+
 def test_restart_brings_back_each_metadata_server(tmp_path: Path, pg_url: str) -> None:
     with ProcessCluster(tmp_path / "c", data_servers=1, restart=True, meta_store=pg_url,
                         meta_servers=2) as cluster:

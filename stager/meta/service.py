@@ -20,7 +20,7 @@ import json
 import logging
 import time
 import zlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import replace as _with
 from typing import Any
 
@@ -83,6 +83,10 @@ class MetaService:
         # What the duty holder last stored of its work ("rebuild", "fsck"), as read
         # back by the other servers (stager/meta/shared.py).
         self.shared_status: dict[str, dict[str, Any]] = {}
+        # Reads the shared state back now (stager/meta/shared.py sets it on a shared
+        # store): a file whose layout names a target this server has not read yet (one
+        # that registered with another server since its last read) waits for it.
+        self.read_back: Callable[[Collection[str]], Awaitable[None]] | None = None
         # Resolved manifests, encoded once (stager/meta/snapshots.py).
         self.snapshots = SnapshotCache(config.manifest_cache_bytes)
         # The chunk size of each upload begun here, for its commit (stager/meta/writes.py).
@@ -123,7 +127,12 @@ class MetaService:
         return {t: self.targets[t].url for t in layout.targets if t in self.targets}
 
     async def stat(self, path: str) -> FileInfo:
-        return self.info(await self.store.stat(paths.normalize(path)))
+        entry = await self.store.stat(paths.normalize(path))
+        layout = entry.layout
+        if self.read_back is not None and layout is not None and \
+                not all(t in self.targets for t in layout.targets):
+            await self.read_back([t for t in layout.targets if t not in self.targets])
+        return self.info(entry)
 
     async def list(self, path: str, *, after: str = "", limit: int | None = None
                    ) -> tuple[list[FileInfo], str | None]:

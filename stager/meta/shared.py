@@ -13,6 +13,10 @@ With a store only one server uses (SQLite) nothing here runs.  On a shared store
   PostgreSQL's) and sets :attr:`MetaService.duties_held`;
 * reads the status sections the duty holder stored (rebuild progress, last fsck).
 
+A stat of a file on a target this server has not read yet (registered with another
+server since its last read) reads the shared state back at once, before it answers:
+the file's locations name every target, as the other server's would.
+
 A revoke through one server reaches the others through the token table
 (:mod:`.authapp` refreshes its revoked set the same way, more often).
 """
@@ -21,7 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Collection
 from dataclasses import replace
 
 from aiohttp import web
@@ -32,6 +37,7 @@ from .service import GONE_STATES, MetaService
 from .suspicion import Suspicion, merged
 
 log = logging.getLogger("stager.meta")
+MISSING_FOR = 5.0       # seconds a target unknown after a read asks no other read
 
 
 async def sync(service: MetaService) -> None:
@@ -91,6 +97,26 @@ def install(app: web.Application, service: MetaService, config: Config) -> None:
     async def loop() -> None:
         await keep_doing(lambda: sync(service), interval, "reading the shared state back",
                          log)
+
+    reading: list[asyncio.Future[None]] = []
+    missing: dict[str, float] = {}      # still unknown after a read: until when, no more
+
+    async def read_back(ids: Collection[str]) -> None:
+        """One read of the shared state now, for targets ``ids`` unknown here: shared by
+        the stats that ask while it runs.  A target still unknown after it (forgotten
+        meanwhile, its files not yet moved) asks no read for MISSING_FOR seconds."""
+        now = time.monotonic()
+        if all(missing.get(t, 0.0) > now for t in ids):
+            return
+        if not reading or reading[0].done():
+            reading[:] = [asyncio.ensure_future(sync(service))]
+        await asyncio.shield(reading[0])
+        now = time.monotonic()
+        for t in [t for t, until in missing.items() if until <= now]:
+            del missing[t]
+        missing.update((t, now + MISSING_FOR) for t in ids if t not in service.targets)
+
+    service.read_back = read_back
 
     async def running(app: web.Application) -> AsyncIterator[None]:
         await sync(service)
