@@ -86,8 +86,7 @@ class Beats:
             told = exc if isinstance(exc, (StagerError, *TRANSPORT_FAILURES)) else \
                 Unavailable(f"heartbeats to {self.meta}: {exc!r}")
             for p in batch:
-                if not p.answer.done():
-                    p.answer.set_exception(told)
+                _fail(p.answer, told)
             if isinstance(exc, asyncio.CancelledError):
                 raise
 
@@ -113,7 +112,7 @@ class Beats:
                 if result.status == 404:
                     p.answer.set_result((404, None))
                 else:
-                    p.answer.set_exception(result)
+                    _fail(p.answer, result)
             else:
                 p.answer.set_result((200, result))
 
@@ -122,13 +121,22 @@ class Beats:
             p.answer.set_result(await post_json(self.session, _one_url(self.meta, p.item),
                                             p.item.beat.to_json(), p.auth))
         except Exception as exc:
-            p.answer.set_exception(exc)
+            _fail(p.answer, exc)
 
     async def close(self) -> None:
         if self._flusher is not None:
             self._flusher.cancel()
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await self._flusher
+
+
+def _fail(answer: asyncio.Future[Answer], exc: BaseException) -> None:
+    """``answer`` fails with ``exc``, marked as seen: its sender, stopped meanwhile (a
+    data server shutting down cancels them), may never await it, and asyncio would log
+    "Future exception was never retrieved" for each at exit."""
+    if not answer.done():
+        answer.set_exception(exc)
+        answer.exception()
 
 
 class Hub:
