@@ -195,6 +195,13 @@ def test_an_fsync_eio_is_never_acknowledged(tmp_path: Path, slow_callbacks,
             with pytest.raises(StorageError) as err:
                 c.pipe("/eio/during.bin", b"d" * (3 * SMALL), layout=LayoutSpec(chunk_size=SMALL))
             assert not c.exists("/eio/during.bin")
+            # The error comes back once one chunk failed; another chunk of the file may
+            # still be on its way through the server (renamed, its fsync failing), and is
+            # removed then: by that server, or by the collection of the aborted upload's
+            # chunks (every 0.2 s here).  Wait for that, bounded: CI saw a chunk of it on
+            # disk at the moment the error came back.
+            settled = eventually(lambda: not set(chunk_files(root)) - before, 10,
+                                 "the failed write's chunks removed by its server")
             during = set(chunk_files(root)) - before
             subprocess.run(["fiu-ctrl", "-c", "disable name=posix/io/sync/fsync", str(pid)],
                            check=True)
@@ -204,7 +211,8 @@ def test_an_fsync_eio_is_never_acknowledged(tmp_path: Path, slow_callbacks,
             assert c.cat("/eio/before.bin") == b"b" * SMALL
             assert c.cat("/eio/after.bin") == b"a" * SMALL
         figures.update(error=type(err.value).__name__, errno=err.value.errno,
-                       chunk_files_from_failed_write=len(during))
+                       chunk_files_from_failed_write=len(during),
+                       seconds_until_removed=round(settled, 3))
         assert err.value.errno == 5 and "io" in err.value.code
         assert during == set()                       # nothing kept, not even a temporary
     finally:
