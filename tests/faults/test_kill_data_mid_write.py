@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from reliability_util import verify_copy
 
 from faults.faultlib import make_bytes, read_back
 from stager import AsyncClient
@@ -27,7 +28,7 @@ from stager.checksum import crc32c
 from stager.config import load_config
 from stager.errors import CorruptChunk
 from stager.protocol.models import LayoutSpec
-from stager.storage import ChunkStore, chunkfile
+from stager.storage import ChunkStore
 from stager.storage.chunkstore import TMP_SUFFIX
 from stager.testing import ProcessCluster
 from stager.testing.cluster import wait_for_targets
@@ -39,16 +40,6 @@ SIZES = (1024, 96 * 1024, 1536 * 1024)     # one block, two blocks, many (chunks
 
 def _chunk_files(root: Path) -> list[Path]:
     return sorted(p for p in (root / "chunks").rglob("*") if p.is_file())
-
-
-def _verify(path: Path) -> None:
-    """The whole chunk: its trailer, every block and the whole-chunk CRC."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        meta = chunkfile.read_meta(fd, os.fstat(fd).st_size, path.name)
-        chunkfile.verify_all(fd, meta, path.name)
-    finally:
-        os.close(fd)
 
 
 async def _writer(c: AsyncClient, w: int, stop: asyncio.Event,
@@ -98,7 +89,7 @@ async def test_a_data_server_killed_mid_write_leaves_no_whole_looking_torn_chunk
                 # left under a chunk's name is whole (the temporary files may not be).
                 named = [p for p in _chunk_files(root) if not p.name.endswith(TMP_SUFFIX)]
                 for p in named:
-                    _verify(p)
+                    verify_copy(p)   # its trailer, every block, the whole-chunk CRC
             finally:
                 stop.set()
                 await asyncio.gather(*writers)
@@ -109,7 +100,7 @@ async def test_a_data_server_killed_mid_write_leaves_no_whole_looking_torn_chunk
         files = _chunk_files(root)
         assert not [p for p in files if p.name.endswith(TMP_SUFFIX)]   # removed at start
         for p in files:
-            _verify(p)
+            verify_copy(p)   # its trailer, every block, the whole-chunk CRC
         async with AsyncClient(cluster.meta_url, config=load_config(env={})) as c:
             nbytes, bad = await read_back(c, acked)
     assert bad == [], bad[:5]
