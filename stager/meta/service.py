@@ -28,12 +28,11 @@ from ..config import Config
 from ..errors import AlreadyExists, BadRequest, NotFound, StagerError
 from ..layout import PLACEABLE
 from ..protocol import paths
-from ..protocol.batch import MAX_BATCH_ITEMS, CommitItem, CreateItem, one
+from ..protocol.batch import CommitItem, CreateItem, one
 from ..protocol.cluster import MetaServer, Status
 from ..protocol.manifest import Manifest
 from ..protocol.messages import RerouteRequest
 from ..protocol.models import MAX_LIST_LIMIT, FileInfo, Layout, LayoutSpec, TargetInfo
-from ..web.idempotency import KEY_TTL
 from . import reroute, snapshots, writes
 from .quotas import QuotaService
 from .snapshots import Snapshot, SnapshotCache
@@ -44,7 +43,6 @@ from .writes import Begun, Created, SpecHints
 
 log = logging.getLogger("stager.meta")
 
-Purger = Callable[[TargetInfo, list[str]], Awaitable[int]]
 # Targets whose chunks are re-replicated elsewhere (stager/meta/upkeep/rebuild.py): "lost"
 # after target_lost_after seconds down, "removed" by `stager target remove`.
 GONE_STATES = frozenset({"lost", "removed"})
@@ -128,10 +126,10 @@ class MetaService:
 
     async def stat(self, path: str) -> FileInfo:
         entry = await self.store.stat(paths.normalize(path))
-        layout = entry.layout
-        if self.read_back is not None and layout is not None and \
-                not all(t in self.targets for t in layout.targets):
-            await self.read_back([t for t in layout.targets if t not in self.targets])
+        if self.read_back is not None and entry.layout is not None:
+            unknown = [t for t in entry.layout.targets if t not in self.targets]
+            if unknown:
+                await self.read_back(unknown)
         return self.info(entry)
 
     async def list(self, path: str, *, after: str = "", limit: int | None = None
@@ -469,37 +467,3 @@ class MetaService:
             metas=tuple(self.meta_servers()),
             lost_at=self.lost_at(),
         )
-
-    # -- garbage collection -----------------------------------------------------------
-    async def collect_garbage(self, purge: Purger, *, limit: int = 256) -> int:
-        """Purge chunks of deleted, replaced and abandoned files; returns files finished."""
-        expired = await self.store.expired_uploads(self.clock() - self.config.upload_grace)
-        for upload in expired:
-            log.info("upload %s of %s abandoned: collecting", upload.file_id, upload.path)
-        for start in range(0, len(expired), MAX_BATCH_ITEMS):
-            await self.abort([u.file_id for u in expired[start:start + MAX_BATCH_ITEMS]])
-        garbage = await self.store.take_garbage(limit)
-        if not garbage:
-            return 0
-        by_target: dict[str, list[str]] = {}
-        for g in garbage:
-            for t in set(g.layout.targets):
-                by_target.setdefault(t, []).append(g.file_id)
-        failed: set[str] = set()
-        for target_id, file_ids in by_target.items():
-            target = self.targets.get(target_id)
-            if target is not None and target.state in GONE_STATES:
-                continue    # its chunks are gone; any that come back are orphans (fsck)
-            try:
-                if target is None or not target.up:
-                    raise NotFound(f"target {target_id} is not up")
-                await purge(target, file_ids)
-            except (StagerError, OSError) as exc:
-                log.debug("purge on %s deferred: %s", target_id, exc)
-                failed.update(file_ids)
-        done = [g.file_id for g in garbage if g.file_id not in failed]
-        if done:
-            now = self.clock()      # purged ids stay retired as long as answers are kept
-            await self.store.drop_garbage(done, now=now, forget_before=now - KEY_TTL)
-        return len(done)
-

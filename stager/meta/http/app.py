@@ -38,6 +38,7 @@ from ..service import MetaService
 from ..store.base import Upload
 from ..store.factory import open_store
 from ..upkeep import reliability
+from ..upkeep.garbage import collect_garbage
 from . import authapp, gauges, heartbeats, quotas, ui
 from . import cache as cachehttp
 from . import multipart as mphttp
@@ -122,7 +123,7 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
             if not service.duties_held:     # another metadata server collects
                 continue
             try:
-                await service.collect_garbage(purge)
+                await collect_garbage(service, purge)
             except Unavailable as exc:      # the metadata database is down: said once a round
                 log.warning("garbage collection: %s; will retry", exc)
             except Exception:
