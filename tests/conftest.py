@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
 import logging
 import os
@@ -128,6 +129,11 @@ def numbered_files_loader(meta_url: str, token: str, ns: str, files: int, batch_
     return Loader(f"{ns}/d", batch_size=batch_size, meta_url=meta_url, token=token,
                   format="files", config=load_config(env={}), report=False,
                   prefetch_next_epoch=False)
+
+
+def md5(data: bytes) -> str:
+    """The hex MD5 of ``data``: an S3 part's or single-part object's ETag."""
+    return hashlib.md5(data, usedforsecurity=False).hexdigest()
 
 
 def start_cluster(root: Path, data_servers: int = 3, **overrides: object) -> ThreadCluster:

@@ -6,11 +6,10 @@ sent from the lent buffers themselves)."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from conftest import start_cluster
+from conftest import md5, start_cluster
 
 from stager import AsyncClient
 from stager.client.uploads import MultipartUploads
@@ -35,10 +34,6 @@ def mcluster(tmp_path_factory: pytest.TempPathFactory,
 async def client(mcluster: ThreadCluster) -> AsyncIterator[AsyncClient]:
     async with AsyncClient(mcluster.meta_url, config=load_config(env={})) as c:
         yield c
-
-
-def md5(data: bytes) -> str:
-    return hashlib.md5(data, usedforsecurity=False).hexdigest()
 
 
 @pytest.mark.parametrize("ranges", [

@@ -9,12 +9,11 @@ back exactly as completed."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import start_cluster
+from conftest import md5, start_cluster
 from reliability_util import stop_data_until_down
 
 from stager import AsyncClient
@@ -47,10 +46,6 @@ async def two(fcluster: ThreadCluster) -> AsyncIterator[tuple[AsyncClient, Async
     async with AsyncClient(fcluster.meta_url, config=load_config(env={})) as a, \
             AsyncClient(fcluster.meta_url, config=load_config(env={})) as b:
         yield a, b
-
-
-def md5(data: bytes) -> str:
-    return hashlib.md5(data, usedforsecurity=False).hexdigest()
 
 
 def other_bytes(data: bytes) -> bytes:

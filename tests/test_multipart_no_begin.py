@@ -8,7 +8,6 @@ client completed or aborted the upload asks (and is refused)."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import re
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -16,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import STORES, meta_store_of, start_cluster
+from conftest import STORES, md5, meta_store_of, start_cluster
 from reliability_util import stop_data_until_down
 
 from stager import AsyncClient
@@ -47,10 +46,6 @@ def mcluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 async def client(mcluster: ThreadCluster) -> AsyncIterator[AsyncClient]:
     async with AsyncClient(mcluster.meta_url, config=load_config(env={})) as c:
         yield c
-
-
-def md5(data: bytes) -> str:
-    return hashlib.md5(data, usedforsecurity=False).hexdigest()
 
 
 async def counts(http, cluster: ThreadCluster) -> dict[str, float]:  # type: ignore[no-untyped-def]

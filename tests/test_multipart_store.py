@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import STORES, meta_store_of, start_cluster
+from conftest import STORES, md5, meta_store_of, start_cluster
 from reliability_util import stop_data_until_down
 
 from stager import AsyncClient
@@ -143,10 +143,6 @@ async def eventually(check: Callable[[], bool], timeout: float = 15) -> None:
     while not check():
         assert time.monotonic() < deadline, "not within the deadline"
         await asyncio.sleep(0.05)
-
-
-def md5(data: bytes) -> str:
-    return hashlib.md5(data, usedforsecurity=False).hexdigest()
 
 
 @pytest.fixture(scope="module", params=STORES)
