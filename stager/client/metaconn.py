@@ -40,7 +40,7 @@ log = logging.getLogger("stager.client")
 # 1,000-entry listing is 300 KB); like json.loads it raises a ValueError on bad JSON.
 _decode = msgspec.json.decode
 # A raw body's answer (a gateway PUT's file info: a few hundred bytes) is read into
-# this much; a longer one goes again through aiohttp (:meth:`MetaConnection._send`).
+# this much; a longer one goes again through aiohttp, as a later try of the request.
 DIRECT_ANSWER = 64 * 1024
 
 
@@ -237,7 +237,7 @@ class MetaConnection:
 async def _raw_exchange(pool: rawhttp.RawPool, base: str, target: str, method: str,
                         raw_body: bytes | bytearray | memoryview, hdrs: Mapping[str, str]
                         ) -> tuple[int, Mapping[str, str], bytes]:
-    """One try through the raw client (:meth:`MetaConnection._direct`): (status, headers
+    """One try of a raw body through the data plane's raw pool: (status, headers
     with lower-case names, body)."""
     answer = memoryview(bytearray(DIRECT_ANSWER))
     resp = await pool.request(base, method, target, hdrs,
