@@ -243,6 +243,15 @@ def meta_requests(http, cluster: ThreadCluster) -> dict[str, float]:  # type: ig
     return out
 
 
+def raw_to_meta(c: AsyncClient, meta_url: str) -> int:
+    """Open connections of ``c``'s raw HTTP client to the metadata server at ``meta_url``
+    (the requests that skip aiohttp: stager/client/metaconn.py)."""
+    port = urlsplit(meta_url).port
+    return sum(1 for conn in c.plane.session.connector.raw._all   # type: ignore[attr-defined]
+               if conn.transport is not None and not conn.closed
+               and conn.transport.get_extra_info("peername")[1] == port)
+
+
 @pytest.fixture
 def http() -> Callable[..., Reply]:
     """``http(base_url, method, raw_path, body=None, headers=None)`` → :class:`Reply`."""

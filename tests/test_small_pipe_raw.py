@@ -6,24 +6,15 @@ through aiohttp as a later try of the same key, which finds the first's file."""
 from __future__ import annotations
 
 import re
-from urllib.parse import urlsplit
 
 import pytest
-from conftest import meta_requests
+from conftest import meta_requests, raw_to_meta
 
 from stager.client import metaconn
 from stager.client.async_client import AsyncClient
 from stager.config import load_config
 from stager.errors import StagerError
 from stager.testing import ThreadCluster
-
-
-def _raw_to_meta(c: AsyncClient, meta_url: str) -> int:
-    """Open raw connections to the metadata server."""
-    url = urlsplit(meta_url)
-    return sum(1 for conn in c.plane.session.connector.raw._all   # type: ignore[attr-defined]
-               if conn.transport is not None and not conn.closed
-               and conn.transport.get_extra_info("peername")[1] == url.port)
 
 
 def chunk_puts(http, cluster: ThreadCluster) -> float:  # type: ignore[no-untyped-def]
@@ -40,9 +31,9 @@ async def test_a_small_pipe_goes_raw(aclient: AsyncClient, cluster: ThreadCluste
                                      ns: str, payload) -> None:
     data = payload(1024)
     info = await aclient.pipe(f"{ns}/r.bin", data)
-    assert _raw_to_meta(aclient, cluster.meta_url) == 1
+    assert raw_to_meta(aclient, cluster.meta_url) == 1
     again = await aclient.pipe(f"{ns}/r2.bin", data)        # the kept-alive connection
-    assert _raw_to_meta(aclient, cluster.meta_url) == 1
+    assert raw_to_meta(aclient, cluster.meta_url) == 1
     assert (info.size, again.size) == (1024, 1024)
     assert await aclient.cat(f"{ns}/r.bin") == data
     assert (await aclient.stat(f"{ns}/r.bin", cached=False)).file_id == info.file_id
@@ -54,7 +45,7 @@ async def test_errors_as_aiohttp_gives_them(aclient: AsyncClient, cluster: Threa
     await aclient.mkdir(f"{ns}/d")
     with pytest.raises(StagerError) as raw:
         await aclient.pipe(f"{ns}/d", b"x")
-    assert _raw_to_meta(aclient, cluster.meta_url) == 1
+    assert raw_to_meta(aclient, cluster.meta_url) == 1
     monkeypatch.setattr(metaconn.MetaConnection, "_direct", lambda *_: None)
     with pytest.raises(StagerError) as plain:
         await aclient.pipe(f"{ns}/d", b"x")

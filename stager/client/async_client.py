@@ -121,7 +121,8 @@ class AsyncClient(CacheCalls):
         if hit is not None:
             return hit
         now = time.monotonic()
-        info = await self.meta.request(route("stat"), path=path, decode=info_from_bytes)
+        info = await self.meta.request(route("stat"), path=path, decode=info_from_bytes,
+                                       small=True)
         self.learn("read", info.file_id, info.capability)
         self.meta.remember_stat(path, info, now)
         return info

@@ -76,7 +76,7 @@ class MetaConnection:
                       timeout: aiohttp.ClientTimeout | None = None, settle: int = 0,
                       decode: Callable[[bytes], Any] = _decode,
                       raw: bytes | bytearray | memoryview | None = None,
-                      **path_params: Any) -> Any:
+                      small: bool = False, **path_params: Any) -> Any:
         """Send ``route`` (its path parameters filled from ``path_params``) with the
         JSON ``body``; the answer's JSON, or its error raised.
 
@@ -87,9 +87,11 @@ class MetaConnection:
         Sending the operation afresh instead could apply it twice, the second time
         over a later writer's.  ``decode`` reads a 2xx answer's bytes (a typed
         decoder skips the dicts: stager/client/listing.py).  ``raw``: bytes sent as
-        they are instead of a JSON body (a small file's gateway PUT)."""
+        they are instead of a JSON body (a small file's gateway PUT).  ``small``: the
+        answer is a few hundred bytes (a file's info: the stat), so a request without a
+        body may go through the raw client as a raw body does (:meth:`_direct`)."""
         _, _, answer = await self._settled(route, body, query, timeout, settle, {},
-                                           decode, path_params, raw)
+                                           decode, path_params, raw, small)
         return answer
 
     async def exchange(self, route: Route, *, body: Any = None,
@@ -106,7 +108,7 @@ class MetaConnection:
                        timeout: aiohttp.ClientTimeout | None, settle: int,
                        headers: Mapping[str, str], parse: Callable[[bytes], Any],
                        path_params: Mapping[str, Any],
-                       raw: bytes | bytearray | memoryview | None = None
+                       raw: bytes | bytearray | memoryview | None = None, small: bool = False
                        ) -> tuple[int, Mapping[str, str], Any]:
         raw_body = json.dumps(body).encode() if body is not None else raw
         hdrs = {"Content-Type": "application/json"} if body is not None else \
@@ -121,7 +123,8 @@ class MetaConnection:
         while True:
             try:
                 return await self._send(route, raw_body, hdrs, query, timeout, tried, parse,
-                                        path_params, direct=raw is not None)
+                                        path_params,
+                                        direct=raw is not None or small and body is None)
             except Unavailable as exc:
                 if settle <= 0 or isinstance(exc, NoTargets):
                     raise
@@ -135,12 +138,13 @@ class MetaConnection:
                     tried: int, parse: Callable[[bytes], Any], path_params: Mapping[str, Any],
                     *, direct: bool = False) -> tuple[int, Mapping[str, str], Any]:
         """One round of tries over the servers (``tried``: tries made before it);
-        ``direct``: ``raw_body`` is a raw body (``request(raw=...)``), which may go
-        through the raw client (:meth:`_direct`)."""
+        ``direct``: ``raw_body`` is a raw body (``request(raw=...)``), or there is none
+        and the answer is small (``request(small=True)``): the request may go through
+        the raw client (:meth:`_direct`)."""
         extra = {"timeout": timeout} if timeout is not None else {}
         first, count = self._current, len(self.urls)
         tries = (self.retries + 1) * count
-        pool = self._direct(raw_body, query, timeout) if direct else None
+        pool = self._direct(query, timeout) if direct else None
         bumped = 0          # tries sent again through aiohttp (see below)
         for attempt in range(tries):
             which = (first + attempt) % count
@@ -155,7 +159,7 @@ class MetaConnection:
                     try:
                         status, answered, raw = await _raw_exchange(
                             pool, base, text[len(base.rstrip("/")):], route.method,
-                            raw_body, hdrs)  # type: ignore[arg-type]
+                            raw_body, hdrs)
                     except (rawhttp.Unsupported, rawhttp.LengthMismatch):
                         # An answer the raw client does not read (a file info past
                         # DIRECT_ANSWER): the request went through, so it goes again
@@ -184,19 +188,19 @@ class MetaConnection:
             return status, answered, answer
         raise AssertionError("unreachable")
 
-    def _direct(self, raw_body: bytes | bytearray | memoryview | None,
-                query: Mapping[str, Any] | None, timeout: aiohttp.ClientTimeout | None
+    def _direct(self, query: Mapping[str, Any] | None, timeout: aiohttp.ClientTimeout | None
                 ) -> rawhttp.RawPool | None:
         """The raw client's pool for a request with a raw body (a small file's gateway
-        PUT), no query and the session's timeouts (the pool's are the same: connect,
-        and each silence of the server), while the session is open; else None.
+        PUT) or a small answer (a stat), no query and the session's timeouts (the pool's
+        are the same: connect, and each silence of the server), while the session is
+        open; else None.
 
         aiohttp's client request (its request and response objects, writer task,
         headers multidicts, cookie jar) cost a 1 KiB gateway PUT about twice the
         client CPU of one ``write`` and one read on a kept-alive raw connection
         (``python -m bench.profile_floors small``); the server cannot tell them apart.
         """
-        if raw_body is None or query is not None or timeout is not None:
+        if query is not None or timeout is not None:
             return None
         session = self._session()
         pool = getattr(session.connector, "raw", None)
@@ -235,13 +239,13 @@ class MetaConnection:
 
 
 async def _raw_exchange(pool: rawhttp.RawPool, base: str, target: str, method: str,
-                        raw_body: bytes | bytearray | memoryview, hdrs: Mapping[str, str]
-                        ) -> tuple[int, Mapping[str, str], bytes]:
-    """One try of a raw body through the data plane's raw pool: (status, headers
-    with lower-case names, body)."""
+                        raw_body: bytes | bytearray | memoryview | None,
+                        hdrs: Mapping[str, str]) -> tuple[int, Mapping[str, str], bytes]:
+    """One try through the data plane's raw pool (a raw body, or none): (status,
+    headers with lower-case names, body)."""
     answer = memoryview(bytearray(DIRECT_ANSWER))
-    resp = await pool.request(base, method, target, hdrs,
-                              memoryview(raw_body).cast("B"),  # type: ignore[arg-type]
+    sent = None if raw_body is None else memoryview(raw_body).cast("B")
+    resp = await pool.request(base, method, target, hdrs, sent,  # type: ignore[arg-type]
                               answer, exact=False)
     if resp.status >= 400:
         return resp.status, resp.headers, resp.body
