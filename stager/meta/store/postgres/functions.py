@@ -7,7 +7,7 @@ path, make missing parents, replace what is there, insert the file.
 ``stager_commit`` does all of that in one statement, so a commit is BEGIN, one
 call and COMMIT.  It takes the steps the Python code took (the
 walk and parents of :func:`.postgres.namespace.mkdirs`, the check of
-:func:`.sqlite.namespace.check_replaceable`), in the same order; an error comes
+:func:`.store.spec.check_replaceable`), in the same order; an error comes
 back as a code and the path component it names, having changed nothing, and the
 caller raises it.
 
@@ -68,7 +68,7 @@ BEGIN
         END IF;
         cur := e_id;
     END LOOP;
-    -- what is already there (as sqlite/namespace.py check_replaceable)
+    -- what is already there (as store/spec.py check_replaceable)
     SELECT id, kind, file_id, layout, size INTO e_id, e_kind, e_fid, e_lay, e_size
         FROM entries WHERE parent = cur AND name = names[n];
     IF FOUND THEN
@@ -194,7 +194,7 @@ BEGIN
         cur := e_id;
         chain := chain || e_id;
     END LOOP;
-    -- what is already there (as sqlite/namespace.py check_replaceable)
+    -- what is already there (as store/spec.py check_replaceable)
     IF missing = 0 THEN
         SELECT id, kind, file_id, layout, size INTO old_id, e_kind, e_fid, e_lay, e_size
             FROM entries WHERE parent = cur AND name = names[n];

@@ -28,9 +28,8 @@ from ....errors import (
 from ....protocol import paths
 from ....protocol.models import Layout, LayoutSpec, attrs_text
 from ..base import CommitArgs, CreateCheck, Garbage, NodeEntry, Upload, committing
-from ..spec import SpecChanged, checked_spec
+from ..spec import SpecChanged, checked_create, checked_spec
 from ..sqlite.db import layout_of, layout_text, pack
-from ..sqlite.namespace import checked_create
 from . import quotas
 from .db import ROOT_ID, must_abort
 from .namespace import changed_files, inherited, located, walk

@@ -39,44 +39,15 @@ from ..base import (
     Upload,
     committing,
 )
+from ..spec import check_replaceable, checked_create
 from . import listing
 from .db import ROOT_ID, Database, attrs_from, layout_of, layout_text, pack, subtree_entries, unpack
 from .quotas import QuotaSQL
 
 _COLS = "id, kind, size, mtime, file_id, layout, checksums, attrs"
 Row = tuple[Any, ...]
+Placed = tuple[int, Row | None]     # a new file's directory (its id) and the row at its path
 R = TypeVar("R")
-
-
-def check_replaceable(existing: Row | None, path: str, overwrite: bool) -> None:
-    """Whether a new file may take ``path``, where ``existing`` is (its row or None)."""
-    if existing is None:
-        return
-    if existing[1] == "directory":
-        raise IsADirectory(f"{path} is a directory", path=path)
-    if not overwrite:
-        raise AlreadyExists(f"{path} already exists", path=path)
-
-
-def checked_create(item: CreateCheck, state: tuple[int | None, LayoutSpec] | StagerError,
-                   child: Callable[[int, str], Any]) -> LayoutSpec | StagerError:
-    """One create's check, in either store: its parent's ``state`` (the parent's id,
-    ``None`` where it is still to be made, and the layout it hands down; or why it
-    cannot hold a file) and ``child(parent_id, name)``, what is there already."""
-    path, overwrite, make_parents = item
-    parent, name = paths.split(path)
-    try:
-        if isinstance(state, StagerError):
-            raise state
-        parent_id, spec = state
-        if parent_id is None:
-            if not make_parents:
-                raise NotFound(f"parent directory {parent} does not exist", path=path)
-        else:
-            check_replaceable(child(parent_id, name), path, overwrite)
-    except StagerError as exc:
-        return type(exc)(exc.message, **{**exc.details, "path": path})  # the file's own
-    return spec
 
 
 def _each(fn: Callable[..., R], *args: Any) -> R | StagerError:
@@ -361,11 +332,11 @@ class NamespaceSQL:
         for item in items:
             parent = paths.split(item[0])[0]
             if parent not in parents:
-                parents[parent] = self._parent_state(parent)
+                parents[parent] = self.parent_state(parent)
             out.append(checked_create(item, parents[parent], self.child))
         return out
 
-    def _parent_state(self, parent: str) -> tuple[int | None, LayoutSpec] | StagerError:
+    def parent_state(self, parent: str) -> tuple[int | None, LayoutSpec] | StagerError:
         """(the parent directory's row id or None when it is missing, the layout its
         new files inherit), or the error every file in it gets: one walk down the
         path, the directories met kept for their layouts."""
@@ -405,14 +376,19 @@ class NamespaceSQL:
             return out
 
     def commit_one(self, file_id: str, size: int, checksums: tuple[int, ...], mtime: float,
-                   attrs: dict[str, Any], now: float, given: Upload | None = None) -> NodeEntry:
-        """One upload's commit; ``given``: one whose row was never written (put_upload)."""
+                   attrs: dict[str, Any], now: float, given: Upload | None = None,
+                   placed: Placed | None = None) -> NodeEntry:
+        """One upload's commit; ``given``: one whose row was never written (put_upload);
+        ``placed``: where the check of its path in this transaction found it (not walked
+        again)."""
         with self.tx():
             upload = given or self._upload(file_id)
             parent, name = paths.split(upload.path)
-            parent_id = self._mkdirs(parent, parents=upload.parents, exist_ok=True, now=now) \
-                if parent != "/" else ROOT_ID
-            existing = self.child(parent_id, name)
+            if placed is None:
+                parent_id = self._mkdirs(parent, parents=upload.parents, exist_ok=True,
+                                         now=now) if parent != "/" else ROOT_ID
+                placed = parent_id, self.child(parent_id, name)
+            parent_id, existing = placed
             check_replaceable(existing, upload.path, upload.overwrite)
             self.quotas.charge(parent_id, self.quotas.replacing(upload.layout, size, existing),
                                0 if existing else 1, path=upload.path)

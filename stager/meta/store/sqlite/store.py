@@ -39,13 +39,13 @@ from ..base import (
     committing,
 )
 from ..caching import AttachmentRecord, CachedChunk, CachedFile
-from ..spec import SpecChanged, checked_spec
+from ..spec import SpecChanged, checked_create, checked_spec
 from .answers import AnswerSQL
 from .cache import CacheSQL
 from .copy import CopySQL
 from .db import Database
 from .multipart import MultipartSQL, SQLiteMultipart
-from .namespace import NamespaceSQL
+from .namespace import NamespaceSQL, Placed, Row
 from .reliability import ReliabilitySQL
 from .s3keys import S3KeySQL, SQLiteS3Keys
 from .shared import SharedSQL
@@ -163,19 +163,28 @@ class SQLiteStore(SQLiteMultipart, SQLiteS3Keys, MetaStore):
         transaction."""
         with self.namespace.tx():
             for upload in uploads:
-                refused = self._check_planned(upload)
+                refused, _ = self._check_planned(upload)
                 if refused is not None:
                     raise refused
             self.namespace.begin_uploads(uploads)
 
-    def _check_planned(self, upload: Upload) -> StagerError | None:
+    def _check_planned(self, upload: Upload) -> tuple[StagerError | None, Placed | None]:
         """(On the store thread.)  The check of an upload planned without one (its
         ``spec`` set), where it is recorded: the error its create there raises,
-        :class:`~stager.meta.store.spec.SpecChanged`, or None."""
+        :class:`~stager.meta.store.spec.SpecChanged`, or None; and where it found the
+        upload's path, for a commit in the same transaction not to walk it again (None
+        where its directory is still to be made, or nothing was checked)."""
         if upload.spec is None:
-            return None
-        return checked_spec(upload, self.namespace.check_creates(
-            [(upload.path, upload.overwrite, upload.parents)])[0])
+            return None, None
+        ns, found = self.namespace, []
+
+        def child(parent_id: int, name: str) -> Row | None:
+            found.append((parent_id, ns.child(parent_id, name)))
+            return found[-1][1]
+
+        checked = checked_create((upload.path, upload.overwrite, upload.parents),
+                                 ns.parent_state(paths.split(upload.path)[0]), child)
+        return checked_spec(upload, checked), found[0] if found else None
 
     async def get_uploads(self, file_ids: Sequence[str]) -> list[Upload | StagerError]:
         return await self.thread.run(self.namespace.get_uploads, file_ids)
@@ -196,16 +205,18 @@ class SQLiteStore(SQLiteMultipart, SQLiteS3Keys, MetaStore):
         only where the commit fails (then it is pending, as after its record and a
         failed commit: its writer aborts it, or it is collected), and one refused by a
         quota goes to garbage at once, as a commit refused so does.  Three statements
-        fewer (the row's insert, read and delete) and one call, not two."""
+        fewer (the row's insert, read and delete) and one call, not two; the commit
+        takes the directory and the row its check found (a walk of the path, not two)."""
         ns = self.namespace
         with ns.tx():
-            refused = self._check_planned(upload)   # planned without a check: it is here
+            # planned without a check: it is here, and its commit finds the path it found
+            refused, placed = self._check_planned(upload)
             if refused is not None:
                 if not isinstance(refused, SpecChanged):    # pending, as on PostgreSQL
                     ns.begin_uploads([upload])
                 return refused
             try:
-                return ns.commit_one(*committing(item), now, upload)
+                return ns.commit_one(*committing(item), now, upload, placed)
             except QuotaExceeded as exc:    # final: its chunks are collected, no row made
                 ns.discard(upload, now)
                 return exc
