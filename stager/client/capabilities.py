@@ -257,9 +257,16 @@ class CapabilityBook:
         """The distinct capabilities held for ``file_ids`` (a batch's text once, however
         many of them it names), and the files with none fresh."""
         fresh = self.clock()
+        caps = self._held(op)
+        # Every file of a fetched batch shares its entry: the distinct entries are found
+        # at C speed (``dict.fromkeys(map(...))``, in order), and only they are checked
+        # for freshness.  The Loader looks up each file two or three times (look-ahead,
+        # plan, request), and the loop below took 2 % of its CPU on 16 KiB files.
+        entries = dict.fromkeys(map(caps.get, file_ids))
+        if None not in entries and all(renew >= fresh for _, renew in entries):
+            return list(dict.fromkeys(text for text, _ in entries)), []
         texts: dict[str, None] = {}
         missing = []
-        caps = self._held(op)
         writes = self._caps["write"] if op == "read" else None
         for file_id in file_ids:
             hit = caps.get(file_id)
@@ -284,15 +291,15 @@ class CapabilityBook:
                 if None in results:     # null throughout: auth is off
                     self.off = True
                     return
-            text, renew, caps, learnt = None, 0.0, self._held(op), 0
+            entry, caps, learnt = None, self._held(op), 0
             for file_id, got in zip(part, results, strict=True):
                 if isinstance(got, StagerError):
                     continue            # no such file: the data server will say 401/403
                 if got is not None:     # a batch's text comes once: null is the one before
-                    text, renew = got, self._renew_at(got)
-                if text is not None:    # as learn(), the trim once for the whole answer
+                    entry = (got, self._renew_at(got))      # one entry, shared (_lookup)
+                if entry is not None:   # as learn(), the trim once for the whole answer
                     caps.pop(file_id, None)
-                    caps[file_id] = (text, renew)
+                    caps[file_id] = entry
                     learnt += 1
             self.fetched += learnt
             self._trim()
