@@ -38,7 +38,9 @@ def test_a_forked_stager_command_logs_and_exits_as_an_execd_one(tmp_path: Path) 
         sleeper = fork_stager(["--meta", "http://127.0.0.1:9", "data", "--root",
                                "{tmp_path}/d", "--port", "0"], Path("{tmp_path}/d.log"),
                               data=True)
-        time.sleep(0.5)
+        log, deadline = Path("{tmp_path}/d.log"), time.monotonic() + 30
+        while "unreachable" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)                             # its first try logged (slow when loaded)
         sleeper.send_signal(signal.SIGTERM)              # the child's default handling
         print(sleeper.wait(30) in (0, -signal.SIGTERM))
         """)
