@@ -44,7 +44,18 @@ from stager.protocol.models import FileInfo, LayoutSpec
 from stager.testing import ProcessCluster
 
 from .bench_small_samples import BATCH, IN_FLIGHT, SAMPLE, read_batch
-from .common import MiB, aim, median, new_client, paired, quartiles, r2, run_async, scratch
+from .common import (
+    MiB,
+    aim,
+    cpu_seconds,
+    median,
+    new_client,
+    paired,
+    quartiles,
+    r2,
+    run_async,
+    scratch,
+)
 
 DATA_SERVERS = 4
 TOKEN_SCOPES = ["read", "write"]
@@ -75,6 +86,15 @@ class Mode:
 
     def client(self) -> AsyncClient:
         return new_client(self.cluster.meta_url, **self.settings())
+
+    def servers(self) -> dict[str, list[int]]:
+        """The pids of this cluster's servers, by side: the metadata server, the data
+        servers (for their CPU: :data:`SIDES`)."""
+        info = self.cluster.info
+        return {"meta": [info["meta"]["pid"]], "data": [d["pid"] for d in info["data"]]}
+
+
+SIDES = ("client", "meta", "data")     # whose CPU per file the Loader's reads are given
 
 
 async def load(mode: Mode, big: int, samples: int, files: int) -> None:
@@ -114,16 +134,23 @@ async def samples_per_second(mode: Mode, order: list[int]) -> float:
         return len(order) / (time.perf_counter() - start)
 
 
-def files_per_second(mode: Mode, files: int, epoch: int,
-                     seen: list[str] | None = None) -> tuple[float, float]:
+def files_per_second(mode: Mode, files: int, epoch: int, seen: list[str] | None = None,
+                     cpu: dict[str, list[float]] | None = None) -> tuple[float, float]:
     """A fresh Loader's first epoch, and that epoch with the next one (files/s each).
     The first fetches a capability per file and the data servers verify each; the
     next finds them held.  Two epochs together, as the Loader prefetches across the
     boundary: the next epoch alone would be partly read during the first.  ``seen``
     gets the client's capability counters (auth on): requests, and the stalls of
     reads waiting for capabilities (the look-ahead's misses), to tell a round that
-    lost to a fetch on the critical path from one that lost to the machine."""
+    lost to a fetch on the critical path from one that lost to the machine.  ``cpu``
+    gets each side's CPU microseconds per file read over the two epochs (:data:`SIDES`:
+    this process, which runs only the Loader meanwhile; the metadata server; the four
+    data servers together): where auth's cost lands, which the ratios, at the mercy of
+    a shared machine's load, cannot say."""
     config = load_config(mode.settings(), env={})
+    pids = mode.servers()
+    before = {side: sum(map(cpu_seconds, pids[side])) for side in pids}
+    before["client"] = time.process_time()
     start = time.perf_counter()
     first = 0.0
     with Loader("/files", batch_size=BATCH, format="files", meta_url=mode.cluster.meta_url,
@@ -141,7 +168,13 @@ def files_per_second(mode: Mode, files: int, epoch: int,
             seen.append(f"{getattr(book, 'requests', '?')} requests, "
                         f"{getattr(book, 'stalls', '?')} stalls, "
                         f"{1e3 * getattr(book, 'stalled', 0.0):.0f} ms")
-    return first, 2 * files / (time.perf_counter() - start)
+    both = 2 * files / (time.perf_counter() - start)
+    if cpu is not None:
+        after = {side: sum(map(cpu_seconds, pids[side])) for side in pids}
+        after["client"] = time.process_time()
+        for side in SIDES:
+            cpu[side].append(1e6 * (after[side] - before[side]) / (2 * files))
+    return first, both
 
 
 def run(quick: bool) -> dict[str, Any]:
@@ -160,13 +193,16 @@ def run(quick: bool) -> dict[str, Any]:
             figures: dict[str, dict[str, list[float]]] = {
                 m.name: {"read": [], "samples": [], "files": [], "two": []} for m in modes}
             seen: dict[str, list[str]] = {m.name: [] for m in modes}
+            cpu: dict[str, dict[str, list[float]]] = {
+                m.name: {side: [] for side in SIDES} for m in modes}
             for r in range(rounds):
                 order = random.Random(r).sample(range(samples), samples)
                 for mode in (modes if r % 2 == 0 else modes[::-1]):
                     got = figures[mode.name]
                     got["read"].append(run_async(read_gbps(mode, big)))
                     got["samples"].append(run_async(samples_per_second(mode, order)))
-                    first, both = files_per_second(mode, files, r, seen[mode.name])
+                    first, both = files_per_second(mode, files, r, seen[mode.name],
+                                                   cpu[mode.name])
                     got["files"].append(first)
                     got["two"].append(both)
         finally:
@@ -175,7 +211,16 @@ def run(quick: bool) -> dict[str, Any]:
     out = _result(figures, big, samples, files, rounds, quick)
     out["notes"] += [f"{name}: the Loader's capabilities (two epochs), every round: "
                      + " / ".join(got) for name, got in seen.items() if got]
+    out["notes"] += [_cpu_note(name, by) for name, by in cpu.items()]
     return out
+
+
+def _cpu_note(name: str, by: dict[str, list[float]]) -> str:
+    """One mode's CPU per file read by the Loader, each side's median and range."""
+    return (f"{name}: CPU per 16 KiB file read by the Loader (two epochs; median, range "
+            "over the rounds; /proc/PID/stat counts 10 ms ticks): " + "; ".join(
+                f"{side} {median(v):.1f} us ({min(v):.1f}-{max(v):.1f})"
+                for side, v in by.items()) + f"; all {sum(median(v) for v in by.values()):.1f} us")
 
 
 def judged(ratios: list[float], target: float) -> dict[str, Any]:
