@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from ..aio import cancel_and_wait
 from ..layout import pieces
@@ -53,6 +53,7 @@ class StripedReader:
         await self.engine.run(self._table.plan_range(0, start, start + len(out)), [out])
 
     async def stream(self, start: int = 0, stop: int | None = None, *, lend: bool = False,
+                     into: Callable[[int], memoryview] | None = None, block: int = 0,
                      ) -> AsyncIterator[memoryview]:
         """The bytes of ``[start, stop)`` in order, one chunk piece at a time, with
         the next ``readahead`` pieces already in flight on their targets.
@@ -66,11 +67,19 @@ class StripedReader:
         Without ``lend``, a range that ends before the file reads on past its end
         for the range that may follow where it is sequential (from 0, or from where
         a range ends), and takes what a range before it read on (:mod:`.tails`: a
-        run of ranged GETs streams from its first byte)."""
+        run of ranged GETs streams from its first byte).
+
+        ``into``: each piece is read into the writable view ``into(length)`` makes
+        (a file that returns its pieces as they are), ``block`` bytes from ``start``
+        each (the last shorter) instead of one per chunk, with as many bytes in
+        flight as ``readahead`` chunks."""
         stop = self.size if stop is None else min(stop, self.size)
-        todo = iter(pieces(self.layout.chunk_size, self.size, start, stop))
+        chunk = self.layout.chunk_size
+        todo = ((p.file_offset, p.length) for p in pieces(chunk, self.size, start, stop)) \
+            if into is None else ((at, min(block, stop - at)) for at in range(start, stop, block))
+        ahead = self.readahead if into is None else max(1, self.readahead * chunk // block)
         window: deque[tuple[asyncio.Future[None], memoryview]] = deque()
-        tails = None if lend or not stop > start else self.plane.tails
+        tails = None if lend or into or not stop > start else self.plane.tails
         sequential = tails is not None and tails.begin(self.file_id, start, stop)
         read_on = sequential and stop < self.size
 
@@ -82,18 +91,18 @@ class StripedReader:
                     read_on = False
                     self._read_on(tails, start, stop)
                 return False
-            got = tails.take(self.file_id, piece.file_offset, piece.length) \
-                if tails is not None else None
+            offset, length = piece
+            got = tails.take(self.file_id, offset, length) if tails is not None else None
             if got is not None:
-                window.append((got[0], memoryview(got[1])[:piece.length]))
+                window.append((got[0], memoryview(got[1])[:length]))
                 return True
-            buf = self.engine.take(piece.length) if lend else bytearray(piece.length)
-            read = self.read_into(piece.file_offset, memoryview(buf))
-            window.append((asyncio.ensure_future(read), memoryview(buf)))
+            view = into(length) if into is not None else memoryview(
+                self.engine.take(length) if lend else bytearray(length))
+            window.append((asyncio.ensure_future(self.read_into(offset, view)), view))
             return True
 
         try:
-            while len(window) < self.readahead and launch():
+            while len(window) < ahead and launch():
                 pass
             while window:
                 task, view = window.popleft()

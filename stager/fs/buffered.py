@@ -52,20 +52,23 @@ class StagerReadFile(AbstractBufferedFile):
         # One large read is already fetched piece by piece in parallel; a stream
         # only pays off when more reads will follow, which a run predicts.
         return AsyncReadFile(fs.client, info, stream_after=SEQUENTIAL_RUN,
-                             large_reads_stream=False)
+                             large_reads_stream=False, in_place=True)
 
     def _fetch_range(self, start: int, end: int) -> bytes:
-        # Joined here, on the caller's thread: the copy runs (without the GIL, for
-        # large reads) while the I/O thread keeps the readahead coming, and the
-        # result comes from this thread's malloc arena, which keeps the memory of
-        # the reads before it.  Joined on the I/O thread, 8 MiB reads faulted in
-        # fresh pages for about half of their bytes (126,000 faults per GB; 7,600
-        # now) and cost 1.6 times the CPU per GB.  One read at a time: the next
-        # refills the buffers of the parts before it (see AsyncReadFile.read_parts).
+        # A run of reads of whole chunks streams into the bytes they return (see
+        # AsyncReadFile's in_place): one part, which the join returns as it is.
+        # Other reads are joined here, on the caller's thread: the copy runs
+        # (without the GIL, for large reads) while the I/O thread keeps the
+        # readahead coming, and the result comes from this thread's malloc arena,
+        # which keeps the memory of the reads before it.  Joined on the I/O thread,
+        # 8 MiB reads faulted in fresh pages for about half of their bytes (126,000
+        # faults per GB; 7,600 now) and cost 1.6 times the CPU per GB.  One read at
+        # a time: the next refills the buffers of the parts before it (see
+        # AsyncReadFile.read_parts).
         with self._lent:
             return b"".join(sync(self.fs.loop, self._pread, start, end))
 
-    async def _pread(self, start: int, end: int) -> list[memoryview]:
+    async def _pread(self, start: int, end: int) -> list[memoryview | bytes]:
         self._afile.seek(start)
         return await self._afile.read_parts(max(0, end - start), reuse=True)
 
