@@ -2,7 +2,8 @@
 (``SQLiteStore.put_upload``) checks the path of an upload planned without a check,
 then commits it, in one transaction; the commit takes the directory and the row the
 check found instead of walking the path again (six lookups of a component for a
-file two directories down before, three now).  What it answers is unchanged."""
+file two directories down before, three now).  What it answers is unchanged.  Its
+transaction walks up to bump the manifests above it only where there is a manifest."""
 
 from __future__ import annotations
 
@@ -29,13 +30,13 @@ def store(tmp_path: Path) -> Iterator[SQLiteStore]:
 
 
 async def put(store: SQLiteStore, file_id: str, path: str, *, overwrite: bool = True,
-              parents: bool = True) -> tuple[object, int]:
+              parents: bool = True, seen: list[str] | None = None) -> tuple[object, int]:
     """The joined put of a 1-byte file at ``path`` planned without a check (its spec
     the default): what it answers, and the lookups of a path component it made."""
     planned = upload(file_id, path, overwrite=overwrite)
     planned = type(planned)(planned.file_id, path, planned.layout, overwrite, parents,
                             planned.created, spec=LayoutSpec())
-    seen: list[str] = []
+    seen = [] if seen is None else seen
     store.database.db.set_trace_callback(seen.append)
     try:
         got = await store.thread.write(store.put_upload, planned,
@@ -68,3 +69,15 @@ async def test_a_put_answers_as_before(store: SQLiteStore) -> None:
     assert lookups == 4          # the check stops at /new; the commit walks, makes them
     assert (await store.stat("/new/deeper")).kind == "directory"
     assert (await store.stat("/d/f")).file_id == "f2".ljust(32, "0")
+
+
+async def test_a_put_bumps_the_manifests_above_it_only_where_there_are_some(
+        store: SQLiteStore) -> None:
+    await store.mkdir("/m/sub", parents=True, exist_ok=False, now=1.0)
+    seen: list[str] = []
+    await put(store, "f1", "/m/sub/f", seen=seen)
+    assert not [q for q in seen if "UPDATE manifests" in q]     # none to bump: no walk up
+    await store.put_manifest("/m", b"{}", now=1.0)
+    before = (await store.manifest_version("/m")).gen
+    await put(store, "f2", "/m/sub/g", seen=seen)
+    assert (await store.manifest_version("/m")).gen == before + 1

@@ -146,6 +146,7 @@ ROOT_ID = 1
 _BUMP = ("WITH RECURSIVE up(id) AS (SELECT value FROM json_each(?) UNION "
          "SELECT e.parent FROM entries e JOIN up ON e.id = up.id WHERE e.parent <> 0) "
          "UPDATE manifests SET gen = gen + 1 WHERE dir_id IN (SELECT id FROM up)")
+_ANY_MANIFEST = "SELECT EXISTS (SELECT 1 FROM manifests)"
 
 
 def pack(checksums: tuple[int, ...]) -> bytes:
@@ -268,7 +269,8 @@ class Database:
         self.changed.clear()
         try:
             yield self.db
-            if self.changed:
+            # the walk up costs tens of us a transaction; with no manifest, it bumps none
+            if self.changed and self.db.execute(_ANY_MANIFEST).fetchone()[0]:
                 self.db.execute(_BUMP, (json.dumps(sorted(self.changed)),))
         except BaseException:
             self.changed.clear()
