@@ -41,6 +41,19 @@ async def test_a_run_of_whole_chunk_reads_returns_the_received_bytes(
     assert b"".join(rest) == data[12 * CHUNK:]
 
 
+async def test_reads_outside_the_stream_return_the_received_bytes(
+        aclient: AsyncClient, ns: str, payload) -> None:
+    data = payload(CHUNK * 8 + 3)
+    await _put(aclient, f"{ns}/f", data)
+    info = await aclient.stat(f"{ns}/f")
+    async with AsyncReadFile(aclient, info, stream_after=2, large_reads_stream=False,
+                             in_place=True) as f:
+        for at, n in ((5 * CHUNK + 9, 1000), (CHUNK - 1, CHUNK + 2), (0, 8 * CHUNK + 3)):
+            f.seek(at)
+            parts = await f.read_parts(n, reuse=True)
+            assert len(parts) == 1 and type(parts[0]) is bytes and parts[0] == data[at:at + n]
+
+
 async def test_without_in_place_the_parts_are_lent_views(aclient: AsyncClient, ns: str,
                                                          payload) -> None:
     data = payload(CHUNK * 12)
@@ -97,3 +110,23 @@ def test_read_all_after_a_run(fs: StagerFileSystem, ns: str, payload) -> None:
 
 async def _put(client: AsyncClient, path: str, data: bytes) -> None:
     await client.pipe(path, data, layout=LayoutSpec(chunk_size=CHUNK))
+
+
+@pytest.mark.parametrize("cache_type", ["none", "readahead", "bytes"])
+def test_readinto_fills_the_buffer_given(fs: StagerFileSystem, ns: str, payload,
+                                         cache_type: str) -> None:
+    data = payload(CHUNK * 9 + 17)
+    fs.pipe(f"{ns}/f", data, chunk_size="64KiB")
+    out = bytearray(len(data) + 100)
+    view = memoryview(out)
+    with fs.open(f"{ns}/f", "rb", cache_type=cache_type) as f:
+        n = 0
+        while got := f.readinto(view[n:n + 2 * CHUNK]):
+            n += got
+        assert n == len(data) and out[:n] == data and f.tell() == n
+        f.seek(CHUNK + 5)
+        small = bytearray(10)
+        assert f.readinto(small) == 10 and small == data[CHUNK + 5:CHUNK + 15]
+        assert f.read(7) == data[CHUNK + 15:CHUNK + 22]     # reads go on from there
+    with pytest.raises(ValueError):
+        f.readinto(small)

@@ -37,11 +37,13 @@ class AsyncReadFile:
     pays one copy per byte, and the pieces it has copied out are refilled by the
     readahead instead of new, zero-filled buffers.
 
-    ``in_place``: a stream started by a read of whole chunks (from a chunk's start)
-    reads ahead in pieces of that read's length, each received straight into the
-    ``bytes`` object it becomes (:func:`fresh_bytes`); a read that takes such a
-    piece whole returns it as its only part, and ``b"".join`` of one ``bytes``
-    copies nothing.  For a caller that returns ``bytes`` (fsspec's ``read``).
+    ``in_place``: a read outside the stream is received straight into the
+    ``bytes`` object it returns (:func:`fresh_bytes`), and a stream started by a
+    read of whole chunks (from a chunk's start) reads ahead in pieces of that
+    read's length, each received into the ``bytes`` it becomes; a read that takes
+    such a piece whole returns it as its only part, and ``b"".join`` of one
+    ``bytes`` copies nothing.  For a caller that returns ``bytes`` (fsspec's
+    ``read``).
     """
 
     def __init__(self, client: AsyncClient, info: FileInfo, *, stream_after: int = 1,
@@ -110,8 +112,12 @@ class AsyncReadFile:
         if n <= 0:
             return []
         async with self._own_version():
-            if await self._streaming(n):
+            if await self._streaming(n, in_place=self.in_place):
                 parts = await self._take(n)
+            elif self.in_place:             # no zero-filled buffer, no copy out of it
+                view = fresh_bytes(n)
+                await self.reader.read_into(self.pos, view)
+                parts = [view.obj.result]  # type: ignore[attr-defined]
             else:
                 parts = [memoryview(await self.reader.read(self.pos, end))]
         self._advance(n)
@@ -149,16 +155,17 @@ class AsyncReadFile:
                 raise
             raise error from exc
 
-    async def _streaming(self, n: int) -> bool:
+    async def _streaming(self, n: int, *, in_place: bool = False) -> bool:
         """Whether the read of ``n`` bytes at ``pos`` comes from the readahead stream
-        (started here when the read looks sequential and more bytes follow it)."""
+        (started here when the read looks sequential and more bytes follow it;
+        ``in_place``: a stream for reads that return its pieces, see the class doc)."""
         self._run = self._run + 1 if self.pos == self._last_end else 0
         if self._stream is not None and self._stream_pos == self.pos:
             return True
         sequential = self._run >= self.stream_after or (
             self.large_reads_stream and n >= self.reader.layout.chunk_size)
         if sequential and self.pos + n < self.size:
-            await self._start_stream(n)
+            await self._start_stream(n, in_place)
             return True
         return False
 
@@ -166,11 +173,11 @@ class AsyncReadFile:
         self.pos += n
         self._last_end = self.pos
 
-    async def _start_stream(self, n: int) -> None:
+    async def _start_stream(self, n: int, in_place: bool) -> None:
         """A readahead stream from ``pos``, started by a read of ``n`` bytes."""
         await self._stop_stream()
         chunk = self.reader.layout.chunk_size
-        self._lent = not (self.in_place and n % chunk == 0 and self.pos % chunk == 0)
+        self._lent = not (in_place and n % chunk == 0 and self.pos % chunk == 0)
         self._stream = self.reader.stream(self.pos, lend=True) if self._lent else \
             self.reader.stream(self.pos, into=fresh_bytes, block=n)
         self._stream_pos = self.pos

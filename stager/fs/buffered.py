@@ -20,6 +20,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from fsspec.asyn import sync
+from fsspec.caching import BaseCache
 from fsspec.spec import AbstractBufferedFile
 
 from ..client import AsyncClient, AsyncReadFile
@@ -71,6 +72,23 @@ class StagerReadFile(AbstractBufferedFile):
     async def _pread(self, start: int, end: int) -> list[memoryview | bytes]:
         self._afile.seek(start)
         return await self._afile.read_parts(max(0, end - start), reuse=True)
+
+    def readinto(self, b: Any) -> int:
+        """Straight into ``b`` (fsspec's reads into a new ``bytes``, then copies that),
+        unless a ``cache_type`` was asked for, whose cache then serves the read."""
+        if type(self.cache) is not BaseCache:
+            return super().readinto(b)
+        if self.closed:
+            raise ValueError("I/O operation on closed file.")
+        out = memoryview(b).cast("B")
+        with self._lent:
+            n = sync(self.fs.loop, self._preadinto, self.loc, out)
+        self.loc += n
+        return n
+
+    async def _preadinto(self, start: int, out: memoryview) -> int:
+        self._afile.seek(start)
+        return await self._afile.readinto(out)
 
     def close(self) -> None:
         if not self.closed:
