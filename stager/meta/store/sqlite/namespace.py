@@ -42,6 +42,7 @@ from ..base import (
 from ..spec import check_replaceable, checked_create
 from . import listing
 from .db import ROOT_ID, Database, attrs_from, layout_of, layout_text, pack, subtree_entries, unpack
+from .lookup import joined_row
 from .quotas import QuotaSQL
 
 _COLS = "id, kind, size, mtime, file_id, layout, checksums, attrs"
@@ -93,6 +94,12 @@ class NamespaceSQL:
                 raise NotFound(f"no such file or directory: {walked}", path=path)
             row = child
         return row
+
+    def found(self, path: str, *, checksums: bool = True) -> NodeEntry | None:
+        """The entry at normalised ``path`` in one statement (:mod:`.lookup`), or None
+        where it is not all there: :meth:`stat` walks it then, and says what is missing."""
+        row = joined_row(self.db, paths.parts(path), _COLS)
+        return None if row is None else self._entry(path, row, checksums)
 
     def _resolve_dir(self, path: str) -> int:
         row = self.resolve(path)

@@ -92,8 +92,13 @@ class SQLiteStore(SQLiteMultipart, SQLiteS3Keys, MetaStore):
     async def stat(self, path: str, *, checksums: bool = True) -> NodeEntry:
         """On the loop, through the reader connection: a point read by index in WAL
         mode never waits for a writer; where SQLite says it would (busy, or the store
-        closing under it), the store thread answers in its turn."""
+        closing under it), the store thread answers in its turn.  One statement finds
+        a path that is there; one that is not is walked in a read transaction, which
+        says what is missing."""
         try:
+            entry = self.reads.found(paths.normalize(path), checksums=checksums)
+            if entry is not None:
+                return entry
             with self.database.snapshot():
                 return self.reads.stat(path, checksums=checksums)
         except (sqlite3.OperationalError, sqlite3.ProgrammingError):
