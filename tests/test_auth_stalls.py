@@ -21,10 +21,14 @@ from stager.testing.cluster import ProcessCluster
 
 pytestmark = pytest.mark.slow      # stager processes: not in make check
 
-FILES = 6144                # 96 batches of 64: several look-aheads, also of 2,048 files
 BATCH = 64
-LATE = 0.1                  # seconds each capabilities answer is held back
-PACE = 0.01                 # seconds the consumer spends on each batch
+# (files, seconds each capabilities answer is held back, seconds the consumer spends on
+# each batch): 96 batches of 64, several look-aheads, also of 2,048 files; and a slower
+# metadata server with a faster consumer, over 80 batches, where the look-ahead
+# must be several requests deep (stager/loader/pipeline.py WARM_UNDER_WAY): with two
+# under way and one look-ahead's lead, the reads from batch 24 on waited for the one
+# asked for when the first came back
+CASES = [(6144, 0.1, 0.01), (5120, 0.5, 0.005)]
 
 
 @pytest.fixture(scope="module")
@@ -36,33 +40,34 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessCluster
     c.stop()
 
 
+@pytest.mark.parametrize(("files", "late", "pace"), CASES)
 def test_reads_past_the_first_window_never_wait_for_capabilities(
-        cluster: ProcessCluster, ns: str) -> None:
+        cluster: ProcessCluster, ns: str, files: int, late: float, pace: float) -> None:
     token = cluster.mint(["read", "write"])
-    loader = numbered_files_loader(cluster.meta_url, token, ns, FILES, BATCH)
+    loader = numbered_files_loader(cluster.meta_url, token, ns, files, BATCH)
     try:
         book = loader._client.aio.capabilities
         assert book is not None
         request = book._request
         asked: list[int] = []
 
-        async def late(route: Any, **kwargs: Any) -> object:
-            # a busy metadata server: every capabilities answer comes LATE seconds late
+        async def slow(route: Any, **kwargs: Any) -> object:
+            # a busy metadata server: every capabilities answer comes late
             if route.op == "capabilities":
                 asked.append(len(kwargs["body"]))
-                await asyncio.sleep(LATE)
+                await asyncio.sleep(late)
             return await request(route, **kwargs)
-        book._request = late
+        book._request = slow
 
         got, first = [], None
         for batch in loader:
             if first is None:
                 first = book.stalls         # the first window's reads waited: nothing held
             got.extend(int.from_bytes(s["data"], "big") for s in batch)
-            time.sleep(PACE)                # a training step: reads run ahead of it
-        assert sorted(got) == list(range(FILES))
+            time.sleep(pace)                # a training step: reads run ahead of it
+        assert sorted(got) == list(range(files))
         assert first is not None and first >= 1
         assert book.stalls == first, (first, book.stalls, len(asked))
-        assert book.fetched == FILES and 2 < book.requests == len(asked) < FILES // BATCH
+        assert book.fetched == files and 2 < book.requests == len(asked) < files // BATCH
     finally:
         loader.close()

@@ -50,7 +50,10 @@ WARM_LEAD = 2           # batches asked for past the one being started, at least
 WARM_FILES = 2048       # files whose capabilities one look-ahead asks for (a few groups'),
                         # and what is kept asked for past the batch being started
 WARM_FIRST = 512        # files of the first look-ahead; each next one's twice, to WARM_FILES
-WARM_UNDER_WAY = 2      # look-aheads under way at once, at most
+WARM_UNDER_WAY = 4      # look-aheads under way at once, at most; and the batches kept asked
+                        # for past the one being started are as many look-aheads' (under
+                        # load a 2,048-file look-ahead came back in 70-250 ms: with two
+                        # under way, reads past the first window met one still out)
 
 #: (samples, unit of each, unit -> its value: the batch's units, maybe others too) -> batch
 Assemble = Callable[[np.ndarray, np.ndarray, dict[int, Any]], Any]
@@ -348,10 +351,13 @@ class Pipeline:
             self._asking.append(asking)
 
     def _warm_lead(self) -> int:
-        """Batches past the one being started to have asked for: a look-ahead's (or a
-        window's) past the next group (whose reads start before :meth:`_warm_ahead` is
-        called again)."""
-        return max(WARM_LEAD, self._warm_batches, self.prefetch.batches) \
+        """Batches past the one being started to have asked for: :data:`WARM_UNDER_WAY`
+        look-aheads' (or a window's) past the next group (whose reads start before
+        :meth:`_warm_ahead` is called again), so that a look-ahead answered late is still
+        in before the reads that need it: with one look-ahead's lead, reads past the first
+        window met the next one still under way (2 stalls of 70 ms in one of three traced
+        8,192-file epochs under load; tests/test_auth_stalls.py's slow case)."""
+        return max(WARM_LEAD, WARM_UNDER_WAY * self._warm_batches, self.prefetch.batches) \
             + self.bounds.batches(self.groups)
 
     async def _admit(self, j: int, need: int, batches: int) -> None:
