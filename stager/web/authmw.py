@@ -277,8 +277,7 @@ def _rule(request: web.Request) -> Route | None:
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     gate = request.app.get(GATE)
-    rule = _rule(request)
-    if gate is None or rule is None:
+    if gate is None or (rule := _rule(request)) is None:    # auth off: no rule looked up
         return await handler(request)
     status = 500
     try:

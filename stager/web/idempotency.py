@@ -109,8 +109,8 @@ def idempotency_middleware(book: AnswerBook, clock: Callable[[], float], bind: B
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        key = request.headers.get(IDEMPOTENCY_KEY)
-        if key is None or request.method in SAFE:
+        # the method first: a GET (a stat) looks no header up
+        if request.method in SAFE or (key := request.headers.get(IDEMPOTENCY_KEY)) is None:
             return await handler(request)
         scoped = scoped_key(request, key)
         while (busy := running.get(scoped)) is not None:
