@@ -10,6 +10,7 @@ import pytest
 
 from stager import AsyncClient
 from stager.client import AsyncReadFile
+from stager.client.fileio import IN_PLACE_MIN
 from stager.config import load_config
 from stager.fs import StagerFileSystem
 from stager.protocol.models import LayoutSpec
@@ -43,12 +44,13 @@ async def test_a_run_of_whole_chunk_reads_returns_the_received_bytes(
 
 async def test_reads_outside_the_stream_return_the_received_bytes(
         aclient: AsyncClient, ns: str, payload) -> None:
-    data = payload(CHUNK * 8 + 3)
+    data = payload(IN_PLACE_MIN * 3 + 3)
     await _put(aclient, f"{ns}/f", data)
     info = await aclient.stat(f"{ns}/f")
     async with AsyncReadFile(aclient, info, stream_after=2, large_reads_stream=False,
                              in_place=True) as f:
-        for at, n in ((5 * CHUNK + 9, 1000), (CHUNK - 1, CHUNK + 2), (0, 8 * CHUNK + 3)):
+        for at, n in ((5 * CHUNK + 9, IN_PLACE_MIN), (CHUNK - 1, IN_PLACE_MIN + 2),
+                      (0, len(data))):
             f.seek(at)
             parts = await f.read_parts(n, reuse=True)
             assert len(parts) == 1 and type(parts[0]) is bytes and parts[0] == data[at:at + n]

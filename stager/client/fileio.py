@@ -37,8 +37,9 @@ class AsyncReadFile:
     pays one copy per byte, and the pieces it has copied out are refilled by the
     readahead instead of new, zero-filled buffers.
 
-    ``in_place``: a read outside the stream is received straight into the
-    ``bytes`` object it returns (:func:`fresh_bytes`), and a stream started by a
+    ``in_place``: a read outside the stream (of ``IN_PLACE_MIN`` bytes or more) is
+    received straight into the ``bytes`` object it returns (:func:`fresh_bytes`),
+    and a stream started by a
     read of whole chunks (from a chunk's start) reads ahead in pieces of that
     read's length, each received into the ``bytes`` it becomes; a read that takes
     such a piece whole returns it as its only part, and ``b"".join`` of one
@@ -114,7 +115,7 @@ class AsyncReadFile:
         async with self._own_version():
             if await self._streaming(n, in_place=self.in_place):
                 parts = await self._take(n)
-            elif self.in_place:             # no zero-filled buffer, no copy out of it
+            elif self.in_place and n >= IN_PLACE_MIN:   # no zero-filled buffer, no copy
                 view = fresh_bytes(n)
                 await self.reader.read_into(self.pos, view)
                 parts = [view.obj.result]  # type: ignore[attr-defined]
@@ -227,10 +228,14 @@ class AsyncReadFile:
             await self._stop_stream()
 
 
+# A read outside the stream goes in place from this size: below it, the ctypes
+# array type made for each new length (45 us) costs more than the copy it saves.
+IN_PLACE_MIN = 1 << 20
 _BYTES_IN_PLACE = platform.python_implementation() == "CPython"
-_new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
-_new_bytes.restype = ctypes.py_object
-_new_bytes.argtypes = (ctypes.c_char_p, ctypes.c_ssize_t)
+if _BYTES_IN_PLACE:
+    _new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
+    _new_bytes.restype = ctypes.py_object
+    _new_bytes.argtypes = (ctypes.c_char_p, ctypes.c_ssize_t)
 
 
 def fresh_bytes(n: int) -> memoryview:
