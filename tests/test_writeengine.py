@@ -246,6 +246,35 @@ async def test_a_server_dying_in_the_middle_of_a_stream_is_routed_around(
         await stored_everywhere(c, info, body)  # the first half copied from its replicas
 
 
+async def test_a_small_file_on_a_dead_server_is_routed_around_asking_it_once(
+        private: ThreadCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lone chunk of one copy goes out without a plan (StripedWriter._store_alone);
+    its failure goes to the engine's reroute loop as the engine's own request would:
+    the dead target is routed around, not asked again."""
+    seen = reroutes(monkeypatch)
+    victim = private.target_id(2)
+    await asyncio.to_thread(private.stop_data, 2)
+    spec = LayoutSpec(chunk_size=64 * KiB, replicas=1, stripe_count=1)
+    async with AsyncClient(private.meta_url, config=load_config(CONFIG, env={})) as c:
+        spy = Spy(monkeypatch, c.plane)
+        for i in range(40):                   # until a file is placed on the dead server
+            body = os.urandom(1000 + i)
+            f = await c.open(f"/small{i}.bin", "wb", layout=spec)
+            writer = f.writer  # type: ignore[union-attr]
+            first = writer.layout.targets[0]
+            await f.write(body)
+            await f.close()
+            assert await c.cat(f"/small{i}.bin") == body
+            if first == victim:
+                break
+        assert first == victim, "no file was placed on the dead server"
+        assert writer.rerouted == [victim] and seen == [victim]
+        assert [t for _, t, _ in spy.calls].count(victim) == 1
+        info = await c.stat(f"/small{i}.bin", cached=False)
+        assert info.layout is not None and victim not in info.layout.targets
+        await stored_everywhere(c, info, body)
+
+
 def test_the_writer_and_write_many_share_the_engine_decisions() -> None:
     """Each decision of a write is made in one place: the engine defines them, and no
     other module of the package defines a function or a table of the same name."""

@@ -55,6 +55,21 @@ def routes_around(exc: BaseException) -> bool:
     return isinstance(exc, WRITE_FAILOVER) and not isinstance(exc, NoTargets)
 
 
+def to_route_around(exc: BaseException, url: str | None, reroute: Reroute | None) -> bool:
+    """Whether a failed copy to a target at ``url`` (``None``: no address, nothing to
+    route around) is routed around, by ``reroute``, rather than failing its upload."""
+    return url is not None and reroute is not None and routes_around(exc)
+
+
+async def put_copy(plane: DataPlane, target: str, url: str | None, chunk: str,
+                   data: memoryview, crc: int, options: WriteOptions) -> None:
+    """One copy of one chunk to one target: the request of a chunk alone (the raw
+    client's PUT when small: :func:`.rawput.put_chunk`)."""
+    if url is None:
+        raise unknown_target(target)
+    await put_chunk(plane, target, url, chunk, data, crc, limit=options.raw_put_bytes)
+
+
 def only_full(failure: BaseException | str) -> bool:
     """Whether a failed chunk write (its error, or the error's wire code) says only
     that the target is full: a full target is not a dead one.  It still serves the
@@ -93,18 +108,24 @@ class WriteEngine:
         self.failed: set[str] = set()        # targets that failed (a full one has not)
         self._rerouting = asyncio.Lock()
 
-    async def store(self, rows: np.ndarray) -> None:
+    async def store(self, rows: np.ndarray, *,
+                    broken: dict[str, StagerError] | None = None) -> None:
         """Store ``rows`` (held by this call) on every target their layout names,
-        until each is stored or its upload failed; then let go of their bytes."""
+        until each is stored or its upload failed; then let go of their bytes.
+        ``broken``: targets a copy of them already failed on, to route around (as
+        :meth:`_send` reports them) before anything is sent."""
         plan = self.plan
         try:
             await self._fetch(rows)
-            while len((missing := plan.missing(rows))[0]):
-                for target, exc in (await self._send(*missing)).items():
+            while True:
+                for target, exc in (broken or {}).items():
                     stale = await self._route_around(target, exc)
                     for a, b in cut_requests(plan.length[stale].tolist(),
                                              self.options.copy_bytes):
                         await self.store(stale[a:b])
+                if not len((missing := plan.missing(rows))[0]):
+                    break
+                broken = await self._send(*missing)
             # no await since the check: a reroute sees these rows stored
         finally:
             plan.busy[rows] = False
@@ -137,16 +158,14 @@ class WriteEngine:
         items = [(plan.name(r), plan.data[r], c)
                  for r, c in zip(rows.tolist(), plan.crc[rows].tolist(), strict=True)]
         try:
-            if url is None:
-                raise unknown_target(target)        # no address: nothing to route around
             async with self.limit:
-                if len(items) == 1:
-                    await put_chunk(self.plane, target, url, *items[0],  # type: ignore[arg-type]
-                                    limit=self.options.raw_put_bytes)
+                if len(items) == 1 or url is None:      # no address: put_copy refuses
+                    await put_copy(self.plane, target, url, *items[0],  # type: ignore[arg-type]
+                                   options=self.options)
                 else:
                     await self.plane.put_chunks(target, url, items)     # type: ignore[arg-type]
         except StagerError as exc:
-            if url is not None and self.reroute is not None and routes_around(exc):
+            if to_route_around(exc, url, self.reroute):
                 broken.setdefault(target, exc)
             else:
                 for f in files:

@@ -13,9 +13,12 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from ..aio import cancel_and_wait
-from ..protocol.models import Layout
+from ..checksum import crc32c
+from ..errors import StagerError
+from ..layout import chunk_targets
+from ..protocol.models import Layout, chunk_id
 from .transport import DataPlane
-from .writeengine import Reroute, WriteEngine, WriteOptions
+from .writeengine import Reroute, WriteEngine, WriteOptions, put_copy, to_route_around
 from .writeplan import Placement, WritePlan
 
 # Chunk buffers whose chunk is stored (every PUT from it answered), by size, for the
@@ -45,7 +48,9 @@ class StripedWriter:
     ``max_in_flight × chunk_size``.  A chunk counts once every replica its layout
     names proved it stored (:mod:`.ack`).  ``reroute`` is the engine's, for a batch
     of one upload (:mod:`.writeengine`); without it, a failed chunk write fails the
-    writer.
+    writer.  The plan and its engine are made for the first chunk sent, but for a
+    lone chunk of one copy (a small file's), which goes out without them
+    (:meth:`_store_alone`).
     """
 
     def __init__(self, plane: DataPlane, file_id: str, layout: Layout,
@@ -56,17 +61,31 @@ class StripedWriter:
         self.max_in_flight = max(1, max_in_flight)
         self.size = 0
         self.upload = Placement(file_id, layout, dict(locations))
-        self.plan = WritePlan()
-        self.plan.add_uploads([self.upload])
-        # the window's every replica at once; as many chunks read back after a reroute
-        limit = asyncio.Semaphore(self.max_in_flight * max(1, layout.replicas))
-        options = WriteOptions(copy_bytes=self.max_in_flight * layout.chunk_size)
-        self.engine = WriteEngine(plane, self.plan, limit, options=options, reroute=reroute)
+        self.plane, self.reroute = plane, reroute
+        self.options = WriteOptions(copy_bytes=self.max_in_flight * layout.chunk_size)
+        self._engine: WriteEngine | None = None     # made when first needed (engine)
+        self._alone: tuple[int, ...] = ()           # the CRC32C of a chunk stored alone
         self._chunk = layout.chunk_size
         self._buf: bytearray | None = None  # the chunk being filled, taken when needed
         self._fill = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+
+    @property
+    def plan(self) -> WritePlan:
+        return self.engine.plan
+
+    @property
+    def engine(self) -> WriteEngine:
+        """The engine, on a plan of this writer's one upload (made at its first use)."""
+        if self._engine is None:
+            plan = WritePlan()
+            plan.add_uploads([self.upload])
+            # the window's every replica at once; as many chunks read back after a reroute
+            limit = asyncio.Semaphore(self.max_in_flight * max(1, self.upload.layout.replicas))
+            self._engine = WriteEngine(self.plane, plan, limit, options=self.options,
+                                       reroute=self.reroute)
+        return self._engine
 
     # The upload's, as the plan keeps them (``locations`` may be replaced).
     layout = property(lambda self: self.upload.layout)
@@ -127,7 +146,7 @@ class StripedWriter:
                 await self._send_buffer()
             self._closed = True
             await self.flush()
-        return self.size, self.plan.checksums()[0]
+        return self.size, self._alone if self._engine is None else self.plan.checksums()[0]
 
     async def _store_last(self) -> None:
         """Store the buffered chunk, the only one out (a small file's whole body), here
@@ -136,8 +155,29 @@ class StripedWriter:
         assert buf is not None
         data = memoryview(buf)[:self._fill]
         self._buf, self._fill = None, 0
-        await self._store(self.plan.add([0], [self.first_chunk + self.plan.n], [data]))
+        if self._engine is None and self.layout.replicas == 1:
+            await self._store_alone(data)
+        else:
+            await self._store(self.plan.add([0], [self.first_chunk + self.plan.n], [data]))
         _keep(buf)      # not after a failure or a cancel, as in _send_buffer
+
+    async def _store_alone(self, data: memoryview) -> None:
+        """Store the first chunk, of one copy, with one request and no plan (for a small
+        file, making the plan cost more than the request).  A failure the engine would
+        route around goes to it, with the target as one of its own requests reports
+        it: routed around, not tried again."""
+        crc = crc32c(data)
+        target = chunk_targets(self.layout, self.first_chunk)[0]
+        url = self.locations.get(target)
+        try:
+            await put_copy(self.plane, target, url, chunk_id(self.file_id, self.first_chunk),
+                           data, crc, self.options)
+        except StagerError as exc:
+            if not to_route_around(exc, url, self.reroute):
+                raise
+            await self._store(self.plan.add([0], [self.first_chunk], [data]), {target: exc})
+        else:
+            self._alone = (crc,)
 
     async def flush(self) -> None:
         """Wait until every whole chunk written so far is stored on all its replicas
@@ -175,8 +215,9 @@ class StripedWriter:
             task.add_done_callback(on_done)
         self._tasks.add(task)
 
-    async def _store(self, rows: np.ndarray) -> None:
-        await self.engine.store(rows)
+    async def _store(self, rows: np.ndarray,
+                     broken: dict[str, StagerError] | None = None) -> None:
+        await self.engine.store(rows, broken=broken)
         if self.upload.error is not None:
             raise self.upload.error
 
