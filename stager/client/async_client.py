@@ -120,9 +120,8 @@ class AsyncClient(CacheCalls):
         hit = self.meta.cached_stat(path) if cached else None
         if hit is not None:
             return hit
-        now = time.monotonic()
-        info = await self.meta.request(route("stat"), path=path, decode=info_from_bytes,
-                                       small=True)
+        now, stat = time.monotonic(), route("stat")
+        info = await self.meta.request(stat, path=path, decode=info_from_bytes, small=True)
         self.learn("read", info.file_id, info.capability)
         self.meta.remember_stat(path, info, now)
         return info
