@@ -402,3 +402,23 @@ def test_an_ack_proves_each_chunk_with_its_size_and_crc32c() -> None:
             check("t0", answer, sent)                   # type: ignore[operator]
         assert routes_around(caught.value)              # a failed write of that target
         assert caught.value.details["target"] == "t0"
+
+
+def test_a_data_servers_own_ack_is_proven_by_its_bytes(monkeypatch: pytest.MonkeyPatch
+                                                       ) -> None:
+    """The ack a data server writes (compact JSON, stager/data/app.py) of exactly what
+    was sent proves it without a parse; one byte off is parsed, and refused."""
+    from stager.dataplane import ack
+    from stager.web.middleware import encode_json
+
+    a = ChunkStored("a" * 32 + ".0", 1024, 0x1234abcd)
+    parsed: list[bytes] = []
+    real = ack._json
+    monkeypatch.setattr(ack, "_json", lambda answer: parsed.append(answer) or real(answer))
+    prove_put("t0", encode_json(a.to_json()), a)
+    assert parsed == []
+    for lie in (ChunkStored(a.chunk, 1023, a.crc), ChunkStored(a.chunk, 1024, 0x1234abce),
+                ChunkStored("a" * 32 + ".1", 1024, a.crc)):
+        with pytest.raises(StorageError, match="target t0 did not prove"):
+            prove_put("t0", encode_json(lie.to_json()), a)
+    assert len(parsed) == 3
