@@ -12,7 +12,6 @@ the others go ahead (see :mod:`stager.protocol.batch` for the wire semantics).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..bounded import Bounded
@@ -105,10 +104,9 @@ def plan_hinted(service: MetaService, item: CreateItem, size: int) -> Created | 
     hint = service.spec_hints.get(paths.split(item.path)[0])
     upload = new_upload(service, item.path, (item.layout or LayoutSpec()).merged_over(hint),
                         overwrite=item.overwrite, parents=item.parents,
-                        healthy=service.placeable_targets())
+                        healthy=service.placeable_targets(), checked_by_store=hint)
     if size > upload.layout.chunk_size:
         return None
-    upload = replace(upload, spec=hint)
     service.begun.add([upload])
     return upload, service.info(NodeEntry(upload.path, "file", 0, upload.created,
                                           upload.file_id, upload.layout))
@@ -177,10 +175,12 @@ def _plan_uploads(service: MetaService, items: Sequence[CreateItem], todo: list[
 
 
 def new_upload(service: MetaService, path: str, spec: LayoutSpec, *, overwrite: bool,
-               parents: bool, healthy: Sequence[TargetInfo], again: bool = False) -> Upload:
+               parents: bool, healthy: Sequence[TargetInfo], again: bool = False,
+               checked_by_store: LayoutSpec | None = None) -> Upload:
     """A new file id at ``path`` and its layout among ``healthy`` targets (the up ones,
     suspect ones where too few are up: :func:`choose_layout`): ``spec`` (the request's,
-    over the nearest directory's), then the configured defaults."""
+    over the nearest directory's), then the configured defaults.  ``checked_by_store``:
+    the directory's spec assumed, for its store to check (``Upload.spec``)."""
     config = service.config
     spec = spec.merged_over(LayoutSpec(config.chunk_size, config.stripe_count,
                                        config.replicas))
@@ -189,7 +189,8 @@ def new_upload(service: MetaService, path: str, spec: LayoutSpec, *, overwrite: 
         healthy, chunk_size=spec.chunk_size or config.chunk_size,
         stripe_count=spec.stripe_count or 0, replicas=spec.replicas or 1,
         max_stripe_count=config.max_stripe_count, start=int(file_id[:8], 16))
-    return Upload(file_id, path, chosen, overwrite, parents, service.clock())
+    return Upload(file_id, path, chosen, overwrite, parents, service.clock(),
+                  spec=checked_by_store)
 
 
 async def commit(service: MetaService, items: Sequence[CommitItem]
