@@ -39,7 +39,8 @@ def test_a_forked_stager_command_logs_and_exits_as_an_execd_one(tmp_path: Path) 
                                "{tmp_path}/d", "--port", "0"], Path("{tmp_path}/d.log"),
                               data=True)
         log, deadline = Path("{tmp_path}/d.log"), time.monotonic() + 30
-        while "unreachable" not in log.read_text() and time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (
+                log.exists() and "unreachable" in log.read_text()):
             time.sleep(0.05)                             # its first try logged (slow when loaded)
         sleeper.send_signal(signal.SIGTERM)              # the child's default handling
         print(sleeper.wait(30) in (0, -signal.SIGTERM))
