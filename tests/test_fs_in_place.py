@@ -30,10 +30,7 @@ def fs(cluster: ThreadCluster) -> Iterator[StagerFileSystem]:
 async def test_a_run_of_whole_chunk_reads_returns_the_received_bytes(
         aclient: AsyncClient, ns: str, payload) -> None:
     data = payload(CHUNK * 40 + 7)
-    await _put(aclient, f"{ns}/f", data)
-    info = await aclient.stat(f"{ns}/f")
-    async with AsyncReadFile(aclient, info, stream_after=2, large_reads_stream=False,
-                             in_place=True) as f:
+    async with await _opened(aclient, f"{ns}/f", data, in_place=True) as f:
         got = [await f.read_parts(2 * CHUNK, reuse=True) for _ in range(6)]
         # the first two reads come before the run; then each is one piece, whole
         assert all(len(parts) == 1 and type(parts[0]) is bytes for parts in got[2:])
@@ -45,10 +42,7 @@ async def test_a_run_of_whole_chunk_reads_returns_the_received_bytes(
 async def test_reads_outside_the_stream_return_the_received_bytes(
         aclient: AsyncClient, ns: str, payload) -> None:
     data = payload(IN_PLACE_MIN * 3 + 3)
-    await _put(aclient, f"{ns}/f", data)
-    info = await aclient.stat(f"{ns}/f")
-    async with AsyncReadFile(aclient, info, stream_after=2, large_reads_stream=False,
-                             in_place=True) as f:
+    async with await _opened(aclient, f"{ns}/f", data, in_place=True) as f:
         for at, n in ((5 * CHUNK + 9, IN_PLACE_MIN), (CHUNK - 1, IN_PLACE_MIN + 2),
                       (0, len(data))):
             f.seek(at)
@@ -59,9 +53,7 @@ async def test_reads_outside_the_stream_return_the_received_bytes(
 async def test_without_in_place_the_parts_are_lent_views(aclient: AsyncClient, ns: str,
                                                          payload) -> None:
     data = payload(CHUNK * 12)
-    await _put(aclient, f"{ns}/f", data)
-    info = await aclient.stat(f"{ns}/f")
-    async with AsyncReadFile(aclient, info, stream_after=2, large_reads_stream=False) as f:
+    async with await _opened(aclient, f"{ns}/f", data) as f:
         got = [await f.read_parts(2 * CHUNK) for _ in range(6)]
     assert all(type(part) is memoryview for parts in got[2:] for part in parts)
     assert b"".join(b"".join(p) for p in got) == data
@@ -110,8 +102,13 @@ def test_read_all_after_a_run(fs: StagerFileSystem, ns: str, payload) -> None:
         assert head + f.read() == data
 
 
-async def _put(client: AsyncClient, path: str, data: bytes) -> None:
+async def _opened(client: AsyncClient, path: str, data: bytes, **options: bool
+                  ) -> AsyncReadFile:
+    """``data`` stored at ``path`` in chunks of CHUNK, opened for reading as a run of
+    sequential reads starts after two."""
     await client.pipe(path, data, layout=LayoutSpec(chunk_size=CHUNK))
+    return AsyncReadFile(client, await client.stat(path), stream_after=2,
+                         large_reads_stream=False, **options)
 
 
 @pytest.mark.parametrize("cache_type", ["none", "readahead", "bytes"])
