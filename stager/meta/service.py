@@ -125,12 +125,19 @@ class MetaService:
         return {t: self.targets[t].url for t in layout.targets if t in self.targets}
 
     async def stat(self, path: str) -> FileInfo:
-        entry = await self.store.stat(paths.normalize(path))
-        if self.read_back is not None and entry.layout is not None:
-            unknown = [t for t in entry.layout.targets if t not in self.targets]
+        return self.info(NodeEntry(*await self.stat_row(path)))
+
+    async def stat_row(self, path: str) -> Listed:
+        """The stat of ``path`` as the store's row (the server writes its answer straight
+        from it, :func:`~stager.meta.listing.wire_entries`), the targets its layout
+        names known here (read back from the shared store first where one is not)."""
+        row = await self.store.stat_row(paths.normalize(path))
+        layout = row[5]
+        if self.read_back is not None and layout is not None:
+            unknown = [t for t in layout.targets if t not in self.targets]
             if unknown:
                 await self.read_back(unknown)
-        return self.info(entry)
+        return row
 
     async def list(self, path: str, *, after: str = "", limit: int | None = None
                    ) -> tuple[list[FileInfo], str | None]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import replace
 from pathlib import Path
 
 from aiohttp import web
@@ -27,7 +26,6 @@ from ...config import Config
 from ...errors import Forbidden, NotFound, StagerError
 from ...protocol.authmsg import CapabilityRequest, PublicKey, TokenCreated, TokenList, TokenRequest
 from ...protocol.batch import results_json
-from ...protocol.models import FileInfo
 from ...protocol.paths import normalize
 from ...web.authmw import GATE, TokenGate, authorize, quiet_audit, token_of
 from ...web.middleware import json_response
@@ -87,12 +85,12 @@ def _auth(request: web.Request) -> MetaAuth:
     return auth
 
 
-def read_capability(request: web.Request, info: FileInfo) -> FileInfo:
-    """``info`` with a read capability for its file, when auth is on."""
+def read_capability(request: web.Request, file_id: str | None) -> str | None:
+    """A read capability for the file ``file_id`` (a stat's), when auth is on."""
     auth, token = auth_of(request), token_of(request)
-    if auth is None or token is None or info.file_id is None or info.is_dir:
-        return info
-    return replace(info, capability=auth.capability(info.file_id, "read", token.id))
+    if auth is None or token is None or file_id is None:
+        return None
+    return auth.capability(file_id, "read", token.id)
 
 
 def write_capability(request: web.Request, file_id: str) -> str | None:

@@ -110,6 +110,14 @@ class ManifestVersion:
 Listed = tuple[str, str, int, float, str | None, Layout | None, LayoutSpec | None,
                tuple[int, ...] | None, dict[str, Any]]
 
+
+
+def listed_of(e: NodeEntry) -> Listed:
+    """``e`` as its :data:`Listed` tuple (``NodeEntry(*listed_of(e)) == e``)."""
+    return (e.path, e.kind, e.size, e.mtime, e.file_id, e.layout, e.default_layout,
+            e.checksums, e.attrs)
+
+
 CreateCheck = tuple[str, bool, bool]    # (path, overwrite, parents) of a file to create
 # (file_id, size, checksums, mtime[, attrs]) of one upload to commit; attrs: the version's
 Committing = tuple[str, int, tuple[int, ...], float, dict[str, Any]]
@@ -127,6 +135,11 @@ class Namespace(ABC):
     @abstractmethod
     async def stat(self, path: str, *, checksums: bool = True) -> NodeEntry:
         """The entry at ``path``; NotFound / NotADirectory when it is not there."""
+
+    async def stat_row(self, path: str) -> Listed:
+        """:meth:`stat` as a :data:`Listed` tuple (the server writes a stat's answer
+        straight from it, as a listing page's entries)."""
+        return listed_of(await self.stat(path))
 
     @abstractmethod
     async def list_rows(self, path: str, *, after: str, limit: int) -> list[Listed]:

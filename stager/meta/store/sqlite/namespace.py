@@ -95,11 +95,12 @@ class NamespaceSQL:
             row = child
         return row
 
-    def found(self, path: str, *, checksums: bool = True) -> NodeEntry | None:
-        """The entry at normalised ``path`` in one statement (:mod:`.lookup`), or None
-        where it is not all there: :meth:`stat` walks it then, and says what is missing."""
-        row = joined_row(self.db, paths.parts(path), _COLS)
-        return None if row is None else self._entry(path, row, checksums)
+    def found(self, path: str) -> Listed | None:
+        """The row of the entry at normalised ``path`` in one statement (:mod:`.lookup`),
+        or None where it is not all there: :meth:`stat` walks it then, and says what is
+        missing."""
+        row = joined_row(self.db, paths.parts(path), listing.LISTED)
+        return None if row is None else listing.listed(path[:path.rfind("/") + 1], row)
 
     def _resolve_dir(self, path: str) -> int:
         row = self.resolve(path)

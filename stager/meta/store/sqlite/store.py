@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -37,6 +38,7 @@ from ..base import (
     StoredFile,
     Upload,
     committing,
+    listed_of,
 )
 from ..caching import AttachmentRecord, CachedChunk, CachedFile
 from ..spec import SpecChanged, checked_create, checked_spec
@@ -90,19 +92,23 @@ class SQLiteStore(SQLiteMultipart, SQLiteS3Keys, MetaStore):
 
     # -- namespace --------------------------------------------------------------
     async def stat(self, path: str, *, checksums: bool = True) -> NodeEntry:
+        entry = NodeEntry(*await self.stat_row(path))
+        return entry if checksums else replace(entry, checksums=None)
+
+    async def stat_row(self, path: str) -> Listed:
         """On the loop, through the reader connection: a point read by index in WAL
         mode never waits for a writer; where SQLite says it would (busy, or the store
         closing under it), the store thread answers in its turn.  One statement finds
         a path that is there; one that is not is walked in a read transaction, which
         says what is missing."""
         try:
-            entry = self.reads.found(paths.normalize(path), checksums=checksums)
-            if entry is not None:
-                return entry
+            row = self.reads.found(paths.normalize(path))
+            if row is not None:
+                return row
             with self.database.snapshot():
-                return self.reads.stat(path, checksums=checksums)
+                return listed_of(self.reads.stat(path))
         except (sqlite3.OperationalError, sqlite3.ProgrammingError):
-            return await self.thread.run(self.namespace.stat, path, checksums=checksums)
+            return listed_of(await self.thread.run(self.namespace.stat, path))
 
     async def list_rows(self, path: str, *, after: str, limit: int) -> list[Listed]:
         # On the store thread, in order with the writes queued before it (a page read
