@@ -111,7 +111,6 @@ Listed = tuple[str, str, int, float, str | None, Layout | None, LayoutSpec | Non
                tuple[int, ...] | None, dict[str, Any]]
 
 
-
 def listed_of(e: NodeEntry) -> Listed:
     """``e`` as its :data:`Listed` tuple (``NodeEntry(*listed_of(e)) == e``)."""
     return (e.path, e.kind, e.size, e.mtime, e.file_id, e.layout, e.default_layout,
