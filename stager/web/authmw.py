@@ -230,24 +230,18 @@ def require_files(request: web.Request, op: str, file_ids: Iterable[str]) -> Non
     caps: list[Capability] | None = request.get(CAPS)
     if caps is None:
         return
-    # The files the request's own file capabilities grant: a batch of many small files
-    # carries a capability each, so checking each file against every capability was
-    # quadratic, and they are joined into one set; a few batch capabilities (a shuffled
-    # epoch's request shows several, each naming 256 files) are looked in one by one
-    # where that is fewer look-ups than joining them.  The rest (a server capability)
-    # as before.
-    grants = [c.files or {c.file_id} for c in caps
-              if c.target is None and op in CAP_GRANTS[c.op]]
-    wanted = set(file_ids)
-    here = request.get(HERE)
-    if len(grants) > 1 and len(grants) * len(wanted) < sum(map(len, grants)):
-        for file_id in wanted:
-            if not any(file_id in g for g in grants):
-                _require_caps(caps, file_id, op, here)
-        return
-    granted = grants[0] if len(grants) == 1 else set().union(*grants)
-    for file_id in wanted:
-        if file_id not in granted:
+    # The files the request's own file capabilities grant, taken out of the files
+    # wanted one capability at a time: each difference is a loop in C over what is
+    # still wanted (a file looked for in a set), where a Python test per file cost a
+    # batch read of small files ~0.5 us a file.  What no file capability grants is
+    # checked against them all (a server capability, or the refusal) as before.
+    missing = set(file_ids)
+    for c in caps:
+        if c.target is None and op in CAP_GRANTS[c.op] and missing:
+            missing = missing - c.files if c.files else missing - {c.file_id}
+    if missing:
+        here = request.get(HERE)
+        for file_id in missing:
             _require_caps(caps, file_id, op, here)
 
 
