@@ -335,9 +335,16 @@ def _batch_files(text: Any) -> frozenset[str]:
         raise BadRequest("a batch's files are whole file ids, in increasing order")
     hexed, step = raw.hex(), 2 * FILE_ID_BYTES      # hex keeps the bytes' order
     ids = [hexed[i:i + step] for i in range(0, len(hexed), step)]
-    if ids != sorted(set(ids)):
+    files = _ReadIds(ids)
+    if len(files) != len(ids) or ids != sorted(ids):    # sorted: timsort's one pass
         raise BadRequest("a batch's files are whole file ids, in increasing order")
-    return frozenset(ids)
+    return files
+
+
+class _ReadIds(frozenset[str]):
+    """File ids as :func:`_batch_files` reads them off a signed text: each the hex of
+    16 bytes, so 32 lowercase hex digits by construction, and :func:`_id_set` does not
+    match them a second time (~70 us of a 256-file batch's ~280 us verification)."""
 
 
 def _strings(values: Any, what: str) -> list[str]:
@@ -350,6 +357,8 @@ def _strings(values: Any, what: str) -> list[str]:
 def _id_set(values: Any) -> frozenset[str]:
     """A batch's file ids, checked with one match over them all, not one per id:
     checked per id, they took two thirds of a batch's signing and verifying."""
+    if type(values) is _ReadIds:
+        return values
     try:
         joined = ",".join(values) if isinstance(values, list | tuple | set | frozenset) \
             else None
