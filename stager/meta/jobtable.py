@@ -71,7 +71,7 @@ from ..protocol.paths import normalize
 from ..web.authmw import authorize, token_of
 from ..web.middleware import METRICS_KEY, json_response
 from ..web.requests import PARSE_AWAY, parse_json, read_body
-from .store.base import SharedState
+from .store.servers import SharedState
 
 MAX_ENTRIES = 65536      # reporting loaders at once; bounds the table's memory (~2 KiB each)
 YIELD_EVERY = 256        # reports of a batch taken between two turns of the event loop

@@ -15,7 +15,7 @@ And ``stager meta migrate`` must not copy a store a server is still writing to.
   that stops cleanly says so and is down at once.  Records not seen for
   :data:`FORGET_AFTER` seconds are dropped (a server on port 0 gets a new URL each
   start).  The duties themselves stay PostgreSQL's advisory lock
-  (:meth:`~.store.base.SharedState.hold_duties`); a record only says who held it last.
+  (:meth:`~.store.servers.SharedState.hold_duties`); a record only says who held it last.
 
 The clock is each server's own: records from machines whose clocks differ by more
 than the down interval would look down; keep the metadata servers' clocks in step
@@ -41,7 +41,7 @@ from ..config import Config
 from ..errors import StagerError
 from ..protocol.cluster import MetaServer
 from .service import MetaService
-from .store.base import SharedState
+from .store.servers import SharedState
 
 log = logging.getLogger("stager.meta")
 

@@ -10,7 +10,7 @@ On a store several metadata servers share (PostgreSQL) the soft state is stored
 too: heartbeats, suspects, boot ids and the targets being retired are written through, and
 each server reads back what the others wrote every ``heartbeat_interval / 2``
 (:mod:`.shared`); the background duties run on the one server whose store says
-:meth:`~.store.base.SharedState.hold_duties` (:attr:`MetaService.duties_held`).
+:meth:`~.store.servers.SharedState.hold_duties` (:attr:`MetaService.duties_held`).
 """
 
 from __future__ import annotations

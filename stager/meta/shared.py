@@ -9,7 +9,7 @@ With a store only one server uses (SQLite) nothing here runs.  On a shared store
   retired; a suspicion counts only for the incarnation it was made of, the one
   registered now (:mod:`.suspicion`), whichever server took the registration;
 * asks the store whether it holds the background duties (garbage collection,
-  rebuild, fsck: :meth:`~.store.base.SharedState.hold_duties`, an advisory lock of
+  rebuild, fsck: :meth:`~.store.servers.SharedState.hold_duties`, an advisory lock of
   PostgreSQL's) and sets :attr:`MetaService.duties_held`;
 * reads the status sections the duty holder stored (rebuild progress, last fsck).
 
