@@ -170,7 +170,8 @@ class CapabilityGate:
                                   reason="malformed")
         now = time.time()
         cache = self.cache
-        if sum(not cache.known(t) for t in texts) > VERIFY_ON_LOOP:
+        if len(texts) > VERIFY_ON_LOOP \
+                and sum(not cache.known(t) for t in texts) > VERIFY_ON_LOOP:
             # ~0.13 ms each: thousands of new ones (a first batch over many small files,
             # or a flood of forged ones) would hold every other request up.
             caps = await asyncio.to_thread(lambda: [cache.item(t, now) for t in texts])
