@@ -23,7 +23,6 @@ that runs the handler (a :class:`~contextvars.ContextVar`).
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from collections.abc import Sequence
 from contextvars import ContextVar
@@ -43,7 +42,6 @@ class OperationKey:
 # a gateway PUT is a create and a commit (its retry asks earlier_commit, as a commit's)
 SELF_ANSWERING = frozenset({"create", "commit", "gateway_put"})
 _CURRENT: ContextVar[OperationKey | None] = ContextVar("stager_operation_key", default=None)
-_NAMESPACE = uuid.NAMESPACE_URL.bytes
 
 
 def bind(key: str, retried: bool) -> None:
@@ -67,16 +65,7 @@ def new_file_id(path: str) -> str:
     current = _CURRENT.get()
     if current is None:
         return uuid.uuid4().hex
-    return _uuid5_hex(f"{current.key}\0{path}")
-
-
-def _uuid5_hex(name: str) -> str:
-    """``uuid.uuid5(uuid.NAMESPACE_URL, name).hex``, without the UUID object (a third of
-    the time: a small gateway PUT makes one per file)."""
-    digest = bytearray(hashlib.sha1(_NAMESPACE + name.encode()).digest()[:16])
-    digest[6] = (digest[6] & 0x0F) | 0x50       # version 5
-    digest[8] = (digest[8] & 0x3F) | 0x80       # RFC 4122 variant
-    return digest.hex()
+    return uuid.uuid5(uuid.NAMESPACE_URL, f"{current.key}\0{path}").hex
 
 
 async def earlier_uploads(store: MetaStore, file_ids: Sequence[str]) -> dict[str, Upload]:
